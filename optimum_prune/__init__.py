@@ -1,0 +1,37 @@
+"""optimum_prune: prune Hugging Face transformers into smaller, faster checkpoints."""
+
+from .auto import AutoPrunedModelForCausalLM, AutoPruner
+from .config import CalibrationConfig, PruningConfig, StructuredPruningConfig
+from .methods.flap import FLAPConfig
+from .methods.magnitude import MagnitudePruningConfig
+from .methods.numerical import NumericalPruningConfig
+from .modeling.architectures import UnsupportedArchitectureError, supported_model_types
+from .modeling.auto_classes import register_pruned_architectures
+from .prune import compute_plan, prune_
+from .registry import available_methods, register_pruning_method
+from .report import PruningReport
+from .serialization import load_pruned_model, save_pruned
+from .version import __version__
+
+register_pruned_architectures()
+
+__all__ = [
+    "AutoPruner",
+    "AutoPrunedModelForCausalLM",
+    "CalibrationConfig",
+    "FLAPConfig",
+    "MagnitudePruningConfig",
+    "NumericalPruningConfig",
+    "PruningConfig",
+    "PruningReport",
+    "StructuredPruningConfig",
+    "UnsupportedArchitectureError",
+    "__version__",
+    "available_methods",
+    "compute_plan",
+    "load_pruned_model",
+    "prune_",
+    "register_pruning_method",
+    "save_pruned",
+    "supported_model_types",
+]

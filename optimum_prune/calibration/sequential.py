@@ -1,0 +1,150 @@
+"""The one layer-by-layer calibration runner shared by every method.
+
+Block-0 inputs (and the keyword arguments every layer receives: masks, rotary embeddings, which can differ per
+layer, e.g. Gemma-3 sliding-window layers) are captured once by a forward in which every decoder layer is
+temporarily an identity. Then one block at a time runs on the working device; only one block's activations are
+ever held besides the inputs of the current layer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..modeling.architectures import ArchitectureSpec, get_layers
+from .hooks import capture_inputs
+
+__all__ = ["LayerwiseRunner", "move_to"]
+
+logger = logging.getLogger(__name__)
+
+
+def move_to(obj: Any, device: torch.device | str) -> Any:
+    """Recursively move tensors inside tuples / lists / dicts to `device`."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, tuple):
+        return tuple(move_to(o, device) for o in obj)
+    if isinstance(obj, list):
+        return [move_to(o, device) for o in obj]
+    if isinstance(obj, dict):
+        return {k: move_to(v, device) for k, v in obj.items()}
+    return obj
+
+
+class LayerwiseRunner:
+    """Runs calibration sequences through a decoder one layer at a time.
+
+    Args:
+        model (`PreTrainedModel`): a `*ForCausalLM` model.
+        spec (`ArchitectureSpec`): its architecture entry.
+        input_ids (`torch.LongTensor` of shape `(num_samples, seq_len)`): calibration sequences.
+        batch_size (`int`): sequences per forward pass.
+        device (`torch.device | str | None`): where each block runs (default: where the model's weights are).
+        offload_device (`str`, defaults to `"cpu"`): where activations between blocks are kept.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        spec: ArchitectureSpec,
+        input_ids: torch.Tensor,
+        batch_size: int = 8,
+        device: torch.device | str | None = None,
+        offload_device: torch.device | str = "cpu",
+    ) -> None:
+        self.model, self.spec = model, spec
+        self.layers = get_layers(model, spec)
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.offload = torch.device(offload_device)
+        self.hidden: list[torch.Tensor] = []
+        self.layer_args: list[list[tuple[tuple, dict]]] = []  # [chunk][layer] -> (extra args, kwargs)
+        self._capture(input_ids, batch_size)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @torch.no_grad()
+    def _capture(self, input_ids: torch.Tensor, batch_size: int) -> None:
+        originals = {}
+        records: list[tuple[torch.Tensor, tuple, dict]] = []
+
+        def make_stub(idx: int):
+            def stub(*args, **kwargs):
+                hidden = args[0] if args else kwargs.pop("hidden_states")
+                records.append((hidden, tuple(args[1:]), kwargs))
+                return hidden
+
+            return stub
+
+        base = self.model.base_model
+        try:
+            for i, layer in enumerate(self.layers):
+                originals[i] = layer.forward
+                layer.forward = make_stub(i)
+            for start in range(0, input_ids.shape[0], batch_size):
+                records.clear()
+                chunk = input_ids[start : start + batch_size].to(self.model.get_input_embeddings().weight.device)
+                base(input_ids=chunk, use_cache=False)
+                if len(records) != len(self.layers):
+                    raise RuntimeError(f"Captured {len(records)} layer calls, expected {len(self.layers)}.")
+                self.hidden.append(records[0][0].to(self.offload))
+                kept = []
+                for _, args, kwargs in records:
+                    kwargs = {k: v for k, v in kwargs.items() if k not in ("past_key_values", "past_key_value")}
+                    kept.append((move_to(args, self.offload), move_to(kwargs, self.offload)))
+                self.layer_args.append(kept)
+        finally:
+            for i, layer in enumerate(self.layers):
+                if i in originals:
+                    del layer.forward  # restores the class method
+        logger.debug("Captured inputs of %d chunk(s) for %d layers", len(self.hidden), len(self.layers))
+
+    @torch.no_grad()
+    def run_layer(
+        self,
+        index: int,
+        inputs: list[torch.Tensor] | None = None,
+        observe: dict[str, nn.Module] | None = None,
+        callback: Callable[[str, torch.Tensor], None] | None = None,
+        layer: nn.Module | None = None,
+        keep_outputs: bool = True,
+    ) -> list[torch.Tensor]:
+        """Run layer `index` (or `layer`, e.g. a dense copy) over every chunk.
+
+        Args:
+            index (`int`): decoder-layer index (selects the captured keyword arguments).
+            inputs (`list[torch.Tensor] | None`): hidden states per chunk (default: the runner's current ones).
+            observe (`dict[str, nn.Module] | None`): modules whose inputs are passed to `callback(name, x)`.
+            layer (`nn.Module | None`): module to run instead of the model's layer `index`.
+            keep_outputs (`bool`): return the outputs (on the offload device).
+        """
+        layer = self.layers[index] if layer is None else layer
+        inputs = self.hidden if inputs is None else inputs
+        outputs = []
+        hooks = capture_inputs(observe, callback) if observe else _null()
+        with hooks:
+            for chunk, (hidden, (args, kwargs)) in enumerate(zip(inputs, (la[index] for la in self.layer_args))):
+                out = layer(hidden.to(self.device), *move_to(args, self.device), **move_to(kwargs, self.device))
+                if isinstance(out, tuple):
+                    out = out[0]
+                if keep_outputs:
+                    outputs.append(out.to(self.offload))
+        return outputs
+
+    def advance(self, outputs: list[torch.Tensor]) -> None:
+        """Make `outputs` the inputs of the next layer."""
+        self.hidden = outputs
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,73 @@
+"""Running statistics of layer inputs, always accumulated in fp32 or fp64 whatever the model dtype."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["GramStats", "MomentStats", "SquaredNormStats"]
+
+
+class GramStats:
+    """Running `H = Σ_t x_t x_tᵀ` over tokens; `.gram` is normalised by the token count (SPEC §1.5)."""
+
+    def __init__(self, dim: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        self.sum = torch.zeros(dim, dim, dtype=dtype, device=device)  # (D, D)
+        self.count = 0
+
+    def update(self, x: torch.Tensor) -> None:
+        x = x.reshape(-1, x.shape[-1]).to(self.sum.dtype)  # (N, D)
+        self.sum.addmm_(x.T, x)
+        self.count += x.shape[0]
+
+    @property
+    def gram(self) -> torch.Tensor:
+        return self.sum / max(self.count, 1)  # (D, D)
+
+    def to(self, device: torch.device | str) -> GramStats:
+        self.sum = self.sum.to(device)
+        return self
+
+
+class MomentStats:
+    """Running per-channel mean and variance (FLAP's fluctuation), accumulated in fp64."""
+
+    def __init__(self, dim: int, device: torch.device | str = "cpu") -> None:
+        self.sum = torch.zeros(dim, dtype=torch.float64, device=device)  # (D,)
+        self.sumsq = torch.zeros(dim, dtype=torch.float64, device=device)  # (D,)
+        self.count = 0
+
+    def update(self, x: torch.Tensor) -> None:
+        x = x.reshape(-1, x.shape[-1]).to(torch.float64)  # (N, D)
+        self.sum += x.sum(0)
+        self.sumsq += (x * x).sum(0)
+        self.count += x.shape[0]
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.sum / max(self.count, 1)  # (D,)
+
+    @property
+    def var(self) -> torch.Tensor:
+        n = max(self.count, 2)
+        return ((self.sumsq - self.sum * self.sum / n) / (n - 1)).clamp_min(0)  # (D,) unbiased
+
+    def to(self, device: torch.device | str) -> MomentStats:
+        self.sum, self.sumsq = self.sum.to(device), self.sumsq.to(device)
+        return self
+
+
+class SquaredNormStats:
+    """Running `Σ_t x_{t,j}²` per input channel (Wanda / RIA `scaler_row` numerator)."""
+
+    def __init__(self, dim: int, device: torch.device | str = "cpu") -> None:
+        self.sumsq = torch.zeros(dim, dtype=torch.float32, device=device)  # (D,)
+        self.count = 0
+
+    def update(self, x: torch.Tensor) -> None:
+        x = x.reshape(-1, x.shape[-1]).float()  # (N, D)
+        self.sumsq += (x * x).sum(0)
+        self.count += x.shape[0]
+
+    def to(self, device: torch.device | str) -> SquaredNormStats:
+        self.sumsq = self.sumsq.to(device)
+        return self

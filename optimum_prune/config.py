@@ -1,0 +1,215 @@
+"""Configuration dataclasses: the `PruningConfig` base every method config derives from, and `CalibrationConfig`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from .constants import PRUNING_CONFIG_NAME
+
+__all__ = ["PruningConfig", "StructuredPruningConfig", "CalibrationConfig", "validate_ratio"]
+
+logger = logging.getLogger(__name__)
+
+
+def validate_ratio(name: str, value: float) -> None:
+    """Raise a `ValueError` unless `0 <= value < 1`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"`{name}` must be a number in [0, 1), got {value!r}.")
+    if not 0.0 <= float(value) < 1.0:
+        raise ValueError(
+            f"`{name}` must be in [0, 1) (the fraction of weights to remove), got {value}. "
+            "Use e.g. 0.2 to remove 20%; 1.0 would remove everything."
+        )
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"`{name}` must be one of {list(allowed)}, got {value!r}.")
+
+
+@dataclass
+class PruningConfig:
+    """Base class of every pruning-method configuration.
+
+    Subclasses are plain dataclasses whose fields are both their constructor and their JSON form. The `method`
+    class attribute names the registered method; `config_version` lets future releases migrate old files.
+
+    Args:
+        seed (`int`, defaults to `0`): seed for every random choice the method makes.
+    """
+
+    method: ClassVar[str] = ""
+    config_version: ClassVar[int] = 1
+
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"`seed` must be an int, got {self.seed!r}.")
+
+    # ----------------------------------------------------------------------------------------- serialization
+    def to_dict(self) -> dict[str, Any]:
+        """The config as a JSON-serialisable dict, including `method` and `config_version`."""
+        out = {"method": self.method, "config_version": self.config_version}
+        out.update(dataclasses.asdict(self))
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PruningConfig:
+        """Build a config from `to_dict()` output.
+
+        Called on the base class, the `method` key selects the registered subclass. Unknown keys are dropped with a
+        warning (forward compatibility); wrong types fail in `__post_init__`.
+        """
+        data = dict(data)
+        method = data.pop("method", None)
+        data.pop("config_version", None)
+        target: type[PruningConfig] = cls
+        if cls is PruningConfig or cls is StructuredPruningConfig:
+            if method is None:
+                raise ValueError("The config dict has no `method` key; cannot tell which pruning method it is for.")
+            from .registry import get_config_class
+
+            target = get_config_class(method)
+        elif method is not None and method != cls.method:
+            raise ValueError(f"Config dict is for method {method!r}, not {cls.method!r}.")
+        names = {f.name for f in dataclasses.fields(target)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            logger.warning("Ignoring unknown keys for %s: %s", target.__name__, unknown)
+        hints = typing.get_type_hints(target)
+        kwargs = {}
+        for k, v in data.items():
+            if k in names:
+                # JSON has no tuples: restore them where the field is declared as a tuple.
+                if isinstance(v, list) and "tuple" in str(hints.get(k, "")):
+                    v = tuple(v)
+                kwargs[k] = v
+        return target(**kwargs)
+
+    def to_json_string(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    def to_json_file(self, path: str | os.PathLike) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.to_json_string())
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike) -> PruningConfig:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        # A `pruning_config.json` written next to a model holds a history; take the last applied config.
+        if isinstance(data, dict) and "history" in data:
+            data = data["history"][-1]["config"]
+        return cls.from_dict(data)
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
+        """Write `pruning_config.json` (this config alone) into `save_directory`."""
+        os.makedirs(save_directory, exist_ok=True)
+        self.to_json_file(os.path.join(save_directory, PRUNING_CONFIG_NAME))
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> PruningConfig:
+        """Read a config from a directory holding `pruning_config.json`, or from a JSON file."""
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            path = os.path.join(path, PRUNING_CONFIG_NAME)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"No pruning config at {path!r}.")
+        return cls.from_json_file(path)
+
+
+@dataclass
+class StructuredPruningConfig(PruningConfig):
+    """Fields shared by the structured methods (heads / KV groups and MLP channels are physically removed).
+
+    Args:
+        pruning_ratio (`float`, defaults to `0.2`): fraction of the attention + MLP parameters to remove, in [0, 1).
+            The report gives the measured value.
+        allocation (`str`, defaults to `"global"`): `"global"` ranks every unit of every layer together (per-layer
+            shapes then differ); `"uniform"` removes the same fraction from every layer (the checkpoint then loads
+            with stock `transformers` and engines such as vLLM).
+        prune_attention (`bool`, defaults to `True`) / prune_mlp (`bool`, defaults to `True`): which parts to prune.
+        gqa_mode (`str`, defaults to `"auto"`): `"group"` removes whole KV groups (1 KV head + its query heads);
+            `"query"` removes only query heads, the same number from every group of a layer; `"auto"` uses
+            `"group"` unless a layer has a single KV head.
+        min_heads_per_layer (`int`, defaults to `1`): query heads each layer keeps at least.
+        min_mlp_channels_per_layer (`int`, defaults to `1`): MLP channels each layer keeps at least.
+        round_to (`int`, defaults to `1`): keep a multiple of this many MLP channels per layer (e.g. 8 or 64).
+        skip_layers (`tuple[int, ...]`, defaults to `()`): decoder layers left untouched.
+    """
+
+    pruning_ratio: float = 0.2
+    allocation: str = "global"
+    prune_attention: bool = True
+    prune_mlp: bool = True
+    gqa_mode: str = "auto"
+    min_heads_per_layer: int = 1
+    min_mlp_channels_per_layer: int = 1
+    round_to: int = 1
+    skip_layers: tuple[int, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        validate_ratio("pruning_ratio", self.pruning_ratio)
+        _choice("allocation", self.allocation, ("global", "uniform"))
+        _choice("gqa_mode", self.gqa_mode, ("auto", "group", "query"))
+        for name in ("min_heads_per_layer", "min_mlp_channels_per_layer", "round_to"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"`{name}` must be an int >= 1, got {value!r}.")
+        if not (self.prune_attention or self.prune_mlp):
+            raise ValueError("At least one of `prune_attention` and `prune_mlp` must be True.")
+        self.skip_layers = tuple(int(i) for i in self.skip_layers)
+
+
+@dataclass
+class CalibrationConfig:
+    """Which text the calibration pass runs on.
+
+    Args:
+        dataset (`str | list[str] | datasets.Dataset`, defaults to `"wikitext2"`): a text file, a directory of
+            `.txt` files, a list of strings, a `datasets.Dataset` with a text column, or one of `"wikitext2"`,
+            `"c4"`, `"ptb"` (needs the Hugging Face Hub).
+        num_samples (`int`, defaults to `128`): number of calibration sequences.
+        seq_len (`int`, defaults to `2048`): tokens per sequence.
+        seed (`int`, defaults to `0`): sampling seed; the same seed gives the same samples for every method.
+        split (`str`, defaults to `"train"`): split for named datasets.
+        text_column (`str`, defaults to `"text"`): column holding the text in a `datasets.Dataset` / JSONL file.
+        batch_size (`int`, defaults to `8`): sequences per forward pass of a block during calibration.
+    """
+
+    dataset: Any = "wikitext2"
+    num_samples: int = 128
+    seq_len: int = 2048
+    seed: int = 0
+    split: str = "train"
+    text_column: str = "text"
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("num_samples", "seq_len", "batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"CalibrationConfig.{name} must be a positive int, got {value!r}.")
+        if isinstance(self.dataset, os.PathLike):
+            self.dataset = os.fspath(self.dataset)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form; an in-memory dataset is described, not copied."""
+        out = dataclasses.asdict(self) if not _is_in_memory(self.dataset) else {
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "dataset"},
+            "dataset": f"<in-memory {type(self.dataset).__name__}>",
+        }
+        return out
+
+
+def _is_in_memory(dataset: Any) -> bool:
+    return not isinstance(dataset, str)

@@ -1,0 +1,8 @@
+"""File names and format versions shared by the serialization code."""
+
+__all__ = ["PRUNING_CONFIG_NAME", "FORMAT_VERSION", "PRUNED_MODEL_TYPE_PREFIX"]
+
+PRUNING_CONFIG_NAME = "pruning_config.json"
+FORMAT_VERSION = 1
+# A checkpoint whose layers have different shapes is saved with `model_type = "optimum_pruned_<base>"`.
+PRUNED_MODEL_TYPE_PREFIX = "optimum_pruned_"

@@ -1,0 +1,136 @@
+"""Budget allocation across layers: which heads / KV groups / channels to remove given per-unit scores and costs.
+
+Pure tensor / list math: no modules, no hooks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["LayerUnits", "allocate", "round_kept_channels"]
+
+
+@dataclass
+class LayerUnits:
+    """Prunable units of one layer.
+
+    Args:
+        head_scores (`torch.Tensor | None`): `(U,)` scores of the attention units (KV groups or query-head ranks),
+            lower = pruned first. Units must be listed in the order they may be removed when scores tie.
+        head_cost (`float`): parameters removed with one attention unit.
+        max_head_units (`int`): how many attention units may go at most (guards).
+        channel_scores (`torch.Tensor | None`): `(I,)` MLP channel scores.
+        channel_cost (`float`): parameters removed with one MLP channel.
+        max_channels (`int`): how many channels may go at most.
+    """
+
+    head_scores: torch.Tensor | None
+    head_cost: float
+    max_head_units: int
+    channel_scores: torch.Tensor | None
+    channel_cost: float
+    max_channels: int
+
+
+def _flatten(units: list[LayerUnits], head_weight: float = 1.0):
+    scores, costs, layer, kind, index = [], [], [], [], []
+    for li, u in enumerate(units):
+        for k, (s, c) in enumerate(((u.head_scores, u.head_cost), (u.channel_scores, u.channel_cost))):
+            if s is None:
+                continue
+            s = s.detach().double().cpu()
+            scores.append(s * (head_weight if k == 0 else 1.0))
+            costs.append(torch.full_like(s, c))
+            layer.append(torch.full(s.shape, li, dtype=torch.long))
+            kind.append(torch.full(s.shape, k, dtype=torch.long))
+            index.append(torch.arange(s.numel()))
+    return torch.cat(scores), torch.cat(costs), torch.cat(layer), torch.cat(kind), torch.cat(index)
+
+
+def allocate(units: list[LayerUnits], ratio: float, total_cost: float, mode: str = "global", head_weight: float = 1.0):
+    """Choose the units to remove.
+
+    Args:
+        units (`list[LayerUnits]`): one entry per layer.
+        ratio (`float`): target fraction of `total_cost` to remove.
+        total_cost (`float`): the parameters the ratio refers to (attention + MLP).
+        mode (`str`): `"global"` (cost-weighted global ranking, FLAP/NP: walk units by ascending score and stop
+            where the removed cost is closest to the target), `"uniform"` (the same fraction of units in every
+            layer) or `"literal"` (NP's printed recipe: head scores times `head_weight`, a unit-count threshold).
+        head_weight (`float`): α of the literal mode.
+
+    Returns:
+        `(removed_heads, removed_channels)`: per layer, sorted lists of removed unit indices.
+
+    Raises:
+        `ValueError` when the target cannot be met within the guards (nothing has been changed at that point).
+    """
+    n = len(units)
+    removed = [[[], []] for _ in range(n)]
+    if mode == "uniform":
+        for li, u in enumerate(units):
+            for k, (s, cap, label) in enumerate(
+                ((u.head_scores, u.max_head_units, "attention units"), (u.channel_scores, u.max_channels, "MLP channels"))
+            ):
+                if s is None:
+                    continue
+                want = int(round(ratio * s.numel()))
+                if want > cap:
+                    raise ValueError(
+                        f"pruning_ratio={ratio} with allocation='uniform' would remove {want} of {s.numel()} "
+                        f"{label} in layer {li}, more than the guards allow ({cap}); every head of the layer would "
+                        "go. Lower `pruning_ratio`, or use allocation='global'."
+                    )
+                order = torch.sort(s.detach().double().cpu(), stable=True).indices[:want]
+                removed[li][k] = sorted(order.tolist())
+        return [r[0] for r in removed], [r[1] for r in removed]
+
+    scores, costs, layer, kind, index = _flatten(units, head_weight if mode == "literal" else 1.0)
+    order = torch.sort(scores, stable=True).indices
+    caps = [[u.max_head_units, u.max_channels] for u in units]
+    target = ratio * total_cost
+    if mode == "literal":
+        budget = int(round(ratio * scores.numel()))
+        for j in order.tolist():
+            if budget <= 0:
+                break
+            li, k = int(layer[j]), int(kind[j])
+            if len(removed[li][k]) < caps[li][k]:
+                removed[li][k].append(int(index[j]))
+                budget -= 1
+    else:
+        done = 0.0
+        for j in order.tolist():
+            li, k, c = int(layer[j]), int(kind[j]), float(costs[j])
+            if len(removed[li][k]) >= caps[li][k]:
+                continue
+            if done + c / 2 > target:
+                break
+            removed[li][k].append(int(index[j]))
+            done += c
+        reachable = sum(
+            u.max_head_units * u.head_cost * (u.head_scores is not None)
+            + u.max_channels * u.channel_cost * (u.channel_scores is not None)
+            for u in units
+        )
+        if target - done > max(float(costs.max()), 1e-3 * total_cost) and done >= reachable - 1e-6:
+            raise ValueError(
+                f"pruning_ratio={ratio} cannot be reached: the guards (min heads / channels per layer, skipped "
+                f"layers) allow removing at most {reachable / total_cost:.3f} of the attention+MLP parameters. "
+                "Lower `pruning_ratio` or relax `min_heads_per_layer` / `min_mlp_channels_per_layer`."
+            )
+    return [sorted(r[0]) for r in removed], [sorted(r[1]) for r in removed]
+
+
+def round_kept_channels(scores: torch.Tensor, removed: list[int], multiple: int, max_remove: int) -> list[int]:
+    """Adjust a layer's removed channels so the kept count is a multiple of `multiple` (nearest, within guards)."""
+    total = scores.numel()
+    if multiple <= 1 or total <= multiple:
+        return removed
+    kept = total - len(removed)
+    target_kept = max(multiple, int(round(kept / multiple)) * multiple)
+    target_kept = min(total, max(target_kept, total - max_remove))
+    order = torch.sort(scores.detach().double().cpu(), stable=True).indices
+    return sorted(order[: total - target_kept].tolist())

@@ -1,0 +1,65 @@
+"""`BasePruner`: the contract every method implements.
+
+Lifecycle (driven by `optimum_prune.prune_`):
+  1. `validate(model, spec)`: reject what cannot work, before any weight changes.
+  2. `compute_plan(model, spec, runner_factory)`: decide (and, for sequential unstructured methods, write the new
+     weights layer by layer, since later layers must see the pruned outputs).
+  3. The framework applies the plan (`modeling.surgery`), measures and reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from ..calibration.sequential import LayerwiseRunner
+from ..config import PruningConfig
+from ..modeling.architectures import ArchitectureSpec, get_layers, weight_oi
+from ..plan import PruningPlan
+
+__all__ = ["BasePruner", "RunnerFactory"]
+
+RunnerFactory = Callable[[], LayerwiseRunner]
+
+
+class BasePruner:
+    """Base class of the pruners.
+
+    Capability flags (read by the framework, never method names):
+        requires_calibration (`bool`): needs calibration text.
+        structured (`bool`): removes heads / channels (the framework then changes shapes).
+    """
+
+    config_cls: ClassVar[type[PruningConfig]] = PruningConfig
+    requires_calibration: ClassVar[bool] = True
+    structured: ClassVar[bool] = False
+
+    def __init__(self, config: PruningConfig) -> None:
+        if not isinstance(config, self.config_cls):
+            raise TypeError(f"{type(self).__name__} needs a {self.config_cls.__name__}, got {type(config).__name__}.")
+        self.config = config
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.requires_calibration
+
+    @property
+    def is_structured(self) -> bool:
+        return self.structured
+
+    def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
+        """Reject unusable models before anything is changed. The default checks weights are finite."""
+        for i, layer in enumerate(get_layers(model, spec)):
+            for path in spec.linear_paths:
+                w = weight_oi(layer.get_submodule(path))
+                if w.device.type != "meta" and not torch.isfinite(w).all():
+                    raise ValueError(
+                        f"Layer {i} `{path}` has NaN/Inf weights; pruning would spread them. Fix or reload the "
+                        "model first. Nothing was changed."
+                    )
+
+    def compute_plan(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory | None) -> PruningPlan:
+        raise NotImplementedError

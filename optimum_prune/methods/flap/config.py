@@ -1,0 +1,37 @@
+"""Configuration of FLAP (An et al., AAAI 2024, arXiv 2312.11983)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...config import StructuredPruningConfig, _choice
+
+__all__ = ["FLAPConfig"]
+
+
+@dataclass
+class FLAPConfig(StructuredPruningConfig):
+    """FLAP: fluctuation-based structured pruning with bias compensation (baseline of Numerical Pruning).
+
+    Paper: https://arxiv.org/abs/2312.11983; formulas from the official code (SPEC §E). Inherits the
+    `StructuredPruningConfig` fields; `allocation="global"` with `standardize=True` is FLAP's AL-AM structure.
+
+    Args:
+        metric (`str`, defaults to `"wifv"`): `"wifv"` (Var(X_j)·‖W_:,j‖²), `"ifv"` (Var(X_j)) or `"wifn"`
+            (mean_i |W_ij| · sqrt(mean X_j²)).
+        standardize (`bool`, defaults to `True`): standardise each layer's attention and MLP metrics.
+        square_attention_metric (`bool`, defaults to `True`): square the attention channel metric, as the code does.
+        bias_compensation (`bool`, defaults to `True`): add `Σ_{j pruned} mean(X_j)·W_:,j` as a bias of o_proj /
+            down_proj (creates the bias where the model has none).
+    """
+
+    method = "flap"
+
+    metric: str = "wifv"
+    standardize: bool = True
+    square_attention_metric: bool = True
+    bias_compensation: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _choice("metric", self.metric, ("wifv", "ifv", "wifn"))

@@ -1,0 +1,30 @@
+"""FLAP metrics and bias compensation (SPEC §E). `W` is `(d_out, D)` (PyTorch layout)."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["fluctuation_metric", "standardize", "bias_compensation"]
+
+
+def fluctuation_metric(W: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, metric: str = "wifv") -> torch.Tensor:
+    """Per-input-channel metric `(D,)` from the channel mean / variance of the module's input."""
+    W = W.double()
+    if metric == "wifv":
+        return var.double() * (W * W).sum(0)  # (D,)
+    if metric == "ifv":
+        return var.double().clone()  # (D,)
+    if metric == "wifn":
+        sq_mean = var.double() + mean.double() ** 2  # E[x²]
+        return W.abs().mean(0) * sq_mean.sqrt()  # (D,)
+    raise ValueError(f"unknown FLAP metric {metric!r}")
+
+
+def standardize(x: torch.Tensor) -> torch.Tensor:
+    """`(x − mean) / std` over the channels of one layer."""
+    return (x - x.mean()) / x.std().clamp_min(1e-12)
+
+
+def bias_compensation(W: torch.Tensor, mean: torch.Tensor, pruned: torch.Tensor) -> torch.Tensor:
+    """`b = Σ_{j ∈ pruned} mean(X_j) · W[:, j]` — the expected contribution of the removed channels. `(d_out,)`."""
+    return W.double()[:, pruned] @ mean.double()[pruned]

@@ -1,0 +1,60 @@
+"""Configuration of Numerical Pruning (Shen et al., AAAI 2025, arXiv 2412.12441)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ...config import StructuredPruningConfig, _choice
+
+__all__ = ["NumericalPruningConfig"]
+
+
+@dataclass
+class NumericalPruningConfig(StructuredPruningConfig):
+    """Numerical Pruning: Newton "numerical scores" of the o_proj / down_proj input channels, global cost-weighted
+    ranking of heads (or KV groups) and MLP channels, and closed-form compensation of o_proj / down_proj.
+
+    Paper: https://arxiv.org/abs/2412.12441 (Alg. 1, Eqs. 6-7, Thm. 3). Resolutions of the paper's gaps follow
+    SPEC §A.7; every alternative is an option here. Inherits the `StructuredPruningConfig` fields.
+
+    Args:
+        lambda_ (`float | None`, defaults to `None`): weight of the soft count constraint. `None` is the exact
+            constraint limit (λ → ∞, scale-free, recommended); a number is dimensionless (× mean diag A).
+        solver (`str`, defaults to `"closed_form"`): `"closed_form"` (one solve; the objective is quadratic so
+            Newton converges in one step) or `"newton"` (the paper's iterations, for reproduction; needs `lambda_`).
+        newton_iters (`int`, defaults to `50`): iterations of the `"newton"` solver.
+        score_damping (`float`, defaults to `1e-6`): relative ridge added to A before the solve.
+        compensate (`bool`, defaults to `True`): refit the kept input channels of o_proj / down_proj (Thm. 3).
+        compensation_damping (`float`, defaults to `0.01`): relative ridge γ / mean(diag H) of the refit; raised
+            10× on Cholesky failure.
+        ranking (`str`, defaults to `"cost_weighted"`): `"cost_weighted"` (α = 4·D_h/3 as a parameter cost, the
+            FLAP-style threshold; the ratio then counts parameters) or `"literal"` (the printed formula: head scores
+            × α, unit-count threshold; reproduction only, it rarely prunes heads).
+        standardize_per_layer (`bool`, defaults to `False`): standardise each layer's scores (FLAP does; NP not).
+    """
+
+    method = "numerical"
+
+    lambda_: float | None = None
+    solver: str = "closed_form"
+    newton_iters: int = 50
+    score_damping: float = 1e-6
+    compensate: bool = True
+    compensation_damping: float = 0.01
+    ranking: str = "cost_weighted"
+    standardize_per_layer: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _choice("solver", self.solver, ("closed_form", "newton"))
+        _choice("ranking", self.ranking, ("cost_weighted", "literal"))
+        if self.lambda_ is not None and (not math.isfinite(self.lambda_) or self.lambda_ <= 0):
+            raise ValueError(f"`lambda_` must be a positive number or None (exact constraint), got {self.lambda_}.")
+        if self.solver == "newton" and self.lambda_ is None:
+            raise ValueError("solver='newton' iterates the penalised objective and needs a finite `lambda_` (e.g. 10).")
+        if not isinstance(self.newton_iters, int) or self.newton_iters < 1:
+            raise ValueError(f"`newton_iters` must be a positive int, got {self.newton_iters!r}.")
+        for name in ("score_damping", "compensation_damping"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"`{name}` must be >= 0.")

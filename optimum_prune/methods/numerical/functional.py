@@ -1,0 +1,147 @@
+"""Numerical Pruning math (SPEC §A.2), in PyTorch layout: `W` is `(d_out, D)`, the module computes `y = x Wᵀ`;
+`H = XᵀX / N` is the `(D, D)` Gram of the module's inputs. Paper layout is `W_paper = Wᵀ`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "score_matrix",
+    "numerical_scores",
+    "numerical_scores_newton",
+    "compensate",
+    "obs_compensation",
+    "damped_cholesky_solve",
+]
+
+
+def score_matrix(W: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
+    """`A = (W_paper W_paperᵀ) ∘ (XᵀX)`: Gram of W's columns times the input Gram, elementwise. (D, D)."""
+    W = W.double()
+    return (W.T @ W) * H.double()  # (D, D)
+
+
+def damped_cholesky_solve(A: torch.Tensor, B: torch.Tensor, damping: float, retries: int = 4) -> torch.Tensor:
+    """Solve `(A + damping·mean(diag A)·I) X = B` by Cholesky, multiplying the damping by 10 on failure."""
+    mean_diag = A.diagonal().mean().clamp_min(1e-30)
+    eye = torch.eye(A.shape[0], dtype=A.dtype, device=A.device)
+    damp = damping
+    for _ in range(retries + 1):
+        L, info = torch.linalg.cholesky_ex(A + damp * mean_diag * eye)  # (D, D)
+        if int(info) == 0:
+            return torch.cholesky_solve(B, L)
+        damp = max(damp * 10, 1e-8)
+    raise torch.linalg.LinAlgError(f"Cholesky failed even with damping {damp / 10:g}; the statistics are degenerate.")
+
+
+def numerical_scores(
+    W: torch.Tensor, H: torch.Tensor, ratio: float, lambda_: float | None = None, damping: float = 1e-6
+) -> torch.Tensor:
+    """Closed-form minimiser of `f(z) = ½ Σ_i ‖X W_i − X (z∘W_i)‖² + ½ λ (1ᵀz − r)²` (Eqs. 6-7; SPEC §A.2).
+
+    `z* = 1 − c·u` with `u = A⁻¹1`, `s = 1ᵀu`, `c = λ(D−r)/(1+λs)` (or `(D−r)/s` for λ → ∞). Dead channels
+    (`diag A = 0`) score −∞ and are pruned first.
+
+    Args:
+        W (`torch.Tensor` of shape `(d_out, D)`): weight of o_proj / down_proj.
+        H (`torch.Tensor` of shape `(D, D)`): input Gram (any positive scaling).
+        ratio (`float`): target pruning ratio ρ; r = (1 − ρ)·D.
+        lambda_ (`float | None`): dimensionless λ (× mean diag A), `None` for the exact constraint.
+        damping (`float`): relative ridge on A.
+
+    Returns:
+        `torch.Tensor` of shape `(D,)`, float64.
+    """
+    A = score_matrix(W, H)  # (D, D)
+    D = A.shape[0]
+    alive = A.diagonal() > 0  # (D,)
+    z = torch.full((D,), float("-inf"), dtype=torch.float64, device=A.device)
+    if not alive.any():
+        return z
+    A = A[alive][:, alive]
+    Da = A.shape[0]
+    ones = torch.ones(Da, 1, dtype=A.dtype, device=A.device)
+    u = damped_cholesky_solve(A, ones, damping)[:, 0]  # (Da,)
+    s = u.sum()
+    excess = ratio * Da  # D − r
+    if lambda_ is None:
+        c = excess / s
+    else:
+        lam = lambda_ * A.diagonal().mean()
+        c = lam * excess / (1 + lam * s)
+    z[alive] = 1 - c * u
+    return z
+
+
+def numerical_scores_newton(
+    W: torch.Tensor,
+    H: torch.Tensor,
+    ratio: float,
+    lambda_: float,
+    iters: int = 50,
+    z0: torch.Tensor | None = None,
+    damping: float = 1e-6,
+) -> torch.Tensor:
+    """The paper's Algorithm 1: `z ← z − H_z⁻¹ g(z)` with `g = A(z−1) + λ(1ᵀz − r)1`, `H_z = A + λ11ᵀ`."""
+    A = score_matrix(W, H)  # (D, D)
+    D = A.shape[0]
+    alive = A.diagonal() > 0
+    out = torch.full((D,), float("-inf"), dtype=torch.float64, device=A.device)
+    A = A[alive][:, alive]
+    Da = A.shape[0]
+    A = A + damping * A.diagonal().mean() * torch.eye(Da, dtype=A.dtype, device=A.device)
+    lam = lambda_ * A.diagonal().mean()
+    r = (1 - ratio) * Da
+    ones = torch.ones(Da, dtype=A.dtype, device=A.device)
+    Hz = A + lam * torch.outer(ones, ones)  # (Da, Da)
+    L = torch.linalg.cholesky(Hz)
+    z = torch.full((Da,), 0.5, dtype=A.dtype, device=A.device) if z0 is None else z0.double()[alive].clone()
+    for _ in range(iters):
+        g = A @ (z - 1) + lam * (z.sum() - r) * ones  # (Da,)
+        z = z - torch.cholesky_solve(g[:, None], L)[:, 0]
+    out[alive] = z
+    return out
+
+
+def compensate(
+    W: torch.Tensor, H: torch.Tensor, keep: torch.Tensor, damping: float = 0.01
+) -> tuple[torch.Tensor, float]:
+    """Least-squares refit of the kept input channels (Thm. 3, cheap form; SPEC §A.2).
+
+    `W[:, K] += W[:, P] · H[P, K] · (H[K, K] + γI)⁻¹`, then columns P are zero; γ = damping · mean(diag H).
+
+    Args:
+        W (`torch.Tensor` of shape `(d_out, D)`): weight.
+        H (`torch.Tensor` of shape `(D, D)`): input Gram normalised by the token count.
+        keep (`torch.LongTensor` of shape `(k,)`): kept input channels K.
+        damping (`float`): relative ridge.
+
+    Returns:
+        `(W_new, residual)`: the full-size new weight (pruned columns zero) in W's dtype, and the per-token
+        reconstruction loss `tr(δW H δWᵀ)` (= L* of Thm. 3) in float64.
+    """
+    Wd, Hd = W.double(), H.double()
+    D = Wd.shape[1]
+    mask = torch.zeros(D, dtype=torch.bool, device=W.device)
+    mask[keep] = True
+    K, P = mask.nonzero()[:, 0], (~mask).nonzero()[:, 0]
+    W_new = torch.zeros_like(Wd)
+    if K.numel():
+        rhs = Hd[K][:, P] @ Wd[:, P].T  # (k, d_out)  = H_KP W_Pᵀ
+        delta = damped_cholesky_solve(Hd[K][:, K], rhs, damping).T  # (d_out, k)
+        W_new[:, K] = Wd[:, K] + delta
+    dW = W_new - Wd  # (d_out, D)
+    residual = float(torch.einsum("od,de,oe->", dW, Hd, dW))
+    return W_new.to(W.dtype), residual
+
+
+def obs_compensation(W: torch.Tensor, H: torch.Tensor, prune: torch.Tensor) -> torch.Tensor:
+    """Reference OBS form of Thm. 3 (paper layout transposed): `δW_paper = −H⁻¹[:,P] (H⁻¹[P,P])⁻¹ W_paper[P,:]`.
+
+    Slow (full inverse), used by the tests to check `compensate`.
+    """
+    Wp = W.double().T  # (D, d_out) paper layout
+    Hinv = torch.linalg.inv(H.double())  # (D, D)
+    delta = -Hinv[:, prune] @ torch.linalg.inv(Hinv[prune][:, prune]) @ Wp[prune, :]  # (D, d_out)
+    return (Wp + delta).T  # (d_out, D)

@@ -1,0 +1,196 @@
+"""`StructuredPruner`: template shared by the head / KV-group / MLP-channel methods (NP, FLAP, magnitude).
+
+Lifecycle:
+  - one dense calibration pass, layer by layer: `layer_stats` says which module inputs to observe, the runner feeds
+    them, `score_layer` turns them into per-query-head and per-channel scores (lower = removed first);
+  - heads become units (whole KV groups, or query-head ranks inside groups) with parameter costs, and
+    `functional.allocation` picks the units to remove (global cost-weighted ranking, or uniform);
+  - `finalize_layer` writes the compensated weights / biases of the kept units into a `LayerPlan`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..config import StructuredPruningConfig
+from ..functional.allocation import LayerUnits, allocate, round_kept_channels
+from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
+from ..plan import LayerPlan, PruningPlan
+from .base import BasePruner, RunnerFactory
+
+__all__ = ["StructuredPruner", "resolve_gqa_mode", "attention_mlp_params"]
+
+logger = logging.getLogger(__name__)
+
+
+def _row_params(mod: nn.Module) -> int:
+    return weight_oi(mod).shape[1] + (1 if getattr(mod, "bias", None) is not None else 0)
+
+
+def _col_params(mod: nn.Module) -> int:
+    return weight_oi(mod).shape[0]
+
+
+def attention_mlp_params(model: nn.Module, spec: ArchitectureSpec) -> int:
+    """Parameters of every q/k/v/o and MLP projection of the decoder (what `pruning_ratio` refers to)."""
+    total = 0
+    for layer in get_layers(model, spec):
+        for path in spec.linear_paths:
+            total += sum(p.numel() for p in layer.get_submodule(path).parameters(recurse=False))
+    return total
+
+
+def resolve_gqa_mode(mode: str, view: LayerView) -> str:
+    if view.num_kv_heads == view.num_heads:
+        return "group"  # MHA: a group is one head
+    if mode == "auto":
+        return "query" if view.num_kv_heads == 1 else "group"
+    if mode == "group" and view.num_kv_heads == 1:
+        raise ValueError(
+            f"Layer {view.index} has a single KV head: removing a whole KV group would remove all of its attention. "
+            "Use gqa_mode='query' (or 'auto') to prune query heads inside the group."
+        )
+    return mode
+
+
+class StructuredPruner(BasePruner):
+    """Base of the structured methods; see the module docstring for the lifecycle."""
+
+    structured = True
+    config: StructuredPruningConfig
+
+    # -------------------------------------------------------------------------------------------- method hooks
+    def layer_stats(self, view: LayerView) -> dict[str, tuple[nn.Module, Any]]:
+        """`{name: (module, accumulator)}`: accumulators with `.update(x)` fed with the module's inputs."""
+        return {}
+
+    def score_layer(self, view: LayerView, stats: dict[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """`(head_scores (H,), channel_scores (I,))`, lower = pruned first."""
+        raise NotImplementedError
+
+    def finalize_layer(self, view: LayerView, stats: dict[str, Any], plan: LayerPlan) -> None:
+        """Fill `plan.weights` / `plan.biases` (compensation). Default: nothing."""
+
+    def keep_stats(self) -> bool:
+        """Whether `finalize_layer` needs the statistics (else they are freed after scoring)."""
+        return False
+
+    # ---------------------------------------------------------------------------------------------- framework
+    def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
+        super().validate(model, spec)
+        n = len(get_layers(model, spec))
+        bad = [i for i in self.config.skip_layers if not 0 <= i < n]
+        if bad:
+            raise ValueError(f"skip_layers {bad} out of range: the model has {n} layers (0..{n - 1}).")
+        for view in self._views(model, spec):
+            mode = resolve_gqa_mode(self.config.gqa_mode, view)
+            if mode == "query" and spec.fused_qkv:
+                raise ValueError("gqa_mode='query' needs separate q/k/v projections.")
+
+    def _views(self, model: nn.Module, spec: ArchitectureSpec) -> list[LayerView]:
+        return [layer_view(layer, i, spec, model.config) for i, layer in enumerate(get_layers(model, spec))]
+
+    def _collect(self, views: list[LayerView], runner: RunnerFactory | None):
+        stats, scores = {}, {}
+        run = runner() if (runner is not None and self.needs_calibration) else None
+        for view in tqdm(views, desc=f"{self.config.method}: scoring layers", leave=False):
+            if view.index in self.config.skip_layers:
+                if run is not None:
+                    run.advance(run.run_layer(view.index))
+                continue
+            layer_stats = self.layer_stats(view)
+            if run is not None:
+                observe = {name: mod for name, (mod, _) in layer_stats.items()}
+                outputs = run.run_layer(
+                    view.index, observe=observe, callback=lambda name, x: layer_stats[name][1].update(x)
+                )
+                run.advance(outputs)
+            acc = {name: a for name, (_, a) in layer_stats.items()}
+            scores[view.index] = self.score_layer(view, acc)
+            if self.keep_stats():
+                stats[view.index] = {k: (a.to("cpu") if hasattr(a, "to") else a) for k, a in acc.items()}
+        return stats, scores
+
+    def _head_units(self, view: LayerView, head_scores: torch.Tensor):
+        """Group per-query-head scores into removable units; returns (unit scores, unit cost, members, max units)."""
+        mode = resolve_gqa_mode(self.config.gqa_mode, view)
+        h, kv, g, d = view.num_heads, view.num_kv_heads, view.group_size, view.head_dim
+        spec = view.spec
+        if spec.fused_qkv:
+            qkv_row = _row_params(view.module(spec.qkv_paths[0]))
+            q_row = k_row = v_row = qkv_row
+        else:
+            q_row, k_row, v_row = (_row_params(view.module(p)) for p in spec.qkv_paths)
+        o_col = _col_params(view.o_proj)
+        per_q_head = d * (q_row + o_col)
+        scores = head_scores.detach().double().cpu().view(kv, g)
+        if mode == "group":
+            members = [list(range(j * g, (j + 1) * g)) for j in range(kv)]
+            cost = g * per_q_head + d * (k_row + v_row)
+            max_units = min(kv - 1, (h - self.config.min_heads_per_layer) // g)
+            return scores.mean(1), cost, members, max(max_units, 0)
+        order = torch.sort(scores, dim=1, stable=True).indices  # (kv, g) heads of each group, ascending
+        members = [[int(grp * g + order[grp, r]) for grp in range(kv)] for r in range(g)]
+        unit_scores = torch.sort(scores, dim=1, stable=True).values.mean(0)  # (g,) nondecreasing
+        max_units = min(g - 1, (h - self.config.min_heads_per_layer) // kv)
+        return unit_scores, kv * per_q_head, members, max(max_units, 0)
+
+    def compute_plan(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory | None) -> PruningPlan:
+        cfg = self.config
+        views = self._views(model, spec)
+        stats, scores = self._collect(views, runner)
+        units, members = [], {}
+        for view in views:
+            if view.index not in scores:
+                units.append(LayerUnits(None, 0.0, 0, None, 0.0, 0))
+                continue
+            head_s, chan_s = scores[view.index]
+            hu = (None, 0.0, [], 0)
+            if cfg.prune_attention and head_s is not None:
+                hu = self._head_units(view, head_s)
+                members[view.index] = hu[2]
+            cc = 0.0
+            if cfg.prune_mlp and chan_s is not None:
+                cc = float(sum(_row_params(view.module(p)) for p in spec.mlp_in_paths) + _col_params(view.mlp_out))
+            units.append(
+                LayerUnits(
+                    hu[0], float(hu[1]), hu[3],
+                    chan_s if cfg.prune_mlp else None, cc,
+                    max(view.intermediate_size - cfg.min_mlp_channels_per_layer, 0),
+                )
+            )
+        total = attention_mlp_params(model, spec)
+        mode = getattr(cfg, "ranking", "cost_weighted") == "literal" and "literal" or cfg.allocation
+        head_weight = 4.0 * views[0].head_dim / 3.0
+        removed_heads, removed_channels = allocate(units, cfg.pruning_ratio, total, mode=mode, head_weight=head_weight)
+        plan = PruningPlan(info={"allocation": mode})
+        for view in tqdm(views, desc=f"{cfg.method}: compensating", leave=False):
+            if view.index not in scores:
+                continue
+            lp = LayerPlan()
+            if view.index in members and removed_heads[view.index]:
+                gone = {h for u in removed_heads[view.index] for h in members[view.index][u]}
+                lp.keep_heads = [h for h in range(view.num_heads) if h not in gone]
+                kv_alive = sorted({h // view.group_size for h in lp.keep_heads})
+                groups_intact = all(
+                    all(h in lp.keep_heads for h in range(j * view.group_size, (j + 1) * view.group_size))
+                    for j in kv_alive
+                )
+                lp.keep_kv_heads = kv_alive if (groups_intact and len(kv_alive) < view.num_kv_heads) else None
+                if lp.keep_kv_heads is None and len(lp.keep_heads) % view.num_kv_heads:
+                    raise RuntimeError("internal error: uneven query heads per KV group")
+            chan_s = units[view.index].channel_scores
+            if chan_s is not None and removed_channels[view.index]:
+                drop = round_kept_channels(chan_s, removed_channels[view.index], cfg.round_to, units[view.index].max_channels)
+                drop_set = set(drop)
+                lp.keep_channels = [c for c in range(view.intermediate_size) if c not in drop_set]
+            if lp.structured:
+                self.finalize_layer(view, stats.get(view.index, {}), lp)
+                plan.layers[view.index] = lp
+            stats.pop(view.index, None)
+        return plan

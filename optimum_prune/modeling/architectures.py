@@ -1,0 +1,226 @@
+"""One table that maps each supported `config.model_type` to the roles pruning needs.
+
+Methods speak in roles (`q`, `k`, `v`, `o`, `mlp_in`, `mlp_out`); only this module knows attribute paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+__all__ = [
+    "ArchitectureSpec",
+    "LayerView",
+    "UnsupportedArchitectureError",
+    "ARCHITECTURES",
+    "get_spec",
+    "get_layers",
+    "layer_view",
+    "supported_model_types",
+    "weight_oi",
+]
+
+
+class UnsupportedArchitectureError(ValueError):
+    """Raised, before any weight changes, for a model whose `model_type` is not in the table."""
+
+
+@dataclass(frozen=True)
+class ArchitectureSpec:
+    """Where the prunable modules of one architecture live.
+
+    Args:
+        layers (`str`): dotted path of the decoder-layer `ModuleList`, from the `*ForCausalLM` model.
+        attn (`str`): attribute of a decoder layer holding the self-attention module.
+        q, k, v, o (`str`): attributes of the attention module (`q`/`k`/`v` are `None` when `fused_qkv` is set).
+        fused_qkv (`str | None`): attribute of a fused q|k|v projection (GPT-2 `c_attn`).
+        mlp (`str`): attribute of the layer holding the MLP (`""`: the layer itself, as in OPT).
+        mlp_in (`tuple[str, ...]`): projections whose *output* channels are the MLP channels (gate/up, fc1).
+        mlp_out (`str`): projection whose *input* channels are the MLP channels (down, fc2).
+        heads_attr (`str | None`): attention attribute holding the number of query heads, if the module keeps one.
+        split_attr (`str | None`): attention attribute holding the q/k/v split width (GPT-2 `split_size`).
+        config_keys (`dict`): config attribute names for heads, kv heads, head_dim and intermediate size.
+    """
+
+    layers: str
+    attn: str
+    o: str
+    mlp: str
+    mlp_in: tuple[str, ...]
+    mlp_out: str
+    q: str | None = "q_proj"
+    k: str | None = "k_proj"
+    v: str | None = "v_proj"
+    fused_qkv: str | None = None
+    heads_attr: str | None = None
+    split_attr: str | None = None
+    config_keys: dict[str, str] = field(
+        default_factory=lambda: {
+            "heads": "num_attention_heads",
+            "kv_heads": "num_key_value_heads",
+            "head_dim": "head_dim",
+            "intermediate": "intermediate_size",
+        }
+    )
+
+    def attn_path(self, name: str) -> str:
+        return f"{self.attn}.{name}"
+
+    def mlp_path(self, name: str) -> str:
+        return f"{self.mlp}.{name}" if self.mlp else name
+
+    @property
+    def qkv_paths(self) -> tuple[str, ...]:
+        if self.fused_qkv:
+            return (self.attn_path(self.fused_qkv),)
+        return tuple(self.attn_path(n) for n in (self.q, self.k, self.v))
+
+    @property
+    def o_path(self) -> str:
+        return self.attn_path(self.o)
+
+    @property
+    def mlp_in_paths(self) -> tuple[str, ...]:
+        return tuple(self.mlp_path(n) for n in self.mlp_in)
+
+    @property
+    def mlp_out_path(self) -> str:
+        return self.mlp_path(self.mlp_out)
+
+    @property
+    def linear_paths(self) -> tuple[str, ...]:
+        """Every prunable projection of a layer, in forward order."""
+        return (*self.qkv_paths, self.o_path, *self.mlp_in_paths, self.mlp_out_path)
+
+
+_LLAMA_LIKE = ArchitectureSpec(
+    layers="model.layers", attn="self_attn", o="o_proj", mlp="mlp", mlp_in=("gate_proj", "up_proj"), mlp_out="down_proj"
+)
+
+ARCHITECTURES: dict[str, ArchitectureSpec] = {
+    "llama": _LLAMA_LIKE,
+    "mistral": _LLAMA_LIKE,
+    "qwen2": _LLAMA_LIKE,
+    "qwen3": _LLAMA_LIKE,
+    "gemma3_text": _LLAMA_LIKE,
+    "opt": ArchitectureSpec(
+        layers="model.decoder.layers",
+        attn="self_attn",
+        o="out_proj",
+        mlp="",
+        mlp_in=("fc1",),
+        mlp_out="fc2",
+        heads_attr="num_heads",
+        config_keys={"heads": "num_attention_heads", "intermediate": "ffn_dim"},
+    ),
+    "gpt2": ArchitectureSpec(
+        layers="transformer.h",
+        attn="attn",
+        o="c_proj",
+        mlp="mlp",
+        mlp_in=("c_fc",),
+        mlp_out="c_proj",
+        q=None,
+        k=None,
+        v=None,
+        fused_qkv="c_attn",
+        heads_attr="num_heads",
+        split_attr="split_size",
+        config_keys={"heads": "n_head", "intermediate": "n_inner"},
+    ),
+}
+
+
+def supported_model_types() -> list[str]:
+    return sorted(ARCHITECTURES)
+
+
+def _base_model_type(model_type: str) -> str:
+    from ..constants import PRUNED_MODEL_TYPE_PREFIX
+
+    return model_type[len(PRUNED_MODEL_TYPE_PREFIX) :] if model_type.startswith(PRUNED_MODEL_TYPE_PREFIX) else model_type
+
+
+def get_spec(model: nn.Module) -> ArchitectureSpec:
+    """The `ArchitectureSpec` of `model`; raises `UnsupportedArchitectureError` listing the supported types."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type is None:
+        raise UnsupportedArchitectureError(
+            f"{type(model).__name__} has no `config.model_type`; optimum_prune needs a transformers "
+            f"`*ForCausalLM` model. Supported model types: {', '.join(supported_model_types())}."
+        )
+    spec = ARCHITECTURES.get(_base_model_type(model_type))
+    if spec is None:
+        raise UnsupportedArchitectureError(
+            f"Model type {model_type!r} is not supported yet. Supported model types: "
+            f"{', '.join(supported_model_types())}. Nothing was changed."
+        )
+    try:
+        model.get_submodule(spec.layers)
+    except AttributeError as e:
+        raise UnsupportedArchitectureError(
+            f"{type(model).__name__} ({model_type}) has no `{spec.layers}`; pass the `*ForCausalLM` model."
+        ) from e
+    return spec
+
+
+def get_layers(model: nn.Module, spec: ArchitectureSpec) -> nn.ModuleList:
+    return model.get_submodule(spec.layers)
+
+
+def weight_oi(module: nn.Module) -> torch.Tensor:
+    """The weight in (out_features, in_features) layout, for `nn.Linear` and GPT-2 `Conv1D` alike (a view)."""
+    return module.weight.T if isinstance(module, Conv1D) else module.weight
+
+
+@dataclass
+class LayerView:
+    """Modules and head geometry of one decoder layer."""
+
+    index: int
+    layer: nn.Module
+    spec: ArchitectureSpec
+    head_dim: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+
+    @property
+    def attn(self) -> nn.Module:
+        return self.layer.get_submodule(self.spec.attn)
+
+    def module(self, path: str) -> nn.Module:
+        return self.layer.get_submodule(path)
+
+    @property
+    def o_proj(self) -> nn.Module:
+        return self.module(self.spec.o_path)
+
+    @property
+    def mlp_out(self) -> nn.Module:
+        return self.module(self.spec.mlp_out_path)
+
+    @property
+    def group_size(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    def linears(self) -> dict[str, nn.Module]:
+        return {p: self.module(p) for p in self.spec.linear_paths}
+
+
+def layer_view(layer: nn.Module, index: int, spec: ArchitectureSpec, config) -> LayerView:
+    """Read the current (possibly already pruned) geometry of a decoder layer from its modules."""
+    attn = layer.get_submodule(spec.attn)
+    head_dim = getattr(attn, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    o_in = weight_oi(layer.get_submodule(spec.o_path)).shape[1]
+    num_heads = o_in // head_dim
+    if spec.fused_qkv:
+        num_kv_heads = num_heads
+    else:
+        num_kv_heads = weight_oi(layer.get_submodule(spec.attn_path(spec.k))).shape[0] // head_dim
+    intermediate = weight_oi(layer.get_submodule(spec.mlp_out_path)).shape[1]
+    return LayerView(index, layer, spec, head_dim, num_heads, num_kv_heads, intermediate)

@@ -1,0 +1,195 @@
+"""Physical removal of heads / KV groups / MLP channels, and replay of recorded shapes on a skeleton.
+
+Only this module changes module shapes. Everything works on `nn.Linear` and GPT-2 `Conv1D` alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+from ..plan import LayerPlan
+from .architectures import ArchitectureSpec, LayerView, weight_oi
+
+__all__ = [
+    "new_projection",
+    "slice_projection",
+    "set_submodule",
+    "head_rows",
+    "apply_layer_plan_",
+    "set_attention_geometry_",
+    "reshape_layer_",
+]
+
+
+def new_projection(like: nn.Module, in_features: int, out_features: int, bias: bool) -> nn.Module:
+    """An empty projection of the same kind, dtype and device as `like`."""
+    w = like.weight
+    if isinstance(like, Conv1D):
+        mod = Conv1D(out_features, in_features).to(device=w.device, dtype=w.dtype)
+        if not bias:
+            mod.bias = None
+        return mod
+    return nn.Linear(in_features, out_features, bias=bias, device=w.device, dtype=w.dtype)
+
+
+def _conv1d_forward_no_bias(module: Conv1D, x: torch.Tensor) -> torch.Tensor:
+    return x @ module.weight
+
+
+def slice_projection(
+    module: nn.Module, out_idx: Sequence[int] | torch.Tensor | None = None, in_idx: Sequence[int] | torch.Tensor | None = None
+) -> nn.Module:
+    """A new projection holding `module`'s weights restricted to `out_idx` rows and `in_idx` columns."""
+    w = weight_oi(module).detach()  # (out, in)
+    dev = w.device
+    if out_idx is not None:
+        out_idx = torch.as_tensor(out_idx, dtype=torch.long, device=dev)
+        w = w.index_select(0, out_idx)
+    if in_idx is not None:
+        in_idx = torch.as_tensor(in_idx, dtype=torch.long, device=dev)
+        w = w.index_select(1, in_idx)
+    bias = getattr(module, "bias", None)
+    new = new_projection(module, w.shape[1], w.shape[0], bias is not None)
+    with torch.no_grad():
+        new.weight.copy_(w.T if isinstance(module, Conv1D) else w)
+        if bias is not None:
+            new.bias.copy_(bias.detach() if out_idx is None else bias.detach().index_select(0, out_idx))
+    new.weight.requires_grad_(module.weight.requires_grad)
+    return new
+
+
+def set_submodule(root: nn.Module, path: str, new: nn.Module) -> None:
+    parent_path, _, name = path.rpartition(".")
+    parent = root.get_submodule(parent_path) if parent_path else root
+    setattr(parent, name, new)
+
+
+def head_rows(heads: Sequence[int], head_dim: int, offset: int = 0) -> torch.Tensor:
+    """Row indices of the given heads in a projection whose output is laid out head by head."""
+    heads_t = torch.as_tensor(list(heads), dtype=torch.long)
+    return (offset + heads_t[:, None] * head_dim + torch.arange(head_dim)[None, :]).reshape(-1)
+
+
+def _qkv_rows(view: LayerView, keep_heads: Sequence[int], keep_kv: Sequence[int]) -> dict[str, torch.Tensor]:
+    spec, d = view.spec, view.head_dim
+    if spec.fused_qkv:  # q | k | v blocks of width num_heads * head_dim each (no GQA in fused layouts)
+        width = view.num_heads * d
+        rows = torch.cat([head_rows(keep_heads, d, offset=i * width) for i in range(3)])
+        return {spec.qkv_paths[0]: rows}
+    q, k, v = spec.qkv_paths
+    return {q: head_rows(keep_heads, d), k: head_rows(keep_kv, d), v: head_rows(keep_kv, d)}
+
+
+def set_attention_geometry_(view: LayerView, num_heads: int, num_kv_heads: int) -> None:
+    """Update the per-layer attributes that attention modules read at forward time."""
+    attn, spec = view.attn, view.spec
+    if hasattr(attn, "num_key_value_groups"):
+        attn.num_key_value_groups = num_heads // num_kv_heads
+    if spec.heads_attr:
+        setattr(attn, spec.heads_attr, num_heads)
+    if spec.split_attr:
+        setattr(attn, spec.split_attr, num_heads * view.head_dim)
+    if hasattr(attn, "num_heads") and not spec.heads_attr:
+        attn.num_heads = num_heads
+    if hasattr(attn, "num_key_value_heads"):
+        attn.num_key_value_heads = num_kv_heads
+    view.num_heads, view.num_kv_heads = num_heads, num_kv_heads
+
+
+def _write_weights_(view: LayerView, plan: LayerPlan) -> None:
+    for path, w in plan.weights.items():
+        mod = view.module(path)
+        with torch.no_grad():
+            weight_oi(mod).copy_(w.to(mod.weight.dtype))
+    for path, b in plan.biases.items():
+        mod = view.module(path)
+        if getattr(mod, "bias", None) is None:
+            mod.bias = nn.Parameter(torch.zeros(weight_oi(mod).shape[0], dtype=mod.weight.dtype, device=mod.weight.device))
+        with torch.no_grad():
+            mod.bias.copy_(b.to(mod.bias.dtype))
+
+
+def _zero_rows_(mod: nn.Module, rows: torch.Tensor) -> None:
+    with torch.no_grad():
+        weight_oi(mod)[rows.to(mod.weight.device)] = 0
+        if getattr(mod, "bias", None) is not None:
+            mod.bias[rows.to(mod.weight.device)] = 0
+
+
+def _zero_cols_(mod: nn.Module, cols: torch.Tensor) -> None:
+    with torch.no_grad():
+        weight_oi(mod)[:, cols.to(mod.weight.device)] = 0
+
+
+def apply_layer_plan_(view: LayerView, plan: LayerPlan, mode: str = "remove") -> None:
+    """Execute a `LayerPlan` in place.
+
+    Args:
+        view (`LayerView`): the layer.
+        plan (`LayerPlan`): the decision.
+        mode (`str`, defaults to `"remove"`): `"remove"` physically drops the pruned units; `"zero"` keeps the shapes
+            and zeroes them instead (same function, used to verify the removal).
+    """
+    if mode not in ("remove", "zero"):
+        raise ValueError(f"mode must be 'remove' or 'zero', got {mode!r}")
+    _write_weights_(view, plan)
+    d = view.head_dim
+    if plan.keep_heads is not None:
+        keep_kv = plan.keep_kv_heads if plan.keep_kv_heads is not None else list(range(view.num_kv_heads))
+        if mode == "remove":
+            for path, rows in _qkv_rows(view, plan.keep_heads, keep_kv).items():
+                set_submodule(view.layer, path, slice_projection(view.module(path), out_idx=rows))
+            o = view.spec.o_path
+            set_submodule(view.layer, o, slice_projection(view.module(o), in_idx=head_rows(plan.keep_heads, d)))
+            set_attention_geometry_(view, len(plan.keep_heads), len(keep_kv))
+        else:
+            drop_h = sorted(set(range(view.num_heads)) - set(plan.keep_heads))
+            drop_kv = sorted(set(range(view.num_kv_heads)) - set(keep_kv))
+            for path, rows in _qkv_rows(view, drop_h, drop_kv).items():
+                _zero_rows_(view.module(path), rows)
+            _zero_cols_(view.o_proj, head_rows(drop_h, d))
+    if plan.keep_channels is not None:
+        keep = torch.as_tensor(plan.keep_channels, dtype=torch.long)
+        if mode == "remove":
+            for path in view.spec.mlp_in_paths:
+                set_submodule(view.layer, path, slice_projection(view.module(path), out_idx=keep))
+            out = view.spec.mlp_out_path
+            set_submodule(view.layer, out, slice_projection(view.module(out), in_idx=keep))
+            view.intermediate_size = len(keep)
+        else:
+            drop = torch.as_tensor(sorted(set(range(view.intermediate_size)) - set(plan.keep_channels)), dtype=torch.long)
+            for path in view.spec.mlp_in_paths:
+                _zero_rows_(view.module(path), drop)
+            _zero_cols_(view.mlp_out, drop)
+
+
+def reshape_layer_(view: LayerView, shapes: dict) -> None:
+    """Give a layer the recorded shapes (used on a fresh skeleton before weights load; values are not kept).
+
+    Args:
+        view (`LayerView`): the layer, at its configured (unpruned) shape.
+        shapes (`dict`): `num_attention_heads`, `num_key_value_heads`, `intermediate_size` and `biases` (the
+            layer-relative paths of every projection that has a bias).
+    """
+    spec, d = view.spec, view.head_dim
+    heads, kv = shapes["num_attention_heads"], shapes["num_key_value_heads"]
+    biases = set(shapes.get("biases", []))
+    hidden = weight_oi(view.o_proj).shape[0]
+    outs = {}
+    if spec.fused_qkv:
+        outs[spec.qkv_paths[0]] = (hidden, 3 * heads * d)
+    else:
+        q, k, v = spec.qkv_paths
+        outs.update({q: (hidden, heads * d), k: (hidden, kv * d), v: (hidden, kv * d)})
+    outs[spec.o_path] = (heads * d, hidden)
+    for path in spec.mlp_in_paths:
+        outs[path] = (hidden, shapes["intermediate_size"])
+    outs[spec.mlp_out_path] = (shapes["intermediate_size"], hidden)
+    for path, (fan_in, fan_out) in outs.items():
+        set_submodule(view.layer, path, new_projection(view.module(path), fan_in, fan_out, path in biases))
+    set_attention_geometry_(view, heads, kv)
+    view.intermediate_size = shapes["intermediate_size"]

@@ -1,0 +1,50 @@
+"""What a pruning method decides, separate from how it is executed (`modeling.surgery`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["LayerPlan", "PruningPlan"]
+
+
+@dataclass
+class LayerPlan:
+    """The decision for one decoder layer.
+
+    Args:
+        keep_heads (`list[int] | None`): query heads kept (`None`: attention untouched).
+        keep_kv_heads (`list[int] | None`): KV heads kept (`None`: all).
+        keep_channels (`list[int] | None`): MLP channels kept (`None`: MLP untouched).
+        weights (`dict[str, torch.Tensor]`): new full-size weights, (out, in) layout, keyed by the module path
+            relative to the layer (e.g. `"self_attn.o_proj"`); written before any removal.
+        biases (`dict[str, torch.Tensor]`): new bias vectors (a bias is created where the module had none).
+        info (`dict`): per-layer diagnostics for the report (e.g. the compensation residual).
+    """
+
+    keep_heads: list[int] | None = None
+    keep_kv_heads: list[int] | None = None
+    keep_channels: list[int] | None = None
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)
+    biases: dict[str, torch.Tensor] = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+
+    @property
+    def structured(self) -> bool:
+        return self.keep_heads is not None or self.keep_channels is not None
+
+
+@dataclass
+class PruningPlan:
+    """Per-layer plans for a whole model, keyed by decoder-layer index."""
+
+    layers: dict[int, LayerPlan] = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+
+    def summary(self) -> dict[int, dict]:
+        """Kept heads / channels per layer, for determinism checks and the report."""
+        return {
+            i: {"keep_heads": p.keep_heads, "keep_kv_heads": p.keep_kv_heads, "keep_channels": p.keep_channels}
+            for i, p in sorted(self.layers.items())
+        }

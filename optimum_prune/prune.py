@@ -1,0 +1,159 @@
+"""`prune_`: the one functional entry point."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+import transformers
+from torch import nn
+
+from .calibration.sequential import LayerwiseRunner
+from .config import CalibrationConfig, PruningConfig
+from .methods.structured import attention_mlp_params
+from .modeling.architectures import get_layers, get_spec, layer_view
+from .modeling.surgery import apply_layer_plan_
+from .registry import get_pruner_class
+from .report import PruningReport, count_parameters, layer_table, linear_sparsity
+from .version import __version__
+
+__all__ = ["prune_", "compute_plan", "HISTORY_ATTR"]
+
+logger = logging.getLogger(__name__)
+
+HISTORY_ATTR = "_optimum_prune_history"
+
+
+def _calibration_ids(calibration: Any, tokenizer: Any) -> tuple[torch.Tensor, dict | None]:
+    if isinstance(calibration, torch.Tensor):
+        if calibration.dim() != 2 or calibration.dtype not in (torch.long, torch.int32, torch.int64):
+            raise ValueError("Calibration token ids must be an integer tensor of shape (num_samples, seq_len).")
+        return calibration.long(), {"source": "token ids", "num_samples": calibration.shape[0], "seq_len": calibration.shape[1]}
+    if not isinstance(calibration, CalibrationConfig):
+        raise TypeError(
+            f"`calibration` must be a CalibrationConfig or a (num_samples, seq_len) LongTensor, got {type(calibration).__name__}."
+        )
+    if tokenizer is None:
+        raise ValueError("Calibration text needs a tokenizer: pass `tokenizer=` (AutoPruner loads it for you).")
+    from .calibration.data import describe_calibration, get_calibration_batches
+
+    ids = get_calibration_batches(calibration, tokenizer)
+    desc = describe_calibration(calibration, tokenizer)
+    return ids, desc
+
+
+def _prepare(model: nn.Module, config: PruningConfig, calibration: Any, tokenizer: Any, batch_size: int | None, device):
+    """Validate everything and build what the pruner needs; touches no weight."""
+    if not isinstance(config, PruningConfig):
+        raise TypeError(f"`config` must be a PruningConfig subclass instance, got {type(config).__name__}.")
+    spec = get_spec(model)
+    pruner = get_pruner_class(config.method)(config)
+    pruner.validate(model, spec)
+    runner_factory, calib_desc = None, None
+    if pruner.needs_calibration:
+        if calibration is None:
+            raise ValueError(
+                f"Method {config.method!r} needs calibration data: pass `calibration=CalibrationConfig(dataset=...)`."
+            )
+        ids, calib_desc = _calibration_ids(calibration, tokenizer)
+        vocab = model.get_input_embeddings().weight.shape[0]
+        if int(ids.max()) >= vocab or int(ids.min()) < 0:
+            raise ValueError(f"Calibration token ids fall outside the model's vocabulary (size {vocab}); wrong tokenizer?")
+        bs = batch_size or getattr(calibration, "batch_size", 8)
+
+        def runner_factory():
+            return LayerwiseRunner(model, spec, ids, batch_size=bs, device=device)
+
+    return spec, pruner, runner_factory, calib_desc
+
+
+def compute_plan(model: nn.Module, config: PruningConfig, calibration: Any = None, tokenizer: Any = None, **kwargs):
+    """Decide without executing the removal: returns `(spec, plan)` (used to verify "removed ≡ zeroed")."""
+    spec, pruner, runner, _ = _prepare(model, config, calibration, tokenizer, kwargs.get("batch_size"), kwargs.get("device"))
+    with torch.no_grad():
+        return spec, pruner.compute_plan(model, spec, runner)
+
+
+def prune_(
+    model: nn.Module,
+    config: PruningConfig,
+    calibration: Any = None,
+    tokenizer: Any = None,
+    *,
+    batch_size: int | None = None,
+    device: torch.device | str | None = None,
+) -> PruningReport:
+    """Prune `model` in place with the method chosen by `config`.
+
+    Args:
+        model (`PreTrainedModel`): a supported `*ForCausalLM` model (see `supported_model_types()`).
+        config (`PruningConfig`): e.g. `NumericalPruningConfig(pruning_ratio=0.2)`.
+        calibration (`CalibrationConfig | torch.LongTensor | None`): calibration text (or token ids); required by
+            data-driven methods.
+        tokenizer (`PreTrainedTokenizerBase | None`): tokenizes the calibration text.
+        batch_size (`int | None`): sequences per block forward (default: `calibration.batch_size`).
+        device (`torch.device | str | None`): where each block runs during calibration (default: the model's).
+
+    Returns:
+        `PruningReport` with measured ratios and per-layer shapes. All validation happens before any weight is
+        touched; a failure then leaves the model unchanged.
+    """
+    t0 = time.perf_counter()
+    spec, pruner, runner, calib_desc = _prepare(model, config, calibration, tokenizer, batch_size, device)
+    params_before, prunable_before = count_parameters(model), attention_mlp_params(model, spec)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        plan = pruner.compute_plan(model, spec, runner)
+        t1 = time.perf_counter()
+        layers = get_layers(model, spec)
+        for idx, lp in plan.layers.items():
+            apply_layer_plan_(layer_view(layers[idx], idx, spec, model.config), lp, mode="remove")
+    model.train(was_training)
+    t2 = time.perf_counter()
+    prunable_after = attention_mlp_params(model, spec)
+    sparsity = {} if pruner.is_structured else linear_sparsity(model, spec)
+    if pruner.is_structured:
+        measured = 1 - prunable_after / prunable_before
+        target = config.pruning_ratio
+    else:
+        zeros = sum(s * _numel(model, spec, k) for k, s in sparsity.items())
+        measured = zeros / max(sum(_numel(model, spec, k) for k in sparsity), 1)
+        target = getattr(config, "sparsity", 0.0)
+    report = PruningReport(
+        method=config.method,
+        config=config.to_dict(),
+        target=float(target),
+        measured=float(measured),
+        params_before=params_before,
+        params_after=count_parameters(model),
+        prunable_params_before=prunable_before,
+        prunable_params_after=prunable_after,
+        layers=layer_table(model, spec),
+        sparsity=sparsity,
+        timings={"decide_s": t1 - t0, "apply_s": t2 - t1, "total_s": t2 - t0},
+        calibration=calib_desc,
+        info={**plan.info, "layers": {i: lp.info for i, lp in plan.layers.items() if lp.info}},
+    )
+    history = getattr(model, HISTORY_ATTR, [])
+    history.append(
+        {
+            "method": config.method,
+            "config_version": config.config_version,
+            "config": config.to_dict(),
+            "optimum_prune_version": __version__,
+            "transformers_version": transformers.__version__,
+            "calibration": calib_desc,
+            "report": {k: v for k, v in report.to_dict().items() if k not in ("config", "layers", "sparsity", "info")},
+        }
+    )
+    setattr(model, HISTORY_ATTR, history)
+    logger.info("%s", report)
+    return report
+
+
+def _numel(model: nn.Module, spec, key: str) -> int:
+    _, idx, path = key.split(".", 2)
+    return get_layers(model, spec)[int(idx)].get_submodule(path).weight.numel()

@@ -1,0 +1,55 @@
+"""Registry of pruning methods: one explicit `register_pruning_method` call per method."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["register_pruning_method", "get_config_class", "get_pruner_class", "available_methods"]
+
+_REGISTRY: dict[str, tuple[type, type]] = {}
+
+
+def register_pruning_method(name: str, *, config_cls: type, pruner_cls: type) -> None:
+    """Register a method so that `prune_` and `PruningConfig.from_dict` can find it.
+
+    Validates that the name is lowercase snake_case and unused, that `config_cls.method == name`, that
+    `pruner_cls.config_cls is config_cls`, and the base classes.
+    """
+    from .config import PruningConfig
+    from .methods.base import BasePruner
+
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        raise ValueError(f"Method name {name!r} must be lowercase snake_case.")
+    if name in _REGISTRY:
+        raise ValueError(f"A pruning method named {name!r} is already registered.")
+    if not (isinstance(config_cls, type) and issubclass(config_cls, PruningConfig)):
+        raise TypeError(f"{config_cls!r} must subclass PruningConfig.")
+    if not (isinstance(pruner_cls, type) and issubclass(pruner_cls, BasePruner)):
+        raise TypeError(f"{pruner_cls!r} must subclass BasePruner.")
+    if config_cls.method != name:
+        raise ValueError(f"{config_cls.__name__}.method is {config_cls.method!r}, expected {name!r}.")
+    if pruner_cls.config_cls is not config_cls:
+        raise ValueError(f"{pruner_cls.__name__}.config_cls must be {config_cls.__name__}.")
+    _REGISTRY[name] = (config_cls, pruner_cls)
+
+
+def _lookup(name: str) -> tuple[type, type]:
+    from . import methods  # noqa: F401  (importing registers the built-in methods)
+
+    if name not in _REGISTRY:
+        raise ValueError(f"Unknown pruning method {name!r}. Available: {', '.join(available_methods())}.")
+    return _REGISTRY[name]
+
+
+def get_config_class(name: str) -> type:
+    return _lookup(name)[0]
+
+
+def get_pruner_class(name: str) -> type:
+    return _lookup(name)[1]
+
+
+def available_methods() -> list[str]:
+    from . import methods  # noqa: F401
+
+    return sorted(_REGISTRY)

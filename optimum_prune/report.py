@@ -1,0 +1,99 @@
+"""`PruningReport`: what was asked, what was measured."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torch import nn
+
+from .modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
+
+__all__ = ["PruningReport", "layer_table", "count_parameters", "linear_sparsity"]
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Parameters of the model, tied weights counted once."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def layer_table(model: nn.Module, spec: ArchitectureSpec) -> list[dict[str, Any]]:
+    """Per decoder layer: heads, KV heads, head_dim, intermediate size, and which projections carry a bias."""
+    rows = []
+    for i, layer in enumerate(get_layers(model, spec)):
+        v = layer_view(layer, i, spec, model.config)
+        rows.append(
+            {
+                "num_attention_heads": v.num_heads,
+                "num_key_value_heads": v.num_kv_heads,
+                "head_dim": v.head_dim,
+                "intermediate_size": v.intermediate_size,
+                "biases": sorted(p for p in spec.linear_paths if getattr(layer.get_submodule(p), "bias", None) is not None),
+            }
+        )
+    return rows
+
+
+def linear_sparsity(model: nn.Module, spec: ArchitectureSpec) -> dict[str, float]:
+    """Fraction of exact zeros in every prunable projection, keyed `layers.<i>.<path>`."""
+    out = {}
+    for i, layer in enumerate(get_layers(model, spec)):
+        for p in spec.linear_paths:
+            w = weight_oi(layer.get_submodule(p))
+            out[f"layers.{i}.{p}"] = float((w == 0).sum()) / max(w.numel(), 1)
+    return out
+
+
+@dataclass
+class PruningReport:
+    """Result of one `prune_` call.
+
+    Args:
+        method (`str`): registered method name.
+        config (`dict`): the applied config.
+        target (`float`): requested ratio (structured) or sparsity (unstructured).
+        measured (`float`): measured fraction of attention + MLP parameters removed (structured) or zeroed.
+        params_before / params_after (`int`): whole-model parameter counts.
+        prunable_params_before / prunable_params_after (`int`): attention + MLP projection parameters.
+        layers (`list[dict]`): per-layer shapes after pruning.
+        sparsity (`dict[str, float]`): per-projection fraction of zeros (unstructured methods).
+        timings (`dict[str, float]`): seconds spent in calibration capture, decision and surgery.
+        calibration (`dict | None`): description of the calibration data.
+        info (`dict`): method diagnostics.
+    """
+
+    method: str
+    config: dict
+    target: float
+    measured: float
+    params_before: int
+    params_after: int
+    prunable_params_before: int
+    prunable_params_after: int
+    layers: list[dict] = field(default_factory=list)
+    sparsity: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    calibration: dict | None = None
+    info: dict = field(default_factory=dict)
+
+    @property
+    def whole_model_ratio(self) -> float:
+        return 1 - self.params_after / max(self.params_before, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["whole_model_ratio"] = self.whole_model_ratio
+        return out
+
+    def to_json_file(self, path: str | os.PathLike) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=2, default=str)
+            f.write("\n")
+
+    def __str__(self) -> str:
+        return (
+            f"PruningReport(method={self.method!r}, target={self.target:.3f}, measured={self.measured:.3f}, "
+            f"params {self.params_before:,} -> {self.params_after:,})"
+        )

@@ -1,0 +1,223 @@
+"""Saving and loading pruned models: a stock safetensors checkpoint plus `pruning_config.json`.
+
+- Uniform per-layer shapes (and biases a stock config can express): config.json is rewritten (explicit `head_dim`,
+  head counts, intermediate size, bias flags) so plain `transformers.AutoModelForCausalLM` loads it.
+- Otherwise: `model_type = "optimum_pruned_<base>"` with the per-layer shapes in `pruned_layers`; the classes in
+  `modeling.auto_classes` rebuild the skeleton and load it exactly (plain `AutoModelForCausalLM` too, once
+  `optimum_prune` is imported).
+Writes go to a temporary directory next to the target, renamed into place at the end: a failure never leaves a
+half-written or corrupted directory. Never pickles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from torch import nn
+from transformers import AutoModelForCausalLM
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+from .constants import FORMAT_VERSION, PRUNED_MODEL_TYPE_PREFIX, PRUNING_CONFIG_NAME
+from .modeling.architectures import ArchitectureSpec, get_spec
+from .modeling.auto_classes import pruned_classes
+from .prune import HISTORY_ATTR
+from .report import layer_table
+from .version import __version__
+
+__all__ = ["save_pruned", "load_pruned_model", "export_config", "strip_gguf_quantizer_"]
+
+logger = logging.getLogger(__name__)
+
+_BIAS_FLAGS = ("attention_bias", "mlp_bias")
+
+
+def strip_gguf_quantizer_(model: nn.Module) -> None:
+    """A GGUF checkpoint is dequantized at load; drop the GGUF marker so the model saves as plain safetensors."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    qcfg = getattr(model.config, "quantization_config", None)
+    method = getattr(qcfg, "quant_method", None) if not isinstance(qcfg, dict) else qcfg.get("quant_method")
+    if quantizer is not None and "gguf" in str(method).lower():
+        model.hf_quantizer = None
+        with contextlib.suppress(AttributeError):
+            del model.config.quantization_config
+        with contextlib.suppress(AttributeError):
+            model.is_quantized = False
+
+
+def _base_type(model_type: str) -> str:
+    return model_type.removeprefix(PRUNED_MODEL_TYPE_PREFIX)
+
+
+def _shapes_match(skeleton_sd: dict[str, torch.Tensor], sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """Zero tensors to add so that `sd` fills the skeleton exactly, or `None` if it cannot (only biases may be added)."""
+    extra = {}
+    for k, v in skeleton_sd.items():
+        if k in sd:
+            if tuple(sd[k].shape) != tuple(v.shape):
+                return None
+        elif k.endswith(".bias"):
+            extra[k] = None
+        else:
+            return None
+    if set(sd) - set(skeleton_sd):
+        return None
+    return extra
+
+
+def _skeleton_state(config, model_cls) -> dict[str, torch.Tensor]:
+    with torch.device("meta"):
+        return model_cls(config).state_dict()
+
+
+def export_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The config to save, and zero tensors to add to the state dict (biases a stock config flag requires).
+
+    Returns a stock config when a stock model of that config has exactly the pruned model's tensors; else the
+    `optimum_pruned_<base>` config carrying `pruned_layers`.
+    """
+    spec = spec or get_spec(model)
+    shapes = layer_table(model, spec)
+    base_type = _base_type(model.config.model_type)
+    data = model.config.to_dict()
+    for k in ("pruned_layers", "quantization_config", "_name_or_path", "transformers_version"):
+        data.pop(k, None)
+    data["model_type"] = base_type
+    sd = {k: v for k, v in model.state_dict().items()}
+    first = shapes[0]
+    if all(s == first for s in shapes):
+        keys = spec.config_keys
+        stock = dict(data)
+        stock[keys["heads"]] = first["num_attention_heads"]
+        if "kv_heads" in keys:
+            stock[keys["kv_heads"]] = first["num_key_value_heads"]
+        if "head_dim" in keys:
+            stock[keys["head_dim"]] = first["head_dim"]
+        stock[keys["intermediate"]] = first["intermediate_size"]
+        base_config_cls = CONFIG_MAPPING[base_type]
+        candidates = [stock]
+        if first["biases"]:
+            candidates.append({**stock, **{f: True for f in _BIAS_FLAGS if f in data}})
+        for cand in candidates:
+            try:
+                config = base_config_cls.from_dict(cand)
+                model_cls = MODEL_FOR_CAUSAL_LM_MAPPING[base_config_cls]
+                skeleton = _skeleton_state(config, model_cls)
+            except Exception as e:  # noqa: BLE001 - e.g. hidden_size not divisible by the new head count
+                logger.debug("stock config not usable: %s", e)
+                continue
+            extra = _shapes_match(skeleton, sd)
+            if extra is not None:
+                zeros = {k: torch.zeros(skeleton[k].shape, dtype=sd[k[: -len("bias")] + "weight"].dtype) for k in extra}
+                config.architectures = [model_cls.__name__]
+                return config, zeros
+    config_cls, model_cls = pruned_classes(base_type)
+    config = config_cls.from_dict({**data, "model_type": config_cls.model_type, "pruned_layers": shapes})
+    config.architectures = [model_cls.__name__]
+    extra = _shapes_match(_skeleton_state(config, model_cls), sd)
+    if extra:
+        raise RuntimeError(f"internal error: the pruned skeleton does not match the model ({sorted(extra)[:3]})")
+    return config, {}
+
+
+def _check_target(target: Path, overwrite: bool) -> Path:
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} already exists. Choose a new directory or pass overwrite=True.")
+    if target.exists() and not target.is_dir():
+        raise NotADirectoryError(f"{target} exists and is not a directory.")
+    parent = target.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PermissionError(f"Cannot create {parent}: {e}. Choose a writable output directory.") from e
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"{parent} is not writable. Choose a writable output directory.")
+    return parent
+
+
+def save_pruned(
+    model: nn.Module,
+    save_directory: str | os.PathLike,
+    tokenizer: Any = None,
+    *,
+    overwrite: bool = False,
+    max_shard_size: str | int = "5GB",
+) -> Path:
+    """Save a (pruned) model as a stock safetensors checkpoint plus `pruning_config.json`, atomically.
+
+    Args:
+        model (`PreTrainedModel`): the model (also a GGUF-loaded one: it is saved dequantized).
+        save_directory (`str | os.PathLike`): target; must not exist unless `overwrite=True`.
+        tokenizer (`PreTrainedTokenizerBase | None`): saved alongside when given.
+        overwrite (`bool`, defaults to `False`): replace an existing directory (still atomically).
+        max_shard_size (`str | int`): passed to `save_pretrained`.
+    """
+    target = Path(save_directory).absolute()
+    parent = _check_target(target, overwrite)
+    spec = get_spec(model)
+    config, extra = export_config(model, spec)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent))
+    try:
+        state = {**model.state_dict(), **extra}
+        quantizer = getattr(model, "hf_quantizer", None)
+        model.hf_quantizer = None  # GGUF-loaded weights are already dequantized tensors
+        try:
+            model.save_pretrained(tmp, state_dict=state, max_shard_size=max_shard_size)
+        finally:
+            model.hf_quantizer = quantizer
+        config.save_pretrained(tmp)  # replaces config.json with the exported config
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        side_car = {
+            "format_version": FORMAT_VERSION,
+            "optimum_prune_version": __version__,
+            "transformers_version": transformers.__version__,
+            "loadable_with_stock_transformers": not config.model_type.startswith(PRUNED_MODEL_TYPE_PREFIX),
+            "layers": layer_table(model, spec),
+            "history": getattr(model, HISTORY_ATTR, []),
+        }
+        with open(tmp / PRUNING_CONFIG_NAME, "w", encoding="utf-8") as f:
+            json.dump(side_car, f, indent=2, default=str)
+            f.write("\n")
+        if target.exists():
+            backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=parent))
+            os.rename(target, backup / "d")
+            os.rename(tmp, target)
+            shutil.rmtree(backup, ignore_errors=True)
+        else:
+            os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("Saved %s to %s", "stock checkpoint" if side_car["loadable_with_stock_transformers"] else "pruned checkpoint", target)
+    return target
+
+
+def load_pruned_model(path: str | os.PathLike, **kwargs: Any) -> nn.Module:
+    """Load any checkpoint written by `save_pruned`, exactly: missing, unexpected or resized tensors are errors.
+
+    Args:
+        path (`str | os.PathLike`): the directory.
+        kwargs: passed to `AutoModelForCausalLM.from_pretrained` (e.g. `dtype`, `device_map`).
+    """
+    from .modeling.auto_classes import register_pruned_architectures
+
+    register_pruned_architectures()
+    model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True, **kwargs)
+    problems = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if problems:
+        raise RuntimeError(f"{path} did not load exactly: {problems}")
+    side_car = Path(path) / PRUNING_CONFIG_NAME
+    if side_car.is_file():
+        with open(side_car, encoding="utf-8") as f:
+            setattr(model, HISTORY_ATTR, json.load(f).get("history", []))
+    return model

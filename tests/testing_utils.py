@@ -1,0 +1,78 @@
+"""Tiny random-weight models of every supported architecture, built from config in memory (no Hub)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    Gemma3TextConfig,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    OPTConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+VOCAB = 128
+
+
+def tiny_config(arch: str):
+    common = dict(vocab_size=VOCAB, num_hidden_layers=3)
+    if arch == "llama":  # MHA
+        return LlamaConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=4, **common)
+    if arch == "llama_gqa":  # SmolLM2 / Llama-3 shape: groups of 3 query heads
+        return LlamaConfig(
+            hidden_size=72, intermediate_size=96, num_attention_heads=6, num_key_value_heads=2, head_dim=12,
+            tie_word_embeddings=True, **common,
+        )
+    if arch == "mistral":
+        return MistralConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, **common)
+    if arch == "qwen2":
+        return Qwen2Config(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, **common)
+    if arch == "qwen3":
+        return Qwen3Config(
+            hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16, **common
+        )
+    if arch == "gemma3":  # one KV head; sliding-window and full layers alternate
+        return Gemma3TextConfig(
+            hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+            sliding_window=8, layer_types=["sliding_attention", "full_attention", "sliding_attention"], **common,
+        )
+    if arch == "opt":
+        return OPTConfig(
+            hidden_size=64, ffn_dim=96, num_attention_heads=4, word_embed_proj_dim=64, max_position_embeddings=64,
+            vocab_size=VOCAB, num_hidden_layers=3,
+        )
+    if arch == "gpt2":
+        return GPT2Config(n_embd=64, n_inner=96, n_head=4, n_positions=64, n_layer=3, vocab_size=VOCAB)
+    raise ValueError(arch)
+
+
+ARCHS = ["llama", "llama_gqa", "mistral", "qwen2", "qwen3", "gemma3", "opt", "gpt2"]
+
+
+def tiny_model(arch: str, seed: int = 0):
+    torch.manual_seed(seed)
+    config = tiny_config(arch)
+    config._attn_implementation = "eager"
+    model = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config).eval()
+    # Random init gives tiny weights; scale them so pruning decisions are not ties, and add bias noise.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.2)
+            elif name.endswith("bias"):
+                p.normal_(0, 0.05)
+    return model
+
+
+def calibration_ids(num_samples: int = 8, seq_len: int = 16, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (num_samples, seq_len), generator=g)
+
+
+@torch.no_grad()
+def logits(model, ids: torch.Tensor | None = None) -> torch.Tensor:
+    ids = calibration_ids(2, 12, seed=123) if ids is None else ids
+    return model(input_ids=ids, use_cache=False).logits.float()
