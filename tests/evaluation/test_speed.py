@@ -1,0 +1,88 @@
+import json
+import math
+import statistics
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from optimum_prune.evaluation import benchmark_speed, compare_speed
+
+
+class SleepyLM(torch.nn.Module):
+    """Fake causal LM whose prefill / generate take fixed times; records the order in which models run."""
+
+    def __init__(self, name, prefill_s, generate_s, log):
+        super().__init__()
+        self.name, self.prefill_s, self.generate_s, self.log = name, prefill_s, generate_s, log
+        self.config = SimpleNamespace(vocab_size=100)
+        self.weight = torch.nn.Parameter(torch.ones(10))
+
+    def forward(self, input_ids, attention_mask=None, use_cache=True):
+        self.log.append(self.name)
+        time.sleep(self.prefill_s)
+
+    def generate(self, input_ids, attention_mask=None, max_new_tokens=1, min_new_tokens=1, **kwargs):
+        assert max_new_tokens == min_new_tokens
+        time.sleep(self.generate_s)
+        return torch.zeros(input_ids.shape[0], input_ids.shape[1] + max_new_tokens, dtype=torch.long)
+
+
+def test_benchmark_speed_tiny_llama(tiny_llama, smollm2_tokenizer):
+    result = benchmark_speed(tiny_llama, smollm2_tokenizer, prompt_len=16, new_tokens=4, warmup=1, repeats=3)
+    json.dumps(result)
+    for key in ("prefill_ms_median", "generate_ms_median", "decode_tokens_per_s", "end_to_end_tokens_per_s"):
+        assert math.isfinite(result[key]) and result[key] > 0, key
+    assert result["prefill_ms_iqr"] >= 0 and len(result["prefill_ms"]) == len(result["generate_ms"]) == 3
+    assert result["num_parameters"] == sum(p.numel() for p in tiny_llama.parameters())
+    assert result["peak_memory_bytes"] >= result["model_bytes"] > 0
+    assert result["settings"]["num_threads"] == torch.get_num_threads()
+    assert result["end_to_end_tokens_per_s"] == pytest.approx(4 / (result["generate_ms_median"] / 1e3))
+    assert result["decode_tokens_per_s"] == pytest.approx(4 / (result["decode_ms_median"] / 1e3))
+
+
+def test_compare_speed_interleaves_and_ratios_from_medians():
+    log = []
+    models = {
+        "dense": SleepyLM("dense", 0.004, 0.012, log),
+        "pruned": SleepyLM("pruned", 0.002, 0.006, log),
+        "other": SleepyLM("other", 0.002, 0.010, log),
+    }
+    out = compare_speed(models, prompt_len=8, new_tokens=5, warmup=1, repeats=3)
+    # warm-up per model, then rounds with the order rotated by one each time, then one memory run per model
+    assert log == ["dense", "pruned", "other"] + [
+        "dense",
+        "pruned",
+        "other",
+        "pruned",
+        "other",
+        "dense",
+        "other",
+        "dense",
+        "pruned",
+    ] + ["dense", "pruned", "other"]
+    res, ratios = out["models"], out["ratios"]
+    for name, r in res.items():
+        assert r["prefill_ms_median"] == statistics.median(r["prefill_ms"])
+        assert r["decode_ms_median"] == pytest.approx(r["generate_ms_median"] - r["prefill_ms_median"])
+        assert ratios[name]["prefill_speedup"] == pytest.approx(
+            res["dense"]["prefill_ms_median"] / r["prefill_ms_median"]
+        )
+        assert ratios[name]["generate_speedup"] == pytest.approx(
+            res["dense"]["generate_ms_median"] / r["generate_ms_median"]
+        )
+        assert ratios[name]["decode_speedup"] == pytest.approx(
+            res["dense"]["decode_ms_median"] / r["decode_ms_median"]
+        )
+    assert ratios["dense"]["prefill_speedup"] == 1.0 and ratios["dense"]["memory_ratio"] == 1.0
+    assert 1.4 < ratios["pruned"]["prefill_speedup"] < 2.6
+    assert 1.4 < ratios["pruned"]["generate_speedup"] < 2.6
+    assert ratios["other"]["parameter_ratio"] == 1.0
+
+
+def test_compare_speed_validates_arguments():
+    with pytest.raises(ValueError):
+        compare_speed({})
+    with pytest.raises(ValueError, match="repeats"):
+        compare_speed({"m": SleepyLM("m", 0, 0, [])}, repeats=0)
