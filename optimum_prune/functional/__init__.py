@@ -1,0 +1,1 @@
+"""Shared pure tensor math: sparsity masks, damped Hessian factorisations, proximal operators."""

@@ -1,0 +1,330 @@
+"""FISTAPruner (Zhao et al., "A Convex-optimization-based Layer-wise Post-training Pruner for LLMs"; SPEC §B).
+
+For one operator with dense weight `W` (m×n), dense input `X` (n×p) and pruned-network input `X*` (n×p):
+
+    min_{W*}  F(W*) = ½ ||W* X* − W X||_F² + λ ||W*||_1                               (paper Eq. 4)
+
+Everything runs in Gram form, so the cost per iteration is one m×n×n GEMM, independent of the token count `p`:
+
+    G = X Xᵀ,  Gs = X* X*ᵀ,  C = X X*ᵀ   (all n×n, normalised by the token count)
+    ∇ ½||W* X* − W X||² = W* Gs − W C                                                    (Eq. 5a, typo fixed)
+    ||A X* − W X||_F² = tr(A Gs Aᵀ) − 2 tr(W C Aᵀ) + tr(W G Wᵀ)     (evaluated in a cancellation-free form)
+
+With normalised Grams, errors are `||A X* − W X||_F / sqrt(p)` and `λ` is per token; ratios and relative
+improvements, which drive the outer loop, are unaffected.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, NamedTuple
+
+import torch
+
+from optimum_prune.functional.hessian import largest_eigenvalue
+from optimum_prune.functional.masks import keep_mask, parse_pattern
+from optimum_prune.functional.proximal import soft_threshold
+
+__all__ = [
+    "lipschitz_constant",
+    "fista_inner",
+    "reconstruction_error",
+    "fista_objective",
+    "round_to_pattern",
+    "fista_prune",
+]
+
+logger = logging.getLogger(__name__)
+
+_MOMENTUM = ("standard", "paper", "none")
+_SEARCH = ("log", "paper")
+_LOG_FLOOR = 1e-12  # lower end of the geometric bisection while no lower bound is known (SPEC §B.5 [R])
+_CHUNK = 2048  # columns of an n×n Gram converted to float64 at a time
+
+
+def lipschitz_constant(Gs: torch.Tensor, method: str = "auto") -> float:
+    """Step-size constant `L = λ_max(Gs)` of the smooth part (paper §3.2); see [`largest_eigenvalue`].
+
+    Args:
+        Gs (`torch.Tensor` of shape `(n, n)`): pruned-input Gram `X* X*ᵀ`.
+        method (`str`, defaults to `"auto"`): `"eigh"`, `"power"` or `"auto"`.
+    """
+    return largest_eigenvalue(Gs, method=method)
+
+
+def _matmul64(A: torch.Tensor, M: torch.Tensor) -> torch.Tensor:
+    """`A @ M` in float64, converting `M` by column chunks to bound the extra memory."""
+    A64 = A.double()  # (m, n)
+    return torch.cat([A64 @ M[:, j : j + _CHUNK].double() for j in range(0, M.shape[1], _CHUNK)], dim=1)  # (m, n)
+
+
+def _trace64(A: torch.Tensor, M: torch.Tensor, B: torch.Tensor) -> float:
+    """`tr(A M Bᵀ) = Σ (A M) ∘ B` in float64, chunked over the columns of `M`."""
+    A64 = A.double()  # (m, n)
+    total = 0.0
+    for j in range(0, M.shape[1], _CHUNK):
+        AM = A64 @ M[:, j : j + _CHUNK].double()  # (m, chunk)
+        total += float((AM * B[:, j : j + _CHUNK].double()).sum().item())
+    return total
+
+
+class _ErrorTerms(NamedTuple):
+    """Once-per-operator terms of the difference form of the error (see [`reconstruction_error`])."""
+
+    W: torch.Tensor  # (m, n) dense weight in the working dtype
+    P: torch.Tensor  # (m, n) float64, W (Gs − C)
+    c: float  # ||W (X* − X)||² = tr(W (G + Gs − C − Cᵀ) Wᵀ)
+
+
+def _error_terms(W: torch.Tensor, G: torch.Tensor, Gs: torch.Tensor, C: torch.Tensor, dtype: torch.dtype):
+    WC64 = _matmul64(W, C)  # (m, n) W C
+    WGs64 = _matmul64(W, Gs)  # (m, n) W Gs
+    c = _trace64(W, G, W) + float(((WGs64 - 2.0 * WC64) * W.double()).sum().item())
+    return _ErrorTerms(W.to(dtype), WGs64 - WC64, c), WC64
+
+
+def _error(A: torch.Tensor, Gs: torch.Tensor, terms: _ErrorTerms) -> float:
+    D = A.to(terms.W.dtype) - terms.W  # (m, n)
+    DGs = D @ Gs  # (m, n) the only O(m n²) product per candidate
+    D64 = D.double()  # (m, n)
+    sq = float((DGs.double() * D64).sum().item()) + 2.0 * float((terms.P * D64).sum().item()) + terms.c
+    return math.sqrt(max(sq, 0.0))  # rounding can leave a tiny negative value
+
+
+def reconstruction_error(
+    A: torch.Tensor, W: torch.Tensor, G: torch.Tensor, Gs: torch.Tensor, C: torch.Tensor
+) -> float:
+    """`||A X* − W X||_F` from Grams.
+
+    Uses the difference form with `D = A − W`, `A X* − W X = D X* + W (X* − X)`:
+    `tr(D Gs Dᵀ) + 2 tr(W (Gs − C) Dᵀ) + tr(W (G + Gs − C − Cᵀ) Wᵀ)`. Every term is of the order of the error
+    (all but the first vanish when `X* = X`), unlike the expanded `tr(A Gs Aᵀ) − 2 tr(W C Aᵀ) + tr(W G Wᵀ)`, which
+    cancels catastrophically. Terms that depend only on `W` are computed in float64; `D Gs` runs in float32
+    (float64 for float64 inputs) and is reduced in float64.
+
+    Args:
+        A (`torch.Tensor` of shape `(m, n)`): candidate (pruned) weight `W*`.
+        W (`torch.Tensor` of shape `(m, n)`): dense target weight.
+        G (`torch.Tensor` of shape `(n, n)`): dense-input Gram `X Xᵀ`.
+        Gs (`torch.Tensor` of shape `(n, n)`): pruned-input Gram `X* X*ᵀ`.
+        C (`torch.Tensor` of shape `(n, n)`): cross Gram `X X*ᵀ` (dense rows, pruned columns).
+    """
+    dtype = torch.float64 if torch.float64 in (A.dtype, W.dtype) else torch.float32
+    return _error(A, Gs.to(dtype), _error_terms(W, G, Gs, C, dtype)[0])
+
+
+def fista_objective(
+    A: torch.Tensor, W: torch.Tensor, G: torch.Tensor, Gs: torch.Tensor, C: torch.Tensor, lam: float
+) -> float:
+    """Lasso objective `½ ||A X* − W X||_F² + λ ||A||_1` (paper Eq. 4) from Grams, in float64.
+
+    Args:
+        A, W, G, Gs, C (`torch.Tensor`): as in [`reconstruction_error`].
+        lam (`float`): l1 weight `λ`.
+    """
+    return 0.5 * reconstruction_error(A, W, G, Gs, C) ** 2 + lam * float(A.double().abs().sum().item())
+
+
+@torch.no_grad()
+def fista_inner(
+    W_init: torch.Tensor,
+    WC: torch.Tensor,
+    Gs: torch.Tensor,
+    lam: float,
+    L: float,
+    K: int = 20,
+    tol: float = 1e-6,
+    momentum: str = "standard",
+) -> tuple[torch.Tensor, int]:
+    """Runs up to `K` FISTA iterations on all rows at once (paper Eq. 5), stopping when `||W_k − W_{k−1}||_F < tol`.
+
+    Args:
+        W_init (`torch.Tensor` of shape `(m, n)`): warm start `W*_0`.
+        WC (`torch.Tensor` of shape `(m, n)`): precomputed `W C` (dense weight times cross Gram).
+        Gs (`torch.Tensor` of shape `(n, n)`): pruned-input Gram `X* X*ᵀ`.
+        lam (`float`): l1 weight `λ`; the soft threshold is `λ / L`.
+        L (`float`): Lipschitz constant `λ_max(Gs)` (step `1 / L`).
+        K (`int`, defaults to `20`): maximum iterations; the momentum restarts at `t = 1` on every call.
+        tol (`float`, defaults to `1e-6`): absolute Frobenius tolerance on consecutive iterates (paper Eq. 7).
+        momentum (`str`, defaults to `"standard"`): `"standard"` (Beck–Teboulle: gradient at the extrapolated
+            point, extrapolation between prox outputs), `"paper"` (Eq. 5c–d literally: extrapolation between the prox
+            output and the previous extrapolated iterate) or `"none"` (ISTA, monotone).
+
+    Returns:
+        `(W_K, iterations)`: the last iterate (a prox output except for `"paper"`) and the iterations run.
+    """
+    if momentum not in _MOMENTUM:
+        raise ValueError(f"momentum must be one of {_MOMENTUM}, got {momentum!r}.")
+    if L <= 0:
+        raise ValueError(f"L must be positive, got {L}.")
+    inv_L = 1.0 / L
+    tau = lam * inv_L
+    x_prev = W_init  # (m, n) last prox output ("standard"/"none") or last iterate ("paper")
+    y = W_init  # (m, n) point where the gradient is taken
+    t = 1.0
+    iters = 0
+    while iters < K:
+        iters += 1
+        V = torch.addmm(WC, y, Gs, beta=inv_L, alpha=-inv_L).add_(y)  # (m, n) y − (y Gs − W C) / L
+        x = soft_threshold(V, tau)  # (m, n) prox step, Eq. 5b
+        if momentum == "none":
+            diff = x - x_prev  # (m, n)
+            y = x
+        else:
+            t_next = (1.0 + math.sqrt(1.0 + 4.0 * t * t)) / 2.0  # Eq. 5c
+            beta = (t - 1.0) / t_next
+            if momentum == "standard":
+                diff = x - x_prev  # (m, n)
+                y = torch.add(x, diff, alpha=beta)  # (m, n) extrapolate between prox outputs
+            else:
+                x = torch.add(x, x - y, alpha=beta)  # (m, n) Eq. 5d: W_{k+1} = W_h + β (W_h − W_k)
+                diff = x - y  # (m, n)
+                y = x
+            t = t_next
+        x_prev = x
+        if float(torch.linalg.vector_norm(diff).item()) < tol:
+            break
+    return x_prev, iters
+
+
+def round_to_pattern(
+    W: torch.Tensor,
+    sparsity: float | None = None,
+    nm: str | tuple[int, int] | None = None,
+    per: str = "matrix",
+) -> torch.Tensor:
+    """Paper Eq. 8: zeros the smallest-magnitude entries to reach exact unstructured sparsity or N:M.
+
+    Args:
+        W (`torch.Tensor` of shape `(m, n)`): weight to round.
+        sparsity (`float`, *optional*): unstructured sparsity (`round(sparsity * numel)` zeros per matrix or row).
+        nm (`str` or `tuple[int, int]`, *optional*): N:M pattern (`N` kept per `M`); takes precedence.
+        per (`str`, defaults to `"matrix"`): `"matrix"` (paper) or `"row"` for unstructured sparsity.
+    """
+    keep = keep_mask(W.abs(), sparsity=sparsity, pattern=nm, per=per)  # (m, n)
+    return W.masked_fill(~keep, 0.0)  # (m, n)
+
+
+def _next_lambda(lo: float, hi: float, mode: str) -> float:
+    if mode == "paper":
+        return (lo + hi) / 2.0
+    return math.sqrt(max(lo, _LOG_FLOOR) * hi)
+
+
+@torch.no_grad()
+def fista_prune(
+    W: torch.Tensor,
+    G: torch.Tensor,
+    Gs: torch.Tensor,
+    C: torch.Tensor,
+    W0: torch.Tensor,
+    sparsity: float | None = None,
+    nm: str | tuple[int, int] | None = None,
+    *,
+    lam0: float = 1e-5,
+    xi: float = 0.3,
+    K: int = 20,
+    tol: float = 1e-6,
+    T: int = 3,
+    eps: float = 1e-3,
+    lambda_search: str = "log",
+    lam_bounds: tuple[float, float] = (0.0, 1e6),
+    momentum: str = "standard",
+    rounding_per: str = "matrix",
+    reset_bad_counter: bool = False,
+    max_outer: int = 50,
+    L: float | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """FISTAPruner outer loop (paper Algorithm 1): FISTA, rounding and adaptive `λ` until no more improvement.
+
+    Args:
+        W (`torch.Tensor` of shape `(m, n)`): dense weight (the target is `W X`).
+        G (`torch.Tensor` of shape `(n, n)`): `X Xᵀ / p`.
+        Gs (`torch.Tensor` of shape `(n, n)`): `X* X*ᵀ / p` (equal to `G` when the input is unchanged).
+        C (`torch.Tensor` of shape `(n, n)`): `X X*ᵀ / p` (equal to `G` when the input is unchanged).
+        W0 (`torch.Tensor` of shape `(m, n)`): warm start (Wanda or SparseGPT result); rounded to the pattern first,
+            so the result is never worse than the rounded warm start.
+        sparsity (`float`, *optional*): unstructured target sparsity.
+        nm (`str` or `tuple[int, int]`, *optional*): N:M pattern (`N` kept per `M`); takes precedence.
+        lam0 (`float`, defaults to `1e-5`): initial `λ`.
+        xi (`float`, defaults to `0.3`): threshold on `E_round / E_total`; above it `λ` increases.
+        K (`int`, defaults to `20`): FISTA iterations per outer step.
+        tol (`float`, defaults to `1e-6`): FISTA tolerance.
+        T (`int`, defaults to `3`): stop after `T` non-improving outer steps.
+        eps (`float`, defaults to `1e-3`): stop when the last relative improvement is below `eps` (paper: 1e-6 OPT).
+        lambda_search (`str`, defaults to `"log"`): `"log"` bisects geometrically (`sqrt(max(lo, 1e-12) * hi)`) and
+            caps the bracket at `max|W C|`, above which `W* = 0` is optimal; `"paper"` bisects arithmetically
+            (`(lo + hi) / 2`) on `lam_bounds`.
+        lam_bounds (`tuple[float, float]`, defaults to `(0.0, 1e6)`): initial bisection bracket.
+        momentum (`str`, defaults to `"standard"`): see [`fista_inner`].
+        rounding_per (`str`, defaults to `"matrix"`): unstructured rounding group, `"matrix"` (paper) or `"row"`.
+        reset_bad_counter (`bool`, defaults to `False`): reset the failure counter on improvement (the paper does not).
+        max_outer (`int`, defaults to `50`): safety cap on outer steps.
+        L (`float`, *optional*): `λ_max(Gs)`; computed with [`lipschitz_constant`] when omitted.
+
+    Returns:
+        `(W_best, info)`: `W_best` in the dtype of `W`; `info` has `lambdas`, `errors_total`, `errors_round`,
+        `improved`, `inner_iterations` (one entry per outer step), `error_init`, `error_best`, `outer_iterations`,
+        `L`, `lam_bracket` (the initial bisection bracket) and `stop_reason`.
+    """
+    nm = parse_pattern(nm)
+    if nm is None and sparsity is None:
+        raise ValueError("fista_prune needs `sparsity` or an N:M pattern `nm`.")
+    if lambda_search not in _SEARCH:
+        raise ValueError(f"lambda_search must be one of {_SEARCH}, got {lambda_search!r}.")
+    n = W.shape[1]
+    for name, M in (("G", G), ("Gs", Gs), ("C", C)):
+        if M.shape != (n, n):
+            raise ValueError(f"{name} must have shape ({n}, {n}) to match W, got {tuple(M.shape)}.")
+    dtype = torch.float64 if W.dtype == torch.float64 else torch.float32
+    Gs_ = Gs.to(dtype)  # (n, n)
+    terms, WC64 = _error_terms(W, G, Gs, C, dtype)  # computed once per operator
+    WC = WC64.to(dtype)  # (m, n)
+    if L is None:
+        L = lipschitz_constant(Gs_)
+    if L <= 0:  # X* == 0: only W* = 0 is optimal; any positive step reaches it
+        L = 1.0
+
+    def err(A: torch.Tensor) -> float:
+        return _error(A, Gs_, terms)
+
+    W_best = round_to_pattern(W0.to(dtype), sparsity, nm, rounding_per)  # (m, n)
+    E_best = err(W_best)
+    info: dict[str, Any] = {"lambdas": [], "errors_total": [], "errors_round": [], "improved": []}
+    info.update(inner_iterations=[], error_init=E_best, L=L)
+    lo, hi = lam_bounds
+    if lambda_search == "log":  # λ ≥ max|W C| makes W* = 0 optimal (lasso critical value): no use searching above
+        hi = min(hi, max(float(WC64.abs().max().item()), lam0))
+    info["lam_bracket"] = (lo, hi)
+    lam, bad, E_stop = lam0, 0, math.inf
+    for _ in range(max_outer):
+        if bad >= T or E_stop < eps or E_best == 0.0:
+            reason = "no_improvement" if bad >= T else ("converged" if E_stop < eps else "exact")
+            break
+        W_K, iters = fista_inner(W_best, WC, Gs_, lam, L, K=K, tol=tol, momentum=momentum)  # (m, n)
+        W_K1 = round_to_pattern(W_K, sparsity, nm, rounding_per)  # (m, n) Eq. 8
+        E_tot = err(W_K1)
+        E_rnd = E_tot - err(W_K)  # Eq. 9
+        improved = E_tot < E_best
+        if improved:
+            E_stop = (E_best - E_tot) / E_best
+            W_best, E_best = W_K1, E_tot
+            bad = 0 if reset_bad_counter else bad
+        else:
+            bad += 1
+        for key, val in zip(("lambdas", "errors_total", "errors_round", "improved"), (lam, E_tot, E_rnd, improved)):
+            info[key].append(val)
+        info["inner_iterations"].append(iters)
+        if E_tot > 0 and E_rnd / E_tot > xi:  # rounding dominates: FISTA's result is not sparse enough
+            lo = lam
+        else:
+            hi = lam
+        lam = _next_lambda(lo, hi, lambda_search)
+    else:
+        reason = "max_outer"
+    info.update(error_best=E_best, outer_iterations=len(info["lambdas"]), stop_reason=reason)
+    logger.debug(
+        "FISTA: %d outer steps, error %.4g -> %.4g (%s)", len(info["lambdas"]), info["error_init"], E_best, reason
+    )
+    return W_best.to(W.dtype), info

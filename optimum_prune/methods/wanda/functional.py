@@ -1,0 +1,36 @@
+"""Wanda importance scores (Sun et al., "A Simple and Effective Pruning Approach for Large Language Models"; SPEC §E).
+
+`S_ij = |W_ij| * ||X_j||_2`, compared within each output row (`per="row"`) or within N:M groups. There is no weight
+update; selection lives in `optimum_prune.functional.masks`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["wanda_scores"]
+
+
+def wanda_scores(weight: torch.Tensor, sumsq: torch.Tensor, nsamples: int | float = 1) -> torch.Tensor:
+    """Wanda score `S_ij = |W_ij| * sqrt(sumsq_j / nsamples)`.
+
+    The official code keeps `scaler_row = Σ_tokens x_j² / nsamples` and uses `sqrt(scaler_row)`. The normalisation
+    by `nsamples` multiplies every score by the same constant, so it never changes which weights are pruned.
+
+    Args:
+        weight (`torch.Tensor` of shape `(out_features, in_features)`): dense weight `W`.
+        sumsq (`torch.Tensor` of shape `(in_features,)`): sum over calibration tokens of the squared input, `Σ x_j²`.
+        nsamples (`int` or `float`, defaults to `1`): normaliser of `sumsq` (number of samples or tokens).
+
+    Returns:
+        `torch.Tensor` of shape `(out_features, in_features)`: scores in float32 (float64 for float64 input).
+    """
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}.")
+    if sumsq.shape != (weight.shape[1],):
+        raise ValueError(f"sumsq must have shape ({weight.shape[1]},) to match the weight, got {tuple(sumsq.shape)}.")
+    if nsamples <= 0:
+        raise ValueError(f"nsamples must be positive, got {nsamples}.")
+    dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
+    x_norm = (sumsq.to(device=weight.device, dtype=dtype).clamp_min(0) / nsamples).sqrt()  # (in,) ||X_j||_2
+    return weight.to(dtype).abs() * x_norm.unsqueeze(0)  # (out, in)

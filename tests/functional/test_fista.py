@@ -1,0 +1,258 @@
+import math
+
+import pytest
+import torch
+
+from optimum_prune.functional.hessian import largest_eigenvalue
+from optimum_prune.functional.masks import is_valid_nm, num_pruned
+from optimum_prune.functional.proximal import soft_threshold
+from optimum_prune.methods.fista.functional import (
+    fista_inner,
+    fista_objective,
+    fista_prune,
+    lipschitz_constant,
+    reconstruction_error,
+    round_to_pattern,
+)
+
+
+def _problem(m=5, n=12, p=40, seed=0, noise=0.3):
+    """Dense input X, pruned-network input X* (a perturbed X), dense weight W and token-normalised Grams."""
+    gen = torch.Generator().manual_seed(seed)
+    X = (
+        torch.randn(n, p, generator=gen, dtype=torch.float64)
+        * torch.linspace(0.5, 2.0, n, dtype=torch.float64)[:, None]
+    )
+    Xs = X + noise * torch.randn(n, p, generator=gen, dtype=torch.float64)
+    W = torch.randn(m, n, generator=gen, dtype=torch.float64)
+    G, Gs, C = X @ X.T / p, Xs @ Xs.T / p, X @ Xs.T / p
+    return X, Xs, W, G, Gs, C
+
+
+def lasso_cd(Xs, Y, lam, sweeps=200):
+    """Reference: cyclic coordinate descent on explicit data, per row: ½||w X* − y||² + lam ||w||_1."""
+    m, n = Y.shape[0], Xs.shape[0]
+    W = torch.zeros(m, n, dtype=torch.float64)
+    col_sq = (Xs**2).sum(dim=1)
+    for i in range(m):
+        r = Y[i].clone()  # residual y − w X*
+        for _ in range(sweeps):
+            for j in range(n):
+                rho = float(Xs[j] @ r) + float(W[i, j]) * float(col_sq[j])
+                new = math.copysign(max(abs(rho) - lam, 0.0), rho) / float(col_sq[j])
+                r -= (new - float(W[i, j])) * Xs[j]
+                W[i, j] = new
+    return W
+
+
+def test_soft_threshold():
+    x = torch.tensor([-3.0, -1.0, -0.5, 0.0, 0.4, 1.0, 2.5])
+    expected = torch.tensor([-2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.5])
+    assert torch.equal(soft_threshold(x, 1.0), expected)
+    assert torch.equal(soft_threshold(x, 0.0), x)
+    tau = torch.tensor([[0.5], [2.0]])
+    out = soft_threshold(torch.stack([x, x]), tau)
+    assert torch.equal(out[0], torch.sign(x) * (x.abs() - 0.5).clamp_min(0))
+    assert torch.equal(out[1], torch.sign(x) * (x.abs() - 2.0).clamp_min(0))
+    with pytest.raises(ValueError, match="tau >= 0"):
+        soft_threshold(x, -0.1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_gram_error_equals_explicit_error(dtype):
+    X, Xs, W, G, Gs, C = _problem(m=7, n=20, p=60, seed=1)
+    A = W * (torch.rand(W.shape, generator=torch.Generator().manual_seed(2)) > 0.5) + 0.05
+    explicit = torch.linalg.norm(A @ Xs - W @ X).item() / math.sqrt(60)  # normalised Grams -> / sqrt(p)
+    got = reconstruction_error(*(t.to(dtype) for t in (A, W, G, Gs, C)))
+    assert got == pytest.approx(explicit, rel=1e-10 if dtype == torch.float64 else 1e-5)
+    swapped = reconstruction_error(A, W, G, Gs, C.T)  # catches a transposed cross Gram
+    assert abs(swapped - explicit) > 1e-3 * explicit
+    assert reconstruction_error(W, W, G, G, G) == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def lasso_case():
+    X, Xs, W, G, Gs, C = _problem(seed=3)
+    lam = 0.3 * (W @ C).abs().max().item()  # fixed λ giving a mix of zeros and nonzeros
+    W_ref = lasso_cd(Xs, W @ X, lam * X.shape[1])  # Grams are divided by p, so λ scales by p on explicit data
+    return W, Gs, C, lam, W_ref
+
+
+@pytest.mark.parametrize("momentum", ["standard", "paper", "none"])
+def test_fista_inner_matches_coordinate_descent(lasso_case, momentum):
+    W, Gs, C, lam, W_ref = lasso_case
+    L = torch.linalg.eigvalsh(Gs).max().item()
+    W_fista, iters = fista_inner(torch.zeros_like(W), W @ C, Gs, lam, L, K=5000, tol=1e-13, momentum=momentum)
+    torch.testing.assert_close(W_fista, W_ref, rtol=1e-6, atol=1e-8)
+    n_zero = int((W_ref == 0).sum())
+    assert 0 < n_zero < W.numel()
+    if momentum != "paper":  # the literal scheme oscillates and returns an extrapolated (not thresholded) point
+        assert iters < 5000  # stopped through the tolerance
+        assert torch.equal(W_fista == 0, W_ref == 0)
+
+
+def _explicit_fista(W_init, W, X, Xs, lam, L, K, momentum):
+    """Paper Eq. 5 written on explicit data (gradient (W* X* − W X) X*ᵀ / p), for pinning the iteration itself."""
+    p = X.shape[1]
+
+    def prox_grad(A):
+        step = A - ((A @ Xs - W @ X) @ Xs.T / p) / L
+        return torch.sign(step) * (step.abs() - lam / L).clamp_min(0)
+
+    x_prev, y, t = W_init, W_init, 1.0
+    for _ in range(K):
+        x = prox_grad(y)
+        t_next = (1 + math.sqrt(1 + 4 * t * t)) / 2
+        if momentum == "standard":  # Beck–Teboulle
+            y, x_prev = x + (t - 1) / t_next * (x - x_prev), x
+        elif momentum == "paper":  # W_{k+1} = W_half + (t_k − 1)/t_{k+1} (W_half − W_k)
+            y = x + (t - 1) / t_next * (x - y)
+            x_prev = y
+        else:
+            y = x_prev = x
+        t = t_next
+    return x_prev
+
+
+@pytest.mark.parametrize("momentum", ["standard", "paper", "none"])
+def test_fista_inner_iterates_match_explicit_scheme(momentum):
+    X, Xs, W, G, Gs, C = _problem(seed=12)
+    W0 = round_to_pattern(W, 0.5)
+    lam, L = 0.05, lipschitz_constant(Gs)
+    for K in (1, 2, 7):
+        got, iters = fista_inner(W0, W @ C, Gs, lam, L, K=K, tol=0.0, momentum=momentum)
+        torch.testing.assert_close(got, _explicit_fista(W0, W, X, Xs, lam, L, K, momentum), rtol=1e-10, atol=1e-12)
+        assert iters == K
+
+
+def test_objective_decreases():
+    X, Xs, W, G, Gs, C = _problem(seed=4)
+    WC, L = W @ C, lipschitz_constant(Gs)
+    lam = 0.1 * WC.abs().max().item()
+    W0 = round_to_pattern(W, 0.5)
+    objective = [fista_objective(W0, W, G, Gs, C, lam)]
+    A = W0
+    for _ in range(30):  # ISTA (no momentum) is monotone: check every step
+        A, _ = fista_inner(A, WC, Gs, lam, L, K=1, tol=0.0, momentum="none")
+        objective.append(fista_objective(A, W, G, Gs, C, lam))
+    assert all(b <= a + 1e-12 for a, b in zip(objective, objective[1:]))
+    assert objective[-1] < 0.9 * objective[0]
+    best = fista_objective(fista_inner(W0, WC, Gs, lam, L, K=5000, tol=1e-14)[0], W, G, Gs, C, lam)
+    for K in (1, 5, 20, 100):
+        got = fista_objective(fista_inner(W0, WC, Gs, lam, L, K=K, tol=0.0)[0], W, G, Gs, C, lam)
+        assert best - 1e-10 <= got < objective[0]
+    assert got == pytest.approx(best, rel=1e-6)
+
+
+def test_fista_inner_early_stop():
+    _, _, W, _, Gs, C = _problem(seed=5)
+    L = lipschitz_constant(Gs)
+    assert fista_inner(W, W @ C, Gs, 1e-3, L, K=20, tol=1e3)[1] == 1
+    assert fista_inner(W, W @ C, Gs, 1e-3, L, K=20, tol=0.0)[1] == 20
+    with pytest.raises(ValueError, match="momentum"):
+        fista_inner(W, W @ C, Gs, 1e-3, L, momentum="nesterov")
+
+
+def test_lipschitz_constant_methods():
+    _, _, _, _, Gs, _ = _problem(n=40, p=100, seed=6)
+    exact = torch.linalg.eigvalsh(Gs).max().item()
+    assert lipschitz_constant(Gs) == pytest.approx(exact, rel=1e-12)
+    power = largest_eigenvalue(Gs, method="power", iters=500)
+    assert exact <= power <= 1.011 * exact
+
+
+@pytest.mark.parametrize("per", ["matrix", "row"])
+def test_round_to_pattern_unstructured(per):
+    W = torch.randn(9, 14, generator=torch.Generator().manual_seed(7))
+    R = round_to_pattern(W, 0.45, per=per)
+    kept = R != 0
+    assert torch.equal(R[kept], W[kept])  # kept values are not refitted
+    if per == "matrix":
+        assert int((~kept).sum()) == num_pruned(W.numel(), 0.45)
+    else:
+        assert ((~kept).sum(dim=1) == num_pruned(14, 0.45)).all()
+    assert W[kept].abs().min() >= W[~kept].abs().max() or per == "row"
+
+
+def test_round_to_pattern_nm():
+    W = torch.randn(6, 16, generator=torch.Generator().manual_seed(8))
+    R = round_to_pattern(W, nm="2:4")
+    assert is_valid_nm(R, 2, 4) and int((R != 0).sum()) == W.numel() // 2
+    assert torch.equal(R, round_to_pattern(W, sparsity=0.9, nm=(2, 4)))
+    with pytest.raises(ValueError, match="in_features=10"):
+        round_to_pattern(W[:, :10], nm="2:4")
+
+
+def _warm_start(W, X, sparsity=None, nm=None):
+    """Wanda warm start: |W| * ||X_j|| per output row (or N:M)."""
+    from optimum_prune.functional.masks import keep_mask
+
+    scores = W.abs() * torch.linalg.norm(X, dim=1)[None, :]
+    return W * keep_mask(scores, sparsity, nm, per="row")
+
+
+@pytest.mark.parametrize("lambda_search", ["log", "paper"])
+@pytest.mark.parametrize("momentum", ["standard", "paper"])
+def test_fista_prune_unstructured(lambda_search, momentum):
+    X, Xs, W, G, Gs, C = _problem(m=16, n=32, p=128, seed=9)
+    W0 = _warm_start(W, X, sparsity=0.5)
+    W_best, info = fista_prune(W, G, Gs, C, W0, sparsity=0.5, lambda_search=lambda_search, momentum=momentum, eps=1e-6)
+    assert int((W_best == 0).sum()) >= num_pruned(W.numel(), 0.5)
+    assert info["error_best"] == pytest.approx(reconstruction_error(W_best, W, G, Gs, C), rel=1e-9)
+    assert info["error_init"] == pytest.approx(reconstruction_error(W0, W, G, Gs, C), rel=1e-9)
+    assert info["error_best"] <= info["error_init"]
+    assert len(info["lambdas"]) == len(info["errors_total"]) == info["outer_iterations"] >= 1
+    assert info["lambdas"][0] == 1e-5
+    lo, hi = info["lam_bracket"]
+    assert lo == 0.0 and hi == (1e6 if lambda_search == "paper" else pytest.approx((W @ C).abs().max().item()))
+    _check_bisection(info, lambda_search)
+
+
+def _check_bisection(info, mode, xi=0.3):
+    """Replays the λ updates from the recorded errors."""
+    lo, hi = info["lam_bracket"]
+    for step, lam in enumerate(info["lambdas"][:-1]):
+        if info["errors_round"][step] / info["errors_total"][step] > xi:
+            lo = lam
+        else:
+            hi = lam
+        expected = (lo + hi) / 2 if mode == "paper" else math.sqrt(max(lo, 1e-12) * hi)
+        assert info["lambdas"][step + 1] == pytest.approx(expected, rel=1e-12)
+
+
+def _llm_like_problem(m=32, n=64, p=512, seed=10):
+    """Correlated (low-rank + noise) activations with outlier channels, small weights, as in LLM layers."""
+    gen = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, 8, generator=gen) @ torch.randn(8, p, generator=gen) / 3 + 0.5 * torch.randn(
+        n, p, generator=gen
+    )
+    X[[3, 17, 40]] *= 20.0
+    Xs = X + 0.05 * X.std(dim=1, keepdim=True) * torch.randn(n, p, generator=gen)
+    W = 0.02 * torch.randn(m, n, generator=gen)
+    return X, Xs, W, X @ X.T / p, Xs @ Xs.T / p, X @ Xs.T / p
+
+
+def test_fista_prune_beats_warm_start_and_hits_exact_sparsity():
+    X, Xs, W, G, Gs, C = _llm_like_problem()
+    W0 = _warm_start(W, X, sparsity=0.5)
+    W_best, info = fista_prune(W, G, Gs, C, W0, sparsity=0.5)
+    assert W_best.dtype == torch.float32
+    assert info["error_best"] < 0.85 * info["error_init"]  # the convex refit clearly improves on Wanda
+    assert int((W_best == 0).sum()) == num_pruned(W.numel(), 0.5)
+    assert any(info["improved"]) and info["stop_reason"] in ("no_improvement", "converged")
+
+
+def test_fista_prune_nm_and_stopping():
+    X, Xs, W, G, Gs, C = _problem(m=8, n=32, p=128, seed=11)
+    W0 = _warm_start(W, X, nm=(2, 4))
+    W_best, info = fista_prune(W, G, Gs, C, W0, nm="2:4")
+    assert is_valid_nm(W_best, 2, 4) and info["error_best"] <= info["error_init"]
+    _, capped = fista_prune(W, G, Gs, C, W0, nm="2:4", max_outer=2, T=100, eps=0.0)
+    assert capped["outer_iterations"] == 2 and capped["stop_reason"] == "max_outer"
+    _, once = fista_prune(W, G, Gs, C, W, nm="2:4", T=1, eps=-1.0)  # dense warm start gets rounded first
+    assert once["improved"][-1] is False and once["stop_reason"] == "no_improvement"
+    assert sum(not ok for ok in once["improved"]) == 1
+    with pytest.raises(ValueError, match="needs `sparsity`"):
+        fista_prune(W, G, Gs, C, W0)
+    with pytest.raises(ValueError, match="Gs must have shape"):
+        fista_prune(W, G, Gs[:-1, :-1], C, W0, sparsity=0.5)
