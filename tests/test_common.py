@@ -1,0 +1,87 @@
+"""Contract suite: every registered method × every supported tiny architecture."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from testing_utils import ARCHS, calibration_ids, logits, tiny_model
+
+from optimum_prune import (
+    AutoPrunedModelForCausalLM,
+    FLAPConfig,
+    MagnitudePruningConfig,
+    NumericalPruningConfig,
+    PruningConfig,
+    available_methods,
+    compute_plan,
+    prune_,
+    save_pruned,
+)
+from optimum_prune.modeling.architectures import get_layers, layer_view
+from optimum_prune.modeling.surgery import apply_layer_plan_
+
+# One row per registered method: (config class, kwargs, tolerance of the measured ratio / sparsity).
+METHOD_CASES = [
+    (NumericalPruningConfig, {"pruning_ratio": 0.3}, 0.08),
+    (NumericalPruningConfig, {"pruning_ratio": 0.3, "allocation": "uniform"}, 0.1),
+    (FLAPConfig, {"pruning_ratio": 0.3}, 0.08),
+    (MagnitudePruningConfig, {"pruning_ratio": 0.3}, 0.08),
+]
+CASE_IDS = [f"{c.method}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for c, kw, _ in METHOD_CASES]
+
+
+def test_every_registered_method_is_in_the_contract_suite():
+    assert {c.method for c, _, _ in METHOD_CASES} == set(available_methods())
+
+
+def _is_structured(cfg_cls, kwargs) -> bool:
+    return "pruning_ratio" in kwargs
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(("cfg_cls", "kwargs", "tol"), METHOD_CASES, ids=CASE_IDS)
+def test_contract(arch, cfg_cls, kwargs, tol, tmp_path):
+    config = cfg_cls(**kwargs)
+    model = tiny_model(arch)
+    ids = calibration_ids()
+    report = prune_(model, config, ids)
+    out = logits(model)
+    assert torch.isfinite(out).all()
+    assert report.target == pytest.approx(kwargs.get("pruning_ratio", kwargs.get("sparsity")))
+    assert abs(report.measured - report.target) <= tol, report
+    assert report.params_after < report.params_before
+    # save -> load gives identical logits, with our loader and with plain AutoModelForCausalLM
+    save_pruned(model, tmp_path / "out")
+    from transformers import AutoModelForCausalLM
+
+    for loader in (AutoPrunedModelForCausalLM, AutoModelForCausalLM):
+        reloaded = loader.from_pretrained(tmp_path / "out", attn_implementation="eager")
+        torch.testing.assert_close(logits(reloaded), out, rtol=0, atol=0)
+    # config round-trips through dict, JSON and save_pretrained
+    assert PruningConfig.from_dict(config.to_dict()) == config
+    config.save_pretrained(tmp_path / "cfg")
+    assert PruningConfig.from_pretrained(tmp_path / "cfg") == config
+    assert PruningConfig.from_pretrained(tmp_path / "out") == config  # the history's last entry
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(("cfg_cls", "kwargs", "tol"), [c for c in METHOD_CASES if _is_structured(c[0], c[1])])
+def test_removed_equals_zeroed_and_plan_is_deterministic(arch, cfg_cls, kwargs, tol):
+    config = cfg_cls(**kwargs)
+    model = tiny_model(arch)
+    ids = calibration_ids()
+    spec, plan = compute_plan(model, config, ids)
+    _, plan2 = compute_plan(tiny_model(arch), cfg_cls(**kwargs), ids)
+    assert plan.summary() == plan2.summary()
+    assert plan.layers, "nothing was pruned"
+    zeroed, removed = copy.deepcopy(model), copy.deepcopy(model)
+    for m, mode in ((zeroed, "zero"), (removed, "remove")):
+        layers = get_layers(m, spec)
+        for i, lp in plan.layers.items():
+            apply_layer_plan_(layer_view(layers[i], i, spec, m.config), lp, mode=mode)
+    assert sum(p.numel() for p in removed.parameters()) < sum(p.numel() for p in zeroed.parameters())
+    torch.testing.assert_close(logits(removed), logits(zeroed), rtol=1e-5, atol=1e-5)
+    # the decision itself changed nothing
+    torch.testing.assert_close(logits(model), logits(tiny_model(arch)), rtol=0, atol=0)
