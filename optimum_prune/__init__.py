@@ -2,9 +2,13 @@
 
 from .auto import AutoPrunedModelForCausalLM, AutoPruner
 from .config import CalibrationConfig, PruningConfig, StructuredPruningConfig
+from .methods.fista import FistaConfig
 from .methods.flap import FLAPConfig
 from .methods.magnitude import MagnitudePruningConfig
 from .methods.numerical import NumericalPruningConfig
+from .methods.ria import RIAConfig
+from .methods.sparsegpt import SparseGPTConfig
+from .methods.wanda import WandaConfig
 from .modeling.architectures import UnsupportedArchitectureError, supported_model_types
 from .modeling.auto_classes import register_pruned_architectures
 from .prune import compute_plan, prune_
@@ -20,12 +24,16 @@ __all__ = [
     "AutoPrunedModelForCausalLM",
     "CalibrationConfig",
     "FLAPConfig",
+    "FistaConfig",
     "MagnitudePruningConfig",
     "NumericalPruningConfig",
     "PruningConfig",
     "PruningReport",
+    "RIAConfig",
+    "SparseGPTConfig",
     "StructuredPruningConfig",
     "UnsupportedArchitectureError",
+    "WandaConfig",
     "__version__",
     "available_methods",
     "compute_plan",

@@ -121,7 +121,8 @@ def prune_(
     else:
         zeros = sum(s * _numel(model, spec, k) for k, s in sparsity.items())
         measured = zeros / max(sum(_numel(model, spec, k) for k in sparsity), 1)
-        target = getattr(config, "sparsity", 0.0)
+        target = config.sparsity
+        plan.info["whole_model_sparsity"] = sum(float((p == 0).sum()) for p in model.parameters()) / params_before
     report = PruningReport(
         method=config.method,
         config=config.to_dict(),

@@ -114,6 +114,7 @@ class LayerwiseRunner:
         callback: Callable[[str, torch.Tensor], None] | None = None,
         layer: nn.Module | None = None,
         keep_outputs: bool = True,
+        chunks: list[int] | None = None,
     ) -> list[torch.Tensor]:
         """Run layer `index` (or `layer`, e.g. a dense copy) over every chunk.
 
@@ -123,13 +124,16 @@ class LayerwiseRunner:
             observe (`dict[str, nn.Module] | None`): modules whose inputs are passed to `callback(name, x)`.
             layer (`nn.Module | None`): module to run instead of the model's layer `index`.
             keep_outputs (`bool`): return the outputs (on the offload device).
+            chunks (`list[int] | None`): run only these chunks (`inputs` then holds just their hidden states).
         """
         layer = self.layers[index] if layer is None else layer
-        inputs = self.hidden if inputs is None else inputs
+        chunks = list(range(len(self.layer_args))) if chunks is None else chunks
+        if inputs is None:
+            inputs = [self.hidden[c] for c in chunks]
         outputs = []
         hooks = capture_inputs(observe, callback) if observe else _null()
         with hooks:
-            for chunk, (hidden, (args, kwargs)) in enumerate(zip(inputs, (la[index] for la in self.layer_args))):
+            for hidden, (args, kwargs) in zip(inputs, (self.layer_args[c][index] for c in chunks)):
                 out = layer(hidden.to(self.device), *move_to(args, self.device), **move_to(kwargs, self.device))
                 if isinstance(out, tuple):
                     out = out[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["GramStats", "MomentStats", "SquaredNormStats"]
+__all__ = ["GramStats", "CrossGramStats", "MomentStats", "SquaredNormStats"]
 
 
 class GramStats:
@@ -71,3 +71,21 @@ class SquaredNormStats:
     def to(self, device: torch.device | str) -> SquaredNormStats:
         self.sumsq = self.sumsq.to(device)
         return self
+
+
+class CrossGramStats:
+    """Running `C = Σ_t x_t x*_tᵀ` between dense inputs `x` and pruned-network inputs `x*` (FISTA, SPEC §1.3)."""
+
+    def __init__(self, dim: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        self.sum = torch.zeros(dim, dim, dtype=dtype, device=device)  # (D, D)
+        self.count = 0
+
+    def update(self, x: torch.Tensor, x_star: torch.Tensor) -> None:
+        x = x.reshape(-1, x.shape[-1]).to(self.sum.dtype)  # (N, D)
+        x_star = x_star.reshape(-1, x_star.shape[-1]).to(self.sum.dtype)  # (N, D)
+        self.sum.addmm_(x.T, x_star)
+        self.count += x.shape[0]
+
+    @property
+    def gram(self) -> torch.Tensor:
+        return self.sum / max(self.count, 1)  # (D, D)

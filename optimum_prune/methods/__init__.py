@@ -1,3 +1,3 @@
 """Built-in pruning methods; importing a subpackage registers it."""
 
-from . import flap, magnitude, numerical  # noqa: F401
+from . import fista, flap, magnitude, numerical, ria, sparsegpt, wanda  # noqa: F401

@@ -4,16 +4,40 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...config import StructuredPruningConfig
+from ...config import StructuredPruningConfig, _choice
+from ...functional.masks import parse_pattern
+from ..unstructured import validate_sparsity
 
 __all__ = ["MagnitudePruningConfig"]
 
 
 @dataclass
 class MagnitudePruningConfig(StructuredPruningConfig):
-    """Data-free structured magnitude pruning: a head (or KV group) / MLP channel scores the mean squared value of
-    the weights it owns (its q/k/v rows and o columns; its gate/up rows and down column), so heads and channels are
-    comparable in the global ranking. Inherits the `StructuredPruningConfig` fields.
+    """Data-free magnitude pruning, structured or unstructured / N:M.
+
+    Structured (`pattern="structured"`, the default): a head (or KV group) / MLP channel scores the mean squared
+    value of the weights it owns (its q/k/v rows and o columns; its gate/up rows and down column), so heads and
+    channels are comparable in the global ranking; `pruning_ratio` and the other `StructuredPruningConfig` fields
+    apply. Unstructured: the `sparsity` smallest-|w| weights of every projection are zeroed.
+
+    Args:
+        pattern (`str`, defaults to `"structured"`): `"structured"`, `"unstructured"` or `"N:M"` (e.g. `"2:4"`).
+        sparsity (`float`, defaults to `0.5`): fraction zeroed per projection (unstructured / N:M only).
+        per (`str`, defaults to `"matrix"`): unstructured comparison group, `"matrix"` or `"row"`.
     """
 
     method = "magnitude"
+
+    pattern: str = "structured"
+    sparsity: float = 0.5
+    per: str = "matrix"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _choice("per", self.per, ("matrix", "row"))
+        if self.pattern != "structured":
+            validate_sparsity(self.sparsity, self.pattern)
+
+    @property
+    def nm(self) -> tuple[int, int] | None:
+        return None if self.pattern in ("structured", "unstructured") else parse_pattern(self.pattern)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from ...functional.masks import keep_mask
 from ...modeling.architectures import LayerView, weight_oi
 from ..structured import StructuredPruner
+from ..unstructured import SequentialPruner
 from .config import MagnitudePruningConfig
 
 __all__ = ["MagnitudePruner"]
@@ -20,7 +22,7 @@ def _rows_sq(module, n_units: int, offset_units: int = 0, total_units: int | Non
     return (W * W).sum(1).view(n_units, per).sum(1)  # (n_units,)
 
 
-class MagnitudePruner(StructuredPruner):
+class MagnitudePruner(StructuredPruner, SequentialPruner):
     """Structured L2-magnitude baseline.
 
     Lifecycle:
@@ -54,3 +56,26 @@ class MagnitudePruner(StructuredPruner):
             chan_sq = chan_sq + (w * w).sum(1)
         numel = down.shape[0] + sum(weight_oi(view.module(p)).shape[1] for p in spec.mlp_in_paths)
         return head, chan_sq / numel
+
+    # ------------------------------------------------------------------------------ unstructured / N:M mode
+    @property
+    def is_structured(self) -> bool:
+        return self.config.pattern == "structured"
+
+    def validate(self, model, spec) -> None:
+        if self.is_structured:
+            return super().validate(model, spec)
+        SequentialPruner.validate(self, model, spec)
+
+    def compute_plan(self, model, spec, runner):
+        if self.is_structured:
+            return super().compute_plan(model, spec, runner)
+        return SequentialPruner.compute_plan(self, model, spec, None)
+
+    def make_stats(self, dim: int):
+        return None
+
+    def prune_weight(self, W: torch.Tensor, stats, path: str) -> torch.Tensor:
+        cfg = self.config
+        return W * keep_mask(W.abs(), cfg.sparsity, cfg.nm, per=cfg.per)
+

@@ -1,0 +1,70 @@
+"""Configuration of FISTAPruner (Zhao et al., arXiv 2404.09773)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..unstructured import UnstructuredConfigMixin, choice
+
+__all__ = ["FistaConfig"]
+
+
+@dataclass
+class FistaConfig(UnstructuredConfigMixin):
+    """FISTAPruner: per projection, the ℓ1-regularised layer-wise reconstruction `½‖W*X* − WX‖² + λ‖W*‖₁` solved
+    with FISTA, rounded to the exact pattern, with λ adapted by the rounding-error ratio ξ, and intra-layer error
+    correction. https://arxiv.org/abs/2404.09773 (Alg. 1, Eqs. 5, 8, 9; SPEC §B). Defaults follow the paper
+    (LLaMA settings); the spec's recommended resolutions of its ambiguities are the defaults, the literal
+    readings are options.
+
+    Args:
+        sparsity (`float`, defaults to `0.5`) / pattern (`str`, defaults to `"unstructured"`): see
+            `UnstructuredConfigMixin`.
+        warm_start (`str`, defaults to `"wanda"`): `"wanda"` (paper, LLaMA) or `"sparsegpt"` (paper, OPT).
+        lam0 (`float`, defaults to `1e-5`): initial λ.
+        xi (`float`, defaults to `0.3`): rounding-error ratio threshold ξ of the λ update.
+        K (`int`, defaults to `20`): FISTA iterations per outer step.
+        tol (`float`, defaults to `1e-6`): FISTA early stop on ‖W_k − W_{k−1}‖_F.
+        T (`int`, defaults to `3`): non-improving outer steps before stopping.
+        eps (`float`, defaults to `1e-3`): relative-improvement stop ε (paper: 1e-3 LLaMA, 1e-6 OPT).
+        lambda_search (`str`, defaults to `"log"`): `"log"` (bisection on log λ, scale-robust) or `"paper"`
+            (arithmetic bisection on [0, 1e6]).
+        momentum (`str`, defaults to `"standard"`): `"standard"` Beck–Teboulle or `"paper"` (the printed update).
+        rounding_per (`str`, defaults to `"matrix"`): unstructured rounding threshold per matrix (paper) or per row.
+        reset_bad_counter (`bool`, defaults to `False`): reset the non-improving counter after an improvement.
+        max_outer (`int`, defaults to `50`): safety cap on outer steps per projection.
+        intra_layer_correction (`bool`, defaults to `True`): each projection reconstructs the dense output from the
+            inputs produced by the already-pruned projections of the same layer (paper); `False` uses dense inputs.
+        inter_layer (`str`, defaults to `"dense"`): inputs of the next layer: `"dense"` (paper: layers independent)
+            or `"sequential"` (pruned outputs, as Wanda/SparseGPT).
+    """
+
+    method = "fista"
+
+    warm_start: str = "wanda"
+    lam0: float = 1e-5
+    xi: float = 0.3
+    K: int = 20
+    tol: float = 1e-6
+    T: int = 3
+    eps: float = 1e-3
+    lambda_search: str = "log"
+    momentum: str = "standard"
+    rounding_per: str = "matrix"
+    reset_bad_counter: bool = False
+    max_outer: int = 50
+    intra_layer_correction: bool = True
+    inter_layer: str = "dense"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        choice("warm_start", self.warm_start, ("wanda", "sparsegpt"))
+        choice("lambda_search", self.lambda_search, ("log", "paper"))
+        choice("momentum", self.momentum, ("standard", "paper"))
+        choice("rounding_per", self.rounding_per, ("matrix", "row"))
+        choice("inter_layer", self.inter_layer, ("dense", "sequential"))
+        for name in ("K", "T", "max_outer"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"`{name}` must be a positive int, got {getattr(self, name)!r}.")
+        if not 0 < self.xi < 1:
+            raise ValueError(f"`xi` must be in (0, 1), got {self.xi}.")
