@@ -11,6 +11,7 @@ from .methods.sparsegpt import SparseGPTConfig
 from .methods.wanda import WandaConfig
 from .modeling.architectures import UnsupportedArchitectureError, supported_model_types
 from .modeling.auto_classes import register_pruned_architectures
+from .modeling.semi_structured import to_semi_structured_
 from .prune import compute_plan, prune_
 from .registry import available_methods, register_pruning_method
 from .report import PruningReport
@@ -42,4 +43,5 @@ __all__ = [
     "register_pruning_method",
     "save_pruned",
     "supported_model_types",
+    "to_semi_structured_",
 ]

@@ -10,15 +10,20 @@ from testing_utils import ARCHS, calibration_ids, logits, tiny_model
 
 from optimum_prune import (
     AutoPrunedModelForCausalLM,
+    FistaConfig,
     FLAPConfig,
     MagnitudePruningConfig,
     NumericalPruningConfig,
     PruningConfig,
+    RIAConfig,
+    SparseGPTConfig,
+    WandaConfig,
     available_methods,
     compute_plan,
     prune_,
     save_pruned,
 )
+from optimum_prune.functional.masks import is_valid_nm, parse_pattern
 from optimum_prune.modeling.architectures import get_layers, layer_view
 from optimum_prune.modeling.surgery import apply_layer_plan_
 
@@ -28,6 +33,17 @@ METHOD_CASES = [
     (NumericalPruningConfig, {"pruning_ratio": 0.3, "allocation": "uniform"}, 0.1),
     (FLAPConfig, {"pruning_ratio": 0.3}, 0.08),
     (MagnitudePruningConfig, {"pruning_ratio": 0.3}, 0.08),
+    (MagnitudePruningConfig, {"pattern": "unstructured", "sparsity": 0.6}, 0.01),
+    (MagnitudePruningConfig, {"pattern": "2:4", "sparsity": 0.5}, 0.01),
+    (WandaConfig, {"sparsity": 0.5}, 0.01),
+    (WandaConfig, {"sparsity": 0.5, "pattern": "2:4"}, 0.01),
+    (SparseGPTConfig, {"sparsity": 0.5}, 0.01),
+    (SparseGPTConfig, {"sparsity": 0.75, "pattern": "1:4"}, 0.01),
+    (RIAConfig, {"sparsity": 0.5}, 0.01),
+    (RIAConfig, {"sparsity": 0.5, "pattern": "2:4", "reconstruction": True}, 0.01),
+    # FISTA with few iterations keeps the contract suite fast; the paper defaults run in the benchmark.
+    (FistaConfig, {"sparsity": 0.5, "K": 5, "max_outer": 3}, 0.02),
+    (FistaConfig, {"sparsity": 0.5, "pattern": "2:4", "K": 5, "max_outer": 3, "warm_start": "sparsegpt"}, 0.02),
 ]
 CASE_IDS = [f"{c.method}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for c, kw, _ in METHOD_CASES]
 
@@ -40,6 +56,15 @@ def _is_structured(cfg_cls, kwargs) -> bool:
     return "pruning_ratio" in kwargs
 
 
+def _projections(model):
+    from optimum_prune.modeling.architectures import get_spec, weight_oi
+
+    spec = get_spec(model)
+    for i, layer in enumerate(get_layers(model, spec)):
+        for path in spec.linear_paths:
+            yield f"layers.{i}.{path}", weight_oi(layer.get_submodule(path))
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize(("cfg_cls", "kwargs", "tol"), METHOD_CASES, ids=CASE_IDS)
 def test_contract(arch, cfg_cls, kwargs, tol, tmp_path):
@@ -49,9 +74,17 @@ def test_contract(arch, cfg_cls, kwargs, tol, tmp_path):
     report = prune_(model, config, ids)
     out = logits(model)
     assert torch.isfinite(out).all()
-    assert report.target == pytest.approx(kwargs.get("pruning_ratio", kwargs.get("sparsity")))
+    structured = _is_structured(cfg_cls, kwargs)
+    assert report.target == pytest.approx(config.pruning_ratio if structured else config.sparsity)
     assert abs(report.measured - report.target) <= tol, report
-    assert report.params_after < report.params_before
+    if structured:
+        assert report.params_after < report.params_before
+    else:
+        nm = parse_pattern(kwargs.get("pattern", "unstructured"))
+        for name, w in _projections(model):
+            assert abs(report.sparsity[name] - config.sparsity) <= tol, name
+            assert nm is None or is_valid_nm(w, *nm), name
+        assert 0 < report.info["whole_model_sparsity"] < config.sparsity
     # save -> load gives identical logits, with our loader and with plain AutoModelForCausalLM
     save_pruned(model, tmp_path / "out")
     from transformers import AutoModelForCausalLM
@@ -59,6 +92,8 @@ def test_contract(arch, cfg_cls, kwargs, tol, tmp_path):
     for loader in (AutoPrunedModelForCausalLM, AutoModelForCausalLM):
         reloaded = loader.from_pretrained(tmp_path / "out", attn_implementation="eager")
         torch.testing.assert_close(logits(reloaded), out, rtol=0, atol=0)
+        for (name, w), (_, w2) in zip(_projections(model), _projections(reloaded)):
+            assert torch.equal(w == 0, w2 == 0), name  # every zero kept
     # config round-trips through dict, JSON and save_pretrained
     assert PruningConfig.from_dict(config.to_dict()) == config
     config.save_pretrained(tmp_path / "cfg")

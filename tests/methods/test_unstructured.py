@@ -1,0 +1,86 @@
+"""Unstructured / N:M methods: errors, FISTA guarantees, semi-structured conversion."""
+
+import pytest
+import torch
+from testing_utils import calibration_ids, logits, tiny_model
+
+from optimum_prune import (
+    FistaConfig,
+    MagnitudePruningConfig,
+    RIAConfig,
+    SparseGPTConfig,
+    WandaConfig,
+    prune_,
+    to_semi_structured_,
+)
+from optimum_prune.modeling.semi_structured import check_semi_structured_support, find_non_24_layers
+
+
+@pytest.mark.parametrize("cfg_cls", [WandaConfig, SparseGPTConfig, RIAConfig, FistaConfig])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"sparsity": 1.0}, "sparsity"),
+        ({"sparsity": -0.1}, "sparsity"),
+        ({"pattern": "4:4"}, "N"),
+        ({"pattern": "3:2"}, "N"),
+        ({"pattern": "two:four"}, "pattern"),
+        ({"sparsity": 0.7, "pattern": "2:4"}, "sparsity=0.5"),
+    ],
+)
+def test_bad_sparsity_and_pattern(cfg_cls, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cfg_cls(**kwargs)
+
+
+def test_pattern_not_dividing_the_width_fails_before_touching_weights():
+    model = tiny_model("llama")  # widths 64 and 96: a group of 5 divides neither
+    before = logits(model)
+    with pytest.raises(ValueError, match="64"):
+        prune_(model, SparseGPTConfig(sparsity=0.6, pattern="2:5"), calibration_ids())
+    torch.testing.assert_close(logits(model), before, rtol=0, atol=0)
+
+
+def test_fista_is_never_worse_than_its_warm_start_and_beats_magnitude():
+    ids = calibration_ids(8, 16)
+    model = tiny_model("llama")
+    report = prune_(model, FistaConfig(sparsity=0.5, K=10, max_outer=5), ids)
+    for layer_info in report.info["layers"].values():
+        for path, res in layer_info.items():
+            assert res["error_best"] <= res["error_init"] * (1 + 1e-6), path
+    dense = logits(tiny_model("llama"), ids)
+    mag = tiny_model("llama")
+    prune_(mag, MagnitudePruningConfig(pattern="unstructured", sparsity=0.5, per="matrix"))
+    err_fista = (logits(model, ids) - dense).pow(2).mean()
+    err_mag = (logits(mag, ids) - dense).pow(2).mean()
+    assert err_fista < err_mag
+
+
+def test_semi_structured_conversion_checks_pattern_then_hardware():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="not 2:4"):
+        to_semi_structured_(model)
+    prune_(model, WandaConfig(pattern="2:4"), calibration_ids())
+    assert find_non_24_layers(model) == []
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="compute capability >= 8.0"):
+            to_semi_structured_(model)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_semi_structured_conversion_on_gpu():
+    try:
+        check_semi_structured_support()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+                                         num_attention_heads=4, vocab_size=128)).eval()
+    prune_(model, MagnitudePruningConfig(pattern="2:4", sparsity=0.5))
+    ids = calibration_ids(2, 64).cuda()
+    ref = model.half().cuda()(ids).logits.float()
+    assert to_semi_structured_(model)
+    torch.testing.assert_close(model(ids).logits.float(), ref, rtol=2e-2, atol=2e-2)
