@@ -40,7 +40,7 @@ def _calibration_ids(calibration: Any, tokenizer: Any) -> tuple[torch.Tensor, di
     from .calibration.data import describe_calibration, get_calibration_batches
 
     ids = get_calibration_batches(calibration, tokenizer)
-    desc = describe_calibration(calibration, tokenizer)
+    desc = describe_calibration(calibration)  # without the tokenizer: no second tokenization pass
     return ids, desc
 
 

@@ -131,7 +131,18 @@ class LayerwiseRunner:
         if inputs is None:
             inputs = [self.hidden[c] for c in chunks]
         outputs = []
+        home = next(layer.parameters()).device
+        if home != self.device:  # offloaded model: only this block visits the working device
+            layer.to(self.device)
         hooks = capture_inputs(observe, callback) if observe else _null()
+        try:
+            self._run_chunks(layer, index, inputs, chunks, outputs, keep_outputs, hooks)
+        finally:
+            if home != self.device:
+                layer.to(home)
+        return outputs
+
+    def _run_chunks(self, layer, index, inputs, chunks, outputs, keep_outputs, hooks) -> None:
         with hooks:
             for hidden, (args, kwargs) in zip(inputs, (self.layer_args[c][index] for c in chunks)):
                 out = layer(hidden.to(self.device), *move_to(args, self.device), **move_to(kwargs, self.device))
@@ -139,7 +150,6 @@ class LayerwiseRunner:
                     out = out[0]
                 if keep_outputs:
                     outputs.append(out.to(self.offload))
-        return outputs
 
     def advance(self, outputs: list[torch.Tensor]) -> None:
         """Make `outputs` the inputs of the next layer."""

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from optimum_prune import NumericalPruningConfig
 from optimum_prune.methods.numerical.functional import (
     compensate,
     numerical_scores,
@@ -105,3 +106,23 @@ def test_compensation_beats_plain_removal():
     W_cut[:, 6:] = 0
     plain = ((X @ (W - W_cut).T) ** 2).sum() / X.shape[0]
     assert residual < plain.item()
+
+
+@pytest.mark.parametrize(("arch", "gqa"), [("llama", False), ("llama_gqa", True)])
+def test_head_cost_is_alpha_in_mlp_channel_units(arch, gqa):
+    """α = 4·D_h/3 for an MHA head; (2·n_rep + 2)·D_h/3 for a KV group (SPEC §A.1-A.2), in MLP-channel units."""
+    from testing_utils import tiny_model
+
+    from optimum_prune.methods.numerical import NumericalPruner
+    from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view
+
+    model = tiny_model(arch)
+    spec = get_spec(model)
+    view = layer_view(get_layers(model, spec)[0], 0, spec, model.config)
+    pruner = NumericalPruner(NumericalPruningConfig())
+    _, head_cost, members, _ = pruner._head_units(view, torch.zeros(view.num_heads))
+    channel_cost = 3 * model.config.hidden_size  # gate row + up row + down column
+    n_rep = view.group_size
+    expected = (2 * n_rep + 2) * view.head_dim / 3 if gqa else 4 * view.head_dim / 3
+    assert head_cost / channel_cost == pytest.approx(expected)
+    assert len(members) == view.num_kv_heads and all(len(m) == n_rep for m in members)
