@@ -204,10 +204,14 @@ class CalibrationConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form; an in-memory dataset is described, not copied."""
-        out = dataclasses.asdict(self) if not _is_in_memory(self.dataset) else {
-            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "dataset"},
-            "dataset": f"<in-memory {type(self.dataset).__name__}>",
-        }
+        out = (
+            dataclasses.asdict(self)
+            if not _is_in_memory(self.dataset)
+            else {
+                **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "dataset"},
+                "dataset": f"<in-memory {type(self.dataset).__name__}>",
+            }
+        )
         return out
 
 

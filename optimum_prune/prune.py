@@ -30,7 +30,11 @@ def _calibration_ids(calibration: Any, tokenizer: Any) -> tuple[torch.Tensor, di
     if isinstance(calibration, torch.Tensor):
         if calibration.dim() != 2 or calibration.dtype not in (torch.long, torch.int32, torch.int64):
             raise ValueError("Calibration token ids must be an integer tensor of shape (num_samples, seq_len).")
-        return calibration.long(), {"source": "token ids", "num_samples": calibration.shape[0], "seq_len": calibration.shape[1]}
+        return calibration.long(), {
+            "source": "token ids",
+            "num_samples": calibration.shape[0],
+            "seq_len": calibration.shape[1],
+        }
     if not isinstance(calibration, CalibrationConfig):
         raise TypeError(
             f"`calibration` must be a CalibrationConfig or a (num_samples, seq_len) LongTensor, got {type(calibration).__name__}."
@@ -44,7 +48,9 @@ def _calibration_ids(calibration: Any, tokenizer: Any) -> tuple[torch.Tensor, di
     return ids, desc
 
 
-def _prepare(model: nn.Module, config: PruningConfig, calibration: Any, tokenizer: Any, batch_size: int | None, device):
+def _prepare(
+    model: nn.Module, config: PruningConfig, calibration: Any, tokenizer: Any, batch_size: int | None, device
+):
     """Validate everything and build what the pruner needs; touches no weight."""
     if not isinstance(config, PruningConfig):
         raise TypeError(f"`config` must be a PruningConfig subclass instance, got {type(config).__name__}.")
@@ -60,7 +66,9 @@ def _prepare(model: nn.Module, config: PruningConfig, calibration: Any, tokenize
         ids, calib_desc = _calibration_ids(calibration, tokenizer)
         vocab = model.get_input_embeddings().weight.shape[0]
         if int(ids.max()) >= vocab or int(ids.min()) < 0:
-            raise ValueError(f"Calibration token ids fall outside the model's vocabulary (size {vocab}); wrong tokenizer?")
+            raise ValueError(
+                f"Calibration token ids fall outside the model's vocabulary (size {vocab}); wrong tokenizer?"
+            )
         bs = batch_size or getattr(calibration, "batch_size", 8)
 
         def runner_factory():
@@ -71,7 +79,9 @@ def _prepare(model: nn.Module, config: PruningConfig, calibration: Any, tokenize
 
 def compute_plan(model: nn.Module, config: PruningConfig, calibration: Any = None, tokenizer: Any = None, **kwargs):
     """Decide without executing the removal: returns `(spec, plan)` (used to verify "removed ≡ zeroed")."""
-    spec, pruner, runner, _ = _prepare(model, config, calibration, tokenizer, kwargs.get("batch_size"), kwargs.get("device"))
+    spec, pruner, runner, _ = _prepare(
+        model, config, calibration, tokenizer, kwargs.get("batch_size"), kwargs.get("device")
+    )
     with torch.no_grad():
         return spec, pruner.compute_plan(model, spec, runner)
 

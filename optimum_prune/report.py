@@ -30,7 +30,9 @@ def layer_table(model: nn.Module, spec: ArchitectureSpec) -> list[dict[str, Any]
                 "num_key_value_heads": v.num_kv_heads,
                 "head_dim": v.head_dim,
                 "intermediate_size": v.intermediate_size,
-                "biases": sorted(p for p in spec.linear_paths if getattr(layer.get_submodule(p), "bias", None) is not None),
+                "biases": sorted(
+                    p for p in spec.linear_paths if getattr(layer.get_submodule(p), "bias", None) is not None
+                ),
             }
         )
     return rows

@@ -92,7 +92,7 @@ def export_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> tup
     for k in ("pruned_layers", "quantization_config", "_name_or_path", "transformers_version"):
         data.pop(k, None)
     data["model_type"] = base_type
-    sd = {k: v for k, v in model.state_dict().items()}
+    sd = dict(model.state_dict().items())
     first = shapes[0]
     if all(s == first for s in shapes):
         keys = spec.config_keys
@@ -117,7 +117,9 @@ def export_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> tup
                 continue
             extra = _shapes_match(skeleton, sd)
             if extra is not None:
-                zeros = {k: torch.zeros(skeleton[k].shape, dtype=sd[k[: -len("bias")] + "weight"].dtype) for k in extra}
+                zeros = {
+                    k: torch.zeros(skeleton[k].shape, dtype=sd[k[: -len("bias")] + "weight"].dtype) for k in extra
+                }
                 config.architectures = [model_cls.__name__]
                 return config, zeros
     config_cls, model_cls = pruned_classes(base_type)
@@ -198,7 +200,11 @@ def save_pruned(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    logger.info("Saved %s to %s", "stock checkpoint" if side_car["loadable_with_stock_transformers"] else "pruned checkpoint", target)
+    logger.info(
+        "Saved %s to %s",
+        "stock checkpoint" if side_car["loadable_with_stock_transformers"] else "pruned checkpoint",
+        target,
+    )
     return target
 
 

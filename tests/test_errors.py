@@ -46,7 +46,9 @@ def test_bad_option_values():
 def test_unsupported_architecture_lists_supported_types():
     from transformers import BertConfig, BertForMaskedLM
 
-    model = BertForMaskedLM(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37))
+    model = BertForMaskedLM(
+        BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37)
+    )
     snap = _snapshot(model)
     with pytest.raises(UnsupportedArchitectureError, match=r"llama.*Nothing was changed|Supported model types"):
         prune_(model, NumericalPruningConfig(), calibration_ids())
@@ -85,7 +87,13 @@ def test_nan_weights():
     with pytest.raises(ValueError, match="NaN/Inf"):
         prune_(model, NumericalPruningConfig(), calibration_ids())
     for k, v in snap.items():
-        assert torch.equal(model.state_dict()[k], v, ) or torch.isnan(v).any()
+        assert (
+            torch.equal(
+                model.state_dict()[k],
+                v,
+            )
+            or torch.isnan(v).any()
+        )
 
 
 def test_missing_or_empty_or_short_calibration(smollm2_tokenizer, tmp_path):
@@ -101,7 +109,9 @@ def test_missing_or_empty_or_short_calibration(smollm2_tokenizer, tmp_path):
     with pytest.raises(ValueError):
         prune_(model, NumericalPruningConfig(), CalibrationConfig(dataset=str(empty)), smollm2_tokenizer)
     with pytest.raises(ValueError, match="tokens"):
-        prune_(model, NumericalPruningConfig(), CalibrationConfig(dataset=["too short"], seq_len=512), smollm2_tokenizer)
+        prune_(
+            model, NumericalPruningConfig(), CalibrationConfig(dataset=["too short"], seq_len=512), smollm2_tokenizer
+        )
     _assert_untouched(model, snap)
 
 

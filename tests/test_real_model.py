@@ -26,7 +26,8 @@ def test_smollm2_numerical_pruning_end_to_end(smollm2_dir, tmp_path):
     calib_docs, eval_docs = split_documents(load_texts(str(bbc_news_dir())), 0.5, seed=0)
     dense_ppl = perplexity(pruner.model, pruner.tokenizer, eval_docs, seq_len=128, max_tokens=1024)
     report = pruner.prune(
-        NumericalPruningConfig(pruning_ratio=0.2), calibration=CalibrationConfig(dataset=calib_docs, num_samples=4, seq_len=128)
+        NumericalPruningConfig(pruning_ratio=0.2),
+        calibration=CalibrationConfig(dataset=calib_docs, num_samples=4, seq_len=128),
     )
     assert abs(report.measured - 0.2) < 0.02
     assert report.calibration["num_samples"] == 4

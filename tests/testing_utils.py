@@ -18,31 +18,53 @@ VOCAB = 128
 
 
 def tiny_config(arch: str):
-    common = dict(vocab_size=VOCAB, num_hidden_layers=3)
+    common = {"vocab_size": VOCAB, "num_hidden_layers": 3}
     if arch == "llama":  # MHA
-        return LlamaConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=4, **common)
+        return LlamaConfig(
+            hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=4, **common
+        )
     if arch == "llama_gqa":  # SmolLM2 / Llama-3 shape: groups of 3 query heads
         return LlamaConfig(
-            hidden_size=72, intermediate_size=96, num_attention_heads=6, num_key_value_heads=2, head_dim=12,
-            tie_word_embeddings=True, **common,
+            hidden_size=72,
+            intermediate_size=96,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            head_dim=12,
+            tie_word_embeddings=True,
+            **common,
         )
     if arch == "mistral":
-        return MistralConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, **common)
+        return MistralConfig(
+            hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, **common
+        )
     if arch == "qwen2":
-        return Qwen2Config(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, **common)
+        return Qwen2Config(
+            hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, **common
+        )
     if arch == "qwen3":
         return Qwen3Config(
             hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16, **common
         )
     if arch == "gemma3":  # one KV head; sliding-window and full layers alternate
         return Gemma3TextConfig(
-            hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
-            sliding_window=8, layer_types=["sliding_attention", "full_attention", "sliding_attention"], **common,
+            hidden_size=64,
+            intermediate_size=96,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            **common,
         )
     if arch == "opt":
         return OPTConfig(
-            hidden_size=64, ffn_dim=96, num_attention_heads=4, word_embed_proj_dim=64, max_position_embeddings=64,
-            vocab_size=VOCAB, num_hidden_layers=3,
+            hidden_size=64,
+            ffn_dim=96,
+            num_attention_heads=4,
+            word_embed_proj_dim=64,
+            max_position_embeddings=64,
+            vocab_size=VOCAB,
+            num_hidden_layers=3,
         )
     if arch == "gpt2":
         return GPT2Config(n_embd=64, n_inner=96, n_head=4, n_positions=64, n_layer=3, vocab_size=VOCAB)

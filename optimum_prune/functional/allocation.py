@@ -72,7 +72,10 @@ def allocate(units: list[LayerUnits], ratio: float, total_cost: float, mode: str
     if mode == "uniform":
         for li, u in enumerate(units):
             for k, (s, cap, label) in enumerate(
-                ((u.head_scores, u.max_head_units, "attention units"), (u.channel_scores, u.max_channels, "MLP channels"))
+                (
+                    (u.head_scores, u.max_head_units, "attention units"),
+                    (u.channel_scores, u.max_channels, "MLP channels"),
+                )
             ):
                 if s is None:
                     continue

@@ -107,7 +107,9 @@ class StructuredPruner(BasePruner):
             if run is not None:
                 observe = {name: mod for name, (mod, _) in layer_stats.items()}
                 outputs = run.run_layer(
-                    view.index, observe=observe, callback=lambda name, x: layer_stats[name][1].update(x)
+                    view.index,
+                    observe=observe,
+                    callback=lambda name, x: layer_stats[name][1].update(x),  # noqa: B023
                 )
                 run.advance(outputs)
             acc = {name: a for name, (_, a) in layer_stats.items()}
@@ -159,8 +161,11 @@ class StructuredPruner(BasePruner):
                 cc = float(sum(_row_params(view.module(p)) for p in spec.mlp_in_paths) + _col_params(view.mlp_out))
             units.append(
                 LayerUnits(
-                    hu[0], float(hu[1]), hu[3],
-                    chan_s if cfg.prune_mlp else None, cc,
+                    hu[0],
+                    float(hu[1]),
+                    hu[3],
+                    chan_s if cfg.prune_mlp else None,
+                    cc,
                     max(view.intermediate_size - cfg.min_mlp_channels_per_layer, 0),
                 )
             )
@@ -186,7 +191,9 @@ class StructuredPruner(BasePruner):
                     raise RuntimeError("internal error: uneven query heads per KV group")
             chan_s = units[view.index].channel_scores
             if chan_s is not None and removed_channels[view.index]:
-                drop = round_kept_channels(chan_s, removed_channels[view.index], cfg.round_to, units[view.index].max_channels)
+                drop = round_kept_channels(
+                    chan_s, removed_channels[view.index], cfg.round_to, units[view.index].max_channels
+                )
                 drop_set = set(drop)
                 lp.keep_channels = [c for c in range(view.intermediate_size) if c not in drop_set]
             if lp.structured:

@@ -108,7 +108,7 @@ class SequentialPruner(BasePruner):
             if run is not None:
                 observe = {g: view.module(paths[0]) for g, paths in groups.items()}
                 stats = {g: self.make_stats(weight_oi(m).shape[1]) for g, m in observe.items()}
-                run.run_layer(i, observe=observe, callback=lambda g, x: stats[g].update(x), keep_outputs=False)
+                run.run_layer(i, observe=observe, callback=lambda g, x: stats[g].update(x), keep_outputs=False)  # noqa: B023
             for g, paths in groups.items():
                 for path in paths:
                     W = weight_oi(view.module(path)).detach()

@@ -97,7 +97,12 @@ class ArchitectureSpec:
 
 
 _LLAMA_LIKE = ArchitectureSpec(
-    layers="model.layers", attn="self_attn", o="o_proj", mlp="mlp", mlp_in=("gate_proj", "up_proj"), mlp_out="down_proj"
+    layers="model.layers",
+    attn="self_attn",
+    o="o_proj",
+    mlp="mlp",
+    mlp_in=("gate_proj", "up_proj"),
+    mlp_out="down_proj",
 )
 
 ARCHITECTURES: dict[str, ArchitectureSpec] = {
@@ -141,7 +146,9 @@ def supported_model_types() -> list[str]:
 def _base_model_type(model_type: str) -> str:
     from ..constants import PRUNED_MODEL_TYPE_PREFIX
 
-    return model_type[len(PRUNED_MODEL_TYPE_PREFIX) :] if model_type.startswith(PRUNED_MODEL_TYPE_PREFIX) else model_type
+    return (
+        model_type[len(PRUNED_MODEL_TYPE_PREFIX) :] if model_type.startswith(PRUNED_MODEL_TYPE_PREFIX) else model_type
+    )
 
 
 def get_spec(model: nn.Module) -> ArchitectureSpec:

@@ -79,7 +79,9 @@ def to_semi_structured_(model: nn.Module, dtype: torch.dtype = torch.float16, de
                 logger.warning("layers.%d.%s is a Conv1D (weights transposed); left dense", i, path)
                 continue
             try:
-                mod.weight = nn.Parameter(to_sparse_semi_structured(mod.weight.detach().contiguous()), requires_grad=False)
+                mod.weight = nn.Parameter(
+                    to_sparse_semi_structured(mod.weight.detach().contiguous()), requires_grad=False
+                )
             except (RuntimeError, ValueError) as e:  # e.g. shapes below the kernels' minimum tile sizes
                 logger.warning("layers.%d.%s left dense: %s", i, path, e)
                 continue

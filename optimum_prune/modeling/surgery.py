@@ -12,7 +12,7 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from ..plan import LayerPlan
-from .architectures import ArchitectureSpec, LayerView, weight_oi
+from .architectures import LayerView, weight_oi
 
 __all__ = [
     "new_projection",
@@ -41,7 +41,9 @@ def _conv1d_forward_no_bias(module: Conv1D, x: torch.Tensor) -> torch.Tensor:
 
 
 def slice_projection(
-    module: nn.Module, out_idx: Sequence[int] | torch.Tensor | None = None, in_idx: Sequence[int] | torch.Tensor | None = None
+    module: nn.Module,
+    out_idx: Sequence[int] | torch.Tensor | None = None,
+    in_idx: Sequence[int] | torch.Tensor | None = None,
 ) -> nn.Module:
     """A new projection holding `module`'s weights restricted to `out_idx` rows and `in_idx` columns."""
     w = weight_oi(module).detach()  # (out, in)
@@ -108,7 +110,9 @@ def _write_weights_(view: LayerView, plan: LayerPlan) -> None:
     for path, b in plan.biases.items():
         mod = view.module(path)
         if getattr(mod, "bias", None) is None:
-            mod.bias = nn.Parameter(torch.zeros(weight_oi(mod).shape[0], dtype=mod.weight.dtype, device=mod.weight.device))
+            mod.bias = nn.Parameter(
+                torch.zeros(weight_oi(mod).shape[0], dtype=mod.weight.dtype, device=mod.weight.device)
+            )
         with torch.no_grad():
             mod.bias.copy_(b.to(mod.bias.dtype))
 
@@ -161,7 +165,9 @@ def apply_layer_plan_(view: LayerView, plan: LayerPlan, mode: str = "remove") ->
             set_submodule(view.layer, out, slice_projection(view.module(out), in_idx=keep))
             view.intermediate_size = len(keep)
         else:
-            drop = torch.as_tensor(sorted(set(range(view.intermediate_size)) - set(plan.keep_channels)), dtype=torch.long)
+            drop = torch.as_tensor(
+                sorted(set(range(view.intermediate_size)) - set(plan.keep_channels)), dtype=torch.long
+            )
             for path in view.spec.mlp_in_paths:
                 _zero_rows_(view.module(path), drop)
             _zero_cols_(view.mlp_out, drop)

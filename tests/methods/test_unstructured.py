@@ -77,8 +77,9 @@ def test_semi_structured_conversion_on_gpu():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=1,
-                                         num_attention_heads=4, vocab_size=128)).eval()
+    model = LlamaForCausalLM(
+        LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=4, vocab_size=128)
+    ).eval()
     prune_(model, MagnitudePruningConfig(pattern="2:4", sparsity=0.5))
     ids = calibration_ids(2, 64).cuda()
     ref = model.half().cuda()(ids).logits.float()

@@ -44,11 +44,23 @@ class FistaPruner(SequentialPruner):
         paired = self.config.intra_layer_correction and not first_group
         for c in range(len(run.layer_args)):
             seen: dict[str, torch.Tensor] = {}
-            run.run_layer(i, chunks=[c], layer=dense, observe={"x": dense.get_submodule(dpath)},
-                          callback=seen.__setitem__, keep_outputs=False)
+            run.run_layer(
+                i,
+                chunks=[c],
+                layer=dense,
+                observe={"x": dense.get_submodule(dpath)},
+                callback=seen.__setitem__,
+                keep_outputs=False,
+            )
             if paired:
-                run.run_layer(i, chunks=[c], layer=layer, observe={"xs": layer.get_submodule(dpath)},
-                              callback=seen.__setitem__, keep_outputs=False)
+                run.run_layer(
+                    i,
+                    chunks=[c],
+                    layer=layer,
+                    observe={"xs": layer.get_submodule(dpath)},
+                    callback=seen.__setitem__,
+                    keep_outputs=False,
+                )
             x = seen["x"].float()
             xs = seen.get("xs", seen["x"]).float()
             G.update(x)
@@ -67,11 +79,19 @@ class FistaPruner(SequentialPruner):
         cfg = self.config
         run = runner()
         plan = PruningPlan()
-        opts = dict(
-            lam0=cfg.lam0, xi=cfg.xi, K=cfg.K, tol=cfg.tol, T=cfg.T, eps=cfg.eps, lambda_search=cfg.lambda_search,
-            momentum=cfg.momentum, rounding_per=cfg.rounding_per, reset_bad_counter=cfg.reset_bad_counter,
-            max_outer=cfg.max_outer,
-        )
+        opts = {
+            "lam0": cfg.lam0,
+            "xi": cfg.xi,
+            "K": cfg.K,
+            "tol": cfg.tol,
+            "T": cfg.T,
+            "eps": cfg.eps,
+            "lambda_search": cfg.lambda_search,
+            "momentum": cfg.momentum,
+            "rounding_per": cfg.rounding_per,
+            "reset_bad_counter": cfg.reset_bad_counter,
+            "max_outer": cfg.max_outer,
+        }
         for i, layer in enumerate(tqdm(get_layers(model, spec), desc="fista: layers", leave=False)):
             dense = copy.deepcopy(layer)
             view = layer_view(layer, i, spec, model.config)
@@ -81,7 +101,9 @@ class FistaPruner(SequentialPruner):
                 for path in paths:
                     W = weight_oi(dense.get_submodule(path)).detach().float()  # (out, in) dense target
                     W0 = self._warm_start(W, Gs)
-                    W_best, res = fista_prune(W, G, Gs, C, W0, cfg.sparsity if cfg.nm is None else None, cfg.nm, **opts)
+                    W_best, res = fista_prune(
+                        W, G, Gs, C, W0, cfg.sparsity if cfg.nm is None else None, cfg.nm, **opts
+                    )
                     self._write(view, path, W_best)
                     info[path] = {k: res[k] for k in ("error_init", "error_best", "stop_reason") if k in res}
             plan.layers[i] = LayerPlan(info=info)

@@ -78,4 +78,3 @@ class MagnitudePruner(StructuredPruner, SequentialPruner):
     def prune_weight(self, W: torch.Tensor, stats, path: str) -> torch.Tensor:
         cfg = self.config
         return W * keep_mask(W.abs(), cfg.sparsity, cfg.nm, per=cfg.per)
-

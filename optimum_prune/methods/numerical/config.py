@@ -52,7 +52,9 @@ class NumericalPruningConfig(StructuredPruningConfig):
         if self.lambda_ is not None and (not math.isfinite(self.lambda_) or self.lambda_ <= 0):
             raise ValueError(f"`lambda_` must be a positive number or None (exact constraint), got {self.lambda_}.")
         if self.solver == "newton" and self.lambda_ is None:
-            raise ValueError("solver='newton' iterates the penalised objective and needs a finite `lambda_` (e.g. 10).")
+            raise ValueError(
+                "solver='newton' iterates the penalised objective and needs a finite `lambda_` (e.g. 10)."
+            )
         if not isinstance(self.newton_iters, int) or self.newton_iters < 1:
             raise ValueError(f"`newton_iters` must be a positive int, got {self.newton_iters!r}.")
         for name in ("score_damping", "compensation_damping"):

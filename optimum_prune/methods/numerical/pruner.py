@@ -49,7 +49,9 @@ class NumericalPruner(StructuredPruner):
     def _scores(self, W: torch.Tensor, stats: GramStats) -> torch.Tensor:
         cfg, H = self.config, stats.gram.to(W.device)
         if cfg.solver == "newton":
-            z = numerical_scores_newton(W, H, cfg.pruning_ratio, cfg.lambda_, cfg.newton_iters, damping=cfg.score_damping)
+            z = numerical_scores_newton(
+                W, H, cfg.pruning_ratio, cfg.lambda_, cfg.newton_iters, damping=cfg.score_damping
+            )
         else:
             z = numerical_scores(W, H, cfg.pruning_ratio, cfg.lambda_, damping=cfg.score_damping)
         return _standardize(z) if cfg.standardize_per_layer else z

@@ -28,7 +28,11 @@ class SparseGPTPruner(SequentialPruner):
     def prune_weight(self, W: torch.Tensor, stats: GramStats, path: str) -> torch.Tensor:
         cfg = self.config
         W_new, _ = sparsegpt_prune(
-            W.float(), stats.gram.to(W.device), cfg.sparsity if cfg.nm is None else None, cfg.nm,
-            blocksize=cfg.blocksize, percdamp=cfg.percdamp,
+            W.float(),
+            stats.gram.to(W.device),
+            cfg.sparsity if cfg.nm is None else None,
+            cfg.nm,
+            blocksize=cfg.blocksize,
+            percdamp=cfg.percdamp,
         )
         return W_new
