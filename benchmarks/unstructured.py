@@ -192,10 +192,11 @@ def render_markdown(result: dict[str, Any]) -> str:
                 lines.append(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
     ratios = result.get("fista_over_sparsegpt_time", {})
     if ratios:
-        lines += ["", "## FISTA pruning time relative to SparseGPT (same run, same calibration)", "",
-                  "| setting | FISTA (s) | SparseGPT (s) | ratio |", "|---|---:|---:|---:|"]  # fmt: skip
+        lines += ["", "## FISTA pruning time relative to SparseGPT (same calibration ids)", "",
+                  "| setting | FISTA (s) | SparseGPT (s) | ratio | same process |", "|---|---:|---:|---:|---|"]  # fmt: skip
         for k, v in ratios.items():
-            lines.append(f"| {k} | {v['fista_s']:.1f} | {v['sparsegpt_s']:.1f} | {v['ratio']:.1f}x |")
+            same = {True: "yes", False: "no"}.get(v.get("same_process", True))
+            lines.append(f"| {k} | {v['fista_s']:.1f} | {v['sparsegpt_s']:.1f} | {v['ratio']:.1f}x | {same} |")
     fs = [(_label(r), r["fista"]) for r in result["runs"] if r.get("fista")]
     if fs:
         lines += ["", "## FISTA per-projection reconstruction error: kept solution vs warm start", "",
@@ -208,9 +209,52 @@ def render_markdown(result: dict[str, Any]) -> str:
             stops = ", ".join(f"{k}: {v}" for k, v in f["stop_reasons"].items())
             lines.append(f"| {key} | {f['improved']}/{f['projections']} | {f['median_error_best_over_init']:.3f} | "
                          f"{f['min_error_best_over_init']:.3f} | {per} | {stops} |")  # fmt: skip
+    if s.get("parts"):
+        lines += ["", "Runs executed as parallel processes on the same machine (same calibration ids, same eval tokens; "
+                  "FISTA and SparseGPT of one setting always in the same process):", ""]
+        lines += [f"- `{p['command']}` ({p['threads']} torch threads, {p['status']}, dense PPL {_ppl(p['dense_ppl'])})"
+                  for p in s["parts"]]  # fmt: skip
     if result.get("status") != "complete":
         lines += ["", f"_Partial results ({result.get('status')}); runs finished: {len(result['runs'])}._"]
     return "\n".join(lines) + "\n"
+
+
+def add_time_ratios(result: dict[str, Any]) -> None:
+    runs = {r["key"]: r for r in result["runs"]}
+    for r in result["runs"]:
+        sg = runs.get(run_key("sparsegpt", r["sparsity"], r["pattern"]))
+        if r["method"] == "fista" and sg:
+            result["fista_over_sparsegpt_time"][_label(r)] = {
+                "fista_s": r["time_s"], "sparsegpt_s": sg["time_s"], "ratio": r["time_s"] / sg["time_s"],
+                "same_process": r.get("process") == sg.get("process"),
+            }  # fmt: skip
+
+
+def merge_results(paths: list[Path], out_dir: Path, name: str) -> None:
+    parts = [json.loads(p.read_text()) for p in paths]
+    base = copy.deepcopy(parts[0])
+    for part, path in zip(parts, paths):
+        for field in ("calibration", "eval"):
+            a = {k: v for k, v in part["setup"][field].items()}
+            b = {k: v for k, v in base["setup"][field].items()}
+            if a != b:
+                raise ValueError(f"{path}: {field} differs from {paths[0]}: {a} vs {b}")
+    seen, runs = set(), []
+    for part, path in zip(parts, paths):
+        for r in part["runs"]:
+            if r["key"] not in seen:
+                seen.add(r["key"])
+                runs.append({**r, "process": r.get("process", path.stem)})
+    base["runs"] = runs
+    base["setup"]["methods"] = [m for m in LABELS if any(r["method"] == m for r in runs)]
+    base["setup"]["threads"] = "/".join(str(p["setup"]["threads"]) for p in parts)
+    base["setup"]["parts"] = [{"file": p.name, "command": part["setup"]["command"], "threads": part["setup"]["threads"],
+                               "status": part["status"], "dense_ppl": part["dense_ppl"]}
+                              for p, part in zip(paths, parts)]  # fmt: skip
+    base["status"] = "complete" if all(p["status"] == "complete" for p in parts) else "partial"
+    base["fista_over_sparsegpt_time"] = {}
+    add_time_ratios(base)
+    write_outputs(base, out_dir / f"{name}.json", out_dir / f"{name}.md")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,8 +275,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-dir", default=str(RESULTS))
     p.add_argument("--resume", action="store_true", help="skip runs already in the JSON")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-dense", action="store_true", help="do not evaluate the dense model (parallel parts)")
     p.add_argument("--render-only", action="store_true", help="rewrite the markdown from the existing JSON and exit")
+    p.add_argument("--merge", nargs="+", metavar="JSON", default=None,
+                   help="combine the runs of several result files (same calibration ids and eval tokens, e.g. "
+                        "parts run as parallel processes) into --name, then exit")  # fmt: skip
     args = p.parse_args(argv)
+    if args.merge:
+        merge_results([Path(x) for x in args.merge], Path(args.output_dir), args.name)
+        return 0
     if args.render_only:
         path = Path(args.output_dir) / f"{args.name}.json"
         path.with_suffix(".md").write_text(render_markdown(json.loads(path.read_text())))
@@ -297,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         result["runs"], result["dense_ppl"] = old.get("runs", []), old.get("dense_ppl")
     done = {r["key"] for r in result["runs"]}
 
-    if result["dense_ppl"] is None:
+    if result["dense_ppl"] is None and not args.skip_dense:
         t = time.perf_counter()
         result["dense_ppl"] = ppl(model0)
         print(f"dense ppl {result['dense_ppl']:.3f} ({time.perf_counter() - t:.1f}s)", flush=True)
@@ -328,12 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         result["runs"].append(rec)
         print(f"{key}: ppl {value:.3f}  prune {rec['time_s']:.1f}s  sparsity {report.measured:.4f}  "
               f"(eval {eval_s:.1f}s)", flush=True)  # fmt: skip
-        runs = {r["key"]: r for r in result["runs"]}
-        for r in result["runs"]:
-            if r["method"] == "fista" and run_key("sparsegpt", r["sparsity"], r["pattern"]) in runs:
-                sg = runs[run_key("sparsegpt", r["sparsity"], r["pattern"])]
-                result["fista_over_sparsegpt_time"][_label(r)] = {
-                    "fista_s": r["time_s"], "sparsegpt_s": sg["time_s"], "ratio": r["time_s"] / sg["time_s"]}
+        add_time_ratios(result)
         write_outputs(result, json_path, md_path)
         del model, report
         gc.collect()
