@@ -161,7 +161,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"Pruning time = `report.timings['total_s']` (wall clock, {s['threads']} CPU threads, machine shared with "
         "another job: timings are noisy).",
         "",
-        "FISTA settings: " + (", ".join(f"`{k}={v}`" for k, v in s["fista_opts"].items()) or "paper defaults")
+        "FISTA settings: "
+        + (", ".join(f"`{k}={v}`" for k, v in s["fista_opts"].items()) or "paper defaults")
         + " (everything else default).",
         "",
         "## 50% unstructured and 2:4",
@@ -210,8 +211,12 @@ def render_markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {key} | {f['improved']}/{f['projections']} | {f['median_error_best_over_init']:.3f} | "
                          f"{f['min_error_best_over_init']:.3f} | {per} | {stops} |")  # fmt: skip
     if s.get("parts"):
-        lines += ["", "Runs executed as parallel processes on the same machine (same calibration ids, same eval tokens; "
-                  "FISTA and SparseGPT of one setting always in the same process):", ""]
+        lines += [
+            "",
+            "Runs executed as parallel processes on the same machine (same calibration ids, same eval tokens; "
+            "their pruning times therefore share the CPU with each other as well):",
+            "",
+        ]
         lines += [f"- `{p['command']}` ({p['threads']} torch threads, {p['status']}, dense PPL {_ppl(p['dense_ppl'])})"
                   for p in s["parts"]]  # fmt: skip
     if result.get("status") != "complete":
@@ -235,8 +240,7 @@ def merge_results(paths: list[Path], out_dir: Path, name: str) -> None:
     base = copy.deepcopy(parts[0])
     for part, path in zip(parts, paths):
         for field in ("calibration", "eval"):
-            a = {k: v for k, v in part["setup"][field].items()}
-            b = {k: v for k, v in base["setup"][field].items()}
+            a, b = dict(part["setup"][field]), dict(base["setup"][field])
             if a != b:
                 raise ValueError(f"{path}: {field} differs from {paths[0]}: {a} vs {b}")
     seen, runs = set(), []
@@ -251,6 +255,11 @@ def merge_results(paths: list[Path], out_dir: Path, name: str) -> None:
     base["setup"]["parts"] = [{"file": p.name, "command": part["setup"]["command"], "threads": part["setup"]["threads"],
                                "status": part["status"], "dense_ppl": part["dense_ppl"]}
                               for p, part in zip(paths, parts)]  # fmt: skip
+    fista_opts = [part["setup"]["fista_opts"] for part in parts if any(r["method"] == "fista" for r in part["runs"])]
+    if fista_opts:
+        if any(o != fista_opts[0] for o in fista_opts):
+            raise ValueError(f"the parts used different FISTA options: {fista_opts}")
+        base["setup"]["fista_opts"] = fista_opts[0]
     base["status"] = "complete" if all(p["status"] == "complete" for p in parts) else "partial"
     base["fista_over_sparsegpt_time"] = {}
     add_time_ratios(base)
