@@ -31,6 +31,7 @@ from optimum_prune.modeling.surgery import apply_layer_plan_
 METHOD_CASES = [
     (NumericalPruningConfig, {"pruning_ratio": 0.3}, 0.08),
     (NumericalPruningConfig, {"pruning_ratio": 0.3, "allocation": "uniform"}, 0.1),
+    (NumericalPruningConfig, {"pruning_ratio": 0.3, "compensation_inputs": "sequential"}, 0.08),
     (FLAPConfig, {"pruning_ratio": 0.3}, 0.08),
     (MagnitudePruningConfig, {"pruning_ratio": 0.3}, 0.08),
     (MagnitudePruningConfig, {"pattern": "unstructured", "sparsity": 0.6}, 0.01),

@@ -126,3 +126,23 @@ def test_head_cost_is_alpha_in_mlp_channel_units(arch, gqa):
     expected = (2 * n_rep + 2) * view.head_dim / 3 if gqa else 4 * view.head_dim / 3
     assert head_cost / channel_cost == pytest.approx(expected)
     assert len(members) == view.num_kv_heads and all(len(m) == n_rep for m in members)
+
+
+def test_sequential_compensation_equals_dense_refit_where_inputs_are_still_dense():
+    """Layer 0 sees the same inputs in both modes, so its refit must be the same; later layers differ."""
+    from testing_utils import calibration_ids, tiny_model
+
+    from optimum_prune import prune_
+    from optimum_prune.modeling.architectures import get_layers, get_spec, weight_oi
+
+    ids = calibration_ids(8, 16)
+    models = {}
+    for mode in ("dense", "sequential"):
+        models[mode] = tiny_model("opt")
+        prune_(models[mode], NumericalPruningConfig(pruning_ratio=0.3, compensation_inputs=mode), ids)
+    spec = get_spec(models["dense"])
+    first = [weight_oi(get_layers(m, spec)[0].get_submodule(spec.o_path)) for m in models.values()]
+    assert first[0].shape == first[1].shape and first[0].shape[1] < 64  # heads were removed in layer 0
+    torch.testing.assert_close(first[0], first[1], rtol=1e-4, atol=1e-4)
+    last = [weight_oi(get_layers(m, spec)[2].get_submodule(spec.mlp_out_path)) for m in models.values()]
+    assert not torch.allclose(last[0], last[1], atol=1e-3)

@@ -32,6 +32,10 @@ class NumericalPruningConfig(StructuredPruningConfig):
             FLAP-style threshold; the ratio then counts parameters) or `"literal"` (the printed formula: head scores
             × α, unit-count threshold; reproduction only, it rarely prunes heads).
         standardize_per_layer (`bool`, defaults to `False`): standardise each layer's scores (FLAP does; NP not).
+        compensation_inputs (`str`, defaults to `"dense"`): `"dense"` refits on the dense model's inputs (the same
+            Grams as the scores; the paper's setting as read by SPEC §A.2) or `"sequential"` (an extension, not in the
+            paper): after the masks are fixed, layers are refitted in order on the inputs produced by the already
+            pruned and compensated layers, `W'_K = W·C[:, K]·(X*_KᵀX*_K)⁻¹` with the cross-Gram `C = XᵀX*`.
     """
 
     method = "numerical"
@@ -44,9 +48,11 @@ class NumericalPruningConfig(StructuredPruningConfig):
     compensation_damping: float = 0.01
     ranking: str = "cost_weighted"
     standardize_per_layer: bool = False
+    compensation_inputs: str = "dense"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _choice("compensation_inputs", self.compensation_inputs, ("dense", "sequential"))
         _choice("solver", self.solver, ("closed_form", "newton"))
         _choice("ranking", self.ranking, ("cost_weighted", "literal"))
         if self.lambda_ is not None and (not math.isfinite(self.lambda_) or self.lambda_ <= 0):

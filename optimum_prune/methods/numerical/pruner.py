@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-import torch
+import copy
 
-from ...calibration.stats import GramStats
-from ...modeling.architectures import LayerView, weight_oi
-from ...modeling.surgery import head_rows
-from ...plan import LayerPlan
+import torch
+from torch import nn
+
+from ...calibration.stats import CrossGramStats, GramStats
+from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
+from ...modeling.surgery import apply_layer_plan_, head_rows
+from ...plan import LayerPlan, PruningPlan
+from ..base import RunnerFactory
 from ..structured import StructuredPruner
 from .config import NumericalPruningConfig
-from .functional import compensate, numerical_scores, numerical_scores_newton
+from .functional import compensate, damped_cholesky_solve, numerical_scores, numerical_scores_newton
 
 __all__ = ["NumericalPruner"]
 
@@ -79,3 +83,71 @@ class NumericalPruner(StructuredPruner):
             keep = torch.as_tensor(plan.keep_channels, device=W.device)
             plan.weights[view.spec.mlp_out_path], res = compensate(W, stats["mlp"].gram.to(W.device), keep, damp)
             plan.info["mlp_residual"] = res
+
+    # ------------------------------------------------------------------ compensation_inputs="sequential"
+    def compute_plan(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory | None) -> PruningPlan:
+        plan = super().compute_plan(model, spec, runner)
+        if self.config.compensate and self.config.compensation_inputs == "sequential":
+            self._sequential_refit(model, spec, runner, plan)
+        return plan
+
+    def _sequential_refit(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory, plan: PruningPlan):
+        """Refit o_proj / down_proj layer by layer on the pruned network's inputs; the model is restored after."""
+        run = runner()
+        dense_h, pruned_h = list(run.hidden), list(run.hidden)
+        for i, layer in enumerate(get_layers(model, spec)):
+            dense = copy.deepcopy(layer)
+            lp = plan.layers.get(i)
+            if lp is not None:
+                view = layer_view(layer, i, spec, model.config)
+                removal = LayerPlan(
+                    keep_heads=lp.keep_heads, keep_kv_heads=lp.keep_kv_heads, keep_channels=lp.keep_channels
+                )
+                apply_layer_plan_(view, removal, mode="zero")
+                targets = []
+                if lp.keep_heads is not None:
+                    targets.append((spec.o_path, head_rows(lp.keep_heads, view.head_dim)))
+                if lp.keep_channels is not None:
+                    targets.append((spec.mlp_out_path, torch.as_tensor(lp.keep_channels)))
+                for path, keep in targets:  # attention first: the MLP refit sees the refitted attention
+                    W_new = self._refit(run, i, dense, layer, path, keep, dense_h, pruned_h)
+                    lp.weights[path] = W_new
+                    with torch.no_grad():
+                        weight_oi(layer.get_submodule(path)).copy_(W_new)
+            dense_h = run.run_layer(i, inputs=dense_h, layer=dense)
+            pruned_h = run.run_layer(i, inputs=pruned_h)
+            layer.load_state_dict(dense.state_dict())  # deciding changes nothing: prune_ applies the plan
+
+    def _refit(self, run, i, dense, layer, path, keep, dense_h, pruned_h) -> torch.Tensor:
+        W = weight_oi(dense.get_submodule(path)).detach()  # (d_out, D) dense weight
+        D = W.shape[1]
+        C, Gs = CrossGramStats(D, torch.float64), GramStats(D, torch.float64)
+        for c in range(len(dense_h)):
+            seen: dict[str, torch.Tensor] = {}
+            run.run_layer(
+                i,
+                inputs=[dense_h[c]],
+                chunks=[c],
+                layer=dense,
+                observe={"x": dense.get_submodule(path)},
+                callback=seen.__setitem__,
+                keep_outputs=False,
+            )
+            run.run_layer(
+                i,
+                inputs=[pruned_h[c]],
+                chunks=[c],
+                observe={"xs": layer.get_submodule(path)},
+                callback=seen.__setitem__,
+                keep_outputs=False,
+            )
+            C.update(seen["x"], seen["xs"])
+            Gs.update(seen["xs"])
+        keep = keep.to(W.device)
+        Wd = W.double()
+        G_kk = Gs.gram.to(W.device)[keep][:, keep]  # (k, k)
+        # Ridge around the current weights, W'_K = W_K + Δ: identical to the dense refit when X* = X (damping too)
+        rhs = (Wd @ C.gram.to(W.device)[:, keep] - Wd[:, keep] @ G_kk).T  # (k, d_out)
+        W_new = torch.zeros_like(Wd)
+        W_new[:, keep] = Wd[:, keep] + damped_cholesky_solve(G_kk, rhs, self.config.compensation_damping).T
+        return W_new.to(W.dtype)
