@@ -13,6 +13,7 @@ import copy
 import importlib.util
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -267,7 +268,13 @@ def run_demo(
 
 
 def _speed(x: float) -> str:
+    if not math.isfinite(x) or x <= 0:
+        return "n/a"
     return f"{x:.2f}x faster" if x >= 1 else f"{1 / x:.2f}x slower"
+
+
+def _rate(x: float) -> str:
+    return f"{x:.1f} tok/s" if math.isfinite(x) and x > 0 else "n/a"
 
 
 def format_demo_table(result: dict[str, Any]) -> str:
@@ -285,8 +292,8 @@ def format_demo_table(result: dict[str, Any]) -> str:
         ),
         (
             "decode throughput (best)",
-            f"{d['decode_tokens_per_s']:.1f} tok/s",
-            f"{p['decode_tokens_per_s']:.1f} tok/s",
+            _rate(d["decode_tokens_per_s"]),
+            _rate(p["decode_tokens_per_s"]),
             _speed(r["decode_speedup"]),
         ),
     ]
@@ -309,8 +316,8 @@ def format_demo_table(result: dict[str, Any]) -> str:
         *(line(row) for row in rows),
         "",
         f"medians: prefill {d['prefill_ms_median']:.1f} ms vs {p['prefill_ms_median']:.1f} ms "
-        f"({_speed(r['prefill_speedup_median'])}), decode {d['decode_tokens_per_s_median']:.1f} vs "
-        f"{p['decode_tokens_per_s_median']:.1f} tok/s ({_speed(r['decode_speedup_median'])})",
+        f"({_speed(r['prefill_speedup_median'])}), decode {_rate(d['decode_tokens_per_s_median'])} vs "
+        f"{_rate(p['decode_tokens_per_s_median'])} ({_speed(r['decode_speedup_median'])})",
         *(
             [
                 f"note: load average {max(load):.1f} > {s['torch_threads']} threads: other processes disturbed the timings"

@@ -210,3 +210,6 @@ def test_demo_table_formatting():
     table = format_demo_table(result)
     for text in ("134.50 M", "113.40 M", "1.25x faster", "held-out perplexity", "load average 6.0", "Hello."):
         assert text in table
+    # noisy medians can leave the decode rate undefined (generate median <= prefill median)
+    result["pruned"]["decode_tokens_per_s_median"] = result["ratios"]["decode_speedup_median"] = float("nan")
+    assert "n/a" in format_demo_table(result)
