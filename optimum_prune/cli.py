@@ -121,14 +121,16 @@ def _build_config(args: argparse.Namespace):
         data = {"method": args.method}
     names = {f.name for f in dataclasses.fields(get_config_class(data["method"]))}
     flags = _overrides(args.set)
-    if args.ratio is not None:  # structured methods use `pruning_ratio`, unstructured ones `sparsity`
-        key = next((k for k in ("pruning_ratio", "sparsity") if k in names), None)
+    for key in ("allocation", "gqa_mode", "round_to", "pattern"):
+        if getattr(args, key) is not None:
+            flags[key] = getattr(args, key)
+    if args.ratio is not None:  # structured pruning uses `pruning_ratio`, unstructured / N:M `sparsity`
+        structured = flags.get("pattern", data.get("pattern", "structured")) == "structured"
+        order = ("pruning_ratio", "sparsity") if structured else ("sparsity", "pruning_ratio")
+        key = next((k for k in order if k in names), None)
         if key is None:
             raise UserError(f"Method {data['method']!r} has no ratio option; use --set KEY=VALUE.")
         flags[key] = args.ratio
-    for key in ("allocation", "gqa_mode", "round_to"):
-        if getattr(args, key) is not None:
-            flags[key] = getattr(args, key)
     unknown = sorted(set(flags) - names)
     if unknown:
         raise UserError(f"Method {data['method']!r} has no option(s) {unknown}; valid: {sorted(names)}.")
@@ -257,10 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--method", help="registered method, e.g. numerical, flap, magnitude")
     how.add_argument("--config", help="a PruningConfig JSON file (method included); flags below override it")
-    p.add_argument("--ratio", type=float, help="pruning_ratio (structured) or sparsity (unstructured)")
+    p.add_argument("--ratio", type=float, help="pruning_ratio (structured) or sparsity (unstructured / N:M pattern)")
     p.add_argument("--allocation", choices=["global", "uniform"])
     p.add_argument("--gqa-mode", dest="gqa_mode", choices=["auto", "group", "query"])
     p.add_argument("--round-to", dest="round_to", type=int)
+    p.add_argument("--pattern", help="unstructured / N:M methods: 'unstructured' or e.g. '2:4'")
     p.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="any other config field (JSON value)"
     )

@@ -118,6 +118,15 @@ def test_data_free_method_needs_no_calibration(model_dir, tmp_path, capsys):
     out = tmp_path / "magnitude"
     assert main(["prune", str(model_dir), "--method", "magnitude", "--ratio", "0.2", "--output", str(out)]) == 0
     assert json.loads(capsys.readouterr().out)["method"] == "magnitude"
+    # with an unstructured / N:M pattern, --ratio is the sparsity
+    out = tmp_path / "magnitude24"
+    assert (
+        main(["prune", str(model_dir), "--method", "magnitude", "--pattern", "2:4", "--ratio", "0.5", "-o", str(out)])
+        == 0
+    )
+    applied = json.loads((out / "pruning_config.json").read_text())["history"][-1]["config"]
+    assert applied["pattern"] == "2:4" and applied["sparsity"] == 0.5
+    capsys.readouterr()
 
 
 @pytest.mark.parametrize(
