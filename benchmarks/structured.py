@@ -30,6 +30,7 @@ import argparse
 import copy
 import datetime
 import gc
+import hashlib
 import importlib.util
 import json
 import logging
@@ -144,6 +145,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"JSON output path; the markdown goes next to it with .md (default: {DEFAULT_OUTPUT.relative_to(REPO_ROOT)})",
     )
     p.add_argument("--note", default="", help="free text stored in the JSON and printed in the markdown")
+    p.add_argument(
+        "--timing-from",
+        type=Path,
+        default=None,
+        help="measure pruning time vs dense forward alternately (forward, prune, forward, ...) for --methods at "
+        "--ratios and add it to this result JSON, writing to --output",
+    )
+    p.add_argument("--timing-repeats", type=int, default=3, help="prunes per method in --timing-from (default: 3)")
     p.add_argument(
         "--speed-from",
         type=Path,
@@ -307,6 +316,49 @@ def shape_twin(dense: torch.nn.Module, run: dict[str, Any]) -> torch.nn.Module:
     return model.eval()
 
 
+def remeasure_pruning_time(
+    args: argparse.Namespace, dense: torch.nn.Module, tokenizer: Any, calib_ids: torch.Tensor
+) -> dict[str, Any]:
+    """`--timing-from`: pruning wall time vs one dense forward over the calibration ids, measured alternately.
+
+    For every method and ratio: forward, prune, forward, prune, ..., forward (`--timing-repeats` prunes); each
+    prune time is divided by the mean of the two forward passes around it, so slow drifts of the machine load cancel.
+    """
+    res = json.loads(args.timing_from.read_text(encoding="utf-8"))
+    want = res["settings"]["calibration_ids_sha256"]
+    got = hashlib.sha256(calib_ids.numpy().tobytes()).hexdigest()
+    if got != want:
+        raise RuntimeError(f"calibration ids differ from the result file's ({got} != {want}); use the same settings")
+    out = res.setdefault("pruning_time_interleaved", [])
+    for ratio in args.ratios:
+        for name in args.methods:
+            cls, extra, _ = METHODS[name]
+            config = cls(**{"pruning_ratio": ratio, "allocation": "global", **extra})
+            fwd = [dense_forward_time(dense, calib_ids, args.calib_batch_size)]
+            prune_s = []
+            for _ in range(args.timing_repeats):
+                model = copy.deepcopy(dense)
+                report = prune_(
+                    model, config, calibration=calib_ids, tokenizer=tokenizer, batch_size=args.calib_batch_size
+                )
+                prune_s.append(report.timings["total_s"])
+                del model, report
+                gc.collect()
+                fwd.append(dense_forward_time(dense, calib_ids, args.calib_batch_size))
+            ratios = [p / ((a + b) / 2) for p, a, b in zip(prune_s, fwd[:-1], fwd[1:])]
+            entry = {
+                "method": name, "ratio": ratio, "prune_s": prune_s, "dense_forward_s": fwd, "ratios": ratios,
+                "median_ratio": statistics.median(ratios),
+                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "loadavg": host_info()["loadavg_at_start"],
+            }  # fmt: skip
+            out[:] = [e for e in out if not (e["method"] == name and e["ratio"] == ratio)] + [entry]
+            logger.info("%s r=%.2f: prune %s s, dense forward %s s -> ratio %.2f (median)", name, ratio,
+                        [round(x, 1) for x in prune_s], [round(x, 1) for x in fwd], entry["median_ratio"])  # fmt: skip
+            write_outputs(res, args.output)
+    return res
+
+
 def remeasure_speed(args: argparse.Namespace, dense: torch.nn.Module, tokenizer: Any) -> dict[str, Any]:
     """`--speed-from`: re-measure the speed columns of an existing result file on shape-identical models."""
     res = json.loads(args.speed_from.read_text(encoding="utf-8"))
@@ -430,6 +482,23 @@ def markdown(res: dict[str, Any]) -> str:
         ]
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "Bold: lowest perplexity at that ratio."]
+    timing = res.get("pruning_time_interleaved") or []
+    if timing:
+        lines += [
+            "",
+            "Pruning time measured alternately with the dense forward pass (`--timing-from`: forward, prune, forward, "
+            "...; each prune divided by the mean of the forward passes around it), which cancels slow drifts of the "
+            "machine load that the single-shot column above does not:",
+            "",
+            "| method | ratio | prune time (s) | dense forward (s) | prune / dense forward (median) |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for e in timing:
+            label = METHODS.get(e["method"], (None, None, e["method"]))[2]
+            lines.append(
+                f"| {label} | {e['ratio']:.1f} | {', '.join(f'{x:.1f}' for x in e['prune_s'])} | "
+                f"{', '.join(f'{x:.1f}' for x in e['dense_forward_s'])} | **{e['median_ratio']:.2f}** |"
+            )
     if not long:
         lines += [
             "",
@@ -481,6 +550,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     calib_desc = describe_calibration(calib_cfg, tokenizer)
     logger.info("BBC: %d calibration / %d held-out documents; calibration ids %s", len(calib_docs), len(eval_docs),
                 tuple(calib_ids.shape))  # fmt: skip
+    if args.timing_from is not None:
+        return remeasure_pruning_time(args, dense, tokenizer, calib_ids)
 
     settings = {
         "model": f"SmolLM2-135M-Instruct ({GGUF_FILE}, dequantized to float32)",
@@ -503,7 +574,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "speed_warmup": args.speed_warmup,
         "speed_repeats": args.speed_repeats,
         "calibration": calib_desc,
-        "calibration_ids_sha256": __import__("hashlib").sha256(calib_ids.numpy().tobytes()).hexdigest(),
+        "calibration_ids_sha256": hashlib.sha256(calib_ids.numpy().tobytes()).hexdigest(),
         "note": args.note,
         "command": " ".join([Path(sys.argv[0]).name, *(sys.argv[1:] if argv is None else argv)]),
     }
