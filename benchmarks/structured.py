@@ -81,6 +81,11 @@ METHODS: dict[str, tuple[type, dict[str, Any], str]] = {
     "numerical_nocomp": (NumericalPruningConfig, {"compensate": False}, "NP, no compensation"),
     "numerical_std": (NumericalPruningConfig, {"standardize_per_layer": True}, "NP, per-layer standardized scores"),
     "numerical_uniform": (NumericalPruningConfig, {"allocation": "uniform"}, "NP, uniform allocation"),
+    "numerical_seq": (
+        NumericalPruningConfig,
+        {"compensation_inputs": "sequential"},
+        "NP, sequential compensation inputs",
+    ),
     "numerical_std_nocomp": (
         NumericalPruningConfig,
         {"standardize_per_layer": True, "compensate": False},
@@ -137,6 +142,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=16, help="speed benchmark decoded tokens (default: 16)")
     p.add_argument("--speed-warmup", type=int, default=2, help="speed benchmark warm-up runs per model (default: 2)")
     p.add_argument("--speed-repeats", type=int, default=7, help="speed benchmark interleaved rounds (default: 7)")
+    p.add_argument("--no-speed", action="store_true", help="skip the speed measurement (e.g. for ablations)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default)")
     p.add_argument(
         "--output",
@@ -426,11 +432,15 @@ def markdown(res: dict[str, Any]) -> str:
         f"- Perplexity: {s['num_eval_documents']} held-out BBC articles (disjoint from the calibration documents, "
         f"`split_documents(docs, {s['holdout_fraction']}, seed={s['seed']})`, shuffled with the seed), first "
         f"{s['eval_tokens']} tokens, windows of {s['eval_seq_len']}; same tokens for every model.",
-        f"- Speed: one `compare_speed` per ratio over the dense model and the models pruned at that ratio, "
-        f"interleaved round by round (batch 1, prompt of {s['prompt_len']} random tokens, {s['new_tokens']} greedy "
-        f"tokens, {s['speed_warmup']} warm-up runs, {s['speed_repeats']} rounds, medians); prefill speedup = dense "
-        "prefill time / pruned prefill time, decode speedup likewise for the decode steps. The CPU (2 cores) was "
-        "shared with other jobs during the run, so speedups are noisy.",
+        (
+            "- Speed: not measured in this run (`--no-speed`)."
+            if s.get("no_speed")
+            else f"- Speed: one `compare_speed` per ratio over the dense model and the models pruned at that ratio, "
+            f"interleaved round by round (batch 1, prompt of {s['prompt_len']} random tokens, {s['new_tokens']} greedy "
+            f"tokens, {s['speed_warmup']} warm-up runs, {s['speed_repeats']} rounds, medians); prefill speedup = dense "
+            "prefill time / pruned prefill time, decode speedup likewise for the decode steps. The CPU (2 cores) was "
+            "shared with other jobs during the run, so speedups are noisy."
+        ),
         f'- Pruning time: `PruningReport.timings["total_s"]` (calibration pass + scoring + compensation + surgery) '
         f"divided by the median time of one dense forward pass (with LM head) over the same "
         f"{s['num_samples']} × {s['seq_len']} ids in batches of {s['calib_batch_size']}, measured at the start "
@@ -573,6 +583,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "new_tokens": args.new_tokens,
         "speed_warmup": args.speed_warmup,
         "speed_repeats": args.speed_repeats,
+        "no_speed": args.no_speed,
         "calibration": calib_desc,
         "calibration_ids_sha256": hashlib.sha256(calib_ids.numpy().tobytes()).hexdigest(),
         "note": args.note,
@@ -658,6 +669,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             gc.collect()
             res["elapsed_s"] = time.perf_counter() - t_start
             write_outputs(res, args.output)
+        if args.no_speed:
+            del pruned
+            gc.collect()
+            continue
         # speed: dense and every model pruned at this ratio, interleaved round by round (dense is the reference)
         t0 = time.perf_counter()
         speed = compare_speed(
