@@ -8,11 +8,14 @@ from optimum_prune.functional.masks import is_valid_nm, num_pruned
 from optimum_prune.functional.proximal import soft_threshold
 from optimum_prune.methods.fista.functional import (
     fista_inner,
+    fista_inner_spectral,
     fista_objective,
     fista_prune,
     lipschitz_constant,
+    prox_is_negligible,
     reconstruction_error,
     round_to_pattern,
+    spectral_gram,
 )
 
 
@@ -256,3 +259,54 @@ def test_fista_prune_nm_and_stopping():
         fista_prune(W, G, Gs, C, W0)
     with pytest.raises(ValueError, match="Gs must have shape"):
         fista_prune(W, G, Gs[:-1, :-1], C, W0, sparsity=0.5)
+
+
+@pytest.mark.parametrize("momentum", ["standard", "paper", "none"])
+def test_spectral_iterations_equal_direct_iterations_without_l1(momentum):
+    X, Xs, W, G, Gs, C = _problem(m=6, n=24, p=80, seed=13)
+    eig = spectral_gram(Gs)
+    torch.testing.assert_close(eig.Q @ torch.diag(eig.d) @ eig.Q.T, Gs, rtol=1e-10, atol=1e-12)
+    assert eig.L == pytest.approx(lipschitz_constant(Gs), rel=1e-12)
+    W0 = round_to_pattern(W, 0.5)
+    for K in (1, 3, 25):
+        direct, it_d = fista_inner(W0, W @ C, Gs, 0.0, eig.L, K=K, tol=0.0, momentum=momentum)
+        Z, it_s = fista_inner_spectral(W0 @ eig.Q, W @ C @ eig.Q, eig.d, eig.L, K=K, tol=0.0, momentum=momentum)
+        torch.testing.assert_close(Z @ eig.Q.T, direct, rtol=1e-10, atol=1e-12)
+        assert it_d == it_s == K
+    # the early stop sees the same step norms (rotation invariant)
+    _, it_d = fista_inner(W0, W @ C, Gs, 0.0, eig.L, K=500, tol=1e-7, momentum=momentum)
+    _, it_s = fista_inner_spectral(W0 @ eig.Q, W @ C @ eig.Q, eig.d, eig.L, K=500, tol=1e-7, momentum=momentum)
+    assert it_d == it_s
+
+
+def test_prox_is_negligible_bound():
+    assert prox_is_negligible(0.0, 1.0, 20, 1e-6, 10**6)
+    assert prox_is_negligible(1e-12, 1.0, 20, 1e-6, 10**6)  # 400 * 1e-12 * 1000 = 4e-7
+    assert not prox_is_negligible(1e-11, 1.0, 20, 1e-6, 10**6)  # 4e-6 > tol
+    assert not prox_is_negligible(0.0, 1.0, 20, 0.0, 10**6)  # tol = 0: never
+    # the bound holds: with λ at the limit, a whole call moves the iterate by less than tol
+    X, Xs, W, G, Gs, C = _problem(m=6, n=24, p=80, seed=14)
+    L, K, tol = lipschitz_constant(Gs), 20, 1e-6
+    lam = tol * L / (K * K * math.sqrt(W.numel()))
+    assert prox_is_negligible(lam, L, K, tol, W.numel())
+    W0 = round_to_pattern(W, 0.5)
+    with_l1, _ = fista_inner(W0, W @ C, Gs, lam, L, K=K, tol=0.0)
+    without, _ = fista_inner(W0, W @ C, Gs, 0.0, L, K=K, tol=0.0)
+    assert torch.linalg.vector_norm(with_l1 - without) <= tol
+
+
+@pytest.mark.parametrize("pattern", [{"sparsity": 0.5}, {"nm": "2:4"}])
+def test_fista_prune_spectral_matches_direct(pattern):
+    X, Xs, W, G, Gs, C = (t.double() for t in _llm_like_problem(seed=15))
+    W0 = _warm_start(W, X, sparsity=0.5) if "sparsity" in pattern else _warm_start(W, X, nm=(2, 4))
+    fast, info_fast = fista_prune(W, G, Gs, C, W0, **pattern, max_outer=60)
+    slow, info_slow = fista_prune(W, G, Gs, C, W0, **pattern, max_outer=60, spectral=False)
+    assert sum(info_fast["spectral"]) > 0 and not any(info_slow["spectral"])
+    assert info_fast["outer_iterations"] == info_slow["outer_iterations"]
+    assert info_fast["improved"] == info_slow["improved"]
+    # the two bases differ by at most FISTA's tolerance (1e-6 in W) per outer step
+    for key in ("errors_total", "errors_round", "lambdas"):
+        assert info_fast[key] == pytest.approx(info_slow[key], rel=1e-6, abs=1e-10)
+    assert float(torch.linalg.vector_norm(fast - slow)) < 1e-5
+    assert torch.equal(fast == 0, slow == 0)
+    assert info_fast["error_best"] == pytest.approx(reconstruction_error(fast, W, G, Gs, C), rel=1e-9)

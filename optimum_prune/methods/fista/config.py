@@ -32,7 +32,12 @@ class FistaConfig(UnstructuredConfigMixin):
         momentum (`str`, defaults to `"standard"`): `"standard"` Beck–Teboulle or `"paper"` (the printed update).
         rounding_per (`str`, defaults to `"matrix"`): unstructured rounding threshold per matrix (paper) or per row.
         reset_bad_counter (`bool`, defaults to `False`): reset the non-improving counter after an improvement.
-        max_outer (`int`, defaults to `50`): safety cap on outer steps per projection.
+        max_outer (`int`, defaults to `200`): safety cap on outer steps per projection (the paper has none; it stops
+            only by `T` and `eps`, which on SmolLM2-135M takes at most ~130 steps).
+        spectral (`bool`, defaults to `True`): once λ is so small that the soft threshold cannot move the weights by
+            more than `tol` within one outer step (the usual case after a few steps of the adaptive λ), run that step's
+            FISTA iterations in the eigenbasis of `X*X*ᵀ`, where they cost O(m·n) instead of O(m·n²). Same iterates
+            to within `tol`; `False` always iterates in the weight basis.
         intra_layer_correction (`bool`, defaults to `True`): each projection reconstructs the dense output from the
             inputs produced by the already-pruned projections of the same layer (paper); `False` uses dense inputs.
         inter_layer (`str`, defaults to `"dense"`): inputs of the next layer: `"dense"` (paper: layers independent)
@@ -52,7 +57,8 @@ class FistaConfig(UnstructuredConfigMixin):
     momentum: str = "standard"
     rounding_per: str = "matrix"
     reset_bad_counter: bool = False
-    max_outer: int = 50
+    max_outer: int = 200
+    spectral: bool = True
     intra_layer_correction: bool = True
     inter_layer: str = "dense"
 

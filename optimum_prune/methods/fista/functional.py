@@ -12,6 +12,15 @@ Everything runs in Gram form, so the cost per iteration is one m×n×n GEMM, ind
 
 With normalised Grams, errors are `||A X* − W X||_F / sqrt(p)` and `λ` is per token; ratios and relative
 improvements, which drive the outer loop, are unaffected.
+
+Spectral iterations. The adaptive λ of the paper drives λ towards 0 whenever rounding contributes little error
+(`E_round / E_total ≤ ξ`), which is the usual case: after a few outer steps the soft threshold `τ = λ / L` is so small
+that it cannot move `W*` by more than FISTA's own tolerance, and each outer step is plain accelerated gradient descent
+on the quadratic, followed by rounding. In the eigenbasis of `Gs = Q diag(d) Qᵀ` that quadratic is separable: with
+`Z = W* Q` and `B = W C Q` the gradient step is `Z − (Z diag(d) − B) / L`, elementwise. Those steps then cost O(m·n)
+instead of O(m·n²), leaving two m×n×n GEMMs per outer step (back to the weight basis for rounding, and forward again)
+instead of K + 2. The iterates are the same as the direct ones up to that tolerance (tested); see
+[`prox_is_negligible`].
 """
 
 from __future__ import annotations
@@ -28,7 +37,11 @@ from optimum_prune.functional.proximal import soft_threshold
 
 __all__ = [
     "lipschitz_constant",
+    "SpectralGram",
+    "spectral_gram",
+    "prox_is_negligible",
     "fista_inner",
+    "fista_inner_spectral",
     "reconstruction_error",
     "fista_objective",
     "round_to_pattern",
@@ -126,6 +139,72 @@ def fista_objective(
     return 0.5 * reconstruction_error(A, W, G, Gs, C) ** 2 + lam * float(A.double().abs().sum().item())
 
 
+class SpectralGram(NamedTuple):
+    """Eigendecomposition `Gs = Q diag(d) Qᵀ` of a pruned-input Gram, shared by the projections that read it."""
+
+    Q: torch.Tensor  # (n, n) orthonormal eigenvectors (columns), in the working dtype
+    d: torch.Tensor  # (n,) eigenvalues, ascending, clamped at 0, in the working dtype
+
+    @property
+    def L(self) -> float:
+        """The Lipschitz constant `λ_max(Gs)`."""
+        return float(self.d[-1].item()) if self.d.numel() else 0.0
+
+
+def spectral_gram(Gs: torch.Tensor, dtype: torch.dtype | None = None) -> SpectralGram:
+    """Eigendecomposition of `Gs` computed in float64 (`torch.linalg.eigh`), returned in `dtype`.
+
+    Args:
+        Gs (`torch.Tensor` of shape `(n, n)`): symmetric PSD Gram `X* X*ᵀ`.
+        dtype (`torch.dtype`, *optional*): working dtype (float64 for float64 input, else float32).
+    """
+    dtype = dtype or (torch.float64 if Gs.dtype == torch.float64 else torch.float32)
+    d, Q = torch.linalg.eigh(Gs.double())  # (n,), (n, n)
+    return SpectralGram(Q.to(dtype), d.clamp_min(0).to(dtype))
+
+
+def prox_is_negligible(lam: float, L: float, K: int, tol: float, numel: int) -> bool:
+    """Whether the ℓ1 prox is the identity to within FISTA's tolerance over one call of `K` iterations.
+
+    The soft threshold moves every entry by at most `τ = λ / L`, i.e. an iterate by at most `τ·sqrt(numel)` in
+    Frobenius norm; in accelerated schemes such per-step perturbations add up to at most about `K²/2` times that over
+    `K` steps. When `K² τ sqrt(numel) ≤ tol` the whole call can therefore not differ from the unregularised one by more
+    than the tolerance at which the paper declares two iterates equal (Eq. 7), and the spectral iterations apply.
+    """
+    return tol > 0 and lam >= 0 and K * K * (lam / L) * math.sqrt(numel) <= tol
+
+
+def _accelerated(step, x0: torch.Tensor, K: int, tol: float, momentum: str) -> tuple[torch.Tensor, int]:
+    """The FISTA recurrence around a prox-gradient map `step(y) -> x` (paper Eq. 5), shared by both bases."""
+    if momentum not in _MOMENTUM:
+        raise ValueError(f"momentum must be one of {_MOMENTUM}, got {momentum!r}.")
+    x_prev = x0  # last prox output ("standard"/"none") or last iterate ("paper")
+    y = x0  # point where the gradient is taken
+    t = 1.0
+    iters = 0
+    while iters < K:
+        iters += 1
+        x = step(y)  # Eq. 5a-b
+        if momentum == "none":
+            diff = x - x_prev
+            y = x
+        else:
+            t_next = (1.0 + math.sqrt(1.0 + 4.0 * t * t)) / 2.0  # Eq. 5c
+            beta = (t - 1.0) / t_next
+            if momentum == "standard":
+                diff = x - x_prev
+                y = torch.add(x, diff, alpha=beta)  # extrapolate between prox outputs
+            else:
+                x = torch.add(x, x - y, alpha=beta)  # Eq. 5d: W_{k+1} = W_h + β (W_h − W_k)
+                diff = x - y
+                y = x
+            t = t_next
+        x_prev = x
+        if float(torch.linalg.vector_norm(diff).item()) < tol:  # Eq. 7 (rotation invariant: same in both bases)
+            break
+    return x_prev, iters
+
+
 @torch.no_grad()
 def fista_inner(
     W_init: torch.Tensor,
@@ -154,38 +233,51 @@ def fista_inner(
     Returns:
         `(W_K, iterations)`: the last iterate (a prox output except for `"paper"`) and the iterations run.
     """
-    if momentum not in _MOMENTUM:
-        raise ValueError(f"momentum must be one of {_MOMENTUM}, got {momentum!r}.")
     if L <= 0:
         raise ValueError(f"L must be positive, got {L}.")
     inv_L = 1.0 / L
     tau = lam * inv_L
-    x_prev = W_init  # (m, n) last prox output ("standard"/"none") or last iterate ("paper")
-    y = W_init  # (m, n) point where the gradient is taken
-    t = 1.0
-    iters = 0
-    while iters < K:
-        iters += 1
+
+    def step(y: torch.Tensor) -> torch.Tensor:
         V = torch.addmm(WC, y, Gs, beta=inv_L, alpha=-inv_L).add_(y)  # (m, n) y − (y Gs − W C) / L
-        x = soft_threshold(V, tau)  # (m, n) prox step, Eq. 5b
-        if momentum == "none":
-            diff = x - x_prev  # (m, n)
-            y = x
-        else:
-            t_next = (1.0 + math.sqrt(1.0 + 4.0 * t * t)) / 2.0  # Eq. 5c
-            beta = (t - 1.0) / t_next
-            if momentum == "standard":
-                diff = x - x_prev  # (m, n)
-                y = torch.add(x, diff, alpha=beta)  # (m, n) extrapolate between prox outputs
-            else:
-                x = torch.add(x, x - y, alpha=beta)  # (m, n) Eq. 5d: W_{k+1} = W_h + β (W_h − W_k)
-                diff = x - y  # (m, n)
-                y = x
-            t = t_next
-        x_prev = x
-        if float(torch.linalg.vector_norm(diff).item()) < tol:
-            break
-    return x_prev, iters
+        return soft_threshold(V, tau)  # (m, n) prox step, Eq. 5b
+
+    return _accelerated(step, W_init, K, tol, momentum)
+
+
+@torch.no_grad()
+def fista_inner_spectral(
+    Z_init: torch.Tensor,
+    B: torch.Tensor,
+    d: torch.Tensor,
+    L: float,
+    K: int = 20,
+    tol: float = 1e-6,
+    momentum: str = "standard",
+) -> tuple[torch.Tensor, int]:
+    """[`fista_inner`] with a negligible ℓ1 term, in the eigenbasis of `Gs` (O(m·n) per iteration).
+
+    With `Gs = Q diag(d) Qᵀ`, `Z = W* Q` and `B = W C Q`, the step `W* − (W* Gs − W C) / L` becomes
+    `Z ∘ (1 − d / L) + B / L` column by column. Only valid when [`prox_is_negligible`] holds.
+
+    Args:
+        Z_init (`torch.Tensor` of shape `(m, n)`): warm start in the eigenbasis, `W*_0 Q`.
+        B (`torch.Tensor` of shape `(m, n)`): `W C Q`.
+        d (`torch.Tensor` of shape `(n,)`): eigenvalues of `Gs`.
+        L (`float`), K (`int`), tol (`float`), momentum (`str`): as in [`fista_inner`].
+
+    Returns:
+        `(Z_K, iterations)`: the last iterate in the eigenbasis (`W*_K = Z_K Qᵀ`) and the iterations run.
+    """
+    if L <= 0:
+        raise ValueError(f"L must be positive, got {L}.")
+    decay = (1.0 - d / L).to(Z_init.dtype)  # (n,) per-eigendirection contraction of a gradient step
+    shift = B / L  # (m, n)
+
+    def step(y: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(shift, y, decay)  # (m, n)
+
+    return _accelerated(step, Z_init, K, tol, momentum)
 
 
 def round_to_pattern(
@@ -233,8 +325,10 @@ def fista_prune(
     momentum: str = "standard",
     rounding_per: str = "matrix",
     reset_bad_counter: bool = False,
-    max_outer: int = 50,
+    max_outer: int = 200,
     L: float | None = None,
+    spectral: bool = True,
+    eig: SpectralGram | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """FISTAPruner outer loop (paper Algorithm 1): FISTA, rounding and adaptive `λ` until no more improvement.
 
@@ -260,13 +354,20 @@ def fista_prune(
         momentum (`str`, defaults to `"standard"`): see [`fista_inner`].
         rounding_per (`str`, defaults to `"matrix"`): unstructured rounding group, `"matrix"` (paper) or `"row"`.
         reset_bad_counter (`bool`, defaults to `False`): reset the failure counter on improvement (the paper does not).
-        max_outer (`int`, defaults to `50`): safety cap on outer steps.
-        L (`float`, *optional*): `λ_max(Gs)`; computed with [`lipschitz_constant`] when omitted.
+        max_outer (`int`, defaults to `200`): safety cap on outer steps (the paper has none).
+        L (`float`, *optional*): `λ_max(Gs)`; computed with [`lipschitz_constant`] (or taken from the
+            eigendecomposition when `spectral`) when omitted.
+        spectral (`bool`, defaults to `True`): run an outer step's FISTA iterations in the eigenbasis of `Gs`
+            ([`fista_inner_spectral`]) whenever [`prox_is_negligible`] holds for its λ; `False` always iterates in the
+            weight basis.
+        eig (`SpectralGram`, *optional*): precomputed [`spectral_gram`] of `Gs` (projections that share an input
+            share it); computed here when `spectral` and omitted.
 
     Returns:
         `(W_best, info)`: `W_best` in the dtype of `W`; `info` has `lambdas`, `errors_total`, `errors_round`,
         `improved`, `inner_iterations` (one entry per outer step), `error_init`, `error_best`, `outer_iterations`,
-        `L`, `lam_bracket` (the initial bisection bracket) and `stop_reason`.
+        `L`, `lam_bracket` (the initial bisection bracket), `spectral` (per outer step, whether it ran in the
+        eigenbasis) and `stop_reason`.
     """
     nm = parse_pattern(nm)
     if nm is None and sparsity is None:
@@ -281,17 +382,28 @@ def fista_prune(
     Gs_ = Gs.to(dtype)  # (n, n)
     terms, WC64 = _error_terms(W, G, Gs, C, dtype)  # computed once per operator
     WC = WC64.to(dtype)  # (m, n)
+    if spectral and eig is None:
+        eig = spectral_gram(Gs_, dtype)
     if L is None:
-        L = lipschitz_constant(Gs_)
+        L = eig.L if spectral else lipschitz_constant(Gs_)
     if L <= 0:  # X* == 0: only W* = 0 is optimal; any positive step reaches it
         L = 1.0
 
     def err(A: torch.Tensor) -> float:
         return _error(A, Gs_, terms)
 
+    basis = None  # (Q, d, W C Q, W Q, P Q) once the first spectral step needs them
+
+    def err_spectral(Z: torch.Tensor) -> float:  # err(Z Qᵀ) in O(m n): D̂ = Z − W Q, tr(D Gs Dᵀ) = Σ_j d_j |D̂_j|²
+        _, d, _, WQ, PQ = basis
+        D = Z.double() - WQ  # (m, n)
+        sq = float((D * D * d.double()).sum().item()) + 2.0 * float((PQ * D).sum().item()) + terms.c
+        return math.sqrt(max(sq, 0.0))
+
     W_best = round_to_pattern(W0.to(dtype), sparsity, nm, rounding_per)  # (m, n)
+    Z_best = None  # W_best Q, when known
     E_best = err(W_best)
-    info: dict[str, Any] = {"lambdas": [], "errors_total": [], "errors_round": [], "improved": []}
+    info: dict[str, Any] = {"lambdas": [], "errors_total": [], "errors_round": [], "improved": [], "spectral": []}
     info.update(inner_iterations=[], error_init=E_best, L=L)
     lo, hi = lam_bounds
     if lambda_search == "log":  # λ ≥ max|W C| makes W* = 0 optimal (lasso critical value): no use searching above
@@ -302,20 +414,35 @@ def fista_prune(
         if bad >= T or E_stop < eps or E_best == 0.0:
             reason = "no_improvement" if bad >= T else ("converged" if E_stop < eps else "exact")
             break
-        W_K, iters = fista_inner(W_best, WC, Gs_, lam, L, K=K, tol=tol, momentum=momentum)  # (m, n)
-        W_K1 = round_to_pattern(W_K, sparsity, nm, rounding_per)  # (m, n) Eq. 8
-        E_tot = err(W_K1)
-        E_rnd = E_tot - err(W_K)  # Eq. 9
+        in_eigenbasis = spectral and prox_is_negligible(lam, L, K, tol, W.numel())
+        if in_eigenbasis:
+            if basis is None:
+                Q = eig.Q.to(dtype)  # (n, n)
+                basis = (Q, eig.d, WC @ Q, W.double() @ Q.double(), terms.P @ Q.double())
+            Q, d, B = basis[:3]
+            Z_K, iters = fista_inner_spectral(
+                W_best @ Q if Z_best is None else Z_best, B, d, L, K=K, tol=tol, momentum=momentum
+            )  # (m, n)
+            E_K = err_spectral(Z_K)
+            W_K1 = round_to_pattern(Z_K @ Q.T, sparsity, nm, rounding_per)  # (m, n) Eq. 8
+            Z_K1 = W_K1 @ Q  # (m, n) also the next warm start if kept
+            E_tot = err_spectral(Z_K1)
+        else:
+            W_K, iters = fista_inner(W_best, WC, Gs_, lam, L, K=K, tol=tol, momentum=momentum)  # (m, n)
+            W_K1 = round_to_pattern(W_K, sparsity, nm, rounding_per)  # (m, n) Eq. 8
+            E_tot, E_K, Z_K1 = err(W_K1), err(W_K), None
+        E_rnd = E_tot - E_K  # Eq. 9
         improved = E_tot < E_best
         if improved:
             E_stop = (E_best - E_tot) / E_best
-            W_best, E_best = W_K1, E_tot
+            W_best, Z_best, E_best = W_K1, Z_K1, E_tot
             bad = 0 if reset_bad_counter else bad
         else:
             bad += 1
         for key, val in zip(("lambdas", "errors_total", "errors_round", "improved"), (lam, E_tot, E_rnd, improved)):
             info[key].append(val)
         info["inner_iterations"].append(iters)
+        info["spectral"].append(in_eigenbasis)
         if E_tot > 0 and E_rnd / E_tot > xi:  # rounding dominates: FISTA's result is not sparse enough
             lo = lam
         else:

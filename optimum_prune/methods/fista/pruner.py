@@ -17,7 +17,7 @@ from ..sparsegpt.functional import sparsegpt_prune
 from ..unstructured import SequentialPruner, input_groups
 from ..wanda.functional import wanda_scores
 from .config import FistaConfig
-from .functional import fista_prune
+from .functional import fista_prune, spectral_gram
 
 __all__ = ["FistaPruner"]
 
@@ -91,6 +91,7 @@ class FistaPruner(SequentialPruner):
             "rounding_per": cfg.rounding_per,
             "reset_bad_counter": cfg.reset_bad_counter,
             "max_outer": cfg.max_outer,
+            "spectral": cfg.spectral,
         }
         for i, layer in enumerate(tqdm(get_layers(model, spec), desc="fista: layers", leave=False)):
             dense = copy.deepcopy(layer)
@@ -98,14 +99,16 @@ class FistaPruner(SequentialPruner):
             info = {}
             for gi, paths in enumerate(input_groups(spec).values()):
                 G, Gs, C = self._stats(run, i, dense, layer, paths[0], first_group=gi == 0)
+                eig = spectral_gram(Gs) if cfg.spectral else None  # shared by the projections of the group
                 for path in paths:
                     W = weight_oi(dense.get_submodule(path)).detach().float()  # (out, in) dense target
                     W0 = self._warm_start(W, Gs)
                     W_best, res = fista_prune(
-                        W, G, Gs, C, W0, cfg.sparsity if cfg.nm is None else None, cfg.nm, **opts
+                        W, G, Gs, C, W0, cfg.sparsity if cfg.nm is None else None, cfg.nm, eig=eig, **opts
                     )
                     self._write(view, path, W_best)
-                    info[path] = {k: res[k] for k in ("error_init", "error_best", "stop_reason") if k in res}
+                    info[path] = {k: res[k] for k in ("error_init", "error_best", "stop_reason", "outer_iterations")}
+                    info[path]["spectral_steps"] = sum(res["spectral"])
             plan.layers[i] = LayerPlan(info=info)
             nxt = dense if cfg.inter_layer == "dense" else None
             run.advance(run.run_layer(i, layer=nxt))
