@@ -32,6 +32,17 @@ METHOD_CASES = [
     (NumericalPruningConfig, {"pruning_ratio": 0.3}, 0.08),
     (NumericalPruningConfig, {"pruning_ratio": 0.3, "allocation": "uniform"}, 0.1),
     (NumericalPruningConfig, {"pruning_ratio": 0.3, "compensation_inputs": "sequential"}, 0.08),
+    (NumericalPruningConfig, {"pruning_ratio": 0.3, "compensation_bias": True}, 0.08),
+    (
+        NumericalPruningConfig,
+        {
+            "pruning_ratio": 0.3,
+            "compensation_bias": True,
+            "compensation_inputs": "sequential",
+            "allocation": "uniform",
+        },
+        0.1,
+    ),
     (FLAPConfig, {"pruning_ratio": 0.3}, 0.08),
     (MagnitudePruningConfig, {"pruning_ratio": 0.3}, 0.08),
     (MagnitudePruningConfig, {"pattern": "unstructured", "sparsity": 0.6}, 0.01),

@@ -6,6 +6,7 @@ import torch
 from optimum_prune import NumericalPruningConfig
 from optimum_prune.methods.numerical.functional import (
     compensate,
+    compensate_with_bias,
     numerical_scores,
     numerical_scores_newton,
     obs_compensation,
@@ -98,6 +99,29 @@ def test_compensation_equals_obs_form_and_least_squares(keep):
     assert residual == pytest.approx(direct.item(), rel=1e-8)
 
 
+@pytest.mark.parametrize("keep", [[0, 2, 3, 5, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8]])
+def test_bias_compensation_equals_least_squares_with_intercept(keep):
+    W, X, H = _problem()
+    X = X + torch.linspace(-2.0, 3.0, X.shape[1], dtype=torch.float64)  # inputs with nonzero means
+    H, mean = X.T @ X / X.shape[0], X.mean(0)
+    keep_t = torch.tensor(keep)
+    W_new, b, residual = compensate_with_bias(W, H, mean, keep_t, damping=0)
+    assert torch.all(W_new[:, [j for j in range(10) if j not in keep]] == 0)
+    design = torch.cat([X[:, keep_t], torch.ones(X.shape[0], 1, dtype=X.dtype)], dim=1)  # (N, k + 1)
+    sol = torch.linalg.lstsq(design, X @ W.T).solution  # (k + 1, d_out)
+    torch.testing.assert_close(W_new[:, keep_t], sol[:-1].T, rtol=1e-8, atol=1e-9)
+    torch.testing.assert_close(b, sol[-1], rtol=1e-8, atol=1e-9)
+    direct = ((X @ W.T - X @ W_new.T - b) ** 2).sum() / X.shape[0]
+    assert residual == pytest.approx(direct.item(), rel=1e-8)
+    # an intercept can only help: never worse than the refit without one
+    assert residual <= compensate(W, H, keep_t, damping=0)[1] + 1e-12
+
+
+def test_bias_compensation_needs_compensation():
+    with pytest.raises(ValueError, match="needs compensate=True"):
+        NumericalPruningConfig(compensate=False, compensation_bias=True)
+
+
 def test_compensation_beats_plain_removal():
     W, X, H = _problem()
     keep = torch.tensor([0, 1, 2, 3, 4, 5])
@@ -128,7 +152,8 @@ def test_head_cost_is_alpha_in_mlp_channel_units(arch, gqa):
     assert len(members) == view.num_kv_heads and all(len(m) == n_rep for m in members)
 
 
-def test_sequential_compensation_equals_dense_refit_where_inputs_are_still_dense():
+@pytest.mark.parametrize("bias", [False, True])
+def test_sequential_compensation_equals_dense_refit_where_inputs_are_still_dense(bias):
     """Layer 0 sees the same inputs in both modes, so its refit must be the same; later layers differ."""
     from testing_utils import calibration_ids, tiny_model
 
@@ -139,10 +164,12 @@ def test_sequential_compensation_equals_dense_refit_where_inputs_are_still_dense
     models = {}
     for mode in ("dense", "sequential"):
         models[mode] = tiny_model("opt")
-        prune_(models[mode], NumericalPruningConfig(pruning_ratio=0.3, compensation_inputs=mode), ids)
+        cfg = NumericalPruningConfig(pruning_ratio=0.3, compensation_inputs=mode, compensation_bias=bias)
+        prune_(models[mode], cfg, ids)
     spec = get_spec(models["dense"])
-    first = [weight_oi(get_layers(m, spec)[0].get_submodule(spec.o_path)) for m in models.values()]
-    assert first[0].shape == first[1].shape and first[0].shape[1] < 64  # heads were removed in layer 0
-    torch.testing.assert_close(first[0], first[1], rtol=1e-4, atol=1e-4)
+    first = [get_layers(m, spec)[0].get_submodule(spec.o_path) for m in models.values()]
+    assert first[0].weight.shape == first[1].weight.shape and weight_oi(first[0]).shape[1] < 64  # heads removed
+    torch.testing.assert_close(weight_oi(first[0]), weight_oi(first[1]), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(first[0].bias, first[1].bias, rtol=1e-4, atol=1e-4)  # OPT has biases anyway
     last = [weight_oi(get_layers(m, spec)[2].get_submodule(spec.mlp_out_path)) for m in models.values()]
     assert not torch.allclose(last[0], last[1], atol=1e-3)

@@ -36,6 +36,10 @@ class NumericalPruningConfig(StructuredPruningConfig):
             Grams as the scores; the paper's setting as read by SPEC §A.2) or `"sequential"` (an extension, not in the
             paper): after the masks are fixed, layers are refitted in order on the inputs produced by the already
             pruned and compensated layers, `W'_K = W·C[:, K]·(X*_KᵀX*_K)⁻¹` with the cross-Gram `C = XᵀX*`.
+        compensation_bias (`bool`, defaults to `False`): refit a bias of o_proj / down_proj together with the kept
+            weights (least squares with an intercept, on centred inputs; an extension, not in the paper). It
+            subsumes FLAP's bias compensation (the removed channels' mean contribution) and adds bias parameters
+            to those projections, as FLAP does.
     """
 
     method = "numerical"
@@ -49,6 +53,7 @@ class NumericalPruningConfig(StructuredPruningConfig):
     ranking: str = "cost_weighted"
     standardize_per_layer: bool = False
     compensation_inputs: str = "dense"
+    compensation_bias: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -61,6 +66,8 @@ class NumericalPruningConfig(StructuredPruningConfig):
             raise ValueError(
                 "solver='newton' iterates the penalised objective and needs a finite `lambda_` (e.g. 10)."
             )
+        if self.compensation_bias and not self.compensate:
+            raise ValueError("compensation_bias=True refits a bias during compensation: it needs compensate=True.")
         if not isinstance(self.newton_iters, int) or self.newton_iters < 1:
             raise ValueError(f"`newton_iters` must be a positive int, got {self.newton_iters!r}.")
         for name in ("score_damping", "compensation_damping"):

@@ -11,6 +11,7 @@ __all__ = [
     "numerical_scores",
     "numerical_scores_newton",
     "compensate",
+    "compensate_with_bias",
     "obs_compensation",
     "damped_cholesky_solve",
 ]
@@ -134,6 +135,33 @@ def compensate(
     dW = W_new - Wd  # (d_out, D)
     residual = float(torch.einsum("od,de,oe->", dW, Hd, dW))
     return W_new.to(W.dtype), residual
+
+
+def compensate_with_bias(
+    W: torch.Tensor, H: torch.Tensor, mean: torch.Tensor, keep: torch.Tensor, damping: float = 0.01
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Least-squares refit of the kept input channels *and* a bias: `min E‖W'_K x_K + b − W x‖²` (an extension).
+
+    An intercept makes the refit act on centred inputs: [`compensate`] on the covariance `Σ = H − μμᵀ` gives `W'`,
+    and `b = (W − W') μ` restores the mean output (so the removed channels' mean contribution, FLAP's bias
+    compensation, is part of it). The ridge `damping · mean(diag Σ[K, K])` applies to the weights, not to `b`.
+
+    Args:
+        W (`torch.Tensor` of shape `(d_out, D)`): weight.
+        H (`torch.Tensor` of shape `(D, D)`): input Gram normalised by the token count.
+        mean (`torch.Tensor` of shape `(D,)`): per-channel input mean.
+        keep (`torch.LongTensor` of shape `(k,)`): kept input channels K.
+        damping (`float`): relative ridge.
+
+    Returns:
+        `(W_new, bias, residual)`: the full-size new weight (pruned columns zero) and the bias to *add* to the
+        module's existing bias, both in W's dtype, and the per-token loss `E‖(W' − W) x + b‖²` in float64.
+    """
+    mu = mean.double().to(W.device)  # (D,)
+    cov = H.double() - torch.outer(mu, mu)  # (D, D)
+    W_new, residual = compensate(W, cov, keep, damping)
+    bias = (W.double() - W_new.double()) @ mu  # (d_out,)
+    return W_new, bias.to(W.dtype), residual
 
 
 def obs_compensation(W: torch.Tensor, H: torch.Tensor, prune: torch.Tensor) -> torch.Tensor:

@@ -14,9 +14,21 @@ from ...plan import LayerPlan, PruningPlan
 from ..base import RunnerFactory
 from ..structured import StructuredPruner
 from .config import NumericalPruningConfig
-from .functional import compensate, damped_cholesky_solve, numerical_scores, numerical_scores_newton
+from .functional import (
+    compensate,
+    compensate_with_bias,
+    damped_cholesky_solve,
+    numerical_scores,
+    numerical_scores_newton,
+)
 
 __all__ = ["NumericalPruner"]
+
+
+def _plus_bias(b: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    """`b` plus the module's existing bias (a plan's bias replaces the module's)."""
+    old = getattr(module, "bias", None)
+    return b if old is None else b + old.detach().to(b)
 
 
 def _standardize(x: torch.Tensor) -> torch.Tensor:
@@ -72,17 +84,22 @@ class NumericalPruner(StructuredPruner):
     def finalize_layer(self, view: LayerView, stats, plan: LayerPlan) -> None:
         if not self.config.compensate:
             return
-        damp = self.config.compensation_damping
+        targets = []
         if plan.keep_heads is not None:
-            W = weight_oi(view.o_proj).detach()
-            keep = head_rows(plan.keep_heads, view.head_dim).to(W.device)
-            plan.weights[view.spec.o_path], res = compensate(W, stats["attn"].gram.to(W.device), keep, damp)
-            plan.info["attn_residual"] = res
+            targets.append(("attn", view.spec.o_path, head_rows(plan.keep_heads, view.head_dim)))
         if plan.keep_channels is not None:
-            W = weight_oi(view.mlp_out).detach()
-            keep = torch.as_tensor(plan.keep_channels, device=W.device)
-            plan.weights[view.spec.mlp_out_path], res = compensate(W, stats["mlp"].gram.to(W.device), keep, damp)
-            plan.info["mlp_residual"] = res
+            targets.append(("mlp", view.spec.mlp_out_path, torch.as_tensor(plan.keep_channels)))
+        damp = self.config.compensation_damping
+        for name, path, keep in targets:
+            mod = view.module(path)
+            W = weight_oi(mod).detach()
+            H, keep = stats[name].gram.to(W.device), keep.to(W.device)
+            if self.config.compensation_bias:
+                plan.weights[path], b, res = compensate_with_bias(W, H, stats[name].mean, keep, damp)
+                plan.biases[path] = _plus_bias(b, mod)
+            else:
+                plan.weights[path], res = compensate(W, H, keep, damp)
+            plan.info[f"{name}_residual"] = res
 
     # ------------------------------------------------------------------ compensation_inputs="sequential"
     def compute_plan(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory | None) -> PruningPlan:
@@ -110,15 +127,24 @@ class NumericalPruner(StructuredPruner):
                 if lp.keep_channels is not None:
                     targets.append((spec.mlp_out_path, torch.as_tensor(lp.keep_channels)))
                 for path, keep in targets:  # attention first: the MLP refit sees the refitted attention
-                    W_new = self._refit(run, i, dense, layer, path, keep, dense_h, pruned_h)
+                    W_new, b = self._refit(run, i, dense, layer, path, keep, dense_h, pruned_h)
                     lp.weights[path] = W_new
+                    mod = layer.get_submodule(path)
                     with torch.no_grad():
-                        weight_oi(layer.get_submodule(path)).copy_(W_new)
+                        weight_oi(mod).copy_(W_new)
+                        if b is not None:
+                            lp.biases[path] = _plus_bias(b, dense.get_submodule(path))
+                            if getattr(mod, "bias", None) is None:
+                                mod.bias = nn.Parameter(torch.zeros_like(b))
+                            mod.bias.copy_(lp.biases[path])
             dense_h = run.run_layer(i, inputs=dense_h, layer=dense)
             pruned_h = run.run_layer(i, inputs=pruned_h)
-            layer.load_state_dict(dense.state_dict())  # deciding changes nothing: prune_ applies the plan
+            for path in spec.linear_paths:  # deciding changes nothing: prune_ applies the plan
+                if getattr(dense.get_submodule(path), "bias", None) is None:
+                    layer.get_submodule(path).bias = None
+            layer.load_state_dict(dense.state_dict())
 
-    def _refit(self, run, i, dense, layer, path, keep, dense_h, pruned_h) -> torch.Tensor:
+    def _refit(self, run, i, dense, layer, path, keep, dense_h, pruned_h) -> tuple[torch.Tensor, torch.Tensor | None]:
         W = weight_oi(dense.get_submodule(path)).detach()  # (d_out, D) dense weight
         D = W.shape[1]
         C, Gs = CrossGramStats(D, torch.float64), GramStats(D, torch.float64)
@@ -145,9 +171,16 @@ class NumericalPruner(StructuredPruner):
             Gs.update(seen["xs"])
         keep = keep.to(W.device)
         Wd = W.double()
-        G_kk = Gs.gram.to(W.device)[keep][:, keep]  # (k, k)
+        Cg, Gg = C.gram.to(W.device), Gs.gram.to(W.device)  # (D, D) each
+        b = None
+        if self.config.compensation_bias:  # intercept: centre both sides (see `compensate_with_bias`)
+            mx, mxs = (m.to(W.device) for m in C.means)
+            Cg, Gg = Cg - torch.outer(mx, mxs), Gg - torch.outer(mxs, mxs)
+        G_kk = Gg[keep][:, keep]  # (k, k)
         # Ridge around the current weights, W'_K = W_K + Δ: identical to the dense refit when X* = X (damping too)
-        rhs = (Wd @ C.gram.to(W.device)[:, keep] - Wd[:, keep] @ G_kk).T  # (k, d_out)
+        rhs = (Wd @ Cg[:, keep] - Wd[:, keep] @ G_kk).T  # (k, d_out)
         W_new = torch.zeros_like(Wd)
         W_new[:, keep] = Wd[:, keep] + damped_cholesky_solve(G_kk, rhs, self.config.compensation_damping).T
-        return W_new.to(W.dtype)
+        if self.config.compensation_bias:
+            b = (Wd @ mx - W_new @ mxs).to(W.dtype)  # (d_out,) mean dense output minus mean refitted output
+        return W_new.to(W.dtype), b
