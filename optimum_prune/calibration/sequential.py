@@ -9,7 +9,7 @@ ever held besides the inputs of the current layer.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -150,6 +150,37 @@ class LayerwiseRunner:
                     out = out[0]
                 if keep_outputs:
                     outputs.append(out.to(self.offload))
+
+    def paired_inputs(
+        self,
+        index: int,
+        path: str,
+        dense: nn.Module,
+        pruned: nn.Module | None,
+        dense_inputs: list[torch.Tensor] | None = None,
+        pruned_inputs: list[torch.Tensor] | None = None,
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Per chunk, the input `x` of submodule `path` in the `dense` copy of layer `index` and the input `x*` of the
+        same submodule in the partially `pruned` layer, on the same tokens (for cross Grams `X X*ᵀ`).
+
+        One chunk's activations are held at a time. `pruned=None` yields `(x, x)`. `dense_inputs` / `pruned_inputs`
+        are the layer inputs of every chunk (default: the runner's current hidden states for both).
+        """
+        for c in range(len(self.layer_args)):
+            seen: dict[str, torch.Tensor] = {}
+            for name, layer, inputs in (("x", dense, dense_inputs), ("xs", pruned, pruned_inputs)):
+                if layer is None:
+                    continue
+                self.run_layer(
+                    index,
+                    inputs=None if inputs is None else [inputs[c]],
+                    chunks=[c],
+                    layer=layer,
+                    observe={name: layer.get_submodule(path)},
+                    callback=seen.__setitem__,
+                    keep_outputs=False,
+                )
+            yield seen["x"], seen.get("xs", seen["x"])
 
     def advance(self, outputs: list[torch.Tensor]) -> None:
         """Make `outputs` the inputs of the next layer."""

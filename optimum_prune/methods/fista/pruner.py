@@ -42,27 +42,8 @@ class FistaPruner(SequentialPruner):
         n = weight_oi(dense.get_submodule(dpath)).shape[1]
         G, Gs, C = GramStats(n), GramStats(n), CrossGramStats(n)
         paired = self.config.intra_layer_correction and not first_group
-        for c in range(len(run.layer_args)):
-            seen: dict[str, torch.Tensor] = {}
-            run.run_layer(
-                i,
-                chunks=[c],
-                layer=dense,
-                observe={"x": dense.get_submodule(dpath)},
-                callback=seen.__setitem__,
-                keep_outputs=False,
-            )
-            if paired:
-                run.run_layer(
-                    i,
-                    chunks=[c],
-                    layer=layer,
-                    observe={"xs": layer.get_submodule(dpath)},
-                    callback=seen.__setitem__,
-                    keep_outputs=False,
-                )
-            x = seen["x"].float()
-            xs = seen.get("xs", seen["x"]).float()
+        for x, xs in run.paired_inputs(i, dpath, dense, layer if paired else None):
+            x, xs = x.float(), xs.float()
             G.update(x)
             Gs.update(xs)
             C.update(x, xs)

@@ -148,27 +148,9 @@ class NumericalPruner(StructuredPruner):
         W = weight_oi(dense.get_submodule(path)).detach()  # (d_out, D) dense weight
         D = W.shape[1]
         C, Gs = CrossGramStats(D, torch.float64), GramStats(D, torch.float64)
-        for c in range(len(dense_h)):
-            seen: dict[str, torch.Tensor] = {}
-            run.run_layer(
-                i,
-                inputs=[dense_h[c]],
-                chunks=[c],
-                layer=dense,
-                observe={"x": dense.get_submodule(path)},
-                callback=seen.__setitem__,
-                keep_outputs=False,
-            )
-            run.run_layer(
-                i,
-                inputs=[pruned_h[c]],
-                chunks=[c],
-                observe={"xs": layer.get_submodule(path)},
-                callback=seen.__setitem__,
-                keep_outputs=False,
-            )
-            C.update(seen["x"], seen["xs"])
-            Gs.update(seen["xs"])
+        for x, xs in run.paired_inputs(i, path, dense, layer, dense_h, pruned_h):
+            C.update(x, xs)
+            Gs.update(xs)
         keep = keep.to(W.device)
         Wd = W.double()
         Cg, Gg = C.gram.to(W.device), Gs.gram.to(W.device)  # (D, D) each

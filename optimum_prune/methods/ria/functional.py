@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from optimum_prune.functional.masks import check_pattern_fits, nm_keep_mask, parse_pattern
+from optimum_prune.methods.wanda.functional import input_norms
 
 __all__ = ["ria_scores", "ria_channel_reallocation", "nm_retained_score"]
 
@@ -33,19 +34,12 @@ def ria_scores(weight: torch.Tensor, sumsq: torch.Tensor, a: float = 0.5, nsampl
     Returns:
         `torch.Tensor` of shape `(out_features, in_features)`: scores in float32 (float64 for float64 input).
     """
-    if weight.dim() != 2:
-        raise ValueError(f"weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}.")
-    if sumsq.shape != (weight.shape[1],):
-        raise ValueError(f"sumsq must have shape ({weight.shape[1]},) to match the weight, got {tuple(sumsq.shape)}.")
-    if nsamples <= 0:
-        raise ValueError(f"nsamples must be positive, got {nsamples}.")
-    dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
+    dtype, x_norm = input_norms(weight, sumsq, nsamples)  # (in,) ||X_j||_2
     W_abs = weight.to(dtype).abs()  # (out, in)
     col_sum = W_abs.sum(dim=0, keepdim=True)  # (1, in)  Σ_k |W_kj|
     row_sum = W_abs.sum(dim=1, keepdim=True)  # (out, 1) Σ_k |W_ik|
     col_sum = torch.where(col_sum == 0, torch.ones_like(col_sum), col_sum)
     row_sum = torch.where(row_sum == 0, torch.ones_like(row_sum), row_sum)
-    x_norm = (sumsq.to(device=weight.device, dtype=dtype).clamp_min(0) / nsamples).sqrt()  # (in,) ||X_j||_2
     return (W_abs / col_sum + W_abs / row_sum) * x_norm.pow(a).unsqueeze(0)  # (out, in)
 
 

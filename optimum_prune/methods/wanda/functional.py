@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["wanda_scores"]
+__all__ = ["wanda_scores", "input_norms"]
 
 
 def wanda_scores(weight: torch.Tensor, sumsq: torch.Tensor, nsamples: int | float = 1) -> torch.Tensor:
@@ -25,6 +25,18 @@ def wanda_scores(weight: torch.Tensor, sumsq: torch.Tensor, nsamples: int | floa
     Returns:
         `torch.Tensor` of shape `(out_features, in_features)`: scores in float32 (float64 for float64 input).
     """
+    dtype, x_norm = input_norms(weight, sumsq, nsamples)
+    return weight.to(dtype).abs() * x_norm.unsqueeze(0)  # (out, in)
+
+
+def input_norms(
+    weight: torch.Tensor, sumsq: torch.Tensor, nsamples: int | float = 1
+) -> tuple[torch.dtype, torch.Tensor]:
+    """Checks the arguments of an activation-aware score and returns `(dtype, ||X_j||_2)` (shared with RIA).
+
+    The working dtype is float64 for float64 weights, else float32; the norms `sqrt(sumsq_j / nsamples)` are in it,
+    on the weight's device.
+    """
     if weight.dim() != 2:
         raise ValueError(f"weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}.")
     if sumsq.shape != (weight.shape[1],):
@@ -32,5 +44,4 @@ def wanda_scores(weight: torch.Tensor, sumsq: torch.Tensor, nsamples: int | floa
     if nsamples <= 0:
         raise ValueError(f"nsamples must be positive, got {nsamples}.")
     dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
-    x_norm = (sumsq.to(device=weight.device, dtype=dtype).clamp_min(0) / nsamples).sqrt()  # (in,) ||X_j||_2
-    return weight.to(dtype).abs() * x_norm.unsqueeze(0)  # (out, in)
+    return dtype, (sumsq.to(device=weight.device, dtype=dtype).clamp_min(0) / nsamples).sqrt()  # (in,)
