@@ -92,6 +92,11 @@ METHODS: dict[str, tuple[type, dict[str, Any], str]] = {
         {"compensation_inputs": "sequential", "compensation_bias": True},
         "NP, sequential refit with bias",
     ),
+    "numerical_std_bias": (
+        NumericalPruningConfig,
+        {"standardize_per_layer": True, "compensation_bias": True},
+        "NP, standardized, refit with bias",
+    ),
     "numerical_lowdamp": (NumericalPruningConfig, {"compensation_damping": 1e-4}, "NP, compensation damping 1e-4"),
     "numerical_std_nocomp": (
         NumericalPruningConfig,
@@ -166,6 +171,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--ratios and add it to this result JSON, writing to --output",
     )
     p.add_argument("--timing-repeats", type=int, default=3, help="prunes per method in --timing-from (default: 3)")
+    p.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="combine the runs of result files made with the same calibration ids and evaluation settings (e.g. "
+        "ablations run as separate processes) into --output, then exit",
+    )
     p.add_argument(
         "--speed-from",
         type=Path,
@@ -413,9 +427,45 @@ def remeasure_speed(args: argparse.Namespace, dense: torch.nn.Module, tokenizer:
     return res
 
 
+def merge_results(paths: list[Path], out: Path) -> dict[str, Any]:
+    """`--merge`: one result file from several runs over the same calibration ids and evaluation tokens."""
+    parts = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+    base = copy.deepcopy(parts[0])
+    same = ("calibration_ids_sha256", "eval_tokens", "eval_seq_len", "long_eval_seq_len", "holdout_fraction", "seed")
+    for part, path in zip(parts[1:], paths[1:]):
+        diff = [k for k in same if part["settings"].get(k) != base["settings"].get(k)]
+        if diff or part["dense"]["ppl"] != base["dense"]["ppl"]:
+            raise SystemExit(f"{path} was not made with the settings of {paths[0]} (differs in {diff or 'dense ppl'})")
+    seen, runs = set(), []
+    for part in parts:
+        for r in part["runs"]:
+            if (r["method"], r["ratio"]) not in seen:
+                seen.add((r["method"], r["ratio"]))
+                runs.append(
+                    {**r, "prune_time_over_dense_forward": r["prune_time_s"] / base["dense_forward"]["median_s"]}
+                )
+    order = {m: i for i, m in enumerate(dict.fromkeys(r["method"] for r in runs))}
+    base["runs"] = sorted(runs, key=lambda r: (r["ratio"], order[r["method"]]))
+    base["settings"]["parts"] = [
+        {"file": p.name, "command": part["settings"]["command"], "host": part["host"]} for p, part in zip(paths, parts)
+    ]
+    base["settings"]["no_speed"] = all(part["settings"].get("no_speed") for part in parts)
+    write_outputs(base, out)
+    return base
+
+
 # ------------------------------------------------------------------------------------------------------ output
 def fmt(x: float | None, spec: str) -> str:
     return "–" if x is None else format(x, spec)
+
+
+def _load_note(host: dict[str, Any]) -> str:
+    start, end = host.get("loadavg_at_start"), host.get("loadavg_at_end")
+    if not start:
+        return "The machine load was not recorded."
+    text = f"1-minute load average at the start of the run {start[0]:.1f}"
+    text += f", at the end {end[0]:.1f}" if end else ""
+    return text + f" ({host.get('cpu_count')} CPUs); a load above the thread count makes timings noisy."
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -445,8 +495,8 @@ def markdown(res: dict[str, Any]) -> str:
             else f"- Speed: one `compare_speed` per ratio over the dense model and the models pruned at that ratio, "
             f"interleaved round by round (batch 1, prompt of {s['prompt_len']} random tokens, {s['new_tokens']} greedy "
             f"tokens, {s['speed_warmup']} warm-up runs, {s['speed_repeats']} rounds, medians); prefill speedup = dense "
-            "prefill time / pruned prefill time, decode speedup likewise for the decode steps. The CPU (2 cores) was "
-            "shared with other jobs during the run, so speedups are noisy."
+            "prefill time / pruned prefill time, decode speedup likewise for the decode steps. "
+            + _load_note(res["host"])
         ),
         f'- Pruning time: `PruningReport.timings["total_s"]` (calibration pass + scoring + compensation + surgery) '
         f"divided by the median time of one dense forward pass (with LM head) over the same "
@@ -466,6 +516,12 @@ def markdown(res: dict[str, Any]) -> str:
             "and biases; speed does not depend on the weight values), dense and every model of a ratio interleaved. "
             "The speedups measured during the pruning run, on a more heavily loaded CPU, stay in the JSON "
             "(`speed_during_run`)."
+        )
+    if s.get("parts"):
+        lines.append(
+            f"- Merged from {len(s['parts'])} runs with the same calibration ids and evaluation tokens (`--merge`): "
+            + "; ".join(f"`{p['command']}`" for p in s["parts"])
+            + ". Pruning times of parts that ran at the same time as others are inflated."
         )
     if s.get("note"):
         lines.append(f"- Note: {s['note']}")
@@ -539,6 +595,8 @@ def write_outputs(res: dict[str, Any], out: Path) -> None:
 # ------------------------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.merge:
+        return merge_results(args.merge, args.output)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("optimum_prune").setLevel(logging.WARNING)
     if args.threads:
@@ -699,6 +757,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         write_outputs(res, args.output)
 
     time_dense_forward()  # again at the end: the median of both measurements is the reference
+    res["host"]["loadavg_at_end"] = os.getloadavg()
     for run in res["runs"]:
         run["prune_time_over_dense_forward"] = run["prune_time_s"] / res["dense_forward"]["median_s"]
     res["elapsed_s"] = time.perf_counter() - t_start
