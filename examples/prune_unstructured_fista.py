@@ -45,8 +45,9 @@ print("held-out perplexity:", ", ".join(f"{k} {v:.2f}" for k, v in results.items
 
 pruner.save_pretrained(output_dir, overwrite=True)  # the FISTA model
 reloaded = AutoModelForCausalLM.from_pretrained(output_dir)  # stock transformers: same shapes, zeros kept
-zeros_kept = all(
-    torch.equal(a == 0, b == 0) for a, b in zip(pruner.model.state_dict().values(), reloaded.state_dict().values())
+pruned_state, reloaded_state = pruner.model.state_dict(), reloaded.state_dict()
+zeros_kept = pruned_state.keys() == reloaded_state.keys() and all(
+    torch.equal(t == 0, reloaded_state[k] == 0) for k, t in pruned_state.items()
 )
 print(f"saved to {output_dir}; reloaded with AutoModelForCausalLM, every zero kept: {zeros_kept}")
 
