@@ -441,13 +441,17 @@ def merge_results(paths: list[Path], out: Path) -> dict[str, Any]:
         for r in part["runs"]:
             if (r["method"], r["ratio"]) not in seen:
                 seen.add((r["method"], r["ratio"]))
-                runs.append(
-                    {**r, "prune_time_over_dense_forward": r["prune_time_s"] / base["dense_forward"]["median_s"]}
-                )
+                runs.append(r)  # its time ratio stays relative to its own run's dense forward (same threads, load)
     order = {m: i for i, m in enumerate(dict.fromkeys(r["method"] for r in runs))}
     base["runs"] = sorted(runs, key=lambda r: (r["ratio"], order[r["method"]]))
     base["settings"]["parts"] = [
-        {"file": p.name, "command": part["settings"]["command"], "host": part["host"]} for p, part in zip(paths, parts)
+        {
+            "file": p.name,
+            "command": part["settings"]["command"],
+            "host": part["host"],
+            "dense_forward_median_s": part["dense_forward"]["median_s"],
+        }
+        for p, part in zip(paths, parts)
     ]
     base["settings"]["no_speed"] = all(part["settings"].get("no_speed") for part in parts)
     write_outputs(base, out)
@@ -520,8 +524,13 @@ def markdown(res: dict[str, Any]) -> str:
     if s.get("parts"):
         lines.append(
             f"- Merged from {len(s['parts'])} runs with the same calibration ids and evaluation tokens (`--merge`): "
-            + "; ".join(f"`{p['command']}`" for p in s["parts"])
-            + ". Pruning times of parts that ran at the same time as others are inflated."
+            + "; ".join(
+                f"`{p['command']}`"
+                + (f" (dense forward {p['dense_forward_median_s']:.1f} s)" if "dense_forward_median_s" in p else "")
+                for p in s["parts"]
+            )
+            + ". Each run's time ratio divides by the dense forward of its own part (same threads, same load); "
+            "pruning times of parts that ran at the same time as others are inflated."
         )
     if s.get("note"):
         lines.append(f"- Note: {s['note']}")
