@@ -27,6 +27,7 @@ import torch
 
 from optimum_prune.functional.masks import keep_mask, parse_pattern
 
+from . import solver as _solver
 from .solver import (
     SpectralGram,
     fista_inner,
@@ -37,12 +38,7 @@ from .solver import (
 )
 
 __all__ = [
-    "lipschitz_constant",
-    "SpectralGram",
-    "spectral_gram",
-    "prox_is_negligible",
-    "fista_inner",
-    "fista_inner_spectral",
+    *_solver.__all__,  # re-exported: the inner iterations live in solver.py
     "reconstruction_error",
     "fista_objective",
     "round_to_pattern",
