@@ -142,11 +142,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
     from .auto import AutoPruner
     from .config import CalibrationConfig
     from .registry import get_pruner_class
+    from .serialization import check_output_dir
 
     config = _build_config(args)  # every argument is checked before the model is loaded
     out = Path(args.output)
-    if out.exists() and not args.overwrite:
-        raise FileExistsError(f"{out} already exists; choose another --output or pass --overwrite.")
+    check_output_dir(out, args.overwrite, replace_hint="pass --overwrite to replace it")
     _check_parent(args.report)
     calibration = None
     if get_pruner_class(config.method)(config).needs_calibration:

@@ -5,8 +5,9 @@
 - Otherwise: `model_type = "optimum_pruned_<base>"` with the per-layer shapes in `pruned_layers`; the classes in
   `modeling.auto_classes` rebuild the skeleton and load it exactly (plain `AutoModelForCausalLM` too, once
   `optimum_prune` is imported).
-Writes go to a temporary directory next to the target, renamed into place at the end: a failure never leaves a
-half-written or corrupted directory. Never pickles.
+Writes go to a temporary directory next to the target, renamed into place at the end (or, for an existing empty
+target directory, inside it, then moved up into it): a failure never leaves a half-written or corrupted directory.
+Never pickles.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = ["save_pruned", "load_pruned_model", "export_config", "strip_gguf_quan
 logger = logging.getLogger(__name__)
 
 _BIAS_FLAGS = ("attention_bias", "mlp_bias")
+_SHOWN_ENTRIES = 5  # entries named in the error for a non-empty target
 
 
 def strip_gguf_quantizer_(model: nn.Module) -> None:
@@ -131,19 +133,66 @@ def export_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> tup
     return config, {}
 
 
-def _check_target(target: Path, overwrite: bool) -> Path:
-    if target.exists() and not overwrite:
-        raise FileExistsError(f"{target} already exists. Choose a new directory or pass overwrite=True.")
+def check_output_dir(
+    target: str | os.PathLike, overwrite: bool, replace_hint: str = "pass overwrite=True to replace it"
+) -> None:
+    """Refuse a `target` that is a file, or a non-empty directory without `overwrite`; absent or empty is fine.
+
+    The error names the entries in the way (the first few), so the user can see what would be replaced.
+    """
+    target = Path(target)
     if target.exists() and not target.is_dir():
-        raise NotADirectoryError(f"{target} exists and is not a directory.")
-    parent = target.parent
+        raise NotADirectoryError(f"{target} exists and is not a directory. Choose a directory path.")
+    if overwrite or not target.is_dir():
+        return
+    entries = sorted(e.name for e in target.iterdir())
+    if entries:
+        shown = ", ".join(entries[:_SHOWN_ENTRIES]) + (
+            f" and {len(entries) - _SHOWN_ENTRIES} more" if len(entries) > _SHOWN_ENTRIES else ""
+        )
+        raise FileExistsError(
+            f"{target} already exists and is not empty ({len(entries)} entries in the way: {shown}). "
+            f"Choose a new or empty directory, or {replace_hint}."
+        )
+
+
+def _check_target(target: Path, overwrite: bool) -> Path:
+    """Check `target` and return the directory to write the temporary copy in: `target` itself when it is an
+    existing empty directory (its files are then moved up into it, so the directory itself, e.g. a mount point or a
+    scheduler's scratch directory in a read-only parent, is kept), else its parent (the copy is renamed into place).
+    """
+    check_output_dir(target, overwrite)
+    if target.is_dir() and not any(target.iterdir()):
+        where = target
+    else:
+        where = target.parent
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise PermissionError(f"Cannot create {where}: {e}. Choose a writable output directory.") from e
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise PermissionError(f"{where} is not writable. Choose a writable output directory.")
+    return where
+
+
+def _move_into(tmp: Path, target: Path) -> None:
+    """Move the entries of `tmp` (inside the empty `target`) up into `target`; on failure `target` is empty again."""
+    intruders = sorted(e.name for e in target.iterdir() if e.name != tmp.name)
+    if intruders:  # something was written there while we were saving
+        raise FileExistsError(f"{target} is no longer empty ({', '.join(intruders[:_SHOWN_ENTRIES])}); not saved.")
+    moved = []
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise PermissionError(f"Cannot create {parent}: {e}. Choose a writable output directory.") from e
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise PermissionError(f"{parent} is not writable. Choose a writable output directory.")
-    return parent
+        for entry in sorted(tmp.iterdir()):
+            os.rename(entry, target / entry.name)  # same file system: atomic, no copy
+            moved.append(target / entry.name)
+        tmp.rmdir()
+    except BaseException:
+        for path in moved:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        raise
 
 
 def save_pruned(
@@ -158,16 +207,17 @@ def save_pruned(
 
     Args:
         model (`PreTrainedModel`): the model (also a GGUF-loaded one: it is saved dequantized).
-        save_directory (`str | os.PathLike`): target; must not exist unless `overwrite=True`.
+        save_directory (`str | os.PathLike`): target: a new or an empty directory (e.g. made by `mkdir -p` or
+            `tempfile.TemporaryDirectory()`); a non-empty one only with `overwrite=True`.
         tokenizer (`PreTrainedTokenizerBase | None`): saved alongside when given.
         overwrite (`bool`, defaults to `False`): replace an existing directory (still atomically).
         max_shard_size (`str | int`): passed to `save_pretrained`.
     """
     target = Path(save_directory).absolute()
-    parent = _check_target(target, overwrite)
+    where = _check_target(target, overwrite)
     spec = get_spec(model)
     config, extra = export_config(model, spec)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=where))
     try:
         state = {**model.state_dict(), **extra}
         quantizer = getattr(model, "hf_quantizer", None)
@@ -190,8 +240,10 @@ def save_pruned(
         with open(tmp / PRUNING_CONFIG_NAME, "w", encoding="utf-8") as f:
             json.dump(side_car, f, indent=2, default=str)
             f.write("\n")
-        if target.exists():
-            backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=parent))
+        if where == target:  # an existing empty directory: keep it, move the files in
+            _move_into(tmp, target)
+        elif target.exists():
+            backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=where))
             os.rename(target, backup / "d")
             os.rename(tmp, target)
             shutil.rmtree(backup, ignore_errors=True)

@@ -111,7 +111,9 @@ def test_prune_from_config_json(model_dir, calib_file, tmp_path, capsys):
 
 def test_data_free_method_needs_no_calibration(model_dir, tmp_path, capsys):
     out = tmp_path / "magnitude"
+    out.mkdir()  # an existing empty output directory is fine
     assert main(["prune", str(model_dir), "--method", "magnitude", "--ratio", "0.2", "--output", str(out)]) == 0
+    assert (out / "model.safetensors").is_file()
     assert json.loads(capsys.readouterr().out)["method"] == "magnitude"
     # with an unstructured / N:M pattern, --ratio is the sparsity
     out = tmp_path / "magnitude24"
@@ -151,7 +153,9 @@ def test_existing_output_is_refused_before_pruning(model_dir, calib_file, tmp_pa
     argv = ["prune", str(model_dir), "--method", "numerical", *_calib_args(calib_file), "--output", str(out)]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "already exists" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1
+    assert (
+        "already exists" in err and "keep.txt" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1
+    )
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
 
 

@@ -2,12 +2,14 @@
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 import torch
-from testing_utils import calibration_ids, tiny_model
+from testing_utils import calibration_ids, logits, tiny_model
 
 from optimum_prune import (
+    AutoPrunedModelForCausalLM,
     CalibrationConfig,
     FLAPConfig,
     NumericalPruningConfig,
@@ -121,7 +123,7 @@ def test_output_directory_exists_or_is_not_writable(tmp_path):
     existing = tmp_path / "exists"
     existing.mkdir()
     (existing / "keep.txt").write_text("precious")
-    with pytest.raises(FileExistsError, match="overwrite=True"):
+    with pytest.raises(FileExistsError, match=r"not empty \(1 entries in the way: keep.txt\).*overwrite=True"):
         save_pruned(model, existing)
     assert os.listdir(existing) == ["keep.txt"]
     if os.geteuid() != 0:  # root ignores permission bits
@@ -153,3 +155,55 @@ def test_failed_save_leaves_nothing_behind_and_overwrite_is_atomic(tmp_path):
     assert sorted(os.listdir(target)) == before and sorted(os.listdir(tmp_path)) == ["out"]
     save_pruned(model, target, overwrite=True)
     assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_save_into_an_existing_empty_directory(tmp_path):
+    """`mkdir -p out` / `tempfile.TemporaryDirectory()` / a scheduler's scratch dir: written in place, atomically."""
+    model = tiny_model("llama")
+    prune_(model, NumericalPruningConfig(pruning_ratio=0.2), calibration_ids())
+
+    class BrokenTokenizer:
+        def save_pretrained(self, path):
+            raise OSError("disk full")
+
+    target = tmp_path / "made_by_the_user"
+    target.mkdir()
+    inode = target.stat().st_ino
+    with pytest.raises(OSError, match="disk full"):
+        save_pruned(model, target, BrokenTokenizer())
+    assert os.listdir(target) == [] and os.listdir(tmp_path) == ["made_by_the_user"]  # still empty, no temp dir
+    assert save_pruned(model, target) == target
+    assert target.stat().st_ino == inode  # the same directory, not a replacement
+    assert sorted(os.listdir(tmp_path)) == ["made_by_the_user"]  # nothing left beside it
+    assert {"config.json", "model.safetensors", "pruning_config.json"} <= set(os.listdir(target))
+    assert not [name for name in os.listdir(target) if name.startswith(".")]  # no temp dir left inside
+    reloaded = AutoPrunedModelForCausalLM.from_pretrained(target, attn_implementation="eager")
+    torch.testing.assert_close(logits(reloaded), logits(model), rtol=0, atol=0)
+    # now it is not empty: refused without overwrite, naming what is in the way (the first few, then a count)
+    for i in range(6):
+        (target / f"extra{i}.txt").write_text("x")
+    n = len(os.listdir(target))
+    with pytest.raises(
+        FileExistsError, match=rf"not empty \({n} entries in the way: config.json, extra0.txt.* and {n - 5} more"
+    ):
+        save_pruned(model, target)
+    save_pruned(model, target, overwrite=True)
+    assert not [name for name in os.listdir(target) if name.startswith("extra")]
+    with pytest.raises(NotADirectoryError, match="not a directory"):
+        save_pruned(model, target / "config.json")
+
+
+def test_save_into_an_empty_directory_of_a_read_only_parent(tmp_path, monkeypatch):
+    """A scheduler's scratch directory whose parent the user cannot write: only the directory itself is used."""
+    import optimum_prune.serialization as serialization
+
+    model = tiny_model("llama")
+    scheduler = tmp_path / "scheduler"
+    scratch = scheduler / "job42"
+    scratch.mkdir(parents=True)
+    real_access = os.access
+    monkeypatch.setattr(serialization.os, "access", lambda p, mode: Path(p) != scheduler and real_access(p, mode))
+    with pytest.raises(PermissionError, match="scheduler is not writable"):
+        save_pruned(model, scheduler / "job43")  # a new directory would need the parent
+    save_pruned(model, scratch)
+    assert "model.safetensors" in os.listdir(scratch) and os.listdir(scheduler) == ["job42"]

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from .hub import hub_unavailable
+
 __all__ = [
     "DOCUMENT_SEPARATOR", "KNOWN_DATASETS", "STREAM_SLACK", "bbc_news_dir", "describe_calibration",
     "python_docs_dir",
@@ -50,6 +52,10 @@ _ACCEPTED_FORMS = (
     "a path to a text file (one document) or a .jsonl file (one document per line, in `text_column`), "
     "a directory (every *.txt file under it, one document each), a list/tuple of strings, a `datasets.Dataset`, "
     f"or one of the dataset names {list(KNOWN_DATASETS)} (needs the Hugging Face Hub)"
+)
+_LOCAL_TEXT_HINT = (
+    "Pass local text instead: a text/.jsonl file, a directory of .txt files, or a list of strings "
+    "(e.g. `CalibrationConfig(dataset=optimum_prune.calibration.data.bbc_news_dir())`)."
 )
 
 
@@ -167,8 +173,6 @@ def _read_hf_dataset(ds: Any, *, split: str, text_column: str) -> list[str]:
 
 
 def _load_named_dataset(name: str, *, split: str, text_column: str) -> list[str]:
-    import datasets
-
     if name == "wikitext2":
         args, kwargs = ("Salesforce/wikitext", "wikitext-2-raw-v1"), {"split": split}
     elif name == "c4":
@@ -179,6 +183,14 @@ def _load_named_dataset(name: str, *, split: str, text_column: str) -> list[str]
     else:  # ptb: the Hub serves the parquet export of this script dataset
         args, kwargs = ("ptb-text-only/ptb_text_only", "penn_treebank"), {"split": split}
         text_column = "sentence" if text_column == "text" else text_column
+    unavailable = hub_unavailable(args[0])  # fails in well under a second instead of after `datasets`' retries
+    if unavailable is not None:
+        raise RuntimeError(
+            f"Could not load dataset {name!r} ({args[0]}, split={split!r}): {unavailable} and it is not cached. "
+            f"{_LOCAL_TEXT_HINT}"
+        )
+    import datasets
+
     try:
         ds = datasets.load_dataset(*args, **kwargs)
     except (ConnectionError, OSError, RuntimeError) as exc:
@@ -186,8 +198,7 @@ def _load_named_dataset(name: str, *, split: str, text_column: str) -> list[str]
         reason = "offline mode is on (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)" if offline else "the Hub is unreachable"
         raise RuntimeError(
             f"Could not load dataset {name!r} ({args[0]}, split={split!r}): {reason} and it is not cached "
-            f"({type(exc).__name__}: {exc}). Pass local text instead: a text/.jsonl file, a directory of .txt files, "
-            "or a list of strings (e.g. `optimum_prune.calibration.data.bbc_news_dir()`)."
+            f"({type(exc).__name__}: {exc}). {_LOCAL_TEXT_HINT}"
         ) from exc
     return _read_hf_dataset(ds, split=split, text_column=text_column)
 
