@@ -14,8 +14,11 @@ BENCH_SCRIPTS := $(sort $(filter-out benchmarks/_%,$(wildcard benchmarks/*.py)))
 
 .PHONY: help install demo test style quality bench
 
+# Measured once and recorded in one place (DEMO_DURATION in optimum_prune/demo.py, also quoted by the README).
+DEMO_DURATION = $(shell sed -n 's/^DEMO_DURATION = "\(.*\)"$$/\1/p' optimum_prune/demo.py)
+
 help:
-	@echo "make demo     install, then prune SmolLM2-135M on BBC news and print the dense-vs-pruned table (~10 min on CPU)"
+	@echo "make demo     install, then prune SmolLM2-135M on BBC news and print the dense-vs-pruned table ($(DEMO_DURATION))"
 	@echo "make test     install, then run the test suite"
 	@echo "make style    ruff fix + format;  make quality  ruff lint + format check"
 	@echo "make bench    run every benchmarks/*.py script with its defaults (long: tens of minutes each)"

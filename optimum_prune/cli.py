@@ -304,7 +304,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", help="write the JSON result here (default: stdout)")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("demo", help="SmolLM2-135M + BBC news end to end (~10 min on 2 CPU cores)")
+    from .demo import DEMO_DURATION
+
+    what = f"SmolLM2-135M + BBC news end to end ({DEMO_DURATION})"
+    p = sub.add_parser("demo", help=what, description=f"Prune {what}; `make demo` runs it.")
     p.add_argument("--output-dir", default="demo_output")
     p.add_argument("--ratio", type=float, default=0.2)
     p.add_argument("--num-samples", type=int, default=32)
