@@ -72,8 +72,8 @@ def capture_grams(model, tokenizer, layer: int, docs: list[str], num_samples: in
     return {name: (g / ids.numel()).float() for name, g in acc.items()}
 
 
-def run_fista(W: torch.Tensor, G: torch.Tensor, held_out: torch.Tensor) -> dict[str, Any]:
-    """`fista_prune` at the defaults (Wanda warm start, 50%), with every rounded iterate scored on `held_out`."""
+def run_fista(W: torch.Tensor, G: torch.Tensor, held_out: torch.Tensor, eps: float) -> dict[str, Any]:
+    """`fista_prune` at the defaults but `eps` (Wanda warm start, 50%), every rounded iterate scored on `held_out`."""
     iterates = []
     round_to_pattern = fista.round_to_pattern
 
@@ -87,7 +87,7 @@ def run_fista(W: torch.Tensor, G: torch.Tensor, held_out: torch.Tensor) -> dict[
     fista.round_to_pattern = recording  # the first call rounds the warm start, then one call per outer step
     try:
         start = time.perf_counter()
-        _, info = fista.fista_prune(W, G, G, G, W0, 0.5, eig=eig)
+        _, info = fista.fista_prune(W, G, G, G, W0, 0.5, eig=eig, eps=eps)
         seconds = time.perf_counter() - start
     finally:
         fista.round_to_pattern = round_to_pattern
@@ -116,29 +116,30 @@ def run_fista(W: torch.Tensor, G: torch.Tensor, held_out: torch.Tensor) -> dict[
 
 
 def markdown(result: dict[str, Any]) -> str:
-    sizes = result["settings"]["sizes"]
-    ref = sizes[-1]
+    settings = result["settings"]
+    ref, default_eps = settings["sizes"][-1], settings["eps"][0]
     lines = [
-        "# FISTA time vs calibration-set size (SmolLM2-135M, layer "
-        f"{result['settings']['layer']}, 50% unstructured, defaults)",
+        f"# FISTA time vs calibration-set size (SmolLM2-135M, layer {settings['layer']}, 50% unstructured)",
         "",
-        f"Held-out error: the same projection's reconstruction error on {result['settings']['held_out']} tokens of",
-        "held-out BBC documents (relative to the rounded Wanda warm start = 1). "
-        f"'@{ref} steps' = after as many outer steps as the {ref} run took.",
+        f"Errors are relative to the rounded Wanda warm start (= 1). Held-out: the same projection's reconstruction "
+        f"error on {settings['held_out']} tokens of held-out BBC documents. '@{ref} steps': held-out error after as "
+        f"many outer steps as the {ref} run at eps={default_eps:g} took. One thread; {settings['note']}",
         "",
-        "| projection | calibration | outer steps (spectral) | stop | time (s) | calib. error / warm start | "
-        f"held-out error / warm start | held-out @{ref} steps | eigenvalues < 1e-3 λ_max |",
-        "|---|---|---:|---|---:|---:|---:|---:|---:|",
+        "| projection | calibration | eps | outer steps (spectral) | stop | time (s) | calib. error | held-out error | "
+        f"held-out @{ref} steps | best held-out (at step) | eigenvalues < 1e-3 λ_max |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for proj, runs in result["runs"].items():
-        n_ref = runs[ref]["outer_steps"]
-        for size in sizes:
-            r = runs[size]
+        for key, r in runs.items():
+            size, eps = key.split(" eps=")
+            ref_run = runs.get(f"{ref} eps={default_eps:g}")
+            n_ref = ref_run["outer_steps"] if ref_run else len(r["held_out_error"]) - 1
             cal, held = r["calibration_error"], r["held_out_error"]
-            at = held[min(n_ref, len(held) - 1)] / held[0]
+            best = min(range(len(held)), key=held.__getitem__)
             lines.append(
-                f"| {proj} | {size} | {r['outer_steps']} ({r['spectral_steps']}) | {r['stop_reason']} | "
-                f"{r['seconds']:.1f} | {cal[-1] / cal[0]:.3f} | {held[-1] / held[0]:.3f} | {at:.3f} | "
+                f"| {proj} | {size} | {eps} | {r['outer_steps']} ({r['spectral_steps']}) | {r['stop_reason']} | "
+                f"{r['seconds']:.1f} | {cal[-1] / cal[0]:.3f} | {held[-1] / held[0]:.3f} | "
+                f"{held[min(n_ref, len(held) - 1)] / held[0]:.3f} | {held[best] / held[0]:.3f} ({best}) | "
                 f"{r['eigenvalues_below_1e-3_L']} |"
             )
     lines += ["", f"Machine: {result['machine']}; load average at the start {result['load_average']}.", ""]
@@ -148,6 +149,7 @@ def markdown(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="8x256,32x512", help="calibration sets, NUMxLEN, smallest first")
+    parser.add_argument("--eps", default="1e-3,1e-2", help="FistaConfig.eps values, the default first")
     parser.add_argument("--layer", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--name", default="fista_calibration_size")
@@ -165,7 +167,14 @@ def main(argv: list[str] | None = None) -> int:
         grams[size] = capture_grams(model, tokenizer, args.layer, calib_docs, n, length, seed=0)
     block = model.model.layers[args.layer]
     result: dict[str, Any] = {
-        "settings": {"sizes": sizes, "layer": args.layer, "held_out": "32 x 512", "threads": args.threads},
+        "settings": {
+            "sizes": sizes,
+            "eps": [float(e) for e in args.eps.split(",")],
+            "layer": args.layer,
+            "held_out": "32 x 512",
+            "threads": args.threads,
+            "note": "dense inputs (X* = X) for every projection.",
+        },
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, optimum_prune {__version__}",
         "load_average": round(os.getloadavg()[0], 1),
         "runs": {},
@@ -174,11 +183,13 @@ def main(argv: list[str] | None = None) -> int:
         W = block.get_submodule(path).weight.detach().float()  # (out, in)
         result["runs"][proj] = {}
         for size in sizes:
-            result["runs"][proj][size] = run_fista(W, grams[size][proj], held_out[proj])
-            print(proj, size, {k: v for k, v in result["runs"][proj][size].items() if not isinstance(v, list)})
-            RESULTS.mkdir(exist_ok=True)
-            (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (RESULTS / f"{args.name}.md").write_text(markdown(result))
+            for eps in result["settings"]["eps"]:
+                run = run_fista(W, grams[size][proj], held_out[proj], eps)
+                result["runs"][proj][f"{size} eps={eps:g}"] = run
+                print(proj, size, eps, {k: v for k, v in run.items() if not isinstance(v, list)}, flush=True)
+                RESULTS.mkdir(exist_ok=True)  # rewritten after every run: an interrupted run leaves partial results
+                (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+                (RESULTS / f"{args.name}.md").write_text(markdown(result))
     print(markdown(result))
     return 0
 
