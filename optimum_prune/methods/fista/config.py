@@ -33,8 +33,8 @@ class FistaConfig(UnstructuredConfigMixin):
             extra steps overfit. SmolLM2-135M layer 0, 8 × 256 vs 32 × 512 tokens: 50 vs 28 outer steps (q_proj),
             41 vs 19 (gate_proj), 43 vs 31 (down_proj), 1.6× the time; down_proj's held-out reconstruction error ends
             at 1.34× that of its Wanda warm start with 8 × 256 tokens (0.68× with 32 × 512). Calibrate on at least
-            ~10 tokens per input feature (32 × 512 for a 135M model); with fewer, `eps=1e-2` is 2-3× faster and
-            overfits less (down_proj 1.05×), while with 32 × 512 it costs 2-5% held-out error
+            ~10 tokens per input feature (32 × 512 for a 135M model; fewer logs a warning); with fewer, `eps=1e-2`
+            is 2-3× faster and overfits less (down_proj 1.05×), while with 32 × 512 it costs 2-5% held-out error
             (`benchmarks/results/fista_calibration_size.md`).
         lambda_search (`str`, defaults to `"log"`): `"log"` (bisection on log λ, scale-robust) or `"paper"`
             (arithmetic bisection on [0, 1e6]).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 
 import torch
 from torch import nn
@@ -20,6 +21,12 @@ from .config import FistaConfig
 from .functional import fista_prune, spectral_gram
 
 __all__ = ["FistaPruner"]
+
+logger = logging.getLogger(__name__)
+
+# Below this many calibration tokens per input feature the Grams are nearly rank-deficient: FISTA runs more outer steps
+# and overfits the calibration windows (FistaConfig.eps; benchmarks/results/fista_calibration_size.md).
+MIN_TOKENS_PER_FEATURE = 10
 
 
 class FistaPruner(SequentialPruner):
@@ -47,6 +54,14 @@ class FistaPruner(SequentialPruner):
             G.update(x)
             Gs.update(xs)
             C.update(x, xs)
+        if not self._warned_small and Gs.count < MIN_TOKENS_PER_FEATURE * n:
+            self._warned_small = True  # once per run
+            logger.warning(
+                "FISTA: %d calibration tokens for the %d inputs of %s (fewer than %d per input): FISTA will run more "
+                "outer steps, not fewer, and fit these tokens at the expense of held-out text. Use more calibration "
+                "tokens (e.g. 32 x 512), or eps=1e-2 (see FistaConfig.eps).",
+                Gs.count, n, dpath, MIN_TOKENS_PER_FEATURE,
+            )  # fmt: skip
         return G.gram, Gs.gram, C.gram
 
     def _warm_start(self, W: torch.Tensor, Gs: torch.Tensor) -> torch.Tensor:
@@ -60,6 +75,7 @@ class FistaPruner(SequentialPruner):
         cfg = self.config
         run = runner()
         plan = PruningPlan()
+        self._warned_small = False
         opts = {
             "lam0": cfg.lam0,
             "xi": cfg.xi,
