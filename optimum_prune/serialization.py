@@ -151,7 +151,8 @@ def check_output_dir(
             f" and {len(entries) - _SHOWN_ENTRIES} more" if len(entries) > _SHOWN_ENTRIES else ""
         )
         raise FileExistsError(
-            f"{target} already exists and is not empty ({len(entries)} entries in the way: {shown}). "
+            f"{target} already exists and is not empty ({len(entries)} "
+            f"{'entry' if len(entries) == 1 else 'entries'} in the way: {shown}). "
             f"Choose a new or empty directory, or {replace_hint}."
         )
 

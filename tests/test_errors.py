@@ -123,7 +123,7 @@ def test_output_directory_exists_or_is_not_writable(tmp_path):
     existing = tmp_path / "exists"
     existing.mkdir()
     (existing / "keep.txt").write_text("precious")
-    with pytest.raises(FileExistsError, match=r"not empty \(1 entries in the way: keep.txt\).*overwrite=True"):
+    with pytest.raises(FileExistsError, match=r"not empty \(1 entry in the way: keep.txt\).*overwrite=True"):
         save_pruned(model, existing)
     assert os.listdir(existing) == ["keep.txt"]
     if os.geteuid() != 0:  # root ignores permission bits
