@@ -6,10 +6,10 @@ every model:
 
 - held-out perplexity on BBC news (documents disjoint from the calibration documents) and on the Python 3.11
   documentation sources (`python_docs_dir()`, a corpus of another kind, never used for calibration);
-- PyTorch prefill time against the dense model, interleaved round by round (medians);
-- llama.cpp (llama-cpp-python) prefill and decode tokens/s of the f16 GGUF export against the dense f16 GGUF,
-  interleaved (medians);
-- the q8_0 file size (rows that are not a multiple of 32 stay f16).
+- PyTorch prefill time and llama.cpp (llama-cpp-python) prefill and decode tokens/s of the f16 GGUF export, against
+  the dense model: per method, dense and the method's models interleaved round by round (medians); the methods in
+  `--speed-all` at every `round_to`, the others at 1 and 64;
+- the size of the q8_0 export's tensor data (rows that are not a multiple of 32 stay f16).
 
 Usage (from the repository root)::
 
@@ -37,9 +37,11 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TQDM_DISABLE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from _shared import head_documents, reuse_calibration_pass  # noqa: E402
 
 import optimum_prune  # noqa: E402
 from optimum_prune import (  # noqa: E402
@@ -76,15 +78,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--round-to", nargs="+", type=int, default=[1, 8, 32, 64, 128, 256])
     p.add_argument("--ratio", type=float, default=0.3)
-    p.add_argument("--num-samples", type=int, default=32)
+    p.add_argument("--num-samples", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=256, help="calibration sequence length")
     p.add_argument("--holdout-fraction", type=float, default=0.5)
-    p.add_argument("--eval-tokens", type=int, default=4096, help="tokens scored per corpus")
+    p.add_argument("--eval-tokens", type=int, default=1024, help="tokens scored per corpus")
     p.add_argument("--eval-seq-len", type=int, default=512)
-    p.add_argument("--prompt-len", type=int, default=256, help="prefill length of the speed runs")
-    p.add_argument("--new-tokens", type=int, default=32, help="decoded tokens of the llama.cpp speed runs")
-    p.add_argument("--repeats", type=int, default=5, help="interleaved speed rounds")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--prompt-len", type=int, default=128, help="prefill length of the speed runs")
+    p.add_argument("--new-tokens", type=int, default=16, help="decoded tokens of the llama.cpp speed runs")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved speed rounds")
+    p.add_argument(
+        "--speed-all", nargs="*", default=["numerical"], help="methods timed at every round_to (others: 1 and 64)"
+    )
+    p.add_argument("--threads", type=int, default=2, help="threads of the speed runs (PyTorch and llama.cpp)")
+    p.add_argument("--work-threads", type=int, default=1, help="PyTorch threads of pruning and perplexity")
     p.add_argument("--workdir", help="where the GGUF files go (default: a temporary directory)")
     p.add_argument("--output", default=str(DEFAULT_OUTPUT))
     return p.parse_args(argv)
@@ -116,7 +122,7 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         f"{s['eval_seq_len']}; speed = dense time / pruned time, medians of {s['repeats']} interleaved rounds "
         f"({s['prompt_len']}-token prefill; llama.cpp also {s['new_tokens']} decoded tokens, f16 GGUF, "
         f"{s['threads']} threads). Dense: BBC {dense['ppl_bbc']:.2f}, Python docs {dense['ppl_python']:.2f}. "
-        "q8_0 MB: file size of the q8_0 export (dense "
+        "q8_0 MB: tensor data of the q8_0 export, rows not a multiple of 32 stay f16 (dense "
         f"{dense.get('q8_0_mb', float('nan')):.1f} MB).",
         "",
         "| method | round_to | MLP widths (min-max) | PPL BBC | PPL Python | PyTorch prefill | llama.cpp prefill | "
@@ -140,7 +146,7 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.work_threads)  # on a loaded machine one thread is much faster than two
     out = Path(args.output)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="alignment-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -149,7 +155,8 @@ def main(argv=None) -> int:
     pruner = AutoPruner.from_pretrained(str(smollm2_dir()), gguf_file=GGUF_FILE, torch_dtype=torch.float32)
     dense, tok = pruner.model.eval(), pruner.tokenizer
     calib_docs, held_out = split_documents(load_texts(str(bbc_news_dir())), args.holdout_fraction, 0)
-    python_docs = load_texts(str(python_docs_dir()))
+    held_out = head_documents(held_out, args.eval_tokens)
+    python_docs = head_documents(load_texts(str(python_docs_dir())), args.eval_tokens)
     calib = CalibrationConfig(dataset=calib_docs, num_samples=args.num_samples, seq_len=args.seq_len, seed=0)
     calib_ids = get_calibration_batches(calib, tok)
     prompt = get_calibration_batches(
@@ -173,77 +180,99 @@ def main(argv=None) -> int:
         "partial": "still running",
     }
     paths = {"dense": str(export_gguf(dense, workdir / "dense.f16.gguf", "f16", tokenizer=tok, overwrite=True))}
-    q8 = export_gguf(dense, workdir / "dense.q8_0.gguf", "q8_0", tokenizer=tok, overwrite=True)
-    result["dense"]["q8_0_mb"] = q8.stat().st_size / 1e6
+    result["dense"]["q8_0_mb"] = q8_0_megabytes(dense)
 
     def save() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
         write_markdown(result, out.with_suffix(".md"))
 
-    def llama_speed(run: dict[str, Any]) -> bool:
-        """llama.cpp speed of one run against dense, if llama-cpp-python is importable; True when measured."""
-        try:
-            sys.path.insert(0, str(Path(__file__).resolve().parent))
-            import _llamacpp
-        except ImportError:
-            return False
-        name = f"{run['method']}_rt{run['round_to']}"
-        speed = _llamacpp.compare_speed(
-            {"dense": paths["dense"], name: paths[name]},
-            prompt[0].tolist(),
-            new_tokens=args.new_tokens,
-            repeats=args.repeats,
-            n_threads=args.threads,
-        )
-        run["llama_cpp"] = {k: speed[name][k] for k in ("prefill_speedup", "decode_speedup", "prefill_tok_s")}
-        run["llama_cpp"]["decode_tok_s"] = speed[name]["decode_tok_s"]
-        logger.info("%s llama.cpp: %s", name, run["llama_cpp"])
-        return True
-
-    for method in args.methods:
-        for rt in args.round_to:
-            model = copy.deepcopy(dense)
-            config = METHODS[method](pruning_ratio=args.ratio, round_to=rt)
-            t0 = time.perf_counter()
-            report = prune_(model, config, calib_ids if pruner_needs_calibration(config) else None, tokenizer=tok)
-            name = f"{method}_rt{rt}"
-            run = {
-                "method": method,
-                "round_to": rt,
-                "measured_ratio": report.measured,
-                "params": report.params_after,
-                "prune_s": time.perf_counter() - t0,
-                "mlp_widths": [row["intermediate_size"] for row in layer_table(model, get_spec(model))],
-                "kv_heads": [row["num_key_value_heads"] for row in layer_table(model, get_spec(model))],
-                "ppl_bbc": ppl(model, held_out),
-                "ppl_python": ppl(model, python_docs),
-            }
-            secs = torch_prefill_speed({"dense": dense, name: model}, prompt, args.repeats)
-            run["torch_prefill_speedup"] = secs["dense"] / secs[name]
-            paths[name] = str(export_gguf(model, workdir / f"{name}.f16.gguf", "f16", tokenizer=tok, overwrite=True))
-            q8 = export_gguf(model, workdir / f"{name}.q8_0.gguf", "q8_0", tokenizer=tok, overwrite=True)
-            run["q8_0_mb"] = q8.stat().st_size / 1e6
-            q8.unlink()
-            result["runs"].append(run)
-            llama_speed(run)
-            logger.info("%s: %s", name, {k: v for k, v in run.items() if k not in ("mlp_widths", "kv_heads")})
+    speed_round_to = {
+        m: (args.round_to if m in args.speed_all else [r for r in args.round_to if r in (1, 64)]) for m in args.methods
+    }
+    with reuse_calibration_pass():  # the runs of one method differ only after the calibration pass
+        for method in args.methods:
+            kept: dict[str, torch.nn.Module] = {}
+            runs = {}
+            for rt in args.round_to:
+                model = copy.deepcopy(dense)
+                config = METHODS[method](pruning_ratio=args.ratio, round_to=rt)
+                report = prune_(model, config, calib_ids if needs_calibration(config) else None, tokenizer=tok)
+                name = f"{method}_rt{rt}"
+                table = layer_table(model, get_spec(model))
+                run = runs[name] = {
+                    "method": method,
+                    "round_to": rt,
+                    "measured_ratio": report.measured,
+                    "params": report.params_after,
+                    "mlp_widths": [row["intermediate_size"] for row in table],
+                    "kv_heads": [row["num_key_value_heads"] for row in table],
+                    "ppl_bbc": ppl(model, held_out),
+                    "ppl_python": ppl(model, python_docs),
+                    "q8_0_mb": q8_0_megabytes(model),
+                }
+                result["runs"].append(run)
+                logger.info("%s: %s", name, {k: v for k, v in run.items() if k not in ("mlp_widths", "kv_heads")})
+                save()
+                if rt in speed_round_to[method]:
+                    kept[name] = model
+                    path = export_gguf(model, workdir / f"{name}.f16.gguf", "f16", tokenizer=tok, overwrite=True)
+                    paths[name] = str(path)
+            # speed: dense and this method's models, interleaved round by round (PyTorch, then llama.cpp)
+            torch.set_num_threads(args.threads)
+            secs = torch_prefill_speed({"dense": dense, **kept}, prompt, args.repeats)
+            torch.set_num_threads(args.work_threads)
+            for name in kept:
+                runs[name]["torch_prefill_speedup"] = secs["dense"] / secs[name]
             save()
-            del model
+            try:
+                import _llamacpp
+            except ImportError as e:
+                result["partial"] = f"llama.cpp speed not measured: {e}"
+                save()
+                continue
+            speed = _llamacpp.compare_speed(
+                {"dense": paths["dense"], **{n: paths[n] for n in kept}},
+                prompt[0].tolist(),
+                new_tokens=args.new_tokens,
+                warmup=1,
+                repeats=args.repeats,
+                n_threads=args.threads,
+            )
+            for name in kept:
+                runs[name]["llama_cpp"] = {
+                    k: speed[name][k] for k in ("prefill_speedup", "decode_speedup", "prefill_tok_s", "decode_tok_s")
+                }
+                Path(paths.pop(name)).unlink()
+            result.setdefault("llama_cpp_dense", {})[method] = speed["dense"]
+            save()
+            del kept
             gc.collect()
-    for run in result["runs"]:  # runs pruned before llama-cpp-python was importable
-        if "llama_cpp" not in run and not llama_speed(run):
-            result["partial"] = "llama.cpp speed not measured: llama-cpp-python is not installed"
-            save()
-            return 0
-        save()
-    result["partial"] = None
+    if result["partial"] == "still running":
+        result["partial"] = None
     result["host"]["loadavg_end"] = os.getloadavg()
     save()
     return 0
 
 
-def pruner_needs_calibration(config) -> bool:
+def q8_0_megabytes(model: torch.nn.Module) -> float:
+    """Tensor data of the q8_0 export: 2-D weights whose rows are a multiple of 32 as q8_0 (34 bytes per 32 values),
+    the others f16, 1-D tensors f32 (what `export_gguf(..., "q8_0")` writes; the tokenizer adds ~1.3 MB)."""
+    total, seen = 0, set()
+    for p in model.parameters():
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        if p.dim() == 1:
+            total += 4 * p.numel()
+        elif p.shape[-1] % 32 == 0:
+            total += p.numel() // 32 * 34
+        else:
+            total += 2 * p.numel()
+    return total / 1e6
+
+
+def needs_calibration(config) -> bool:
     from optimum_prune.registry import get_pruner_class
 
     return get_pruner_class(config.method)(config).needs_calibration

@@ -153,7 +153,7 @@ class StructuredPruningConfig(PruningConfig):
     gqa_mode: str = "auto"
     min_heads_per_layer: int = 1
     min_mlp_channels_per_layer: int = 1
-    round_to: int = 1
+    round_to: int = 64
     skip_layers: tuple[int, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:

@@ -326,6 +326,9 @@ def export_gguf(
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; the file gets the permissions of a normal new file
     try:
         writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[_ARCH[layout["arch"]]])
         _write_hparams(writer, model, layout, outtype)
