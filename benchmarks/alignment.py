@@ -85,7 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-seq-len", type=int, default=512)
     p.add_argument("--prompt-len", type=int, default=128, help="prefill length of the speed runs")
     p.add_argument("--new-tokens", type=int, default=16, help="decoded tokens of the llama.cpp speed runs")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved speed rounds")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved speed rounds")
     p.add_argument(
         "--speed-all", nargs="*", default=["numerical"], help="methods timed at every round_to (others: 1 and 64)"
     )
@@ -97,8 +97,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 @torch.no_grad()
-def torch_prefill_speed(models: dict[str, torch.nn.Module], ids: torch.Tensor, repeats: int) -> dict[str, float]:
-    """Median prefill seconds per model, interleaved (one warm-up)."""
+def torch_prefill_speed(models: dict[str, torch.nn.Module], ids: torch.Tensor, repeats: int) -> dict[str, list]:
+    """Prefill seconds of every run per model, interleaved (one warm-up)."""
     times: dict[str, list[float]] = {n: [] for n in models}
     names = list(models)
     for name in names:
@@ -108,7 +108,16 @@ def torch_prefill_speed(models: dict[str, torch.nn.Module], ids: torch.Tensor, r
             t0 = time.perf_counter()
             models[name](ids, use_cache=False)
             times[name].append(time.perf_counter() - t0)
-    return {n: statistics.median(v) for n, v in times.items()}
+    return times
+
+
+def fmt(v: Any, f: str = "{:.2f}x") -> str:
+    return f.format(v) if v is not None else "n/a"
+
+
+def both(d: dict[str, Any], key: str) -> str:
+    """A speed ratio from the medians / from the fastest runs."""
+    return f"{fmt(d.get(key))} / {fmt(d.get(key + '_best'))}"
 
 
 def write_markdown(result: dict[str, Any], path: Path) -> None:
@@ -119,7 +128,8 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         "",
         f"Calibration {s['num_samples']} x {s['seq_len']} BBC tokens (same ids for every run); perplexity on "
         f"{s['eval_tokens']} held-out BBC tokens and {s['eval_tokens']} Python-docs tokens in windows of "
-        f"{s['eval_seq_len']}; speed = dense time / pruned time, medians of {s['repeats']} interleaved rounds "
+        f"{s['eval_seq_len']}; speed = dense time / pruned time, from the medians / from the fastest of {s['repeats']} "
+        "interleaved rounds "
         f"({s['prompt_len']}-token prefill; llama.cpp also {s['new_tokens']} decoded tokens, f16 GGUF, "
         f"{s['threads']} threads). Dense: BBC {dense['ppl_bbc']:.2f}, Python docs {dense['ppl_python']:.2f}. "
         "q8_0 MB: tensor data of the q8_0 export, rows not a multiple of 32 stay f16 (dense "
@@ -132,11 +142,10 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
     for r in result["runs"]:
         widths = r["mlp_widths"]
         lc = r.get("llama_cpp", {})
-        fmt = lambda v, f="{:.2f}x": f.format(v) if v is not None else "n/a"  # noqa: E731
         lines.append(
             f"| {LABELS[r['method']]} | {r['round_to']} | {min(widths)}-{max(widths)} | {r['ppl_bbc']:.2f} | "
-            f"{r['ppl_python']:.2f} | {fmt(r.get('torch_prefill_speedup'))} | {fmt(lc.get('prefill_speedup'))} | "
-            f"{fmt(lc.get('decode_speedup'))} | {fmt(r.get('q8_0_mb'), '{:.1f}')} |"
+            f"{r['ppl_python']:.2f} | {both(r, 'torch_prefill_speedup')} | {both(lc, 'prefill_speedup')} | "
+            f"{both(lc, 'decode_speedup')} | {fmt(r.get('q8_0_mb'), '{:.1f}')} |"
         )
     if result.get("partial"):
         lines += ["", f"**Partial run**: {result['partial']}"]
@@ -223,7 +232,9 @@ def main(argv=None) -> int:
             secs = torch_prefill_speed({"dense": dense, **kept}, prompt, args.repeats)
             torch.set_num_threads(args.work_threads)
             for name in kept:
-                runs[name]["torch_prefill_speedup"] = secs["dense"] / secs[name]
+                med = statistics.median(secs["dense"]) / statistics.median(secs[name])
+                runs[name]["torch_prefill_speedup"] = med
+                runs[name]["torch_prefill_speedup_best"] = min(secs["dense"]) / min(secs[name])
             save()
             try:
                 import _llamacpp
@@ -240,9 +251,7 @@ def main(argv=None) -> int:
                 n_threads=args.threads,
             )
             for name in kept:
-                runs[name]["llama_cpp"] = {
-                    k: speed[name][k] for k in ("prefill_speedup", "decode_speedup", "prefill_tok_s", "decode_tok_s")
-                }
+                runs[name]["llama_cpp"] = {k: v for k, v in speed[name].items() if k != "samples"}
                 Path(paths.pop(name)).unlink()
             result.setdefault("llama_cpp_dense", {})[method] = speed["dense"]
             save()

@@ -68,13 +68,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ratios", nargs="+", type=float, default=[0.2, 0.3, 0.5])
     p.add_argument("--allocations", nargs="+", default=["global", "uniform"], choices=["global", "uniform"])
-    p.add_argument("--num-samples", type=int, default=32)
+    p.add_argument("--num-samples", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=256, help="calibration sequence length")
     p.add_argument("--holdout-fraction", type=float, default=0.5)
-    p.add_argument("--eval-tokens", type=int, default=4096)
+    p.add_argument("--eval-tokens", type=int, default=1024)
     p.add_argument("--eval-seq-len", type=int, default=512)
-    p.add_argument("--prompt-len", type=int, default=256)
-    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2, help="llama.cpp threads")
     p.add_argument("--work-threads", type=int, default=1, help="PyTorch threads of pruning and perplexity")
@@ -96,8 +96,9 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         f"{s['seq_len']} BBC tokens. Perplexity on the same {s['eval_tokens']} held-out BBC token ids in windows of "
         f"{s['eval_seq_len']}: transformers float32 vs llama.cpp (llama-cpp-python {result['versions'].get('llama_cpp')}"
         f", {s['threads']} threads). Speed: {s['prompt_len']}-token prefill and {s['new_tokens']} greedy decode "
-        f"tokens, medians of {s['repeats']} rounds with every model of a file type interleaved; x = against dense "
-        "of the same file type.",
+        f"tokens, {s['repeats']} rounds with every model of a file type interleaved: tok/s from the medians, then the "
+        "speedup against dense of the same file type from the medians / from the fastest runs (on a shared machine "
+        "the fastest run is the least disturbed).",
         "",
         "| model | GGUF arch | params | PPL transformers | PPL llama.cpp f16 | PPL llama.cpp q8_0 | f16 MB | q8_0 MB "
         "| prefill tok/s f16 (x) | decode tok/s f16 (x) | prefill tok/s q8_0 (x) | decode tok/s q8_0 (x) |",
@@ -110,7 +111,11 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         for t in OUTTYPES:
             sp = result.get("speed", {}).get(t, {}).get(name)
             for kind in ("prefill", "decode"):
-                cells.append(f"{sp[f'{kind}_tok_s']:.0f} ({sp[f'{kind}_speedup']:.2f}x)" if sp else "n/a")
+                cells.append(
+                    f"{sp[f'{kind}_tok_s']:.0f} ({sp[f'{kind}_speedup']:.2f}x / {sp[f'{kind}_speedup_best']:.2f}x)"
+                    if sp
+                    else "n/a"
+                )
         lines.append("| " + " | ".join(cells) + " |")
     tok = result.get("tokenization")
     if tok:
