@@ -250,6 +250,7 @@ def test_per_layer_qwen3_gemma3_refused_before_writing(arch, small_tokenizer, tm
 
 
 def test_gemma3_uniform_export(small_tokenizer, tmp_path):
+    # GGUFReader checks only: transformers' GGUF loader does not read gemma3's sliding-window pattern back
     model = _model("gemma3", small_tokenizer, query_pre_attn_scalar=16)
     prune_(model, MagnitudePruningConfig(pruning_ratio=0.3, allocation="uniform", round_to=1))
     f = _fields(gguf.GGUFReader(export_gguf(model, tmp_path / "g.gguf", "f32", tokenizer=small_tokenizer)))
@@ -296,3 +297,35 @@ def test_cli_and_directory_export(per_layer_llama, small_tokenizer, tmp_path, ca
     assert main(["export-gguf", "--model", str(tmp_path / "pruned"), "--output", str(tmp_path / "o" / "m.gguf")]) == 2
     assert "already exists" in capsys.readouterr().err
     assert main(["export-gguf", "--model", str(tmp_path / "nope"), "--output", str(tmp_path / "n.gguf")]) == 2
+
+
+def _bpe_tokenizer(pre_tokenizer, byte_fallback: bool = False):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.BPE(byte_fallback=byte_fallback))
+    tk.pre_tokenizer = pre_tokenizer
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator(PROBES * 5, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tk)
+
+
+def test_pre_tokenizer_is_matched_by_definition_or_refused():
+    from tokenizers import pre_tokenizers
+
+    from optimum_prune.export.gguf_tokenizer import GGUFTokenizerError, tokenizer_metadata
+
+    digits = _bpe_tokenizer(
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(False)])
+    )
+    assert tokenizer_metadata(digits, 300)["pre"] in ("smollm", "starcoder")
+    with pytest.raises(GGUFTokenizerError, match="not one llama.cpp implements"):
+        tokenizer_metadata(
+            _bpe_tokenizer(pre_tokenizers.Sequence([pre_tokenizers.Digits(), pre_tokenizers.ByteLevel(False)])), 300
+        )
+    with pytest.raises(GGUFTokenizerError, match="no llama.cpp equivalent"):
+        tokenizer_metadata(_bpe_tokenizer(pre_tokenizers.Whitespace()), 300)
+    with pytest.raises(GGUFTokenizerError, match="byte-level BPE"):
+        tokenizer_metadata(_bpe_tokenizer(pre_tokenizers.ByteLevel(False), byte_fallback=True), 300)
+    with pytest.raises(GGUFTokenizerError, match="embedding has 10 rows"):
+        tokenizer_metadata(digits, 10)
