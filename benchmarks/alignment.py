@@ -89,6 +89,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--speed-all", nargs="*", default=["numerical"], help="methods timed at every round_to (others: 1 and 64)"
     )
+    p.add_argument("--no-speed", action="store_true", help="perplexity and sizes only")
+    p.add_argument(
+        "--llama-speed-only",
+        action="store_true",
+        help="(re)measure only the llama.cpp speed of the runs in --output, from the f16 files left in --workdir",
+    )
     p.add_argument("--threads", type=int, default=2, help="threads of the speed runs (PyTorch and llama.cpp)")
     p.add_argument("--work-threads", type=int, default=1, help="PyTorch threads of pruning and perplexity")
     p.add_argument("--workdir", help="where the GGUF files go (default: a temporary directory)")
@@ -147,6 +153,8 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
             f"{r['ppl_python']:.2f} | {both(r, 'torch_prefill_speedup')} | {both(lc, 'prefill_speedup')} | "
             f"{both(lc, 'decode_speedup')} | {fmt(r.get('q8_0_mb'), '{:.1f}')} |"
         )
+    for note in result.get("notes", []):
+        lines += ["", note]
     if result.get("partial"):
         lines += ["", f"**Partial run**: {result['partial']}"]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -159,6 +167,8 @@ def main(argv=None) -> int:
     out = Path(args.output)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="alignment-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    if args.llama_speed_only:
+        return llama_speed_only(args, out, workdir)
     from optimum_prune.demo import smollm2_dir
 
     pruner = AutoPruner.from_pretrained(str(smollm2_dir()), gguf_file=GGUF_FILE, torch_dtype=torch.float32)
@@ -223,10 +233,12 @@ def main(argv=None) -> int:
                 result["runs"].append(run)
                 logger.info("%s: %s", name, {k: v for k, v in run.items() if k not in ("mlp_widths", "kv_heads")})
                 save()
-                if rt in speed_round_to[method]:
+                if rt in speed_round_to[method] and not args.no_speed:
                     kept[name] = model
                     path = export_gguf(model, workdir / f"{name}.f16.gguf", "f16", tokenizer=tok, overwrite=True)
                     paths[name] = str(path)
+            if args.no_speed:
+                continue
             # speed: dense and this method's models, interleaved round by round (PyTorch, then llama.cpp)
             torch.set_num_threads(args.threads)
             secs = torch_prefill_speed({"dense": dense, **kept}, prompt, args.repeats)
@@ -261,6 +273,48 @@ def main(argv=None) -> int:
         result["partial"] = None
     result["host"]["loadavg_end"] = os.getloadavg()
     save()
+    return 0
+
+
+def llama_speed_only(args: argparse.Namespace, out: Path, workdir: Path) -> int:
+    """llama.cpp speed of the runs recorded in `out` whose f16 GGUF files are still in `workdir`, per method."""
+    import _llamacpp
+    from transformers import AutoTokenizer
+
+    result = json.loads(out.read_text(encoding="utf-8"))
+    result["settings"].update(
+        {k: getattr(args, k) for k in ("prompt_len", "new_tokens", "repeats", "threads")}, llama_speed_only=True
+    )
+    from optimum_prune.demo import SMOLLM2_GGUF_FILE, smollm2_dir
+
+    tok = AutoTokenizer.from_pretrained(str(smollm2_dir()), gguf_file=SMOLLM2_GGUF_FILE)
+    _, held_out = split_documents(load_texts(str(bbc_news_dir())), args.holdout_fraction, 0)
+    prompt = get_calibration_batches(
+        CalibrationConfig(
+            dataset=head_documents(held_out, args.eval_tokens), num_samples=1, seq_len=args.prompt_len, seed=1
+        ),
+        tok,
+    )[0].tolist()
+    for method in args.methods:
+        runs = {f"{r['method']}_rt{r['round_to']}": r for r in result["runs"] if r["method"] == method}
+        paths = {n: workdir / f"{n}.f16.gguf" for n in runs if (workdir / f"{n}.f16.gguf").is_file()}
+        if not paths:
+            continue
+        speed = _llamacpp.compare_speed(
+            {"dense": str(workdir / "dense.f16.gguf"), **{n: str(p) for n, p in paths.items()}},
+            prompt,
+            new_tokens=args.new_tokens,
+            warmup=1,
+            repeats=args.repeats,
+            n_threads=args.threads,
+        )
+        for name in paths:
+            runs[name]["llama_cpp"] = {k: v for k, v in speed[name].items() if k != "samples"}
+        result.setdefault("llama_cpp_dense", {})[method] = {k: v for k, v in speed["dense"].items() if k != "samples"}
+        logger.info("%s: %s", method, {n: runs[n]["llama_cpp"] for n in paths})
+    result["partial"] = None
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    write_markdown(result, out.with_suffix(".md"))
     return 0
 
 

@@ -80,6 +80,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--work-threads", type=int, default=1, help="PyTorch threads of pruning and perplexity")
     p.add_argument("--workdir", help="where the GGUF files go (default: a temporary directory)")
     p.add_argument("--output", default=str(DEFAULT_OUTPUT))
+    p.add_argument(
+        "--speed-only",
+        action="store_true",
+        help="(re)measure only the speed of the models in --output, from the GGUF files left in --workdir",
+    )
     return p.parse_args(argv)
 
 
@@ -152,6 +157,13 @@ def main(argv=None) -> int:
     prompt = eval_ids[: args.prompt_len]
     import llama_cpp
 
+    if args.speed_only:
+        result = json.loads(out.read_text(encoding="utf-8"))
+        result["settings"].update(
+            {k: getattr(args, k) for k in ("prompt_len", "new_tokens", "repeats", "threads")}, speed_only_rerun=True
+        )
+        files = {t: {n: str(workdir / f"{n}.{t}.gguf") for n in result["models"]} for t in OUTTYPES}
+        return measure_speed(result, files, prompt, args, out)
     result: dict[str, Any] = {
         "settings": {k: v for k, v in vars(args).items() if k not in ("output", "workdir")},
         "round_to": NumericalPruningConfig().round_to,
@@ -207,16 +219,23 @@ def main(argv=None) -> int:
                 measure(name, model, {"ratio": ratio, "allocation": allocation, "measured_ratio": report.measured})
                 del model
                 gc.collect()
+    return measure_speed(result, files, prompt, args, out)
+
+
+def measure_speed(result: dict[str, Any], files: dict, prompt: list[int], args: argparse.Namespace, out: Path) -> int:
     result["speed"] = {}
     for outtype in OUTTYPES:
         result["partial"] = f"speed of {outtype} running"
-        result["speed"][outtype] = _llamacpp.compare_speed(
+        speed = _llamacpp.compare_speed(
             files[outtype], prompt, new_tokens=args.new_tokens, repeats=args.repeats, n_threads=args.threads
         )
-        save()
+        result["speed"][outtype] = speed
+        out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+        write_markdown(result, out.with_suffix(".md"))
     result["partial"] = None
     result["host"]["loadavg_end"] = os.getloadavg()
-    save()
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    write_markdown(result, out.with_suffix(".md"))
     return 0
 
 
