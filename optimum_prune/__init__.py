@@ -2,6 +2,7 @@
 
 from .auto import AutoPrunedModelForCausalLM, AutoPruner
 from .config import CalibrationConfig, PruningConfig, StructuredPruningConfig
+from .export import export_gguf
 from .methods.fista import FistaConfig
 from .methods.flap import FLAPConfig
 from .methods.magnitude import MagnitudePruningConfig
@@ -38,6 +39,7 @@ __all__ = [
     "__version__",
     "available_methods",
     "compute_plan",
+    "export_gguf",
     "load_pruned_model",
     "prune_",
     "register_pruning_method",

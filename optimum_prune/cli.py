@@ -1,4 +1,4 @@
-"""`optimum-prune`: command-line interface (`prune`, `eval`, `bench`, `demo`).
+"""`optimum-prune`: command-line interface (`prune`, `eval`, `bench`, `export-gguf`, `demo`).
 
 User errors (bad arguments, missing files, unsupported models, an existing output directory...) print one line on
 stderr and exit with status 2; `--verbose` adds INFO logging and the traceback.
@@ -216,6 +216,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_gguf(args: argparse.Namespace) -> int:
+    from .export import export_gguf
+
+    model = Path(args.model)
+    if not (model / "config.json").is_file():
+        raise UserError(
+            f"--model {args.model!r} is not a model directory (no config.json); pass a save_pretrained output."
+        )
+    out = Path(args.output)
+    if out.exists() and not args.overwrite:
+        raise FileExistsError(f"{out} already exists; choose another --output or pass --overwrite.")
+    path = export_gguf(model, out, args.outtype, overwrite=args.overwrite)
+    _write_json({"output": str(path), "outtype": args.outtype, "bytes": path.stat().st_size}, None)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import format_demo_table, run_demo
 
@@ -241,7 +257,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="Prune Hugging Face causal LMs into smaller checkpoints.")
     parser.add_argument("-v", "--verbose", action="store_true", help="INFO logging and tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{prune,eval,bench,demo}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{prune,eval,bench,export-gguf,demo}")
 
     def model_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("model", help="model directory, or a .gguf file")
@@ -303,6 +319,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="torch.set_num_threads")
     p.add_argument("--output", "-o", help="write the JSON result here (default: stdout)")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser(
+        "export-gguf",
+        help="write a saved model as a GGUF file for llama.cpp / Ollama",
+        description="Export a save_pretrained directory (pruned or dense) to GGUF; per-layer shapes go in as llama.cpp's "
+        "deci architecture.",
+    )
+    p.add_argument("--model", required=True, help="directory written by save_pretrained / optimum-prune prune")
+    p.add_argument("--output", "-o", required=True, help="the .gguf file to write (parent directories are created)")
+    p.add_argument("--outtype", choices=["f32", "f16", "bf16", "q8_0"], default="f16", help="weight type (f16)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing file")
+    p.set_defaults(func=cmd_export_gguf)
 
     from .demo import DEMO_DURATION
 

@@ -142,7 +142,11 @@ class StructuredPruningConfig(PruningConfig):
             `"group"` unless a layer has a single KV head.
         min_heads_per_layer (`int`, defaults to `1`): query heads each layer keeps at least.
         min_mlp_channels_per_layer (`int`, defaults to `1`): MLP channels each layer keeps at least.
-        round_to (`int`, defaults to `1`): keep a multiple of this many MLP channels per layer (e.g. 8 or 64).
+        round_to (`int`, defaults to `64`): keep a multiple of this many MLP channels in every pruned layer (the
+            nearest multiple, within the guards; a layer with at most `round_to` channels is left as allocated).
+            Aligned widths keep llama.cpp's / ggml's matrix kernels on their fast paths and let q8_0 quantize every
+            row (blocks of 32); `round_to=1` keeps the allocation's exact widths. llama.cpp's k-quants need rows that
+            are a multiple of 256. See `benchmarks/results/alignment_smollm2.md`.
         skip_layers (`tuple[int, ...]`, defaults to `()`): decoder layers left untouched.
     """
 
@@ -153,7 +157,7 @@ class StructuredPruningConfig(PruningConfig):
     gqa_mode: str = "auto"
     min_heads_per_layer: int = 1
     min_mlp_channels_per_layer: int = 1
-    round_to: int = 1
+    round_to: int = 64
     skip_layers: tuple[int, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:

