@@ -2,6 +2,7 @@
 
 from .auto import AutoPrunedModelForCausalLM, AutoPruner
 from .config import CalibrationConfig, PruningConfig, StructuredPruningConfig
+from .methods.amp import AMPConfig
 from .methods.fista import FistaConfig
 from .methods.flap import FLAPConfig
 from .methods.magnitude import MagnitudePruningConfig
@@ -21,6 +22,7 @@ from .version import __version__
 register_pruned_architectures()
 
 __all__ = [
+    "AMPConfig",
     "AutoPruner",
     "AutoPrunedModelForCausalLM",
     "CalibrationConfig",
