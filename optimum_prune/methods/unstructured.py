@@ -210,6 +210,8 @@ def layerwise_pass(
     """One layer-by-layer calibration pass in which every pruner prunes its targets of each layer, in list order.
 
     The next layer receives the pruned outputs, unless every pruner asks for the dense ones (FISTA's default).
+    If anything fails (e.g. AMP's loss becomes NaN), every weight written so far is restored before the error
+    propagates: the model is left unchanged (this keeps a copy of the targeted weights while the pass runs).
     `plan.layers[i].info` holds each pruner's per-layer entries (keyed by its position when there are several);
     `plan.info["seconds"]` the time each pruner spent.
     """
@@ -222,22 +224,31 @@ def layerwise_pass(
     seconds = [0.0] * len(pruners)
     plan = PruningPlan()
     desc = "+".join(p.config.method for p in pruners)
-    for i, layer in enumerate(tqdm(get_layers(model, spec), desc=f"{desc}: layers", leave=False)):
-        view = layer_view(layer, i, spec, model.config)
-        dense = copy.deepcopy(layer) if (want_copy and run is not None) else None
-        info: dict = {}
-        for k, p in enumerate(pruners):
-            t0 = time.perf_counter()
-            entry = p.prune_layer(run, view, dense)
-            seconds[k] += time.perf_counter() - t0
-            if len(pruners) == 1:
-                info = entry
-            elif entry:
-                info[str(k)] = entry
-        plan.layers[i] = LayerPlan(info=info)
-        if run is not None:
-            run.advance(run.run_layer(i, layer=dense if dense_next else None))  # outputs feed the next layer
-        del dense
+    backup: list[tuple[nn.Module, torch.Tensor]] = []  # original weights of what was written, to undo a failure
+    try:
+        for i, layer in enumerate(tqdm(get_layers(model, spec), desc=f"{desc}: layers", leave=False)):
+            view = layer_view(layer, i, spec, model.config)
+            paths = {t.path for p in pruners for t in p.targets}
+            backup += [(view.module(path), view.module(path).weight.detach().clone()) for path in sorted(paths)]
+            dense = copy.deepcopy(layer) if (want_copy and run is not None) else None
+            info: dict = {}
+            for k, p in enumerate(pruners):
+                t0 = time.perf_counter()
+                entry = p.prune_layer(run, view, dense)
+                seconds[k] += time.perf_counter() - t0
+                if len(pruners) == 1:
+                    info = entry
+                elif entry:
+                    info[str(k)] = entry
+            plan.layers[i] = LayerPlan(info=info)
+            if run is not None:
+                run.advance(run.run_layer(i, layer=dense if dense_next else None))  # outputs feed the next layer
+            del dense
+    except BaseException:
+        with torch.no_grad():
+            for module, weight in backup:
+                module.weight.copy_(weight)
+        raise
     plan.info["seconds"] = seconds
     return plan
 

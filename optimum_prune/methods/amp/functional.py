@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 __all__ = [
     "AttentionInputs",
+    "assemble",
     "attention_probs",
     "attention_mask",
     "amp_masks",
@@ -54,6 +55,8 @@ class AttentionInputs:
         q_norm / k_norm (`nn.Module | None`): per-head norms applied before RoPE.
         apply_rope (`Callable | None`): the module's `apply_rotary_pos_emb(q, k, cos, sin)`.
         causal (`bool`): causal mask.
+        block_size (`int`): query positions per block; blocks skip the keys the causal mask hides (~40% less work
+            at n = 512, same values).
     """
 
     xs: list[torch.Tensor]
@@ -68,6 +71,7 @@ class AttentionInputs:
     k_norm: nn.Module | None = None
     apply_rope: Callable | None = None
     causal: bool = True
+    block_size: int = 128
 
     @property
     def group_size(self) -> int:
@@ -138,7 +142,10 @@ def attention_probs(
             them in `p1 = c∘f` (Algorithm 1's printed gradient) instead of the exact `c∘f̃`.
 
     Returns:
-        `torch.Tensor` of shape `(b, G, g, n, n)`: probabilities per KV group `G` and query head in the group `g`.
+        `list[torch.Tensor]`: per block of `inp.block_size` query positions, the probabilities of shape
+        `(b, G, g, rows, keys)` per KV group `G` and query head in the group `g`, over the keys the block can see
+        (causal: keys up to its last row; sliding window: from its first row's window start). Entries outside
+        are exactly zero in the full matrix, so skipping them changes no value (`assemble` rebuilds the matrix).
     """
     x = inp.xs[chunk][samples]
     dtype = torch.float64 if Wq.dtype == torch.float64 else torch.float32
@@ -165,15 +172,45 @@ def attention_probs(
         cos, sin = (t[samples].to(dtype) if t.shape[0] > 1 else t.to(dtype) for t in rope)
         q, k = inp.apply_rope(q, k, cos, sin)
     G = g1 - g0
-    q = q.reshape(b, G, gs * n, hd)  # query heads of a group stacked along the rows: one matmul per KV head
-    s = (q @ k.transpose(-1, -2)).view(b, G, gs, n, n) * inp.scaling
-    if inp.softcap is not None:
-        s = torch.tanh(s / inp.softcap) * inp.softcap
-    allowed = attention_mask(n, inp.causal, inp.sliding_window, device=s.device)
-    s = s.masked_fill(~allowed, float("-inf"))
-    if dense_for_backward is not None:
-        return _Alg1Softmax.apply(s, dense_for_backward)
-    return torch.softmax(s, dim=-1)
+    q = q.view(b, G, gs, n, hd)
+    blocks = []
+    for a in range(0, n, inp.block_size):
+        e = min(n, a + inp.block_size)
+        # keys a query block can see: causal -> up to its last row; sliding window -> from its first row's window
+        k1 = e if inp.causal else n
+        k0 = max(0, a - inp.sliding_window + 1) if inp.sliding_window is not None else 0
+        qb = q[:, :, :, a:e].reshape(b, G, gs * (e - a), hd)  # a group's query heads stacked: one matmul per KV head
+        s = (qb @ k[:, :, k0:k1].transpose(-1, -2)).view(b, G, gs, e - a, k1 - k0) * inp.scaling
+        if inp.softcap is not None:
+            s = torch.tanh(s / inp.softcap) * inp.softcap
+        i = torch.arange(a, e, device=s.device).unsqueeze(1)
+        j = torch.arange(k0, k1, device=s.device).unsqueeze(0)
+        allowed = torch.ones(e - a, k1 - k0, dtype=torch.bool, device=s.device)
+        if inp.causal:
+            allowed &= j <= i
+        if inp.sliding_window is not None:
+            allowed &= (i - j) < inp.sliding_window
+        s = s.masked_fill(~allowed, float("-inf"))
+        if dense_for_backward is not None:
+            blocks.append(_Alg1Softmax.apply(s, dense_for_backward[len(blocks)]))
+        else:
+            blocks.append(torch.softmax(s, dim=-1))
+    return blocks
+
+
+def assemble(
+    blocks: list[torch.Tensor], n: int, causal: bool = True, sliding_window: int | None = None, block_size: int = 128
+) -> torch.Tensor:
+    """The full `(b, G, g, n, n)` probabilities from the query blocks of `attention_probs` (zeros elsewhere)."""
+    b, G, gs = blocks[0].shape[:3]
+    out = blocks[0].new_zeros(b, G, gs, n, n)
+    for t, blk in enumerate(blocks):
+        a = t * block_size
+        e = a + blk.shape[3]
+        k1 = e if causal else n
+        k0 = max(0, a - sliding_window + 1) if sliding_window is not None else 0
+        out[:, :, :, a:e, k0:k1] = blk
+    return out
 
 
 class _Alg1Softmax(torch.autograd.Function):
@@ -250,7 +287,7 @@ def amp_masks(
         cache_dense (`bool`): keep the dense probabilities for the whole run (else recompute them each step).
 
     Returns:
-        `(M_Q, M_K, info)`: real-valued masks and `{"loss_initial", "loss_final", "steps", "seconds", "losses"}`.
+        `(M_Q, M_K, info)`: real-valued float64 masks and `{"loss_initial", "loss_final", "steps", "seconds", "losses"}`.
 
     Raises:
         `FloatingPointError` when the loss becomes NaN/Inf (the caller decides what to leave unchanged).
@@ -261,8 +298,11 @@ def amp_masks(
     Wq, Wk = Wq.detach().to(dtype), Wk.detach().to(dtype)
     bq = None if bq is None else bq.detach().to(dtype)
     bk = None if bk is None else bk.detach().to(dtype)
-    Mq, Mk = torch.ones_like(Wq), torch.ones_like(Wk)
-    Vq, Vk = torch.zeros_like(Wq), torch.zeros_like(Wk)
+    # The masks (and momenta) live in float64: after the uniform shrink by the regulariser, the data term moves the
+    # entries apart by ~1e-7 relative per step, below float32 resolution near 1, so float32 masks would tie and be
+    # ranked by index. The forward and backward still run in float32 on `W∘M`.
+    Mq, Mk = torch.ones_like(Wq, dtype=torch.float64), torch.ones_like(Wk, dtype=torch.float64)
+    Vq, Vk = torch.zeros_like(Mq), torch.zeros_like(Mk)
     k = inp.num_samples
     reg = lambda_ if regularizer == "unscaled" else lambda_ / k
     units = _plan_chunks(inp, max_chunk_mb)
@@ -350,14 +390,13 @@ def _descend(
     losses: list[float] = []
     bar = tqdm(range(steps), desc=desc, leave=False, **({} if progress else {"disable": True}))
     for _ in bar:
-        Wq_m = (Wq * Mq).requires_grad_(update_q)
-        Wk_m = (Wk * Mk).requires_grad_(update_k)
+        Wq_m = (Wq * Mq).to(Wq.dtype).requires_grad_(update_q)
+        Wk_m = (Wk * Mk).to(Wk.dtype).requires_grad_(update_k)
         data = 0.0
         for u, (c, s, g) in enumerate(units):
             f = dense(u)
             probs = attention_probs(inp, c, Wq_m, Wk_m, bq, bk, s, g, f if gradient == "algorithm1" else None)
-            diff = probs - f
-            loss = 0.5 * diff.pow(2).sum() / k
+            loss = sum(0.5 * (pb - fb).pow(2).sum() for pb, fb in zip(probs, f)) / k
             loss.backward()
             data += float(loss.detach())
         total = data + 0.5 * lambda_ * float(Mq.pow(2).sum() + Mk.pow(2).sum())
@@ -366,10 +405,10 @@ def _descend(
             raise FloatingPointError(f"AMP loss became {total} at step {len(losses)}.")
         with torch.no_grad():
             if update_q:
-                Vq.mul_(momentum).add_(Wq_m.grad * Wq + reg * Mq)
+                Vq.mul_(momentum).add_(Wq_m.grad.double() * Wq + reg * Mq)
                 Mq.sub_(lr * Vq)
             if update_k:
-                Vk.mul_(momentum).add_(Wk_m.grad * Wk + reg * Mk)
+                Vk.mul_(momentum).add_(Wk_m.grad.double() * Wk + reg * Mk)
                 Mk.sub_(lr * Vk)
         bar.set_postfix(loss=f"{total:.4g}")
     return losses
@@ -413,8 +452,8 @@ def relative_attention_error(
     for c, s, g in _plan_chunks(inp, max_chunk_mb):
         f = attention_probs(inp, c, Wq, Wk, bq, bk, s, g)
         ft = attention_probs(inp, c, Wq_new, Wk_new, bq, bk, s, g)
-        num += float((ft - f).pow(2).sum())
-        den += float(f.pow(2).sum())
+        num += sum(float((a - b).pow(2).sum()) for a, b in zip(ft, f))
+        den += sum(float(b.pow(2).sum()) for b in f)
     return num / max(den, 1e-300)
 
 
