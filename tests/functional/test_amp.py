@@ -156,3 +156,32 @@ def test_synthetic_experiment_amp_beats_wanda_and_sparsegpt():
     ρ = 0.5, fused mask, 100 steps with momentum 0.9: AMP's relative attention error is below Wanda's and
     SparseGPT's (both applied to W as a linear layer on the same X)."""
     pytest.skip("filled in below")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_backward_gives_the_autograd_iterates(arch):
+    """The closed-form softmax/loss backward over causal query blocks (the fast path) and plain autograd give the
+    same masks after several steps, for both gradient readings (float64)."""
+    model = tiny_model(arch).double()
+    spec = get_spec(model)
+    view = layer_view(get_layers(model, spec)[1], 1, spec, model.config)
+    xs, rope = [], []
+
+    def hook(_m, args, kwargs):
+        xs.append((args[0] if args else kwargs["hidden_states"]).detach())
+        rope.append(kwargs.get("position_embeddings"))
+
+    h = view.attn.register_forward_pre_hook(hook, with_kwargs=True)
+    model(input_ids=calibration_ids(3, 16), use_cache=False)
+    h.remove()
+    inp = AttentionInputs.from_module(view.attn, xs, rope, view.num_heads, view.num_kv_heads, view.head_dim)
+    inp.block_size = 6
+    Wq, bq, Wk, bk = _qk(view)
+    for gradient in ("exact", "algorithm1"):
+        fast, slow = (
+            amp_masks(inp, Wq, Wk, bq, bk, steps=3, lr=50.0, gradient=gradient, fused_backward=fb, progress=False)
+            for fb in (True, False)
+        )
+        assert (fast[0] - 1).abs().max() > 0.1  # the masks moved
+        torch.testing.assert_close(fast[0], slow[0], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(fast[1], slow[1], rtol=1e-10, atol=1e-10)

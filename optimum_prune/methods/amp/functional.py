@@ -147,6 +147,15 @@ def attention_probs(
         (causal: keys up to its last row; sliding window: from its first row's window start). Entries outside
         are exactly zero in the full matrix, so skipping them changes no value (`assemble` rebuilds the matrix).
     """
+    q, k = project_qk(inp, chunk, Wq, Wk, bq, bk, samples, groups)
+    return [
+        _softmax_block(inp, q, k, a, dense_for_backward[t] if dense_for_backward is not None else None)
+        for t, a in enumerate(range(0, q.shape[3], inp.block_size))
+    ]
+
+
+def project_qk(inp, chunk, Wq, Wk, bq=None, bk=None, samples=slice(None), groups=None):
+    """Per-head queries `(b, G, g, n, d_h)` and keys `(b, G, n, d_h)` after biases, q/k norms and RoPE."""
     x = inp.xs[chunk][samples]
     dtype = torch.float64 if Wq.dtype == torch.float64 else torch.float32
     x = x.to(dtype)
@@ -172,30 +181,63 @@ def attention_probs(
         cos, sin = (t[samples].to(dtype) if t.shape[0] > 1 else t.to(dtype) for t in rope)
         q, k = inp.apply_rope(q, k, cos, sin)
     G = g1 - g0
-    q = q.view(b, G, gs, n, hd)
-    blocks = []
-    for a in range(0, n, inp.block_size):
-        e = min(n, a + inp.block_size)
-        # keys a query block can see: causal -> up to its last row; sliding window -> from its first row's window
-        k1 = e if inp.causal else n
-        k0 = max(0, a - inp.sliding_window + 1) if inp.sliding_window is not None else 0
-        qb = q[:, :, :, a:e].reshape(b, G, gs * (e - a), hd)  # a group's query heads stacked: one matmul per KV head
-        s = (qb @ k[:, :, k0:k1].transpose(-1, -2)).view(b, G, gs, e - a, k1 - k0) * inp.scaling
-        if inp.softcap is not None:
-            s = torch.tanh(s / inp.softcap) * inp.softcap
-        i = torch.arange(a, e, device=s.device).unsqueeze(1)
-        j = torch.arange(k0, k1, device=s.device).unsqueeze(0)
-        allowed = torch.ones(e - a, k1 - k0, dtype=torch.bool, device=s.device)
-        if inp.causal:
-            allowed &= j <= i
-        if inp.sliding_window is not None:
-            allowed &= (i - j) < inp.sliding_window
-        s = s.masked_fill(~allowed, float("-inf"))
-        if dense_for_backward is not None:
-            blocks.append(_Alg1Softmax.apply(s, dense_for_backward[len(blocks)]))
-        else:
-            blocks.append(torch.softmax(s, dim=-1))
-    return blocks
+    return q.view(b, G, gs, n, hd), k
+
+
+def _block_keys(inp: AttentionInputs, a: int, n: int) -> tuple[int, int, int]:
+    """Query rows `[a, e)` of a block and the keys `[k0, k1)` it can see."""
+    e = min(n, a + inp.block_size)
+    k1 = e if inp.causal else n
+    k0 = max(0, a - inp.sliding_window + 1) if inp.sliding_window is not None else 0
+    return e, k0, k1
+
+
+def _logits_block(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, a: int) -> torch.Tensor:
+    b, G, gs, n, hd = q.shape
+    e, k0, k1 = _block_keys(inp, a, n)
+    qb = q[:, :, :, a:e].reshape(b, G, gs * (e - a), hd)  # a group's query heads stacked: one matmul per KV head
+    s = (qb @ k[:, :, k0:k1].transpose(-1, -2)).view(b, G, gs, e - a, k1 - k0) * inp.scaling
+    if inp.softcap is not None:
+        s = torch.tanh(s / inp.softcap) * inp.softcap
+    i = torch.arange(a, e, device=s.device).unsqueeze(1)
+    j = torch.arange(k0, k1, device=s.device).unsqueeze(0)
+    allowed = torch.ones(e - a, k1 - k0, dtype=torch.bool, device=s.device)
+    if inp.causal:
+        allowed &= j <= i
+    if inp.sliding_window is not None:
+        allowed &= (i - j) < inp.sliding_window
+    return s.masked_fill(~allowed, float("-inf"))
+
+
+def _softmax_block(inp, q, k, a, dense_for_backward=None) -> torch.Tensor:
+    s = _logits_block(inp, q, k, a)
+    if dense_for_backward is not None:
+        return _Alg1Softmax.apply(s, dense_for_backward)
+    return torch.softmax(s, dim=-1)
+
+
+def _fused_block_backward(inp, q, k, dense_blocks, scale, literal) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """Data loss `scale·Σ½‖f̃ − f‖²` of all query blocks and its gradients w.r.t. `q` and `k`, without autograd on
+    the n×n tensors: `dS = p1 − rowsum(p1)·f̃` with `p1 = c∘f̃` (or `c∘f`, Algorithm 1), `dq = dS·k`, `dk = dSᵀ·q`.
+    Same values as autograd through the softmax, with about half the passes over the n×n tensors."""
+    b, G, gs, n, hd = q.shape
+    dq, dk = torch.zeros_like(q), torch.zeros_like(k)
+    loss = 0.0
+    for t, a in enumerate(range(0, n, inp.block_size)):
+        e, k0, k1 = _block_keys(inp, a, n)
+        with torch.no_grad():
+            ft = torch.softmax(_logits_block(inp, q, k, a), dim=-1)
+            f = dense_blocks[t]
+            c = ft.sub(f)
+            loss += 0.5 * float(torch.dot(c.view(-1), c.view(-1)))
+            p1 = c.mul_(f if literal else ft)
+            dS = p1.addcmul_(ft, p1.sum(-1, keepdim=True), value=-1.0)  # (b, G, g, rows, keys)
+            dS = dS.view(b, G, gs * (e - a), k1 - k0)
+            qb = q[:, :, :, a:e].reshape(b, G, gs * (e - a), hd)
+            g_scale = scale * inp.scaling
+            dq[:, :, :, a:e] += (dS @ k[:, :, k0:k1]).view(b, G, gs, e - a, hd) * g_scale
+            dk[:, :, k0:k1] += (dS.transpose(-1, -2) @ qb) * g_scale
+    return loss * scale, dq, dk
 
 
 def assemble(
@@ -264,6 +306,7 @@ def amp_masks(
     update_k: bool = True,
     max_chunk_mb: float = 256.0,
     cache_dense: bool = True,
+    fused_backward: bool = True,
     progress: bool = True,
     desc: str = "amp: steps",
 ) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -285,6 +328,9 @@ def amp_masks(
         update_q / update_k (`bool`): optimise that mask (the other stays at ones).
         max_chunk_mb (`float`): memory bound of one forward/backward chunk (see the module docstring).
         cache_dense (`bool`): keep the dense probabilities for the whole run (else recompute them each step).
+        fused_backward (`bool`): compute the softmax / loss gradient by its closed form on each query block instead
+            of autograd (same iterates up to rounding, fewer passes over the n×n tensors); autograd is used anyway
+            with logit soft-capping.
 
     Returns:
         `(M_Q, M_K, info)`: real-valued float64 masks and `{"loss_initial", "loss_final", "steps", "seconds", "losses"}`.
@@ -348,6 +394,7 @@ def amp_masks(
                 steps,
                 progress,
                 desc,
+                fused_backward,
             )
     finally:
         for p, f in zip(norms, flags):
@@ -385,6 +432,7 @@ def _descend(
     steps,
     progress,
     desc,
+    fused_backward=True,
 ) -> list[float]:
     """The descent loop of `amp_masks` (updates `Mq`, `Mk` and the momenta in place); returns the losses."""
     losses: list[float] = []
@@ -395,6 +443,15 @@ def _descend(
         data = 0.0
         for u, (c, s, g) in enumerate(units):
             f = dense(u)
+            if fused_backward and inp.softcap is None:
+                q, kk = project_qk(inp, c, Wq_m, Wk_m, bq, bk, s, g)
+                loss, dq, dk = _fused_block_backward(
+                    inp, q.detach(), kk.detach(), f, 1.0 / k, gradient == "algorithm1"
+                )
+                pairs = [(t, d) for t, d in ((q, dq), (kk, dk)) if t.requires_grad]
+                torch.autograd.backward([t for t, _ in pairs], [d for _, d in pairs])
+                data += loss
+                continue
             probs = attention_probs(inp, c, Wq_m, Wk_m, bq, bk, s, g, f if gradient == "algorithm1" else None)
             loss = sum(0.5 * (pb - fb).pow(2).sum() for pb, fb in zip(probs, f)) / k
             loss.backward()
