@@ -6,17 +6,22 @@ import pytest
 import torch
 from testing_utils import ARCHS, calibration_ids, tiny_model
 
+from optimum_prune.functional.masks import keep_mask
 from optimum_prune.methods.amp.config import AMPConfig
 from optimum_prune.methods.amp.functional import (
     AttentionInputs,
     amp_masks,
     assemble,
     attention_probs,
+    binarize,
+    fused_amp_masks,
     fused_mask_gradient,
     separate_mask_gradients,
     softmax_causal,
 )
 from optimum_prune.methods.amp.pruner import AMPPruner, _qk
+from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune
+from optimum_prune.methods.wanda.functional import wanda_scores
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view
 
 D = torch.float64
@@ -151,11 +156,63 @@ def test_attention_probs_equal_the_real_attention_module(arch):
     assert pruner.config.targets == ("q_proj", "k_proj")
 
 
+def _synthetic(d=64, n=128, k=16, seed=0):
+    """SPEC §C.3: rank-4 W_Q, W_K (top-4 SVD of N(0,1) d×d matrices), W = W_Q W_Kᵀ, k Gaussian X (n × d). X is scaled
+    by 1/√d so that the logits are O(1) (unscaled, the softmax of X W Xᵀ is one-hot and every method's error is ~1)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rank4():
+        U, S, Vh = torch.linalg.svd(torch.randn(d, d, generator=g, dtype=D))
+        return U[:, :4] @ torch.diag(S[:4]) @ Vh[:4]
+
+    W = rank4() @ rank4().T
+    Xs = [torch.randn(n, d, generator=g, dtype=D) / d**0.5 for _ in range(k)]
+    return W, Xs
+
+
+def _rel(W, W_new, Xs):
+    num = den = 0.0
+    for X in Xs:
+        f = softmax_causal(X @ W @ X.T)
+        num += float((softmax_causal(X @ W_new @ X.T) - f).pow(2).sum())
+        den += float(f.pow(2).sum())
+    return num / den
+
+
+def _baselines(W, Xs, rho):
+    """Wanda and SparseGPT on W as the linear layer `X ↦ X W` (PyTorch layout: weight `Wᵀ`, input X)."""
+    X = torch.cat(Xs)
+    wanda = W.T * keep_mask(wanda_scores(W.T, X.pow(2).sum(0)), rho, None, per="row")
+    sgpt = sparsegpt_prune(W.T.contiguous(), X.T @ X / X.shape[0], rho)[0]
+    return _rel(W, wanda.T, Xs), _rel(W, sgpt.T, Xs)
+
+
+def test_synthetic_experiment_amp_descends_and_ranks_by_mask_value():
+    """The fused-form descent (paper settings of §C.3: λ_ctrl = 0.04, η = 0.1/λ_ctrl, 100 steps, momentum 0.9)
+    lowers the attention loss of its soft mask below that of a uniform shrink, and its binarisation keeps
+    exactly the largest mask values."""
+    W, Xs = _synthetic(k=4)
+    M = fused_amp_masks(W, Xs, lambda_=0.04, lr=2.5, steps=100)
+    keep = binarize(M, W, 0.5)
+    assert keep.sum() == W.numel() // 2 and M[keep].min() >= M[~keep].max()
+    uniform = torch.full_like(M, float(M.mean()))
+    assert _rel(W, M * W, Xs) < _rel(W, uniform * W, Xs)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Does not reproduce: with the spec's synthetic settings AMP's relative attention error (0.111) is below "
+    "neither SparseGPT's (0.035) nor Wanda's (0.076) on the same W, X (d=64, n=128, k=16, rho=0.5). Strict: if a "
+    "change makes the paper's claim hold, this test reports it.",
+)
 def test_synthetic_experiment_amp_beats_wanda_and_sparsegpt():
-    """SPEC §C.3: d = 64, n = 128, rank-4 W_Q, W_K from the SVD of a Gaussian, W = W_Q W_Kᵀ, Gaussian X,
-    ρ = 0.5, fused mask, 100 steps with momentum 0.9: AMP's relative attention error is below Wanda's and
-    SparseGPT's (both applied to W as a linear layer on the same X)."""
-    pytest.skip("filled in below")
+    """SPEC §C.3 / Figure 2: d = 64, n = 128, rank-4 W, ρ = 0.5: AMP's relative attention error ‖f̃ − f‖²/‖f‖² is
+    below Wanda's and SparseGPT's on the same W and X (the paper's claim)."""
+    W, Xs = _synthetic()
+    M = fused_amp_masks(W, Xs, lambda_=0.04, lr=2.5, steps=100)
+    amp = _rel(W, W * binarize(M, W, 0.5), Xs)
+    wanda, sgpt = _baselines(W, Xs, 0.5)
+    assert amp < wanda and amp < sgpt, (amp, wanda, sgpt)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

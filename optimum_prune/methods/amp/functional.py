@@ -35,6 +35,7 @@ __all__ = [
     "amp_masks",
     "binarize",
     "relative_attention_error",
+    "fused_amp_masks",
     "fused_mask_gradient",
     "separate_mask_gradients",
     "softmax_causal",
@@ -538,6 +539,30 @@ def fused_mask_gradient(
         f = softmax_causal(X @ W @ X.T)
         g += X.T @ _p(X @ (M * W) @ X.T, f, dense_in_p1) @ X
     return W * g + lambda_ * M
+
+
+def fused_amp_masks(
+    W: torch.Tensor,
+    Xs: Sequence[torch.Tensor],
+    *,
+    lambda_: float,
+    lr: float,
+    steps: int = 100,
+    momentum: float = 0.9,
+    regularizer: str = "unscaled",
+) -> torch.Tensor:
+    """The paper's fused-W form (Algorithm 1; the theory and synthetic experiments): a single mask on
+    `W = W_Q W_Kᵀ` (`d × d`, right-multiplied, no scaling, causal), heavy-ball descent from ones with the closed-form
+    gradient averaged over the `k` samples; `regularizer="divided_by_k"` divides λM by k as printed."""
+    k = len(Xs)
+    reg = lambda_ if regularizer == "unscaled" else lambda_ / k
+    M, V = torch.ones_like(W), torch.zeros_like(W)
+    for _ in range(steps):
+        V = momentum * V + fused_mask_gradient(M, W, Xs, 0.0) / k + reg * M
+        M = M - lr * V
+        if not torch.isfinite(M).all():
+            raise FloatingPointError("the fused AMP descent diverged; lower lr.")
+    return M
 
 
 def separate_mask_gradients(
