@@ -66,8 +66,8 @@ QK = ["q_proj", "k_proj"]
 
 
 def attn_config(method: str, sparsity: float, steps: int):
-    if method == "amp":
-        return AMPConfig(sparsity=sparsity, steps=steps)
+    if method == "amp":  # the paper's setting, ranking by mask value included
+        return AMPConfig(sparsity=sparsity, steps=steps, score="mask")
     cls = {"wanda": WandaConfig, "sparsegpt": SparseGPTConfig}[method]
     return cls(sparsity=sparsity, targets=QK)
 
@@ -100,7 +100,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"noisy). Calibration: {c['num_samples']} x {c['seq_len']} tokens of the calibration half of the BBC corpus, "
         f"identical ids for every row. Perplexity on the first {s['eval']['tokens']} tokens (windows of "
         f"{s['eval']['seq_len']}) of the held-out BBC half (in domain) and of the Python 3.11 documentation "
-        f"(out of domain). AMP: paper settings (λ = 0.05, η = 0.005, momentum 0.9) with {s['amp_steps']} steps. "
+        f"(out of domain). AMP: paper settings (λ = 0.05, η = 0.005, momentum 0.9, ranking by mask value) with "
+        f"{s['amp_steps']} steps. "
         "Every method prunes 50% of its targets; stage 1 prunes q/k, stage 2 the MLP of the stage-1 model.",
         "",
         f"Dense: BBC **{_f(result.get('dense', {}).get('ppl_bbc'))}**, Python docs "
@@ -178,7 +179,7 @@ def error_study(model, ids, layers: list[int], rhos: list[float], steps: int, ba
     """Per layer (dense inputs): relative attention error of AMP / Wanda / SparseGPT masks on q,k at each ρ."""
     spec = get_spec(model)
     run = LayerwiseRunner(model, spec, ids, batch_size=batch_size)
-    pruner = AMPPruner(AMPConfig(steps=steps))
+    pruner = AMPPruner(AMPConfig(steps=steps, score="mask"))
     out: dict[str, Any] = {}
     for i in range(max(layers) + 1):
         if i in layers:
@@ -296,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
             "load": f"{os.getloadavg()[0]:.1f}",
         },
-        "status": "running", "dense": {}, "rows": {}, "stage1": {}, "amp_config": AMPConfig(steps=args.steps).to_dict(),
+        "status": "running", "dense": {}, "rows": {}, "stage1": {}, "amp_config": AMPConfig(steps=args.steps, score="mask").to_dict(),
     }  # fmt: skip
     if args.resume and json_path.exists():
         old = json.loads(json_path.read_text())
