@@ -3,6 +3,7 @@
 from .auto import AutoPrunedModelForCausalLM, AutoPruner
 from .config import CalibrationConfig, PruningConfig, StructuredPruningConfig
 from .export import export_gguf
+from .methods.amp import AMPConfig
 from .methods.fista import FistaConfig
 from .methods.flap import FLAPConfig
 from .methods.magnitude import MagnitudePruningConfig
@@ -22,6 +23,7 @@ from .version import __version__
 register_pruned_architectures()
 
 __all__ = [
+    "AMPConfig",
     "AutoPruner",
     "AutoPrunedModelForCausalLM",
     "CalibrationConfig",

@@ -100,8 +100,10 @@ class AutoPruner:
         )
         return cls(model, tok)
 
-    def prune(self, config: PruningConfig, calibration: Any = None, **kwargs: Any) -> PruningReport:
-        """Run `prune_` on the model; see `optimum_prune.prune_` for the arguments."""
+    def prune(
+        self, config: PruningConfig | list[PruningConfig], calibration: Any = None, **kwargs: Any
+    ) -> PruningReport:
+        """Run `prune_` on the model (a config, or a recipe: a list of configs); see `optimum_prune.prune_`."""
         report = prune_(self.model, config, calibration, self.tokenizer, **kwargs)
         self.reports.append(report)
         return report

@@ -116,7 +116,14 @@ def _build_config(args: argparse.Namespace):
     if args.config:
         if not Path(args.config).is_file():
             raise UserError(f"--config {args.config!r} is not a file.")
-        data = PruningConfig.from_json_file(args.config).to_dict()
+        loaded = PruningConfig.from_json_file(args.config)
+        if isinstance(loaded, list):  # a recipe: the file says everything
+            used = [f"--{k.replace('_', '-')}" for k in ("ratio", "allocation", "gqa_mode", "round_to", "pattern")
+                    if getattr(args, k) is not None] + (["--set"] if args.set else [])  # fmt: skip
+            if used:
+                raise UserError(f"{', '.join(used)} cannot change a recipe (a list of configs); edit {args.config}.")
+            return loaded
+        data = loaded.to_dict()
     else:
         data = {"method": args.method}
     names = {f.name for f in dataclasses.fields(get_config_class(data["method"]))}
@@ -149,9 +156,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
     check_output_dir(out, args.overwrite, replace_hint="pass --overwrite to replace it")
     _check_parent(args.report)
     calibration = None
-    if get_pruner_class(config.method)(config).needs_calibration:
+    configs = config if isinstance(config, list) else [config]
+    needing = [c.method for c in configs if get_pruner_class(c.method)(c).needs_calibration]
+    if needing:
         if args.calib is None:
-            raise UserError(f"Method {config.method!r} needs calibration text: pass --calib PATH|DIR|NAME (or 'bbc').")
+            raise UserError(f"Method {needing[0]!r} needs calibration text: pass --calib PATH|DIR|NAME (or 'bbc').")
         dataset = _texts(args.calib, args.holdout_fraction, args.split_seed, part=0)
         calibration = CalibrationConfig(
             dataset=dataset,
@@ -166,7 +175,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
     saved = pruner.save_pretrained(out, overwrite=args.overwrite)
     if args.report:
         report.to_json_file(args.report)
-    summary = {k: v for k, v in report.to_dict().items() if k not in ("layers", "sparsity", "info", "calibration")}
+    drop = ("layers", "sparsity", "info", "calibration", "sections")
+    summary = {k: v for k, v in report.to_dict().items() if k not in drop}
+    if report.sections:  # a recipe: one line per config
+        keys = ("method", "target", "measured", "seconds")
+        summary["sections"] = [{k: s[k] for k in keys if k in s} for s in report.sections]
     _write_json({**summary, "output": str(saved), "report": args.report}, None)
     return 0
 
@@ -273,8 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prune", help="prune a model and save it", description="Prune a model and save the result.")
     model_args(p)
     how = p.add_mutually_exclusive_group(required=True)
-    how.add_argument("--method", help="registered method, e.g. numerical, flap, magnitude")
-    how.add_argument("--config", help="a PruningConfig JSON file (method included); flags below override it")
+    how.add_argument("--method", help="registered method, e.g. numerical, flap, magnitude, wanda, amp")
+    how.add_argument(
+        "--config",
+        help="a PruningConfig JSON file (method included; flags below override it), or a recipe: a JSON list of "
+        "configs run together (e.g. AMP on q/k + Wanda on the rest), or a saved model's pruning_config.json",
+    )
     p.add_argument("--ratio", type=float, help="pruning_ratio (structured) or sparsity (unstructured / N:M pattern)")
     p.add_argument("--allocation", choices=["global", "uniform"])
     p.add_argument("--gqa-mode", dest="gqa_mode", choices=["auto", "group", "query"])

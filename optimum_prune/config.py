@@ -102,12 +102,22 @@ class PruningConfig:
             f.write(self.to_json_string())
 
     @classmethod
-    def from_json_file(cls, path: str | os.PathLike) -> PruningConfig:
+    def from_json_file(cls, path: str | os.PathLike) -> PruningConfig | list[PruningConfig]:
+        """A config, or a recipe (a JSON list of configs, returned as a list) from a JSON file.
+
+        A `pruning_config.json` written next to a model holds a history; the last applied config (or recipe) is
+        returned, so that it can be re-run exactly.
+        """
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-        # A `pruning_config.json` written next to a model holds a history; take the last applied config.
         if isinstance(data, dict) and "history" in data:
             data = data["history"][-1]["config"]
+        if isinstance(data, dict) and isinstance(data.get("recipe"), list):
+            data = data["recipe"]
+        if isinstance(data, list):
+            if not data:
+                raise ValueError(f"{path} holds an empty recipe; give at least one config.")
+            return [cls.from_dict(d) for d in data]
         return cls.from_dict(data)
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> None:
@@ -116,8 +126,8 @@ class PruningConfig:
         self.to_json_file(os.path.join(save_directory, PRUNING_CONFIG_NAME))
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike) -> PruningConfig:
-        """Read a config from a directory holding `pruning_config.json`, or from a JSON file."""
+    def from_pretrained(cls, path: str | os.PathLike) -> PruningConfig | list[PruningConfig]:
+        """Read a config (or a recipe: a list) from a directory holding `pruning_config.json`, or from a JSON file."""
         path = os.fspath(path)
         if os.path.isdir(path):
             path = os.path.join(path, PRUNING_CONFIG_NAME)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -13,13 +14,14 @@ from torch import nn
 from .calibration.sequential import LayerwiseRunner
 from .config import CalibrationConfig, PruningConfig
 from .methods.structured import attention_mlp_params
+from .methods.unstructured import target_sparsity
 from .modeling.architectures import get_layers, get_spec, layer_view
 from .modeling.surgery import apply_layer_plan_
 from .registry import get_pruner_class
-from .report import PruningReport, count_parameters, layer_table, linear_sparsity
+from .report import PruningReport, count_parameters, layer_table
 from .version import __version__
 
-__all__ = ["prune_", "compute_plan", "HISTORY_ATTR"]
+__all__ = ["prune_", "compute_plan", "HISTORY_ATTR", "record_history", "zero_fraction"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +80,10 @@ def _prepare(
 
 
 def compute_plan(model: nn.Module, config: PruningConfig, calibration: Any = None, tokenizer: Any = None, **kwargs):
-    """Decide without executing the removal: returns `(spec, plan)` (used to verify "removed ≡ zeroed")."""
+    """Decide without executing the removal: returns `(spec, plan)` (used to verify "removed ≡ zeroed").
+
+    Unstructured methods write their new weights while deciding (later layers must see them).
+    """
     spec, pruner, runner, _ = _prepare(
         model, config, calibration, tokenizer, kwargs.get("batch_size"), kwargs.get("device")
     )
@@ -88,7 +93,7 @@ def compute_plan(model: nn.Module, config: PruningConfig, calibration: Any = Non
 
 def prune_(
     model: nn.Module,
-    config: PruningConfig,
+    config: PruningConfig | Sequence[PruningConfig],
     calibration: Any = None,
     tokenizer: Any = None,
     *,
@@ -99,7 +104,9 @@ def prune_(
 
     Args:
         model (`PreTrainedModel`): a supported `*ForCausalLM` model (see `supported_model_types()`).
-        config (`PruningConfig`): e.g. `NumericalPruningConfig(pruning_ratio=0.2)`.
+        config (`PruningConfig | list[PruningConfig]`): e.g. `NumericalPruningConfig(pruning_ratio=0.2)`, or a
+            recipe: a list of configs (see `optimum_prune.recipe`), e.g. AMP on q/k and Wanda on the rest, run in
+            one layer-wise calibration pass.
         calibration (`CalibrationConfig | torch.LongTensor | None`): calibration text (or token ids); required by
             data-driven methods.
         tokenizer (`PreTrainedTokenizerBase | None`): tokenizes the calibration text.
@@ -110,6 +117,10 @@ def prune_(
         `PruningReport` with measured ratios and per-layer shapes. All validation happens before any weight is
         touched; a failure then leaves the model unchanged.
     """
+    if isinstance(config, (list, tuple)):
+        from .recipe import prune_recipe_
+
+        return prune_recipe_(model, list(config), calibration, tokenizer, batch_size=batch_size, device=device)
     t0 = time.perf_counter()
     spec, pruner, runner, calib_desc = _prepare(model, config, calibration, tokenizer, batch_size, device)
     params_before, prunable_before = count_parameters(model), attention_mlp_params(model, spec)
@@ -124,15 +135,16 @@ def prune_(
     model.train(was_training)
     t2 = time.perf_counter()
     prunable_after = attention_mlp_params(model, spec)
-    sparsity = {} if pruner.is_structured else linear_sparsity(model, spec)
+    sparsity = {}
     if pruner.is_structured:
         measured = 1 - prunable_after / prunable_before
         target = config.pruning_ratio
     else:
-        zeros = sum(s * _numel(model, spec, k) for k, s in sparsity.items())
-        measured = zeros / max(sum(_numel(model, spec, k) for k in sparsity), 1)
+        per_target = target_sparsity(model, spec, pruner.resolve(model, spec))
+        sparsity = {k: s for k, (s, _) in per_target.items()}
+        measured = sum(s * n for s, n in per_target.values()) / max(sum(n for _, n in per_target.values()), 1)
         target = config.sparsity
-        plan.info["whole_model_sparsity"] = sum(float((p == 0).sum()) for p in model.parameters()) / params_before
+        plan.info["whole_model_sparsity"] = zero_fraction(model, params_before)
     report = PruningReport(
         method=config.method,
         config=config.to_dict(),
@@ -148,23 +160,33 @@ def prune_(
         calibration=calib_desc,
         info={**plan.info, "layers": {i: lp.info for i, lp in plan.layers.items() if lp.info}},
     )
-    history = getattr(model, HISTORY_ATTR, [])
-    history.append(
-        {
-            "method": config.method,
-            "config_version": config.config_version,
-            "config": config.to_dict(),
-            "optimum_prune_version": __version__,
-            "transformers_version": transformers.__version__,
-            "calibration": calib_desc,
-            "report": {k: v for k, v in report.to_dict().items() if k not in ("config", "layers", "sparsity", "info")},
-        }
-    )
-    setattr(model, HISTORY_ATTR, history)
+    record_history(model, config.method, config.config_version, config.to_dict(), calib_desc, report)
     logger.info("%s", report)
     return report
 
 
-def _numel(model: nn.Module, spec, key: str) -> int:
-    _, idx, path = key.split(".", 2)
-    return get_layers(model, spec)[int(idx)].get_submodule(path).weight.numel()
+def zero_fraction(model: nn.Module, params: int) -> float:
+    """Exact zeros among all parameters (tied weights once), relative to `params`."""
+    unique = {id(p): p for p in model.parameters()}.values()
+    return sum(float((p == 0).sum()) for p in unique) / max(params, 1)
+
+
+def record_history(model: nn.Module, method: str, version: int, config: Any, calib_desc, report) -> None:
+    """Append one entry to the history that `save_pruned` writes into `pruning_config.json`."""
+    history = getattr(model, HISTORY_ATTR, [])
+    history.append(
+        {
+            "method": method,
+            "config_version": version,
+            "config": config,
+            "optimum_prune_version": __version__,
+            "transformers_version": transformers.__version__,
+            "calibration": calib_desc,
+            "report": {
+                k: v
+                for k, v in report.to_dict().items()
+                if k not in ("config", "layers", "sparsity", "info", "sections")
+            },
+        }
+    )
+    setattr(model, HISTORY_ATTR, history)

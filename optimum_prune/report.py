@@ -64,6 +64,8 @@ class PruningReport:
         timings (`dict[str, float]`): seconds spent in calibration capture, decision and surgery.
         calibration (`dict | None`): description of the calibration data.
         info (`dict`): method diagnostics.
+        sections (`list[dict]`): for a recipe, one entry per config (method, config, target, measured, per-target
+            sparsity, seconds, per-layer diagnostics); empty for a single config.
     """
 
     method: str
@@ -79,6 +81,7 @@ class PruningReport:
     timings: dict[str, float] = field(default_factory=dict)
     calibration: dict | None = None
     info: dict = field(default_factory=dict)
+    sections: list[dict] = field(default_factory=list)
 
     @property
     def whole_model_ratio(self) -> float:

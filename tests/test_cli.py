@@ -221,3 +221,35 @@ def test_demo_table_formatting():
     # noisy medians can leave the decode rate undefined (generate median <= prefill median)
     result["pruned"]["decode_tokens_per_s_median"] = result["ratios"]["decode_speedup_median"] = float("nan")
     assert "n/a" in format_demo_table(result)
+
+
+def test_prune_amp_and_a_recipe_file(model_dir, calib_file, tmp_path, capsys):
+    from optimum_prune import AMPConfig, PruningConfig, WandaConfig
+
+    out = tmp_path / "amp"
+    argv = ["prune", str(model_dir), "--method", "amp", "--ratio", "0.5", "--set", "steps=2", *_calib_args(calib_file)]
+    assert main([*argv, "--output", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["method"] == "amp"
+    assert PruningConfig.from_pretrained(out) == AMPConfig(sparsity=0.5, steps=2)
+    recipe = [AMPConfig(steps=2), WandaConfig(targets=["v_proj", "o_proj", "mlp"])]
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps([c.to_dict() for c in recipe]))
+    out2 = tmp_path / "recipe-out"
+    argv = ["prune", str(model_dir), "--config", str(path), *_calib_args(calib_file), "--output", str(out2)]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["method"] == "recipe" and [s["method"] for s in summary["sections"]] == ["amp", "wanda"]
+    assert PruningConfig.from_pretrained(out2) == recipe
+    # the saved pruning_config.json re-runs the recipe; flags cannot edit a recipe
+    saved = out2 / "pruning_config.json"
+    assert (
+        main(["prune", str(model_dir), "--config", str(saved), "--ratio", "0.3", "--output", str(tmp_path / "x")]) == 2
+    )
+    assert "cannot change a recipe" in capsys.readouterr().err
+    path.write_text(json.dumps([recipe[0].to_dict(), WandaConfig().to_dict()]))
+    assert (
+        main(["prune", str(model_dir), "--config", str(path), *_calib_args(calib_file), "-o", str(tmp_path / "y")])
+        == 2
+    )
+    assert "both target 'q_proj'" in capsys.readouterr().err
+    assert not (tmp_path / "y").exists()

@@ -9,6 +9,7 @@ import torch
 from testing_utils import ARCHS, calibration_ids, logits, tiny_model
 
 from optimum_prune import (
+    AMPConfig,
     AutoPrunedModelForCausalLM,
     FistaConfig,
     FLAPConfig,
@@ -59,6 +60,10 @@ METHOD_CASES = [
     # FISTA with few iterations keeps the contract suite fast; the paper defaults run in the benchmark.
     (FistaConfig, {"sparsity": 0.5, "K": 5, "max_outer": 3}, 0.02),
     (FistaConfig, {"sparsity": 0.5, "pattern": "2:4", "K": 5, "max_outer": 3, "warm_start": "sparsegpt"}, 0.02),
+    (WandaConfig, {"sparsity": 0.5, "targets": ["v_proj", "o_proj", "mlp"]}, 0.01),
+    # AMP with a few steps keeps the suite fast; the paper settings run in benchmarks/attention.py.
+    (AMPConfig, {"sparsity": 0.5, "steps": 3}, 0.01),
+    (AMPConfig, {"sparsity": 0.5, "pattern": "2:4", "steps": 3, "targets": ["k_proj"]}, 0.01),
 ]
 CASE_IDS = [f"{c.method}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for c, kw, _ in METHOD_CASES]
 
@@ -71,13 +76,18 @@ def _is_structured(cfg_cls, kwargs) -> bool:
     return "pruning_ratio" in kwargs
 
 
-def _projections(model):
-    from optimum_prune.modeling.architectures import get_spec, weight_oi
+def _projections(model, targets=None):
+    """(name, weight) of every projection, or of every target (`layers.<i>.<key>`, fused slices included)."""
+    from optimum_prune.modeling.architectures import get_spec, resolve_targets, weight_oi
 
     spec = get_spec(model)
     for i, layer in enumerate(get_layers(model, spec)):
-        for path in spec.linear_paths:
-            yield f"layers.{i}.{path}", weight_oi(layer.get_submodule(path))
+        for t in resolve_targets(spec, targets) if targets is not None else ():
+            w = weight_oi(layer.get_submodule(t.path))
+            yield f"layers.{i}.{t.key}", w[t.rows(w.shape[0])]
+        if targets is None:
+            for path in spec.linear_paths:
+                yield f"layers.{i}.{path}", weight_oi(layer.get_submodule(path))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -96,7 +106,9 @@ def test_contract(arch, cfg_cls, kwargs, tol, tmp_path):
         assert report.params_after < report.params_before
     else:
         nm = parse_pattern(kwargs.get("pattern", "unstructured"))
-        for name, w in _projections(model):
+        targeted = dict(_projections(model, config.targets))
+        assert set(report.sparsity) == set(targeted)  # the report covers exactly the targeted projections
+        for name, w in targeted.items():
             assert abs(report.sparsity[name] - config.sparsity) <= tol, name
             assert nm is None or is_valid_nm(w, *nm), name
         assert 0 < report.info["whole_model_sparsity"] < config.sparsity

@@ -1,15 +1,22 @@
 """Shared pieces of the unstructured / N:M methods (same shapes, weights zeroed and possibly updated).
 
-Lifecycle of `SequentialPruner` (Wanda, SparseGPT, RIA, magnitude in unstructured mode):
-  - for each decoder layer, one forward over the calibration chunks feeds `make_stats` accumulators with the
-    inputs of every projection (q/k/v share one input, so do gate/up: one accumulator per input group);
-  - `prune_weight` returns the new weight of each projection, written in place;
+Lifecycle of `SequentialPruner` (Wanda, SparseGPT, RIA, magnitude in unstructured mode), per decoder layer:
+  - one forward over the calibration chunks feeds `make_stats` accumulators with the inputs of every targeted
+    projection (q/k/v share one input, so do gate/up: one accumulator per input group);
+  - `prune_weight` returns the new weight of each targeted projection (or row slice of a fused q|k|v), written in
+    place;
   - the layer is run again and its *pruned* outputs feed the next layer (the Wanda/SparseGPT convention).
+
+`layerwise_pass` drives several such pruners at once (a recipe): on each layer every pruner prunes its own targets,
+in list order, then the layer's pruned output feeds the next layer. One calibration pass for all of them.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,11 +26,27 @@ from tqdm.auto import tqdm
 
 from ..config import PruningConfig, _choice
 from ..functional.masks import check_pattern_fits, parse_pattern
-from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
+from ..modeling.architectures import (
+    ArchitectureSpec,
+    LayerView,
+    Target,
+    get_layers,
+    layer_view,
+    normalize_targets,
+    resolve_targets,
+    weight_oi,
+)
 from ..plan import LayerPlan, PruningPlan
 from .base import BasePruner, RunnerFactory
 
-__all__ = ["UnstructuredConfigMixin", "SequentialPruner", "input_groups", "validate_sparsity"]
+__all__ = [
+    "UnstructuredConfigMixin",
+    "SequentialPruner",
+    "input_groups",
+    "validate_sparsity",
+    "layerwise_pass",
+    "target_sparsity",
+]
 
 
 def validate_sparsity(sparsity: Any, pattern: str) -> None:
@@ -39,18 +62,33 @@ def validate_sparsity(sparsity: Any, pattern: str) -> None:
         )
 
 
+def validate_targets(targets: Any) -> tuple[str, ...] | None:
+    """Checks role names (`ROLES` plus `"attention"`, `"mlp"`); returns them as a tuple (`None`: all)."""
+    if targets is None:
+        return None
+    if isinstance(targets, str):
+        targets = (targets,)
+    normalize_targets(targets)
+    return tuple(targets)
+
+
 @dataclass
 class UnstructuredConfigMixin(PruningConfig):
     """Fields of every unstructured / N:M method.
 
     Args:
-        sparsity (`float`, defaults to `0.5`): fraction of each projection's weights set to zero.
+        sparsity (`float`, defaults to `0.5`): fraction of each targeted projection's weights set to zero.
         pattern (`str`, defaults to `"unstructured"`): `"unstructured"` or `"N:M"` (N weights *kept* in every
             group of M consecutive inputs of a row, NVIDIA's convention; `"2:4"` is 50%).
+        targets (`tuple[str, ...] | None`, defaults to `None`): projections to prune, by architecture-independent
+            role: `"q_proj"`, `"k_proj"`, `"v_proj"`, `"o_proj"`, `"gate_proj"`, `"up_proj"`, `"down_proj"`, or the
+            shorthands `"attention"` / `"mlp"`. `None` prunes every projection. Mapped through the architecture
+            table (OPT's `fc1` is `up_proj`, GPT-2's `c_attn` holds q/k/v as row slices).
     """
 
     sparsity: float = 0.5
     pattern: str = "unstructured"
+    targets: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -58,6 +96,7 @@ class UnstructuredConfigMixin(PruningConfig):
             validate_sparsity(self.sparsity, self.pattern)
         else:
             validate_sparsity(self.sparsity, "unstructured")
+        self.targets = validate_targets(self.targets)
 
     @property
     def nm(self) -> tuple[int, int] | None:
@@ -74,10 +113,44 @@ def input_groups(spec: ArchitectureSpec) -> dict[str, tuple[str, ...]]:
     }
 
 
+def read_target(view: LayerView, t: Target) -> torch.Tensor:
+    """The `(out, in)` weight of a target (a row slice for part of a fused projection), detached."""
+    W = weight_oi(view.module(t.path)).detach()
+    return W[t.rows(W.shape[0])]
+
+
+def write_target(view: LayerView, t: Target, W: torch.Tensor) -> None:
+    with torch.no_grad():
+        full = weight_oi(view.module(t.path))
+        full[t.rows(full.shape[0])] = W.to(full.dtype)
+
+
+def target_sparsity(model: nn.Module, spec: ArchitectureSpec, targets: Sequence[Target]) -> dict[str, tuple]:
+    """`layers.<i>.<key>` → (fraction of zeros, numel) of every target of every layer."""
+    out = {}
+    for i, layer in enumerate(get_layers(model, spec)):
+        view = layer_view(layer, i, spec, model.config)
+        for t in targets:
+            w = read_target(view, t)
+            out[f"layers.{i}.{t.key}"] = (float((w == 0).sum()) / max(w.numel(), 1), w.numel())
+    return out
+
+
 class SequentialPruner(BasePruner):
-    """Base of the unstructured methods; see the module docstring for the lifecycle."""
+    """Base of the unstructured methods; see the module docstring for the lifecycle.
+
+    Per-layer hooks for the driver `layerwise_pass`:
+        needs_dense_layer (`bool`): the driver hands `prune_layer` an unpruned copy of the layer.
+        dense_inter_layer (`bool`): the next layer should see the *dense* outputs (honoured when every pruner of the
+            pass asks for it).
+    """
 
     structured = False
+    needs_dense_layer = False
+
+    @property
+    def dense_inter_layer(self) -> bool:
+        return False
 
     def make_stats(self, dim: int) -> Any:
         """An accumulator with `.update(x)` for inputs of width `dim` (`None`: data-free)."""
@@ -87,36 +160,97 @@ class SequentialPruner(BasePruner):
         """The new `(out, in)` weight of one projection."""
         raise NotImplementedError
 
+    def resolve(self, model: nn.Module, spec: ArchitectureSpec) -> list[Target]:
+        """The targets of this config on `model` (raises for roles the architecture lacks)."""
+        return resolve_targets(spec, getattr(self.config, "targets", None), getattr(model.config, "model_type", ""))
+
     def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
         super().validate(model, spec)
         nm = self.config.nm
+        targets = self.resolve(model, spec)
         for i, layer in enumerate(get_layers(model, spec)):
-            for path in spec.linear_paths:
-                check_pattern_fits(weight_oi(layer.get_submodule(path)).shape[1], nm, f"layers.{i}.{path}")
+            for t in targets:
+                check_pattern_fits(weight_oi(layer.get_submodule(t.path)).shape[1], nm, f"layers.{i}.{t.key}")
 
     def _write(self, view: LayerView, path: str, W: torch.Tensor) -> None:
         with torch.no_grad():
             weight_oi(view.module(path)).copy_(W.to(view.module(path).weight.dtype))
 
+    def begin(self, model: nn.Module, spec: ArchitectureSpec) -> None:
+        """Called once before the first layer."""
+        self.targets = self.resolve(model, spec)
+
+    def prune_layer(self, run: Any, view: LayerView, dense: nn.Module | None) -> dict:
+        """Prune this config's targets in layer `view.index`; returns the layer's report entries."""
+        by_group: dict[str, list[Target]] = {}
+        for g, paths in input_groups(view.spec).items():
+            ts = [t for t in self.targets if t.path in paths]
+            if ts:
+                by_group[g] = ts
+        stats: dict[str, Any] = {}
+        if run is not None and self.needs_calibration:
+            observe = {g: view.module(ts[0].path) for g, ts in by_group.items()}
+            stats = {g: self.make_stats(weight_oi(m).shape[1]) for g, m in observe.items()}
+            if any(s is not None for s in stats.values()):
+                run.run_layer(
+                    view.index, observe=observe, callback=lambda g, x: stats[g].update(x), keep_outputs=False
+                )
+        for g, ts in by_group.items():
+            for t in ts:
+                write_target(view, t, self.prune_weight(read_target(view, t), stats.get(g), t.path))
+        return {}
+
     def compute_plan(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory | None) -> PruningPlan:
-        run = runner() if (runner is not None and self.needs_calibration) else None
-        groups = input_groups(spec)
-        plan = PruningPlan()
-        for i, layer in enumerate(tqdm(get_layers(model, spec), desc=f"{self.config.method}: layers", leave=False)):
+        return layerwise_pass([self], model, spec, runner)
+
+
+def layerwise_pass(
+    pruners: Sequence[SequentialPruner], model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory | None
+) -> PruningPlan:
+    """One layer-by-layer calibration pass in which every pruner prunes its targets of each layer, in list order.
+
+    The next layer receives the pruned outputs, unless every pruner asks for the dense ones (FISTA's default).
+    If anything fails (e.g. AMP's loss becomes NaN), every weight written so far is restored before the error
+    propagates: the model is left unchanged (this keeps a copy of the targeted weights while the pass runs).
+    `plan.layers[i].info` holds each pruner's per-layer entries (keyed by its position when there are several);
+    `plan.info["seconds"]` the time each pruner spent.
+    """
+    needs_data = any(p.needs_calibration for p in pruners)
+    run = runner() if (runner is not None and needs_data) else None
+    for p in pruners:
+        p.begin(model, spec)
+    dense_next = all(p.dense_inter_layer for p in pruners)
+    want_copy = dense_next or any(p.needs_dense_layer for p in pruners)
+    seconds = [0.0] * len(pruners)
+    plan = PruningPlan()
+    desc = "+".join(p.config.method for p in pruners)
+    backup: list[tuple[nn.Module, torch.Tensor]] = []  # original weights of what was written, to undo a failure
+    try:
+        for i, layer in enumerate(tqdm(get_layers(model, spec), desc=f"{desc}: layers", leave=False)):
             view = layer_view(layer, i, spec, model.config)
-            stats: dict[str, Any] = {}
+            paths = {t.path for p in pruners for t in p.targets}
+            backup += [(view.module(path), view.module(path).weight.detach().clone()) for path in sorted(paths)]
+            dense = copy.deepcopy(layer) if (want_copy and run is not None) else None
+            info: dict = {}
+            for k, p in enumerate(pruners):
+                t0 = time.perf_counter()
+                entry = p.prune_layer(run, view, dense)
+                seconds[k] += time.perf_counter() - t0
+                if len(pruners) == 1:
+                    info = entry
+                elif entry:
+                    info[str(k)] = entry
+            plan.layers[i] = LayerPlan(info=info)
             if run is not None:
-                observe = {g: view.module(paths[0]) for g, paths in groups.items()}
-                stats = {g: self.make_stats(weight_oi(m).shape[1]) for g, m in observe.items()}
-                run.run_layer(i, observe=observe, callback=lambda g, x: stats[g].update(x), keep_outputs=False)  # noqa: B023
-            for g, paths in groups.items():
-                for path in paths:
-                    W = weight_oi(view.module(path)).detach()
-                    self._write(view, path, self.prune_weight(W, stats.get(g), path))
-            plan.layers[i] = LayerPlan()
-            if run is not None:
-                run.advance(run.run_layer(i))  # pruned outputs feed the next layer
-        return plan
+                run.advance(run.run_layer(i, layer=dense if dense_next else None))  # outputs feed the next layer
+            del dense
+    except BaseException:
+        with torch.no_grad():
+            for module, weight in backup:
+                module.weight.copy_(weight)
+        raise
+    plan.info["seconds"] = seconds
+    return plan
 
 
 def choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ...calibration.stats import CrossGramStats, GramStats
 from ...functional.masks import keep_mask
-from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
-from ...plan import LayerPlan, PruningPlan
-from ..base import RunnerFactory
+from ...modeling.architectures import LayerView, weight_oi
 from ..sparsegpt.functional import sparsegpt_prune
-from ..unstructured import SequentialPruner, input_groups
+from ..unstructured import SequentialPruner, input_groups, write_target
 from ..wanda.functional import wanda_scores
 from .config import FistaConfig
 from .functional import fista_prune, spectral_gram
@@ -54,8 +50,8 @@ class FistaPruner(SequentialPruner):
             G.update(x)
             Gs.update(xs)
             C.update(x, xs)
-        if not self._warned_small and Gs.count < MIN_TOKENS_PER_FEATURE * n:
-            self._warned_small = True  # once per run
+        if not getattr(self, "_warned_small", False) and Gs.count < MIN_TOKENS_PER_FEATURE * n:
+            self._warned_small = True  # once per pruner (one run)
             logger.warning(
                 "FISTA: %d calibration tokens for the %d inputs of %s (fewer than %d per input): FISTA will run more "
                 "outer steps, not fewer, and fit these tokens at the expense of held-out text. Use more calibration "
@@ -71,11 +67,14 @@ class FistaPruner(SequentialPruner):
         scores = wanda_scores(W, Gs.diagonal().clamp_min(0))  # ‖X*_j‖ up to a common factor
         return W * keep_mask(scores, cfg.sparsity, cfg.nm, per="row")
 
-    def compute_plan(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory | None) -> PruningPlan:
+    needs_dense_layer = True
+
+    @property
+    def dense_inter_layer(self) -> bool:
+        return self.config.inter_layer == "dense"
+
+    def prune_layer(self, run, view: LayerView, dense: nn.Module) -> dict:
         cfg = self.config
-        run = runner()
-        plan = PruningPlan()
-        self._warned_small = False
         opts = {
             "lam0": cfg.lam0,
             "xi": cfg.xi,
@@ -90,24 +89,21 @@ class FistaPruner(SequentialPruner):
             "max_outer": cfg.max_outer,
             "spectral": cfg.spectral,
         }
-        for i, layer in enumerate(tqdm(get_layers(model, spec), desc="fista: layers", leave=False)):
-            dense = copy.deepcopy(layer)
-            view = layer_view(layer, i, spec, model.config)
-            info = {}
-            for gi, paths in enumerate(input_groups(spec).values()):
-                G, Gs, C = self._stats(run, i, dense, layer, paths[0], first_group=gi == 0)
-                eig = spectral_gram(Gs) if cfg.spectral else None  # shared by the projections of the group
-                for path in paths:
-                    W = weight_oi(dense.get_submodule(path)).detach().float()  # (out, in) dense target
-                    W0 = self._warm_start(W, Gs)
-                    W_best, res = fista_prune(
-                        W, G, Gs, C, W0, cfg.sparsity if cfg.nm is None else None, cfg.nm, eig=eig, **opts
-                    )
-                    self._write(view, path, W_best)
-                    info[path] = {k: res[k] for k in ("error_init", "error_best", "stop_reason", "outer_iterations")}
-                    info[path]["spectral_steps"] = sum(res["spectral"])
-            plan.layers[i] = LayerPlan(info=info)
-            nxt = dense if cfg.inter_layer == "dense" else None
-            run.advance(run.run_layer(i, layer=nxt))
-            del dense
-        return plan
+        info = {}
+        for gi, paths in enumerate(input_groups(view.spec).values()):
+            targets = [t for t in self.targets if t.path in paths]
+            if not targets:
+                continue
+            G, Gs, C = self._stats(run, view.index, dense, view.layer, paths[0], first_group=gi == 0)
+            eig = spectral_gram(Gs) if cfg.spectral else None  # shared by the projections of the group
+            for t in targets:
+                W = weight_oi(dense.get_submodule(t.path)).detach().float()  # (out, in) dense target
+                W = W[t.rows(W.shape[0])]
+                W0 = self._warm_start(W, Gs)
+                W_best, res = fista_prune(
+                    W, G, Gs, C, W0, cfg.sparsity if cfg.nm is None else None, cfg.nm, eig=eig, **opts
+                )
+                write_target(view, t, W_best)
+                info[t.key] = {k: res[k] for k in ("error_init", "error_best", "stop_reason", "outer_iterations")}
+                info[t.key]["spectral_steps"] = sum(res["spectral"])
+        return info

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ...config import StructuredPruningConfig, _choice
 from ...functional.masks import parse_pattern
-from ..unstructured import validate_sparsity
+from ..unstructured import validate_sparsity, validate_targets
 
 __all__ = ["MagnitudePruningConfig"]
 
@@ -24,6 +24,8 @@ class MagnitudePruningConfig(StructuredPruningConfig):
         pattern (`str`, defaults to `"structured"`): `"structured"`, `"unstructured"` or `"N:M"` (e.g. `"2:4"`).
         sparsity (`float`, defaults to `0.5`): fraction zeroed per projection (unstructured / N:M only).
         per (`str`, defaults to `"matrix"`): unstructured comparison group, `"matrix"` or `"row"`.
+        targets (`tuple[str, ...] | None`, defaults to `None`): unstructured / N:M only: the projections to prune,
+            by role (see `UnstructuredConfigMixin`); `None` = all.
     """
 
     method = "magnitude"
@@ -31,12 +33,19 @@ class MagnitudePruningConfig(StructuredPruningConfig):
     pattern: str = "structured"
     sparsity: float = 0.5
     per: str = "matrix"
+    targets: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _choice("per", self.per, ("matrix", "row"))
         if self.pattern != "structured":
             validate_sparsity(self.sparsity, self.pattern)
+        elif self.targets is not None:
+            raise ValueError(
+                "`targets` applies to unstructured / N:M magnitude pruning; structured pruning selects parts with "
+                "`prune_attention` / `prune_mlp`."
+            )
+        self.targets = validate_targets(self.targets)
 
     @property
     def nm(self) -> tuple[int, int] | None:

@@ -1,0 +1,199 @@
+"""Recipes: several pruning configs applied to one model, e.g. AMP on q/k and Wanda on everything else.
+
+`prune_(model, [config, ...])` runs a recipe:
+  - structured configs (heads / channels removed) run first, each as its own stage, in list order;
+  - then every unstructured / N:M config runs in ONE layer-wise calibration pass (`methods.unstructured.layerwise_pass`):
+    on each decoder layer every config prunes its own targets, in list order, and the layer's pruned output feeds
+    the next layer.
+Checked before any weight changes: an empty list, a non-config entry, two structured stages pruning the same part
+(attention / MLP), unstructured configs whose targets overlap, and each config's own validation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .calibration.sequential import LayerwiseRunner
+from .config import PruningConfig
+from .methods.structured import attention_mlp_params
+from .methods.unstructured import layerwise_pass, target_sparsity
+from .modeling.architectures import ArchitectureSpec, get_layers, get_spec, layer_view
+from .modeling.surgery import apply_layer_plan_
+from .registry import get_pruner_class
+from .report import PruningReport, count_parameters, layer_table
+
+__all__ = ["prune_recipe_", "check_recipe", "RECIPE_METHOD"]
+
+logger = logging.getLogger(__name__)
+
+RECIPE_METHOD = "recipe"
+_FUSED_ROLES = ("q_proj", "k_proj", "v_proj")
+
+
+def _name(k: int, config: PruningConfig) -> str:
+    return f"config #{k} ({type(config).__name__})"
+
+
+def _roles(pruner, model: nn.Module, spec: ArchitectureSpec) -> dict[str, str]:
+    """role → module key for every projection an unstructured pruner targets (a whole fused q|k|v covers three)."""
+    out = {}
+    for t in pruner.resolve(model, spec):
+        for role in _FUSED_ROLES if t.role == "qkv" else (t.role,):
+            out[role] = t.key
+    return out
+
+
+def check_recipe(configs: Any, model: nn.Module, spec: ArchitectureSpec | None = None) -> list:
+    """Validate a recipe against `model` without changing it; returns the pruners, in list order."""
+    if not isinstance(configs, (list, tuple)) or not configs:
+        raise ValueError("A recipe is a non-empty list of pruning configs, e.g. [AMPConfig(), WandaConfig(...)].")
+    for k, c in enumerate(configs):
+        if not isinstance(c, PruningConfig):
+            raise TypeError(f"Recipe entry #{k} must be a PruningConfig, got {type(c).__name__}.")
+    spec = spec or get_spec(model)
+    pruners = [get_pruner_class(c.method)(c) for c in configs]
+    parts: dict[str, int] = {}
+    for k, p in enumerate(pruners):
+        if not p.is_structured:
+            continue
+        cfg = p.config
+        for part, on in (("attention", cfg.prune_attention), ("mlp", cfg.prune_mlp)):
+            if on and part in parts:
+                j = parts[part]
+                raise ValueError(
+                    f"{_name(j, configs[j])} and {_name(k, cfg)} are both structured and both prune the {part}; "
+                    "a recipe may hold several structured stages only if they prune different parts (set "
+                    "`prune_attention=False` or `prune_mlp=False` on one of them), or merge them into one config."
+                )
+            if on:
+                parts[part] = k
+    owner: dict[str, int] = {}
+    for k, p in enumerate(pruners):
+        if p.is_structured:
+            continue
+        for role in _roles(p, model, spec):
+            if role in owner:
+                j = owner[role]
+                raise ValueError(
+                    f"{_name(j, configs[j])} and {_name(k, configs[k])} both target {role!r}; the targets of the "
+                    "unstructured configs of a recipe must be disjoint (set `targets=` on each, e.g. AMP on "
+                    "['q_proj', 'k_proj'] and Wanda on ['v_proj', 'o_proj', 'mlp'])."
+                )
+            owner[role] = k
+    for p in pruners:
+        p.validate(model, spec)
+    return pruners
+
+
+def prune_recipe_(
+    model: nn.Module,
+    configs: Sequence[PruningConfig],
+    calibration: Any = None,
+    tokenizer: Any = None,
+    *,
+    batch_size: int | None = None,
+    device: torch.device | str | None = None,
+) -> PruningReport:
+    """Run a recipe (see the module docstring); called by `prune_` when it is given a list of configs."""
+    from .prune import _calibration_ids, record_history, zero_fraction
+
+    t0 = time.perf_counter()
+    spec = get_spec(model)
+    pruners = check_recipe(configs, model, spec)
+    runner_factory, calib_desc = None, None
+    if any(p.needs_calibration for p in pruners):
+        if calibration is None:
+            methods = sorted({p.config.method for p in pruners if p.needs_calibration})
+            raise ValueError(
+                f"The recipe's {methods} need calibration data: pass `calibration=CalibrationConfig(...)`."
+            )
+        ids, calib_desc = _calibration_ids(calibration, tokenizer)
+        vocab = model.get_input_embeddings().weight.shape[0]
+        if int(ids.max()) >= vocab or int(ids.min()) < 0:
+            raise ValueError(f"Calibration token ids fall outside the model's vocabulary (size {vocab}).")
+        bs = batch_size or getattr(calibration, "batch_size", 8)
+
+        def runner_factory():
+            return LayerwiseRunner(model, spec, ids, batch_size=bs, device=device)
+
+    params_before, prunable_before = count_parameters(model), attention_mlp_params(model, spec)
+    sections: list[dict] = [{} for _ in pruners]
+    expected = 0.0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for k, p in enumerate(pruners):
+            if not p.is_structured:
+                continue
+            ts, before = time.perf_counter(), attention_mlp_params(model, spec)
+            plan = p.compute_plan(model, spec, runner_factory)
+            layers = get_layers(model, spec)
+            for idx, lp in plan.layers.items():
+                apply_layer_plan_(layer_view(layers[idx], idx, spec, model.config), lp, mode="remove")
+            expected += p.config.pruning_ratio * prunable_before
+            sections[k] = {
+                "target": p.config.pruning_ratio,
+                "measured": (before - attention_mlp_params(model, spec)) / prunable_before,
+                "seconds": time.perf_counter() - ts,
+                "info": plan.info,
+            }
+        flat = [k for k, p in enumerate(pruners) if not p.is_structured]
+        if flat:
+            if len(flat) < len(pruners):
+                for k in flat:  # shapes changed: N:M widths are checked again before the pass
+                    pruners[k].validate(model, spec)
+            plan = layerwise_pass([pruners[k] for k in flat], model, spec, runner_factory)
+            for j, k in enumerate(flat):
+                per = target_sparsity(model, spec, pruners[k].resolve(model, spec))
+                numel = sum(n for _, n in per.values())
+                expected += pruners[k].config.sparsity * numel
+                key = str(j) if len(flat) > 1 else None
+                sections[k] = {
+                    "target": pruners[k].config.sparsity,
+                    "measured": sum(s * n for s, n in per.values()) / max(numel, 1),
+                    "sparsity": {name: s for name, (s, _) in per.items()},
+                    "seconds": plan.info["seconds"][j],
+                    "layers": {
+                        i: (lp.info.get(key, {}) if key else lp.info) for i, lp in plan.layers.items() if lp.info
+                    },
+                }
+    model.train(was_training)
+    for k, p in enumerate(pruners):
+        sections[k] = {"method": p.config.method, "config": p.config.to_dict(), **sections[k]}
+    sparsity = {name: s for sec in sections for name, s in sec.get("sparsity", {}).items()}
+    zeros_prunable = _zero_or_removed(model, spec, prunable_before)
+    total = time.perf_counter() - t0
+    report = PruningReport(
+        method=RECIPE_METHOD,
+        config={"recipe": [c.to_dict() for c in configs]},
+        target=expected / max(prunable_before, 1),
+        measured=zeros_prunable,
+        params_before=params_before,
+        params_after=count_parameters(model),
+        prunable_params_before=prunable_before,
+        prunable_params_after=attention_mlp_params(model, spec),
+        layers=layer_table(model, spec),
+        sparsity=sparsity,
+        timings={"total_s": total, **{f"section_{k}_s": s["seconds"] for k, s in enumerate(sections)}},
+        calibration=calib_desc,
+        info={"whole_model_sparsity": zero_fraction(model, params_before)},
+        sections=sections,
+    )
+    record_history(model, RECIPE_METHOD, 1, [c.to_dict() for c in configs], calib_desc, report)
+    logger.info("%s", report)
+    return report
+
+
+def _zero_or_removed(model: nn.Module, spec: ArchitectureSpec, prunable_before: int) -> float:
+    """Fraction of the original attention + MLP parameters that are now removed or exactly zero."""
+    nonzero = 0
+    for layer in get_layers(model, spec):
+        for path in spec.linear_paths:
+            nonzero += sum(int((p != 0).sum()) for p in layer.get_submodule(path).parameters(recurse=False))
+    return 1 - nonzero / max(prunable_before, 1)

@@ -1,0 +1,244 @@
+"""AMP math against float64 references: the paper's closed-form gradients (SPEC §C.2) = autograd = finite
+differences; the library's attention = the real attention module of every architecture; one descent step = the
+closed form; the synthetic experiment of §C.3."""
+
+import pytest
+import torch
+from testing_utils import ARCHS, calibration_ids, tiny_model
+
+from optimum_prune.functional.masks import keep_mask
+from optimum_prune.methods.amp.config import AMPConfig
+from optimum_prune.methods.amp.functional import (
+    AttentionInputs,
+    amp_masks,
+    assemble,
+    attention_probs,
+    binarize,
+    fused_amp_masks,
+    fused_mask_gradient,
+    separate_mask_gradients,
+    softmax_causal,
+)
+from optimum_prune.methods.amp.pruner import AMPPruner, _qk
+from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune
+from optimum_prune.methods.wanda.functional import wanda_scores
+from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view
+
+D = torch.float64
+
+
+def _data(d=6, n=5, k=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    Xs = [torch.randn(n, d, generator=g, dtype=D) for _ in range(k)]
+    return g, Xs
+
+
+def _loss_fused(M, W, Xs, lam):
+    out = 0.5 * lam * M.pow(2).sum()
+    for X in Xs:
+        out = out + 0.5 * (softmax_causal(X @ (M * W) @ X.T) - softmax_causal(X @ W @ X.T)).pow(2).sum()
+    return out
+
+
+def _loss_separate(MQ, MK, WQ, WK, Xs, lam):
+    out = 0.5 * lam * (MQ.pow(2).sum() + MK.pow(2).sum())
+    for X in Xs:
+        f = softmax_causal(X @ WQ @ WK.T @ X.T)
+        out = out + 0.5 * (softmax_causal(X @ (MQ * WQ) @ (MK * WK).T @ X.T) - f).pow(2).sum()
+    return out
+
+
+def _fd(fn, M, eps=1e-6):
+    G = torch.zeros_like(M)
+    for idx in torch.cartesian_prod(*(torch.arange(s) for s in M.shape)):
+        idx = tuple(idx.tolist())
+        P, N = M.clone(), M.clone()
+        P[idx] += eps
+        N[idx] -= eps
+        G[idx] = (fn(P) - fn(N)) / (2 * eps)
+    return G
+
+
+def test_fused_gradient_closed_form_equals_autograd_and_finite_differences():
+    g, Xs = _data()
+    W = torch.randn(6, 6, generator=g, dtype=D)
+    M = (1 + 0.3 * torch.randn(6, 6, generator=g, dtype=D)).requires_grad_()
+    lam = 0.1
+    (auto,) = torch.autograd.grad(_loss_fused(M, W, Xs, lam), M)
+    closed = fused_mask_gradient(M.detach(), W, Xs, lam)
+    fd = _fd(lambda m: float(_loss_fused(m, W, Xs, lam)), M.detach())
+    torch.testing.assert_close(closed, auto, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(fd, auto, rtol=1e-5, atol=1e-7)
+    # Algorithm 1's printed gradient (p1 = c∘f, dense f) is not the gradient (SPEC §C.7.1)
+    literal = fused_mask_gradient(M.detach(), W, Xs, lam, dense_in_p1=True)
+    assert not torch.allclose(literal, auto, rtol=1e-3, atol=1e-6)
+
+
+def test_separate_mask_gradients_equal_autograd_and_finite_differences():
+    g, Xs = _data(d=6, n=5)
+    WQ, WK = torch.randn(6, 4, generator=g, dtype=D), torch.randn(6, 4, generator=g, dtype=D)  # d x d' (paper)
+    MQ = (1 + 0.3 * torch.randn(6, 4, generator=g, dtype=D)).requires_grad_()
+    MK = (1 + 0.3 * torch.randn(6, 4, generator=g, dtype=D)).requires_grad_()
+    lam = 0.05
+    aq, ak = torch.autograd.grad(_loss_separate(MQ, MK, WQ, WK, Xs, lam), (MQ, MK))
+    cq, ck = separate_mask_gradients(MQ.detach(), MK.detach(), WQ, WK, Xs, lam)
+    torch.testing.assert_close(cq, aq, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(ck, ak, rtol=1e-9, atol=1e-11)
+    fq = _fd(lambda m: float(_loss_separate(m, MK.detach(), WQ, WK, Xs, lam)), MQ.detach())
+    fk = _fd(lambda m: float(_loss_separate(MQ.detach(), m, WQ, WK, Xs, lam)), MK.detach())
+    torch.testing.assert_close(fq, aq, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(fk, ak, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("gradient", ["exact", "algorithm1"])
+@pytest.mark.parametrize("regularizer", ["unscaled", "divided_by_k"])
+def test_descent_step_is_the_closed_form_update(gradient, regularizer):
+    """`amp_masks` on a one-head, unscaled, RoPE-free attention (the paper's setting) takes exactly the step
+    `M ← M − η(∇)` of the separate-mask closed form (momentum 0), for both readings of §C.7.1 and §C.7.4."""
+    g, Xs = _data(d=6, n=7, k=4)
+    WQ, WK = torch.randn(6, 6, generator=g, dtype=D), torch.randn(6, 6, generator=g, dtype=D)  # paper layout
+    inp = AttentionInputs(xs=[torch.stack(Xs)], rope=[None], num_heads=1, num_kv_heads=1, head_dim=6, scaling=1.0,
+                          block_size=3)  # fmt: skip
+    lam, lr, k = 0.05, 0.3, len(Xs)
+    Mq, Mk, _ = amp_masks(inp, WQ.T, WK.T, lambda_=lam, lr=lr, steps=2, momentum=0.0, gradient=gradient,
+                          regularizer=regularizer, progress=False)  # fmt: skip
+    MQ, MK = torch.ones(6, 6, dtype=D), torch.ones(6, 6, dtype=D)
+    reg = lam if regularizer == "unscaled" else lam / k
+    for _ in range(2):
+        if gradient == "exact":
+            gq, gk = separate_mask_gradients(MQ, MK, WQ, WK, Xs, 0.0)
+        else:  # p1 = c∘f with the dense f, through autograd of the printed expression
+            gq, gk = _alg1_grads(MQ, MK, WQ, WK, Xs)
+        MQ, MK = MQ - lr * (gq / k + reg * MQ), MK - lr * (gk / k + reg * MK)
+    torch.testing.assert_close(Mq.T, MQ, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(Mk.T, MK, rtol=1e-10, atol=1e-12)
+
+
+def _alg1_grads(MQ, MK, WQ, WK, Xs):
+    gq, gk = torch.zeros_like(MQ), torch.zeros_like(MK)
+    Qm, Km = MQ * WQ, MK * WK
+    for X in Xs:
+        f = softmax_causal(X @ WQ @ WK.T @ X.T)
+        ft = softmax_causal(X @ Qm @ Km.T @ X.T)
+        p1 = (ft - f) * f
+        p = p1 - p1.sum(-1, keepdim=True) * ft
+        gq += X.T @ p @ X @ Km
+        gk += X.T @ p.T @ X @ Qm
+    return WQ * gq, WK * gk
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_attention_probs_equal_the_real_attention_module(arch):
+    """GQA, RoPE after the projections, q/k norms and biases, scaling, causal mask and sliding window (Gemma 3),
+    GPT-2's fused c_attn slices: the recomputed probabilities equal the module's own eager attention weights."""
+    model = tiny_model(arch)
+    spec = get_spec(model)
+    ids = calibration_ids(2, 16)
+    attns = model(input_ids=ids, output_attentions=True, use_cache=False).attentions
+    pruner = AMPPruner(AMPConfig())
+    for i, layer in enumerate(get_layers(model, spec)):
+        view = layer_view(layer, i, spec, model.config)
+        seen = []
+
+        def hook(_m, args, kwargs, seen=seen):
+            pe = kwargs.get("position_embeddings")
+            seen.append(((args[0] if args else kwargs["hidden_states"]).detach(), pe))
+
+        h = view.attn.register_forward_pre_hook(hook, with_kwargs=True)
+        model(input_ids=ids, use_cache=False)
+        h.remove()
+        inp = AttentionInputs.from_module(view.attn, [seen[0][0]], [seen[0][1]], view.num_heads, view.num_kv_heads,
+                                          view.head_dim)  # fmt: skip
+        inp.block_size = 5  # several query blocks, one of them ragged
+        Wq, bq, Wk, bk = _qk(view)
+        p = assemble(attention_probs(inp, 0, Wq, Wk, bq, bk), 16, inp.causal, inp.sliding_window, 5)
+        torch.testing.assert_close(p.reshape(2, view.num_heads, 16, 16), attns[i], rtol=1e-5, atol=1e-6)
+    assert pruner.config.targets == ("q_proj", "k_proj")
+
+
+def _synthetic(d=64, n=128, k=16, seed=0):
+    """SPEC §C.3: rank-4 W_Q, W_K (top-4 SVD of N(0,1) d×d matrices), W = W_Q W_Kᵀ, k Gaussian X (n × d). X is scaled
+    by 1/√d so that the logits are O(1) (unscaled, the softmax of X W Xᵀ is one-hot and every method's error is ~1)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rank4():
+        U, S, Vh = torch.linalg.svd(torch.randn(d, d, generator=g, dtype=D))
+        return U[:, :4] @ torch.diag(S[:4]) @ Vh[:4]
+
+    W = rank4() @ rank4().T
+    Xs = [torch.randn(n, d, generator=g, dtype=D) / d**0.5 for _ in range(k)]
+    return W, Xs
+
+
+def _rel(W, W_new, Xs):
+    num = den = 0.0
+    for X in Xs:
+        f = softmax_causal(X @ W @ X.T)
+        num += float((softmax_causal(X @ W_new @ X.T) - f).pow(2).sum())
+        den += float(f.pow(2).sum())
+    return num / den
+
+
+def _baselines(W, Xs, rho):
+    """Wanda and SparseGPT on W as the linear layer `X ↦ X W` (PyTorch layout: weight `Wᵀ`, input X)."""
+    X = torch.cat(Xs)
+    wanda = W.T * keep_mask(wanda_scores(W.T, X.pow(2).sum(0)), rho, None, per="row")
+    sgpt = sparsegpt_prune(W.T.contiguous(), X.T @ X / X.shape[0], rho)[0]
+    return _rel(W, wanda.T, Xs), _rel(W, sgpt.T, Xs)
+
+
+def test_synthetic_experiment_amp_descends_and_ranks_by_mask_value():
+    """The fused-form descent (paper settings of §C.3: λ_ctrl = 0.04, η = 0.1/λ_ctrl, 100 steps, momentum 0.9)
+    lowers the attention loss of its soft mask below that of a uniform shrink, and its binarisation keeps
+    exactly the largest mask values."""
+    W, Xs = _synthetic(k=4)
+    M = fused_amp_masks(W, Xs, lambda_=0.04, lr=2.5, steps=100)
+    keep = binarize(M, W, 0.5)
+    assert keep.sum() == W.numel() // 2 and M[keep].min() >= M[~keep].max()
+    uniform = torch.full_like(M, float(M.mean()))
+    assert _rel(W, M * W, Xs) < _rel(W, uniform * W, Xs)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Does not reproduce: with the spec's synthetic settings AMP's relative attention error (0.111) is below "
+    "neither SparseGPT's (0.035) nor Wanda's (0.076) on the same W, X (d=64, n=128, k=16, rho=0.5). Strict: if a "
+    "change makes the paper's claim hold, this test reports it.",
+)
+def test_synthetic_experiment_amp_beats_wanda_and_sparsegpt():
+    """SPEC §C.3 / Figure 2: d = 64, n = 128, rank-4 W, ρ = 0.5: AMP's relative attention error ‖f̃ − f‖²/‖f‖² is
+    below Wanda's and SparseGPT's on the same W and X (the paper's claim)."""
+    W, Xs = _synthetic()
+    M = fused_amp_masks(W, Xs, lambda_=0.04, lr=2.5, steps=100)
+    amp = _rel(W, W * binarize(M, W, 0.5), Xs)
+    wanda, sgpt = _baselines(W, Xs, 0.5)
+    assert amp < wanda and amp < sgpt, (amp, wanda, sgpt)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_backward_gives_the_autograd_iterates(arch):
+    """The closed-form softmax/loss backward over causal query blocks (the fast path) and plain autograd give the
+    same masks after several steps, for both gradient readings (float64)."""
+    model = tiny_model(arch).double()
+    spec = get_spec(model)
+    view = layer_view(get_layers(model, spec)[1], 1, spec, model.config)
+    xs, rope = [], []
+
+    def hook(_m, args, kwargs):
+        xs.append((args[0] if args else kwargs["hidden_states"]).detach())
+        rope.append(kwargs.get("position_embeddings"))
+
+    h = view.attn.register_forward_pre_hook(hook, with_kwargs=True)
+    model(input_ids=calibration_ids(3, 16), use_cache=False)
+    h.remove()
+    inp = AttentionInputs.from_module(view.attn, xs, rope, view.num_heads, view.num_kv_heads, view.head_dim)
+    inp.block_size = 6
+    Wq, bq, Wk, bk = _qk(view)
+    for gradient in ("exact", "algorithm1"):
+        fast, slow = (
+            amp_masks(inp, Wq, Wk, bq, bk, steps=3, lr=50.0, gradient=gradient, fused_backward=fb, progress=False)
+            for fb in (True, False)
+        )
+        assert (fast[0] - 1).abs().max() > 0.1  # the masks moved
+        torch.testing.assert_close(fast[0], slow[0], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(fast[1], slow[1], rtol=1e-10, atol=1e-10)

@@ -1,0 +1,194 @@
+"""AMP pruner, `targets` and recipes: bad input fails before any weight changes; one calibration pass; the recipe is
+stored in pruning_config.json and re-runs exactly; the CLI takes `--method amp` and `--config recipe.json`."""
+
+import json
+
+import pytest
+import torch
+from testing_utils import calibration_ids, logits, tiny_model
+
+from optimum_prune import (
+    AMPConfig,
+    FLAPConfig,
+    MagnitudePruningConfig,
+    NumericalPruningConfig,
+    PruningConfig,
+    SparseGPTConfig,
+    WandaConfig,
+    prune_,
+    save_pruned,
+)
+from optimum_prune.calibration import sequential
+from optimum_prune.methods.amp import functional as amp_functional
+from optimum_prune.modeling.architectures import get_layers, get_spec
+
+IDS = calibration_ids()
+
+
+def _weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _unchanged(model, before):
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"steps": 0}, "steps"),
+        ({"steps": 2.5}, "steps"),
+        ({"lr": 0.0}, "lr"),
+        ({"lr": -1.0}, "lr"),
+        ({"momentum": 1.0}, "momentum"),
+        ({"targets": ["v_proj"]}, "q_proj, k_proj"),
+        ({"targets": ["attention"]}, "q_proj, k_proj"),
+        ({"targets": ["query"]}, "Valid targets"),
+        ({"regularizer": "per_k"}, "regularizer"),
+        ({"gradient": "paper"}, "gradient"),
+    ],
+)
+def test_amp_config_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AMPConfig(**kwargs)
+
+
+def test_unknown_and_missing_targets():
+    with pytest.raises(ValueError, match="Valid targets: q_proj"):
+        WandaConfig(targets=["fc1"])
+    model = tiny_model("opt")
+    before = _weights(model)
+    with pytest.raises(ValueError, match="no gate_proj"):
+        prune_(model, WandaConfig(targets=["gate_proj", "down_proj"]), IDS)
+    _unchanged(model, before)
+    # the shorthand only takes what the architecture has: OPT's MLP is fc1 (up_proj) + fc2 (down_proj)
+    report = prune_(model, WandaConfig(targets=["mlp"]), IDS)
+    assert sorted(k.split(".", 2)[2] for k in report.sparsity if k.startswith("layers.0.")) == ["fc1", "fc2"]
+
+
+def test_targets_prune_only_their_projections_gpt2_slices():
+    model = tiny_model("gpt2")
+    spec = get_spec(model)
+    c_attn = get_layers(model, spec)[0].attn.c_attn.weight.detach().clone()  # Conv1D: (in, 3·out)
+    report = prune_(model, WandaConfig(targets=["k_proj"]), IDS)
+    W = get_layers(model, spec)[0].attn.c_attn.weight
+    d = W.shape[0]
+    assert torch.equal(W[:, :d], c_attn[:, :d]) and torch.equal(W[:, 2 * d :], c_attn[:, 2 * d :])
+    assert (W[:, d : 2 * d] == 0).float().mean() == pytest.approx(0.5, abs=0.01)
+    assert set(report.sparsity) == {f"layers.{i}.attn.c_attn[k_proj]" for i in range(3)}
+
+
+def test_amp_nan_loss_names_the_layer_and_leaves_the_model_unchanged(monkeypatch):
+    model = tiny_model("llama_gqa")
+    before = _weights(model)
+    real = amp_functional._descend
+    calls = []
+
+    def poisoned(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # layer 0 was already pruned when layer 1 diverges
+            raise FloatingPointError("AMP loss became nan at step 1.")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(amp_functional, "_descend", poisoned)
+    with pytest.raises(FloatingPointError, match="layer 1"):
+        prune_(model, AMPConfig(steps=2), IDS)
+    _unchanged(model, before)
+
+
+def test_amp_real_nan_is_caught():
+    model = tiny_model("llama")
+    before = _weights(model)
+    with pytest.raises(FloatingPointError, match="layer 0"):
+        prune_(model, AMPConfig(steps=3, lr=1e300, lambda_=1e300), IDS)
+    _unchanged(model, before)
+
+
+def test_amp_report_and_sparsity():
+    model = tiny_model("qwen3")
+    report = prune_(model, AMPConfig(steps=3), IDS)
+    assert set(report.sparsity) == {f"layers.{i}.self_attn.{p}" for i in range(3) for p in ("q_proj", "k_proj")}
+    for entry in report.info["layers"].values():
+        assert set(entry) >= {
+            "rel_attention_error_soft",
+            "rel_attention_error_binary",
+            "loss_final",
+            "steps",
+            "seconds",
+        }
+        assert entry["steps"] == 3 and entry["rel_attention_error_binary"] >= 0
+
+
+def test_amp_amp_masks_rank_per_matrix_and_nm():
+    W = torch.randn(8, 8, dtype=torch.float64)
+    M = torch.arange(64, dtype=torch.float64).view(8, 8)
+    keep = amp_functional.binarize(M, W, 0.5)
+    assert keep.sum() == 32 and keep.view(-1)[32:].all()  # the 32 largest mask values, whatever W
+    keep = amp_functional.binarize(M, W, 0.5, nm=(2, 4))
+    assert (keep.view(8, 2, 4).sum(-1) == 2).all() and keep.view(8, 2, 4)[..., 2:].all()
+
+
+# ---------------------------------------------------------------------------------------------------------- recipes
+def test_recipe_runs_in_one_calibration_pass(monkeypatch):
+    captures = []
+    real = sequential.LayerwiseRunner._capture
+    monkeypatch.setattr(sequential.LayerwiseRunner, "_capture", lambda self, *a: (captures.append(1), real(self, *a)))
+    model = tiny_model("llama_gqa")
+    recipe = [AMPConfig(steps=2), WandaConfig(targets=["v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])]
+    report = prune_(model, recipe, IDS)
+    assert len(captures) == 1
+    assert [s["method"] for s in report.sections] == ["amp", "wanda"]
+    for s in report.sections:
+        assert s["measured"] == pytest.approx(0.5, abs=0.01)
+    assert report.sections[0]["layers"][0]["steps"] == 2
+    assert report.measured == pytest.approx(0.5, abs=0.01) and report.target == pytest.approx(0.5, abs=0.01)
+    assert len(report.sparsity) == 3 * 7  # every projection of every layer, each owned by one config
+
+
+def test_recipe_errors_leave_the_model_unchanged():
+    model = tiny_model("llama")
+    before = _weights(model)
+    bad = [
+        ([], "non-empty"),
+        ([WandaConfig(targets=["attention"]), SparseGPTConfig(targets=["o_proj", "mlp"])], "both target 'o_proj'"),
+        ([AMPConfig(steps=1), WandaConfig()], "both target 'q_proj'"),
+        ([NumericalPruningConfig(), FLAPConfig(prune_attention=False)], "both prune the mlp"),
+        ([WandaConfig(targets=["mlp"]), "wanda"], "PruningConfig"),
+    ]
+    for recipe, match in bad:
+        with pytest.raises((ValueError, TypeError), match=match):
+            prune_(model, recipe, IDS)
+        _unchanged(model, before)
+
+
+def test_recipe_with_structured_stage_first():
+    model = tiny_model("llama_gqa")
+    recipe = [WandaConfig(targets=["mlp"]), NumericalPruningConfig(pruning_ratio=0.2, prune_mlp=False)]
+    report = prune_(model, recipe, IDS)
+    assert report.params_after < report.params_before  # heads were removed
+    assert report.sections[1]["method"] == "numerical" and report.sections[1]["measured"] > 0
+    assert report.sections[0]["measured"] == pytest.approx(0.5, abs=0.01)
+    assert torch.isfinite(logits(model)).all()
+
+
+def test_recipe_is_saved_and_reruns_exactly(tmp_path):
+    recipe = [AMPConfig(steps=2, pattern="2:4", sparsity=0.5), MagnitudePruningConfig(pattern="unstructured",
+              targets=["v_proj", "o_proj"]), WandaConfig(targets=["mlp"], sparsity=0.3)]  # fmt: skip
+    model = tiny_model("mistral")
+    prune_(model, recipe, IDS)
+    save_pruned(model, tmp_path / "out")
+    loaded = PruningConfig.from_pretrained(tmp_path / "out")
+    assert loaded == recipe
+    again = tiny_model("mistral")
+    prune_(again, loaded, IDS)
+    torch.testing.assert_close(logits(again), logits(model), rtol=0, atol=0)
+    history = json.loads((tmp_path / "out" / "pruning_config.json").read_text())["history"]
+    assert history[-1]["method"] == "recipe" and len(history[-1]["config"]) == 3
+    # a JSON list is a recipe for from_json_file as well
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps([c.to_dict() for c in recipe]))
+    assert PruningConfig.from_json_file(path) == recipe
+    path.write_text("[]")
+    with pytest.raises(ValueError, match="empty recipe"):
+        PruningConfig.from_json_file(path)
