@@ -2,6 +2,7 @@
 
 from .auto import AutoPrunedModelForCausalLM, AutoPruner
 from .config import CalibrationConfig, PruningConfig, StructuredPruningConfig
+from .finetune import FinetuneConfig, FinetuneReport, PruningCallback, SparsityCallback, finetune_
 from .methods.fista import FistaConfig
 from .methods.flap import FLAPConfig
 from .methods.magnitude import MagnitudePruningConfig
@@ -25,19 +26,24 @@ __all__ = [
     "AutoPrunedModelForCausalLM",
     "CalibrationConfig",
     "FLAPConfig",
+    "FinetuneConfig",
+    "FinetuneReport",
     "FistaConfig",
     "MagnitudePruningConfig",
     "NumericalPruningConfig",
+    "PruningCallback",
     "PruningConfig",
     "PruningReport",
     "RIAConfig",
     "SparseGPTConfig",
+    "SparsityCallback",
     "StructuredPruningConfig",
     "UnsupportedArchitectureError",
     "WandaConfig",
     "__version__",
     "available_methods",
     "compute_plan",
+    "finetune_",
     "load_pruned_model",
     "prune_",
     "register_pruning_method",
