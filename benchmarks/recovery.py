@@ -145,7 +145,7 @@ def markdown(res: dict) -> str:
         "| method | recovery | BBC ppl | OOD ppl | BBC topic acc | train time (s) |",
         "|---|---|---:|---:|---:|---:|",
     ]
-    for key, row in res["rows"].items():
+    for row in res["rows"].values():
         for variant, label in (("pruned", "none"), ("lora", "LoRA"), ("lora_kd", "LoRA + KD")):
             r = row.get(variant)
             if r is None:
