@@ -130,6 +130,7 @@ def _training_arguments(config: FinetuneConfig, output_dir: str) -> TrainingArgu
         "data_seed": config.seed,
         "remove_unused_columns": False,
         "dataloader_num_workers": 0,
+        "dataloader_pin_memory": torch.cuda.is_available(),
     }
     kwargs.update(config.training_args)
     try:
