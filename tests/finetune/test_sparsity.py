@@ -143,7 +143,7 @@ def test_pruning_callback_one_shot_with_calibration(make_tiny, smollm2_tokenizer
 
 
 def test_pruning_callback_refuses_structured_and_bad_schedules():
-    with pytest.raises(ValueError, match="prune before training"):
+    with pytest.raises(ValueError, match="Prune before training"):
         PruningCallback(NumericalPruningConfig(pruning_ratio=0.2))
     with pytest.raises(ValueError, match="schedule"):
         PruningCallback(MagnitudePruningConfig(sparsity=0.5, pattern="unstructured"), schedule=(0, 10))
