@@ -42,8 +42,11 @@ def _history_section(history: list[dict]) -> list[str]:
     for i, h in enumerate(history, 1):
         r = h.get("report", {})
         calib = h.get("calibration") or {}
-        src = calib.get("source", {}) if isinstance(calib, dict) else {}
-        where = src.get("path") or src.get("name") or src.get("kind") or calib.get("source") or "none (data-free)"
+        src = calib.get("source") if isinstance(calib, dict) else None
+        if isinstance(src, dict):
+            where = src.get("path") or src.get("name") or src.get("kind")
+        else:
+            where = src or "none (data-free)"
         lines += [
             f"### Step {i}: `{h.get('method')}`",
             "",
