@@ -12,7 +12,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import Trainer, TrainingArguments, default_data_collator
+from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from ..calibration.data import DOCUMENT_SEPARATOR, load_texts, split_documents
 from ..evaluation.perplexity import perplexity
@@ -57,6 +58,32 @@ class DistillationTrainer(Trainer):
         if self.alpha < 1:
             loss = loss + (1 - self.alpha) * outputs.loss
         return (loss, outputs) if return_outputs else loss
+
+
+class _QuietProgress(ProgressCallback):
+    """Trainer's tqdm bar (on stderr) without printing the log dicts to stdout; `_LossLogger` logs them instead."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        pass
+
+
+class _LossLogger(TrainerCallback):
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and state.is_world_process_zero:
+            logger.info(
+                "step %d: %s",
+                state.global_step,
+                {k: round(v, 4) if isinstance(v, float) else v for k, v in logs.items()},
+            )
+
+
+def _quiet(trainer: Trainer) -> Trainer:
+    """Library code never prints: swap Trainer's printing callbacks for a tqdm bar and `logging`."""
+    trainer.remove_callback(PrinterCallback)
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(_QuietProgress)
+    trainer.add_callback(_LossLogger)
+    return trainer
 
 
 def training_windows(docs: list[str], tokenizer: Any, seq_len: int) -> torch.Tensor:
@@ -248,6 +275,7 @@ def finetune_(
             )  # fmt: skip
         else:
             trainer = Trainer(**kwargs, callbacks=cb)
+        _quiet(trainer)
         t0 = time.perf_counter()
         result = trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
         runtime = time.perf_counter() - t0
