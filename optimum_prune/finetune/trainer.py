@@ -174,6 +174,11 @@ def _prepare(model, config, dataset, tokenizer, teacher):
         raise ValueError("Fine-tuning needs the model's tokenizer: pass `tokenizer=` (AutoPruner loads it for you).")
     if dataset is None:
         raise ValueError("Pass `dataset=`: a text file, a directory of .txt files, a list of strings, or a Dataset.")
+    if hasattr(model, "peft_config"):
+        raise ValueError(
+            "The model already carries a PEFT adapter (fine-tuned with merge=False). Merge it first "
+            "(`model = model.merge_and_unload()`, or `merge_adapter`) and fine-tune the plain model."
+        )
     get_spec(model)  # raises UnsupportedArchitectureError with the supported list
     targets = lora_target_modules(model, config.target_modules) if config.method == "lora" else None
     docs = load_texts(dataset)

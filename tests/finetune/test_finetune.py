@@ -79,6 +79,8 @@ def test_merge_false_saves_a_peft_adapter_that_loads_on_the_pruned_base(make_tin
     # merging the saved adapter gives the same function in plain weights
     merged = merge_adapter(AutoPrunedModelForCausalLM.from_pretrained(out), out / "adapter")
     torch.testing.assert_close(logits(merged, ids), expected, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="already carries a PEFT adapter"):
+        finetune_(model, FinetuneConfig(**FAST), docs, smollm2_tokenizer)
 
 
 def test_merge_adapter_refuses_a_model_pruned_differently(make_tiny, smollm2_tokenizer, docs, tmp_path):
