@@ -150,7 +150,8 @@ def markdown(res: dict) -> str:
         "| method | recovery | BBC ppl | OOD ppl | BBC topic acc | train time (s) |",
         "|---|---|---:|---:|---:|---:|",
     ]
-    for row in res["rows"].values():
+    for key in a["methods"]:
+        row = res["rows"].get(key, {"name": METHODS[key][0]})
         for variant, label in (("pruned", "none"), ("lora", "LoRA"), ("lora_kd", "LoRA + KD")):
             r = row.get(variant)
             if r is None:
