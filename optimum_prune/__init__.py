@@ -3,6 +3,7 @@
 from .auto import AutoPrunedModelForCausalLM, AutoPruner
 from .config import CalibrationConfig, PruningConfig, StructuredPruningConfig
 from .export import export_gguf
+from .finetune import FinetuneConfig, FinetuneReport, PruningCallback, SparsityCallback, finetune_
 from .methods.amp import AMPConfig
 from .methods.fista import FistaConfig
 from .methods.flap import FLAPConfig
@@ -28,13 +29,17 @@ __all__ = [
     "AutoPrunedModelForCausalLM",
     "CalibrationConfig",
     "FLAPConfig",
+    "FinetuneConfig",
+    "FinetuneReport",
     "FistaConfig",
     "MagnitudePruningConfig",
     "NumericalPruningConfig",
+    "PruningCallback",
     "PruningConfig",
     "PruningReport",
     "RIAConfig",
     "SparseGPTConfig",
+    "SparsityCallback",
     "StructuredPruningConfig",
     "UnsupportedArchitectureError",
     "WandaConfig",
@@ -42,6 +47,7 @@ __all__ = [
     "available_methods",
     "compute_plan",
     "export_gguf",
+    "finetune_",
     "load_pruned_model",
     "prune_",
     "register_pruning_method",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
+import types
 from typing import Any
 
 import torch
@@ -68,10 +70,16 @@ class AutoPruner:
         tokenizer (`PreTrainedTokenizerBase | None`): used for calibration text and saved with the model.
     """
 
-    def __init__(self, model: nn.Module, tokenizer: Any = None) -> None:
+    def __init__(self, model: nn.Module, tokenizer: Any = None, *, keep_teacher: bool = True) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.reports: list[PruningReport] = []
+        self.finetune_reports: list = []
+        # Distillation teacher = the model as loaded: reloaded from its source when it has one (no extra memory
+        # until it is needed); an in-memory model is copied to the CPU before its first pruning.
+        self.keep_teacher = keep_teacher
+        self._source: dict[str, Any] | None = None
+        self._teacher: nn.Module | None = None
 
     @classmethod
     def from_pretrained(
@@ -98,19 +106,71 @@ class AutoPruner:
         model, tok = load_model_and_tokenizer(
             model_or_path, gguf_file=gguf_file, torch_dtype=torch_dtype, tokenizer=tokenizer, **kwargs
         )
-        return cls(model, tok)
+        pruner = cls(model, tok)
+        pruner._source = {"path": os.fspath(model_or_path), "gguf_file": gguf_file, "torch_dtype": torch_dtype,
+                          "kwargs": kwargs}  # fmt: skip
+        return pruner
 
     def prune(
         self, config: PruningConfig | list[PruningConfig], calibration: Any = None, **kwargs: Any
     ) -> PruningReport:
         """Run `prune_` on the model (a config, or a recipe: a list of configs); see `optimum_prune.prune_`."""
+        if self.keep_teacher and self._source is None and self._teacher is None and not self.reports:
+            self._keep_teacher_copy()
         report = prune_(self.model, config, calibration, self.tokenizer, **kwargs)
         self.reports.append(report)
+        return report
+
+    def _keep_teacher_copy(self) -> None:
+        """Before the first pruning of an in-memory model: a CPU copy of it, the default distillation teacher."""
+        try:
+            teacher = copy.deepcopy(self.model).to("cpu")
+        except Exception as e:  # noqa: BLE001 - a model that cannot be copied simply has no default teacher
+            logger.warning("Could not keep a copy of the unpruned model for distillation (%s); pass teacher=.", e)
+            return
+        teacher._optimum_prune_source = "copy of the in-memory model before pruning"
+        self._teacher = teacher.eval()
+
+    def teacher(self) -> nn.Module:
+        """The model as it was before pruning (reloaded from its source path, or the copy kept at pruning time)."""
+        if self._teacher is None and self._source is not None:
+            src = self._source
+            model, _ = load_model_and_tokenizer(
+                src["path"], gguf_file=src["gguf_file"], torch_dtype=src["torch_dtype"], tokenizer=False,
+                **src["kwargs"],
+            )  # fmt: skip
+            model._optimum_prune_source = src["path"] + (f" ({src['gguf_file']})" if src["gguf_file"] else "")
+            self._teacher = model.eval()
+        if self._teacher is None:
+            raise ValueError(
+                "No teacher: this AutoPruner was built from an in-memory model with keep_teacher=False (or already "
+                "pruned). Pass `teacher=` to finetune()."
+            )
+        return self._teacher
+
+    def finetune(self, config: Any, dataset: Any, *, teacher: nn.Module | None = None, **kwargs: Any):
+        """Recovery fine-tuning (`optimum_prune.finetune_`); with `config.distill`, the teacher defaults to the model
+        as it was loaded before pruning. Returns the `FinetuneReport`."""
+        from .finetune import finetune_
+
+        if getattr(config, "distill", None) is not None and teacher is None:
+            teacher = self.teacher()
+        self.model, report = finetune_(self.model, config, dataset, self.tokenizer, teacher=teacher, **kwargs)
+        self.finetune_reports.append(report)
+        if self._source is not None:
+            self._teacher = None  # reloadable: free its memory
         return report
 
     def save_pretrained(self, save_directory: str | os.PathLike, *, overwrite: bool = False, **kwargs: Any):
         """Save model, tokenizer and `pruning_config.json` atomically (see `save_pruned`)."""
         return save_pruned(self.model, save_directory, self.tokenizer, overwrite=overwrite, **kwargs)
+
+    def push_to_hub(self, repo_id: str, **kwargs: Any):
+        """Upload exactly what `save_pretrained` writes to the Hub, in one commit (`optimum_prune.hub.push_to_hub`:
+        `private`, `token`, `commit_message`, `revision`, `create_pr`, `model_card`)."""
+        from .hub import push_to_hub
+
+        return push_to_hub(self.model, repo_id, self.tokenizer, **kwargs)
 
 
 class AutoPrunedModelForCausalLM:
@@ -123,4 +183,22 @@ class AutoPrunedModelForCausalLM:
     def from_pretrained(cls, path: str | os.PathLike, *, torch_dtype: Any = None, **kwargs: Any) -> nn.Module:
         if torch_dtype is not None:
             kwargs["dtype"] = _dtype(torch_dtype)
-        return load_pruned_model(path, **kwargs)
+        model = load_pruned_model(path, **kwargs)
+        model.push_to_hub = types.MethodType(_push_loaded, model)  # uploads the optimum-prune checkpoint format
+        model._optimum_prune_path = os.fspath(path)
+        return model
+
+
+def _push_loaded(model: nn.Module, repo_id: str, tokenizer: Any = None, **kwargs: Any):
+    """`push_to_hub` of a model loaded by `AutoPrunedModelForCausalLM`: the same folder `save_pretrained` writes
+    (checkpoint, `pruning_config.json`, model card), with the tokenizer saved beside the checkpoint by default."""
+    from .hub import push_to_hub
+
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model._optimum_prune_path)
+        except (OSError, ValueError):
+            logger.warning("No tokenizer in %s; uploading the model without one.", model._optimum_prune_path)
+    return push_to_hub(model, repo_id, tokenizer, **kwargs)

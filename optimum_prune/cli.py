@@ -1,4 +1,4 @@
-"""`optimum-prune`: command-line interface (`prune`, `eval`, `bench`, `export-gguf`, `demo`).
+"""`optimum-prune`: command-line interface (`prune`, `eval`, `bench`, `export-gguf`, `demo`, `finetune`, `push`).
 
 User errors (bad arguments, missing files, unsupported models, an existing output directory...) print one line on
 stderr and exit with status 2; `--verbose` adds INFO logging and the traceback.
@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "add_prune_arguments", "run_command"]
 
 logger = logging.getLogger(__name__)
 
@@ -185,24 +185,30 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from .cli_recovery import run_zero_shot
     from .evaluation import perplexity
+    from .evaluation.zero_shot import resolve_tasks
 
     _check_parent(args.output)
-    texts = _texts(args.data, args.holdout_fraction, args.split_seed, part=1)
+    if args.data is None and not args.tasks:
+        raise UserError("Give --data (perplexity) and/or --tasks (zero-shot accuracy).")
+    if args.limit is not None:
+        args.limit = int(args.limit) if args.limit >= 1 else args.limit
+    if args.tasks:
+        resolve_tasks(args.tasks, args.allow_hub)  # a missing / Hub-only task fails before the model is loaded
+    texts = _texts(args.data, args.holdout_fraction, args.split_seed, part=1) if args.data else None
     model, tokenizer = _load(args.model, args.gguf_file, args.dtype)
     if tokenizer is None:
-        raise UserError(f"{args.model} has no tokenizer; perplexity needs one.")
-    ppl = perplexity(
-        model, tokenizer, texts, seq_len=args.seq_len, max_tokens=args.max_tokens, batch_size=args.batch_size
-    )
-    result = {
-        "model": args.model,
-        "data": args.data,
-        "holdout_fraction": args.holdout_fraction,
-        "seq_len": args.seq_len,
-        "max_tokens": args.max_tokens,
-        "perplexity": ppl,
-    }
+        raise UserError(f"{args.model} has no tokenizer; evaluation needs one.")
+    result: dict[str, Any] = {"model": args.model}
+    if texts is not None:
+        ppl = perplexity(
+            model, tokenizer, texts, seq_len=args.seq_len, max_tokens=args.max_tokens, batch_size=args.batch_size
+        )
+        result.update(data=args.data, holdout_fraction=args.holdout_fraction, seq_len=args.seq_len)
+        result.update(max_tokens=args.max_tokens, perplexity=ppl)
+    if args.tasks:
+        result["zero_shot"] = run_zero_shot(args, model, tokenizer)
     _write_json(result, args.output)
     return 0
 
@@ -267,24 +273,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 # -------------------------------------------------------------------------------------------------------- parser
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="Prune Hugging Face causal LMs into smaller checkpoints.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="INFO logging and tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{prune,eval,bench,export-gguf,demo}")
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="model directory, or a .gguf file")
+    p.add_argument("--gguf-file", help="GGUF file name inside the model directory (dequantized on load)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"], help="load dtype")
 
-    def model_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("model", help="model directory, or a .gguf file")
-        p.add_argument("--gguf-file", help="GGUF file name inside the model directory (dequantized on load)")
-        p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"], help="load dtype")
 
-    def split_args(p: argparse.ArgumentParser, what: str) -> None:
-        p.add_argument(
-            "--holdout-fraction", type=float, help=f"split the documents ({what}); same split in prune/eval"
-        )
-        p.add_argument("--split-seed", type=int, default=0, help="seed of the document split (default 0)")
+def _split_args(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--holdout-fraction", type=float, help=f"split the documents ({what}); same split in prune/eval")
+    p.add_argument("--split-seed", type=int, default=0, help="seed of the document split (default 0)")
 
-    p = sub.add_parser("prune", help="prune a model and save it", description="Prune a model and save the result.")
-    model_args(p)
+
+def add_prune_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of `prune` (shared by `optimum-prune prune` and `optimum-cli prune`)."""
+    _model_args(p)
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--method", help="registered method, e.g. numerical, flap, magnitude, wanda, amp")
     how.add_argument(
@@ -305,19 +307,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0, help="calibration sampling seed")
     p.add_argument("--batch-size", type=int, default=8, help="calibration sequences per block forward")
-    split_args(p, "calibrate on the rest")
+    _split_args(p, "calibrate on the rest")
     p.add_argument("--output", "-o", required=True, help="output directory")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     p.add_argument("--report", help="write the full PruningReport JSON here")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .cli_recovery import add_eval_task_arguments, add_recovery_commands
+
+    parser = argparse.ArgumentParser(prog=PROG, description="Prune Hugging Face causal LMs into smaller checkpoints.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="INFO logging and tracebacks on errors")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{prune,eval,bench,export-gguf,demo,finetune,push}"
+    )
+
+    p = sub.add_parser("prune", help="prune a model and save it", description="Prune a model and save the result.")
+    add_prune_arguments(p)
     p.set_defaults(func=cmd_prune)
 
     p = sub.add_parser("eval", help="perplexity on a text source", description="Perplexity (non-overlapping windows).")
-    model_args(p)
-    p.add_argument("--data", required=True, help="text file, directory of .txt, wikitext2|c4|ptb, or 'bbc'")
+    _model_args(p)
+    p.add_argument("--data", help="perplexity text: file, directory of .txt, wikitext2|c4|ptb, or 'bbc'")
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--max-tokens", type=int, help="score only the first N tokens")
     p.add_argument("--batch-size", type=int, default=1)
-    split_args(p, "evaluate on the held-out part")
+    _split_args(p, "evaluate on the held-out part")
+    add_eval_task_arguments(p)
     p.add_argument("--output", "-o", help="write the JSON result here (default: stdout)")
     p.set_defaults(func=cmd_eval)
 
@@ -362,25 +378,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5, help="speed rounds")
     p.add_argument("--json", help="also write all results as JSON here")
     p.set_defaults(func=cmd_demo)
+
+    add_recovery_commands(sub, _model_args, _split_args)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run_command(command: str, args: argparse.Namespace, prog: str = PROG) -> int:
+    """Run one command with the CLI's logging and error handling (also used by `optimum-cli prune`)."""
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    func = {"prune": cmd_prune}.get(command) or args.func
     try:
-        return args.func(args)
+        return func(args)
     except _USER_ERRORS as e:
         if args.verbose:
             traceback.print_exc()
         message = " ".join(str(e).split()) or type(e).__name__
-        print(f"{PROG} {args.command}: error: {message}", file=sys.stderr)
+        print(f"{prog} {command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_command(args.command, args)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """File names and format versions shared by the serialization code."""
 
-__all__ = ["PRUNING_CONFIG_NAME", "FORMAT_VERSION", "PRUNED_MODEL_TYPE_PREFIX"]
+__all__ = ["PRUNING_CONFIG_NAME", "FORMAT_VERSION", "PRUNED_MODEL_TYPE_PREFIX", "FINETUNE_ATTR"]
 
 PRUNING_CONFIG_NAME = "pruning_config.json"
 FORMAT_VERSION = 1
 # A checkpoint whose layers have different shapes is saved with `model_type = "optimum_pruned_<base>"`.
 PRUNED_MODEL_TYPE_PREFIX = "optimum_pruned_"
+# Model attribute holding the fine-tuning reports (`pruning_config.json` key "finetune").
+FINETUNE_ATTR = "_optimum_prune_finetune"

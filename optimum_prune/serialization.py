@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-from .constants import FORMAT_VERSION, PRUNED_MODEL_TYPE_PREFIX, PRUNING_CONFIG_NAME
+from .constants import FINETUNE_ATTR, FORMAT_VERSION, PRUNED_MODEL_TYPE_PREFIX, PRUNING_CONFIG_NAME
 from .modeling.architectures import ArchitectureSpec, get_spec
 from .modeling.auto_classes import pruned_classes
 from .prune import HISTORY_ATTR
@@ -203,6 +203,7 @@ def save_pruned(
     *,
     overwrite: bool = False,
     max_shard_size: str | int = "5GB",
+    model_card: bool | dict = True,
 ) -> Path:
     """Save a (pruned) model as a stock safetensors checkpoint plus `pruning_config.json`, atomically.
 
@@ -213,9 +214,27 @@ def save_pruned(
         tokenizer (`PreTrainedTokenizerBase | None`): saved alongside when given.
         overwrite (`bool`, defaults to `False`): replace an existing directory (still atomically).
         max_shard_size (`str | int`): passed to `save_pretrained`.
+        model_card (`bool | dict`, defaults to `True`): write `README.md` (a `huggingface_hub.ModelCard`); a dict
+            adds card fields (`base_model`, `license`, `evaluation`, ...; see `optimum_prune.hub.model_card`).
+
+    A `PeftModel` (LoRA trained with `merge=False`) is saved as its pruned base plus a standard PEFT adapter in
+    `adapter/`.
     """
     target = Path(save_directory).absolute()
     where = _check_target(target, overwrite)
+    with contextlib.ExitStack() as stack:
+        peft_model, adapter = None, None
+        if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
+            from .finetune.adapters import lora_removed
+
+            peft_model = model
+            adapter = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=".adapter.", dir=where)))
+            peft_model.save_pretrained(adapter)  # with the LoRA layers in place
+            model = stack.enter_context(lora_removed(peft_model))
+        return _save(model, target, where, tokenizer, max_shard_size, model_card, peft_model, adapter)
+
+
+def _save(model, target, where, tokenizer, max_shard_size, model_card, peft_model, adapter) -> Path:
     spec = get_spec(model)
     config, extra = export_config(model, spec)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=where))
@@ -238,9 +257,22 @@ def save_pruned(
             "layers": layer_table(model, spec),
             "history": getattr(model, HISTORY_ATTR, []),
         }
+        finetune = getattr(peft_model, FINETUNE_ATTR, None) or getattr(model, FINETUNE_ATTR, [])
+        if finetune:
+            side_car["finetune"] = finetune
         with open(tmp / PRUNING_CONFIG_NAME, "w", encoding="utf-8") as f:
             json.dump(side_car, f, indent=2, default=str)
             f.write("\n")
+        if adapter is not None:
+            from .finetune.adapters import ADAPTER_SUBDIR
+
+            shutil.copytree(adapter, tmp / ADAPTER_SUBDIR)
+        if model_card:
+            from .hub import model_card as make_card
+
+            make_card(model, side_car, config, **(model_card if isinstance(model_card, dict) else {})).save(
+                tmp / "README.md"
+            )
         if where == target:  # an existing empty directory: keep it, move the files in
             _move_into(tmp, target)
         elif target.exists():
@@ -278,5 +310,8 @@ def load_pruned_model(path: str | os.PathLike, **kwargs: Any) -> nn.Module:
     side_car = Path(path) / PRUNING_CONFIG_NAME
     if side_car.is_file():
         with open(side_car, encoding="utf-8") as f:
-            setattr(model, HISTORY_ATTR, json.load(f).get("history", []))
+            data = json.load(f)
+        setattr(model, HISTORY_ATTR, data.get("history", []))
+        if data.get("finetune"):
+            setattr(model, FINETUNE_ATTR, data["finetune"])
     return model

@@ -1,0 +1,180 @@
+"""finetune_ / AutoPruner.finetune: LoRA (merged or saved as an adapter) and full fine-tuning on pruned tiny models,
+distillation, the report in pruning_config.json, and bad input (clear errors, nothing changed)."""
+
+import copy
+import json
+
+import pytest
+import torch
+from conftest import logits
+from peft import PeftModel
+
+from optimum_prune import (
+    AutoPrunedModelForCausalLM,
+    AutoPruner,
+    FinetuneConfig,
+    MagnitudePruningConfig,
+    finetune_,
+    prune_,
+)
+from optimum_prune.finetune.adapters import merge_adapter
+from optimum_prune.finetune.trainer import DistillationTrainer
+
+FAST = {"max_steps": 2, "batch_size": 2, "seq_len": 32, "eval_max_tokens": 64, "eval_fraction": 0.2}
+
+
+def _structured(model):
+    # global allocation: the two layers end with different shapes
+    prune_(model, MagnitudePruningConfig(pruning_ratio=0.4, allocation="global"))
+    return model
+
+
+def _ids(tok):
+    return tok("The quick brown fox jumps over the lazy dog.", return_tensors="pt").input_ids
+
+
+def _state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _same_state(model, state):
+    sd = model.state_dict()
+    return set(sd) == set(state) and all(torch.equal(sd[k], state[k]) for k in state)
+
+
+def test_lora_on_per_layer_shapes_merges_into_a_plain_checkpoint(make_tiny, smollm2_tokenizer, docs, tmp_path):
+    model = _structured(make_tiny())
+    shapes = [layer.mlp.up_proj.out_features for layer in model.model.layers]
+    assert len(set(shapes)) > 1
+    before = _state(model)
+    pruner = AutoPruner(model, smollm2_tokenizer)
+    report = pruner.finetune(FinetuneConfig(method="lora", learning_rate=1e-2, **FAST), docs)
+    assert report.merged and report.trainable_params > 0 and report.train_documents + report.eval_documents == 40
+    assert report.perplexity_before > 0 and report.perplexity_after > 0 and len(report.loss_history) >= 1
+    merged = pruner.model
+    assert not any("lora" in n for n, _ in merged.named_modules())
+    assert set(merged.state_dict()) == set(before)  # a plain model of the same shapes
+    assert any(not torch.equal(merged.state_dict()[k], before[k]) for k in before)  # training changed it
+    out = pruner.save_pretrained(tmp_path / "out")
+    side = json.loads((out / "pruning_config.json").read_text())
+    assert side["finetune"][0]["perplexity_after"] == pytest.approx(report.perplexity_after)
+    assert side["history"][0]["method"] == "magnitude"
+    reloaded = AutoPrunedModelForCausalLM.from_pretrained(out)
+    ids = _ids(smollm2_tokenizer)
+    torch.testing.assert_close(logits(reloaded, ids), logits(merged, ids))
+    assert reloaded._optimum_prune_finetune[0]["config"]["method"] == "lora"
+
+
+def test_merge_false_saves_a_peft_adapter_that_loads_on_the_pruned_base(make_tiny, smollm2_tokenizer, docs, tmp_path):
+    model = _structured(make_tiny())
+    model, report = finetune_(model, FinetuneConfig(merge=False, learning_rate=1e-2, **FAST), docs, smollm2_tokenizer)
+    assert isinstance(model, PeftModel) and not report.merged
+    ids = _ids(smollm2_tokenizer)
+    expected = logits(model, ids)
+    out = AutoPruner(model, smollm2_tokenizer).save_pretrained(tmp_path / "out")
+    assert (out / "adapter" / "adapter_config.json").is_file() and (out / "model.safetensors").is_file()
+    assert any("lora" in n for n, _ in model.named_modules())  # the in-memory PEFT model is intact
+    base = AutoPrunedModelForCausalLM.from_pretrained(out)
+    torch.testing.assert_close(logits(PeftModel.from_pretrained(base, out / "adapter"), ids), expected)
+    # merging the saved adapter gives the same function in plain weights
+    merged = merge_adapter(AutoPrunedModelForCausalLM.from_pretrained(out), out / "adapter")
+    torch.testing.assert_close(logits(merged, ids), expected, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="already carries a PEFT adapter"):
+        finetune_(model, FinetuneConfig(**FAST), docs, smollm2_tokenizer)
+
+
+def test_merge_adapter_refuses_a_model_pruned_differently(make_tiny, smollm2_tokenizer, docs, tmp_path):
+    model, _ = finetune_(_structured(make_tiny()), FinetuneConfig(merge=False, **FAST), docs, smollm2_tokenizer)
+    out = AutoPruner(model, smollm2_tokenizer).save_pretrained(tmp_path / "out")
+    other = make_tiny()
+    prune_(other, MagnitudePruningConfig(pruning_ratio=0.2, allocation="uniform"))
+    state = _state(other)
+    with pytest.raises(ValueError, match="does not fit this model's shapes"):
+        merge_adapter(other, out / "adapter")
+    assert _same_state(other, state) and not any("lora" in n for n, _ in other.named_modules())
+
+
+def test_full_finetuning_trains_every_parameter(make_tiny, smollm2_tokenizer, docs):
+    model = _structured(make_tiny())
+    n = sum(p.numel() for p in model.parameters())
+    model, report = finetune_(
+        model, FinetuneConfig(method="full", learning_rate=1e-3, **FAST), docs, smollm2_tokenizer
+    )
+    assert report.trainable_params == n and report.tokens_seen == 2 * 2 * 32
+
+
+def test_distillation_uses_the_unpruned_model_as_teacher(make_tiny, smollm2_tokenizer, docs, monkeypatch):
+    dense = make_tiny()
+    pruner = AutoPruner(dense, smollm2_tokenizer)  # in-memory: a CPU copy is kept before the first pruning
+    pruner.prune(MagnitudePruningConfig(pruning_ratio=0.4))
+    teacher = pruner.teacher()
+    assert teacher.model.layers[0].mlp.up_proj.out_features == 128  # unpruned
+    seen = {}
+    original = DistillationTrainer.compute_loss
+
+    def spy(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        seen["teacher"] = self.teacher
+        return original(self, model, inputs, return_outputs, num_items_in_batch)
+
+    monkeypatch.setattr(DistillationTrainer, "compute_loss", spy)
+    report = pruner.finetune(FinetuneConfig(distill="kl", distill_alpha=1.0, **FAST), docs)
+    assert seen["teacher"] is teacher and report.teacher["source"].startswith("copy of the in-memory model")
+    assert report.train_loss >= 0  # pure KL is non-negative
+
+
+def test_distillation_loss_is_zero_when_student_equals_teacher(make_tiny, smollm2_tokenizer):
+    model = make_tiny()
+    trainer = DistillationTrainer.__new__(DistillationTrainer)
+    trainer.teacher, trainer.temperature, trainer.alpha = copy.deepcopy(model), 2.0, 1.0
+    ids = _ids(smollm2_tokenizer)
+    loss = trainer.compute_loss(model, {"input_ids": ids, "labels": ids, "attention_mask": torch.ones_like(ids)})
+    assert abs(loss.item()) < 1e-5
+
+
+def test_autopruner_from_path_reloads_the_teacher(make_tiny, smollm2_tokenizer, tmp_path):
+    make_tiny().save_pretrained(tmp_path / "dense")
+    smollm2_tokenizer.save_pretrained(tmp_path / "dense")
+    pruner = AutoPruner.from_pretrained(tmp_path / "dense")
+    pruner.prune(MagnitudePruningConfig(pruning_ratio=0.4))
+    assert pruner._teacher is None  # nothing kept in memory until distillation needs it
+    teacher = pruner.teacher()
+    assert teacher.model.layers[0].mlp.up_proj.out_features == 128
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"max_steps": 0}, "max_steps must be > 0"),
+        ({"method": "qlora"}, "method must be"),
+        ({"distill": "mse"}, "distill must be"),
+        ({"eval_fraction": 1.0}, "eval_fraction"),
+    ],
+)
+def test_config_rejects_bad_values(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        FinetuneConfig(**overrides)
+
+
+@pytest.mark.parametrize(
+    "config, data, match",
+    [
+        (FinetuneConfig(**FAST), [], "No non-empty documents"),
+        (FinetuneConfig(**FAST), ["a b c", "d e f"], "Training text too short"),
+        (FinetuneConfig(**FAST), ["only one document " * 50], "at least 2 documents"),
+        (FinetuneConfig(target_modules=("c_attn",), **FAST), None, "target_modules"),
+        (FinetuneConfig(distill="kl", **FAST), None, "needs a teacher"),
+    ],
+)
+def test_bad_input_leaves_the_model_untouched(make_tiny, smollm2_tokenizer, docs, config, data, match):
+    model = _structured(make_tiny())
+    state = _state(model)
+    with pytest.raises(ValueError, match=match):
+        finetune_(model, config, docs if data is None else data, smollm2_tokenizer)
+    assert _same_state(model, state) and not any("lora" in n for n, _ in model.named_modules())
+
+
+def test_teacher_with_another_vocabulary_is_refused(make_tiny, smollm2_tokenizer, docs):
+    model = make_tiny()
+    teacher = make_tiny(vocab_size=len(smollm2_tokenizer) + 8)
+    with pytest.raises(ValueError, match="vocabulary"):
+        finetune_(model, FinetuneConfig(distill="kl", **FAST), docs, smollm2_tokenizer, teacher=teacher)
