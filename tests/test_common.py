@@ -33,6 +33,7 @@ METHOD_CASES = [
     (NumericalPruningConfig, {"pruning_ratio": 0.3, "allocation": "uniform"}, 0.1),
     (NumericalPruningConfig, {"pruning_ratio": 0.3, "compensation_inputs": "sequential"}, 0.08),
     (NumericalPruningConfig, {"pruning_ratio": 0.3, "compensation_bias": True}, 0.08),
+    (NumericalPruningConfig, {"pruning_ratio": 0.3, "ranking": "loss"}, 0.08),
     (
         NumericalPruningConfig,
         {

@@ -28,9 +28,13 @@ class NumericalPruningConfig(StructuredPruningConfig):
         compensate (`bool`, defaults to `True`): refit the kept input channels of o_proj / down_proj (Thm. 3).
         compensation_damping (`float`, defaults to `0.01`): relative ridge γ / mean(diag H) of the refit; raised
             10× on Cholesky failure.
-        ranking (`str`, defaults to `"cost_weighted"`): `"cost_weighted"` (α = 4·D_h/3 as a parameter cost, the
-            FLAP-style threshold; the ratio then counts parameters) or `"literal"` (the printed formula: head scores
-            × α, unit-count threshold; reproduction only, it rarely prunes heads).
+        ranking (`str`, defaults to `"cost_weighted"`): `"cost_weighted"` (the numerical scores, α = 4·D_h/3 as a
+            parameter cost, the FLAP-style threshold; the ratio then counts parameters), `"literal"` (the printed
+            formula: head scores × α, unit-count threshold; α is the unit's cost in MLP channels, 4·D_h/3 for an MHA
+            head, `(2·n_rep+2)·D_h/3` for a GQA group; reproduction only, it rarely prunes heads) or `"loss"` (an
+            extension: each head / KV group / MLP channel scores the output loss its removal leaves after the
+            optimal refit, Thm. 3's `L* = tr(W_P ((H⁻¹)_PP)⁻¹ W_Pᵀ)` (`tr(W_P H_PP W_Pᵀ)` without compensation), per
+            parameter it removes; absolute, so it compares units across modules and layers).
         standardize_per_layer (`bool`, defaults to `False`): standardise each layer's scores (FLAP does; NP not).
         compensation_inputs (`str`, defaults to `"dense"`): `"dense"` refits on the dense model's inputs (the same
             Grams as the scores; the paper's setting as read by SPEC §A.2) or `"sequential"` (an extension, not in the
@@ -59,7 +63,12 @@ class NumericalPruningConfig(StructuredPruningConfig):
         super().__post_init__()
         _choice("compensation_inputs", self.compensation_inputs, ("dense", "sequential"))
         _choice("solver", self.solver, ("closed_form", "newton"))
-        _choice("ranking", self.ranking, ("cost_weighted", "literal"))
+        _choice("ranking", self.ranking, ("cost_weighted", "literal", "loss"))
+        if self.ranking == "loss" and (self.standardize_per_layer or self.solver != "closed_form"):
+            raise ValueError(
+                "ranking='loss' ranks units by their removal loss, not by numerical scores: it takes no "
+                "standardize_per_layer or solver='newton' (set ranking='cost_weighted' to use them)."
+            )
         if self.lambda_ is not None and (not math.isfinite(self.lambda_) or self.lambda_ <= 0):
             raise ValueError(f"`lambda_` must be a positive number or None (exact constraint), got {self.lambda_}.")
         if self.solver == "newton" and self.lambda_ is None:
