@@ -263,3 +263,12 @@ def test_literal_alpha_is_the_unit_cost_in_mlp_channels():
     # scores 1 × 170 sort after every channel (≤ 2.5): the unit-count threshold removes channels only
     heads, chans = allocate([u], 0.1, 440.0, mode="literal", head_weight=85.0)
     assert heads == [[]] and chans == [list(range(10))]
+
+
+def test_paper_preset_is_the_papers_setting():
+    cfg = NumericalPruningConfig.paper(pruning_ratio=0.3, round_to=8)
+    assert (cfg.pruning_ratio, cfg.round_to, cfg.ranking) == (0.3, 8, "cost_weighted")
+    assert not cfg.standardize_per_layer and not cfg.compensation_bias and cfg.compensation_inputs == "dense"
+    assert cfg.lambda_ is None and cfg.compensate
+    assert NumericalPruningConfig.paper(literal=True).ranking == "literal"
+    assert NumericalPruningConfig.from_dict(cfg.to_dict()) == cfg

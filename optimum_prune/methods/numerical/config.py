@@ -59,6 +59,27 @@ class NumericalPruningConfig(StructuredPruningConfig):
     compensation_inputs: str = "dense"
     compensation_bias: bool = False
 
+    @classmethod
+    def paper(cls, pruning_ratio: float = 0.2, literal: bool = False, **kwargs) -> NumericalPruningConfig:
+        """The paper's setting, for reproducing it (SPEC §A.2 / §A.7): each module's exact-constraint numerical
+        scores ranked together in one global cost-weighted ranking (α = 4·D_h/3 as a parameter cost), no
+        standardisation, dense compensation of the weights only (no bias).
+
+        Args:
+            pruning_ratio (`float`, defaults to `0.2`): fraction of the attention + MLP parameters to remove.
+            literal (`bool`, defaults to `False`): the printed ranking instead (head scores × α, unit-count
+                threshold; `ranking="literal"`).
+            kwargs: any other field (e.g. `round_to`, `gqa_mode`).
+        """
+        settings = {
+            "ranking": "literal" if literal else "cost_weighted",
+            "standardize_per_layer": False,
+            "compensate": True,
+            "compensation_inputs": "dense",
+            "compensation_bias": False,
+        }
+        return cls(pruning_ratio=pruning_ratio, **{**settings, **kwargs})
+
     def __post_init__(self) -> None:
         super().__post_init__()
         _choice("compensation_inputs", self.compensation_inputs, ("dense", "sequential"))
