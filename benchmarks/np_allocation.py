@@ -87,6 +87,48 @@ VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
         "NP, loss ranking, refit with bias",
     ),
     "np_loss_pools": (NumericalPruningConfig, {"ranking": "loss"}, {"pools": True}, "NP, loss ranking, sep. pools"),
+    "np_std_d01": (
+        NumericalPruningConfig,
+        {"standardize_per_layer": True, "compensation_damping": 0.1},
+        {},
+        "NP, std, compensation damping 0.1",
+    ),
+    "np_std_d1": (
+        NumericalPruningConfig,
+        {"standardize_per_layer": True, "compensation_damping": 1.0},
+        {},
+        "NP, std, compensation damping 1",
+    ),
+    "np_std_bias_d01": (
+        NumericalPruningConfig,
+        {"standardize_per_layer": True, "compensation_bias": True, "compensation_damping": 0.1},
+        {},
+        "NP, std, bias, damping 0.1",
+    ),
+    "np_std_bias_d1": (
+        NumericalPruningConfig,
+        {"standardize_per_layer": True, "compensation_bias": True, "compensation_damping": 1.0},
+        {},
+        "NP, std, bias, damping 1",
+    ),
+    "np_std_bias_d10": (
+        NumericalPruningConfig,
+        {"standardize_per_layer": True, "compensation_bias": True, "compensation_damping": 10.0},
+        {},
+        "NP, std, bias, damping 10",
+    ),
+    "np_std_nocomp": (
+        NumericalPruningConfig,
+        {"standardize_per_layer": True, "compensate": False},
+        {},
+        "NP, std, no compensation",
+    ),
+    "np_loss_layer": (
+        NumericalPruningConfig,
+        {"ranking": "loss"},
+        {"layer_relative": True},
+        "NP, loss / layer output energy",
+    ),
     "np_loss_rel": (
         NumericalPruningConfig,
         {"ranking": "loss"},
@@ -114,12 +156,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-tokens", type=int, default=8192, help="tokens per evaluation text (default: 8192)")
     p.add_argument("--eval-seq-len", type=int, default=512)
     p.add_argument("--long-eval-seq-len", type=int, default=0, help="also evaluate with this window (0 = skip)")
+    p.add_argument(
+        "--limit",
+        nargs="*",
+        default=[],
+        metavar="VARIANT=R1,R2",
+        help="run VARIANT only at these ratios (e.g. np_loss=0.2,0.5 to screen it beside a full grid)",
+    )
     p.add_argument("--round-to", type=int, default=1, help="StructuredPruningConfig.round_to for every method")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--output", type=Path, default=None, help="JSON path (default: results/np_allocation_<model>.json)")
     p.add_argument("--note", default="")
     args = p.parse_args(argv)
+    try:
+        args.limit = {v: [float(r) for r in rs.split(",")] for v, rs in (x.split("=") for x in args.limit)}
+    except ValueError:
+        p.error("--limit takes VARIANT=R1,R2 ...")
     if args.output is None:
         args.output = REPO_ROOT / "benchmarks" / "results" / f"np_allocation_{args.model}.json"
     return args
@@ -233,6 +286,12 @@ def _pooled_allocate(attn_total: float, mlp_total: float):
     return allocate
 
 
+def _output_energy(module, gram: torch.Tensor) -> float:
+    """E‖W x‖² = tr(W H Wᵀ) of a projection over the calibration tokens."""
+    W = weight_oi(module).detach().double()
+    return float(((W @ gram.double()) * W).sum())
+
+
 def make_pruner(name: str, ratio: float, round_to: int, stats, attn_total: float, mlp_total: float):
     cls, kwargs, opts, _ = VARIANTS[name]
     config = cls(pruning_ratio=ratio, round_to=round_to, **kwargs)
@@ -248,6 +307,10 @@ def make_pruner(name: str, ratio: float, round_to: int, stats, attn_total: float
             head, chan = pruner.score_layer(view, own(view.index))
             if opts.get("relative"):
                 e = stats[view.index]["resid"].value
+                head, chan = head / e, chan / e
+            if opts.get("layer_relative"):  # the loss as a fraction of the layer's dense update E‖Δh‖²
+                e = sum(_output_energy(m, stats[view.index][k].gram) for k, m in (("attn", view.o_proj),
+                        ("mlp", view.mlp_out)))  # fmt: skip
                 head, chan = head / e, chan / e
             scores[view.index] = (head, chan)
         return {v.index: own(v.index) for v in views}, scores
@@ -434,6 +497,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for ratio in args.ratios:
         for name in args.variants:
             if any(r["variant"] == name and r["ratio"] == ratio for r in res["runs"]):
+                continue
+            if name in args.limit and ratio not in args.limit[name]:
                 continue
             model, prune_s, shapes = prune_variant(dense, spec, name, ratio, args.round_to, stats, totals)
             run = {"variant": name, "ratio": ratio, "prune_s": prune_s, "shapes": shapes,
