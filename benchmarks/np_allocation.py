@@ -68,8 +68,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # name -> (config class, config kwargs, options of this script, label)
 VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
     "flap": (FLAPConfig, {}, {}, "FLAP"),
-    "np": (NumericalPruningConfig, {}, {}, "NP, library default"),
-    "np_paper": (NumericalPruningConfig, {"ranking": "cost_weighted"}, {}, "NP, paper (per-module scores, α as cost)"),
+    "np": (NumericalPruningConfig, {}, {}, "NP, default (std, damping 0.1)"),
+    "np_paper": (
+        NumericalPruningConfig,
+        {"ranking": "cost_weighted", "standardize_per_layer": False, "compensation_damping": 0.01},
+        {},
+        "NP, paper (previous default)",
+    ),
     "np_literal": (NumericalPruningConfig, {"ranking": "literal"}, {}, "NP, paper literal (α × score, unit count)"),
     "np_std": (NumericalPruningConfig, {"standardize_per_layer": True}, {}, "NP, per-layer standardised"),
     "np_std_bias": (
@@ -309,7 +314,7 @@ def make_pruner(name: str, ratio: float, round_to: int, stats, attn_total: float
                 e = stats[view.index]["resid"].value
                 head, chan = head / e, chan / e
             if opts.get("layer_relative"):  # the loss as a fraction of the layer's dense update E‖Δh‖²
-                e = sum(_output_energy(m, stats[view.index][k].gram) for k, m in (("attn", view.o_proj),
+                e = sum(_output_energy(m, stats[view.index][k].gram.gram) for k, m in (("attn", view.o_proj),
                         ("mlp", view.mlp_out)))  # fmt: skip
                 head, chan = head / e, chan / e
             scores[view.index] = (head, chan)
@@ -350,7 +355,7 @@ def prune_variant(dense, spec, name, ratio, round_to, stats, totals):
         ]
         for i, layer in enumerate(layers)
     }
-    return model, time.perf_counter() - t0, shapes
+    return model, time.perf_counter() - t0, shapes, pruner.config.to_dict()
 
 
 # --------------------------------------------------------------------------------------------------------- output
@@ -500,8 +505,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 continue
             if name in args.limit and ratio not in args.limit[name]:
                 continue
-            model, prune_s, shapes = prune_variant(dense, spec, name, ratio, args.round_to, stats, totals)
-            run = {"variant": name, "ratio": ratio, "prune_s": prune_s, "shapes": shapes,
+            model, prune_s, shapes, config = prune_variant(dense, spec, name, ratio, args.round_to, stats, totals)
+            run = {"variant": name, "ratio": ratio, "prune_s": prune_s, "shapes": shapes, "config": config,
                    "measured": 1 - attention_mlp_params(model, spec) / before}  # fmt: skip
             for t, w in windows.items():
                 run[t] = perplexity(model, w)

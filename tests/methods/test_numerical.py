@@ -239,17 +239,18 @@ def test_loss_ranking_scores_units_by_loss_per_parameter(arch):
     d, gsz = view.head_dim, view.group_size
     # a unit is a KV group (one head in MHA): its channels go together, every head carries the group's score
     groups = torch.arange(view.num_heads * d).view(view.num_kv_heads, gsz * d)
-    expected = removal_losses(W_o, stats["attn"].gram, groups).repeat_interleave(gsz) / per_group
+    damp = pruner.config.compensation_damping
+    expected = removal_losses(W_o, stats["attn"].gram, groups, damp).repeat_interleave(gsz) / per_group
     torch.testing.assert_close(head, expected)
     if gsz == 1:
         assert per_group == pytest.approx(2 * per_q_head)  # q, o plus k, v rows
-    chan_expected = removal_losses(W_d, stats["mlp"].gram, torch.arange(view.intermediate_size)[:, None])
+    chan_expected = removal_losses(W_d, stats["mlp"].gram, torch.arange(view.intermediate_size)[:, None], damp)
     torch.testing.assert_close(chan, chan_expected / mlp_channel_cost(view))
 
 
 def test_loss_ranking_rejects_score_options():
     with pytest.raises(ValueError, match="ranking='loss'"):
-        NumericalPruningConfig(ranking="loss", standardize_per_layer=True)
+        NumericalPruningConfig(ranking="loss", solver="newton", lambda_=10.0)
 
 
 def test_literal_alpha_is_the_unit_cost_in_mlp_channels():
@@ -269,6 +270,8 @@ def test_paper_preset_is_the_papers_setting():
     cfg = NumericalPruningConfig.paper(pruning_ratio=0.3, round_to=8)
     assert (cfg.pruning_ratio, cfg.round_to, cfg.ranking) == (0.3, 8, "cost_weighted")
     assert not cfg.standardize_per_layer and not cfg.compensation_bias and cfg.compensation_inputs == "dense"
-    assert cfg.lambda_ is None and cfg.compensate
+    assert cfg.lambda_ is None and cfg.compensate and cfg.compensation_damping == 0.01
+    default = NumericalPruningConfig()  # the measured default differs from the paper in allocation and damping
+    assert default.standardize_per_layer and default.compensation_damping == 0.1
     assert NumericalPruningConfig.paper(literal=True).ranking == "literal"
     assert NumericalPruningConfig.from_dict(cfg.to_dict()) == cfg
