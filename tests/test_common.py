@@ -36,6 +36,7 @@ METHOD_CASES = [
     (NumericalPruningConfig, {"pruning_ratio": 0.3, "round_to": 1, "allocation": "uniform"}, 0.1),
     (NumericalPruningConfig, {"pruning_ratio": 0.3, "round_to": 1, "compensation_inputs": "sequential"}, 0.08),
     (NumericalPruningConfig, {"pruning_ratio": 0.3, "round_to": 1, "compensation_bias": True}, 0.08),
+    (NumericalPruningConfig, {"pruning_ratio": 0.3, "round_to": 1, "ranking": "loss"}, 0.08),
     (
         NumericalPruningConfig,
         {

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["LayerUnits", "allocate", "round_kept_channels"]
+__all__ = ["LayerUnits", "allocate", "literal_head_weight", "round_kept_channels"]
 
 
 @dataclass
@@ -34,14 +34,22 @@ class LayerUnits:
     max_channels: int
 
 
-def _flatten(units: list[LayerUnits], head_weight: float = 1.0):
+def literal_head_weight(u: LayerUnits, default: float) -> float:
+    """NP's α for one layer's attention units: the unit's parameter cost in MLP-channel units (4·D_h/3 for an MHA
+    head, `(2·n_rep+2)·D_h/3` for a GQA group, `2·n_kv·D_h/3` for a rank of query heads); `default` without MLP units."""
+    return u.head_cost / u.channel_cost if u.channel_cost > 0 else default
+
+
+def _flatten(units: list[LayerUnits], head_weight: float | None = None):
     scores, costs, layer, kind, index = [], [], [], [], []
     for li, u in enumerate(units):
         for k, (s, c) in enumerate(((u.head_scores, u.head_cost), (u.channel_scores, u.channel_cost))):
             if s is None:
                 continue
             s = s.detach().double().cpu()
-            scores.append(s * (head_weight if k == 0 else 1.0))
+            if k == 0 and head_weight is not None:
+                s = s * literal_head_weight(u, head_weight)
+            scores.append(s)
             costs.append(torch.full_like(s, c))
             layer.append(torch.full(s.shape, li, dtype=torch.long))
             kind.append(torch.full(s.shape, k, dtype=torch.long))
@@ -59,7 +67,8 @@ def allocate(units: list[LayerUnits], ratio: float, total_cost: float, mode: str
         mode (`str`): `"global"` (cost-weighted global ranking, FLAP/NP: walk units by ascending score and stop
             where the removed cost is closest to the target), `"uniform"` (the same fraction of units in every
             layer) or `"literal"` (NP's printed recipe: head scores times `head_weight`, a unit-count threshold).
-        head_weight (`float`): α of the literal mode.
+        head_weight (`float`): α of the literal mode for layers without MLP units; elsewhere α is the attention
+            unit's cost over an MLP channel's (`literal_head_weight`), which is `4·D_h/3` for the paper's MHA heads.
 
     Returns:
         `(removed_heads, removed_channels)`: per layer, sorted lists of removed unit indices.
@@ -90,7 +99,7 @@ def allocate(units: list[LayerUnits], ratio: float, total_cost: float, mode: str
                 removed[li][k] = sorted(order.tolist())
         return [r[0] for r in removed], [r[1] for r in removed]
 
-    scores, costs, layer, kind, index = _flatten(units, head_weight if mode == "literal" else 1.0)
+    scores, costs, layer, kind, index = _flatten(units, head_weight if mode == "literal" else None)
     order = torch.sort(scores, stable=True).indices
     caps = [[u.max_head_units, u.max_channels] for u in units]
     target = ratio * total_cost

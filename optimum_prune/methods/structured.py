@@ -23,7 +23,7 @@ from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, la
 from ..plan import LayerPlan, PruningPlan
 from .base import BasePruner, RunnerFactory
 
-__all__ = ["StructuredPruner", "resolve_gqa_mode", "attention_mlp_params"]
+__all__ = ["StructuredPruner", "resolve_gqa_mode", "attention_mlp_params", "head_costs", "mlp_channel_cost"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,23 @@ def attention_mlp_params(model: nn.Module, spec: ArchitectureSpec) -> int:
         for path in spec.linear_paths:
             total += sum(p.numel() for p in layer.get_submodule(path).parameters(recurse=False))
     return total
+
+
+def head_costs(view: LayerView) -> tuple[float, float]:
+    """Parameters removed with one query head (its q rows and o columns) and with one whole KV group (its query
+    heads plus the k / v rows of its KV head)."""
+    spec, d = view.spec, view.head_dim
+    if spec.fused_qkv:
+        q_row = k_row = v_row = _row_params(view.module(spec.qkv_paths[0]))
+    else:
+        q_row, k_row, v_row = (_row_params(view.module(p)) for p in spec.qkv_paths)
+    per_q_head = d * (q_row + _col_params(view.o_proj))
+    return float(per_q_head), float(view.group_size * per_q_head + d * (k_row + v_row))
+
+
+def mlp_channel_cost(view: LayerView) -> float:
+    """Parameters removed with one MLP channel (rows of the input projections, a column of the output one)."""
+    return float(sum(_row_params(view.module(p)) for p in view.spec.mlp_in_paths) + _col_params(view.mlp_out))
 
 
 def resolve_gqa_mode(mode: str, view: LayerView) -> str:
@@ -121,19 +138,11 @@ class StructuredPruner(BasePruner):
     def _head_units(self, view: LayerView, head_scores: torch.Tensor):
         """Group per-query-head scores into removable units; returns (unit scores, unit cost, members, max units)."""
         mode = resolve_gqa_mode(self.config.gqa_mode, view)
-        h, kv, g, d = view.num_heads, view.num_kv_heads, view.group_size, view.head_dim
-        spec = view.spec
-        if spec.fused_qkv:
-            qkv_row = _row_params(view.module(spec.qkv_paths[0]))
-            q_row = k_row = v_row = qkv_row
-        else:
-            q_row, k_row, v_row = (_row_params(view.module(p)) for p in spec.qkv_paths)
-        o_col = _col_params(view.o_proj)
-        per_q_head = d * (q_row + o_col)
+        h, kv, g = view.num_heads, view.num_kv_heads, view.group_size
+        per_q_head, cost = head_costs(view)
         scores = head_scores.detach().double().cpu().view(kv, g)
         if mode == "group":
             members = [list(range(j * g, (j + 1) * g)) for j in range(kv)]
-            cost = g * per_q_head + d * (k_row + v_row)
             max_units = min(kv - 1, (h - self.config.min_heads_per_layer) // g)
             return scores.mean(1), cost, members, max(max_units, 0)
         order = torch.sort(scores, dim=1, stable=True).indices  # (kv, g) heads of each group, ascending
@@ -158,7 +167,7 @@ class StructuredPruner(BasePruner):
                 members[view.index] = hu[2]
             cc = 0.0
             if cfg.prune_mlp and chan_s is not None:
-                cc = float(sum(_row_params(view.module(p)) for p in spec.mlp_in_paths) + _col_params(view.mlp_out))
+                cc = mlp_channel_cost(view)
             units.append(
                 LayerUnits(
                     hu[0],

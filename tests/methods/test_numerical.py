@@ -10,6 +10,7 @@ from optimum_prune.methods.numerical.functional import (
     numerical_scores,
     numerical_scores_newton,
     obs_compensation,
+    removal_losses,
     score_matrix,
 )
 
@@ -173,3 +174,104 @@ def test_sequential_compensation_equals_dense_refit_where_inputs_are_still_dense
     torch.testing.assert_close(first[0].bias, first[1].bias, rtol=1e-4, atol=1e-4)  # OPT has biases anyway
     last = [weight_oi(get_layers(m, spec)[2].get_submodule(spec.mlp_out_path)) for m in models.values()]
     assert not torch.allclose(last[0], last[1], atol=1e-3)
+
+
+@pytest.mark.parametrize("compensated", [True, False])
+def test_removal_losses_equal_the_direct_refit_residual(compensated):
+    """L*(P) = min over the kept weights of the per-token loss (least squares), or the bare removal loss."""
+    W, X, H = _problem()
+    groups = torch.tensor([[0, 3], [1, 2], [7, 9]])
+    losses = removal_losses(W, H, groups, damping=0, compensated=compensated)
+    for P, loss in zip(groups.tolist(), losses.tolist()):
+        K = [j for j in range(10) if j not in P]
+        target = X @ W.T  # (N, d_out)
+        if compensated:
+            sol = torch.linalg.lstsq(X[:, K], target).solution  # (k, d_out)
+            direct = ((target - X[:, K] @ sol) ** 2).sum() / X.shape[0]
+        else:
+            direct = ((X[:, P] @ W[:, P].T) ** 2).sum() / X.shape[0]
+        assert loss == pytest.approx(direct.item(), rel=1e-8)
+    single = removal_losses(W, H, torch.arange(10)[:, None], damping=0)
+    Hinv = torch.linalg.inv(H)
+    torch.testing.assert_close(single, (W**2).sum(0) / Hinv.diagonal(), rtol=1e-8, atol=1e-12)  # OBS saliency
+
+
+def test_removal_losses_are_absolute():
+    """Unlike the exact-constraint scores, the loss follows the module's scale: comparable across modules."""
+    W, _, H = _problem()
+    groups = torch.arange(10).view(5, 2)
+    base = removal_losses(W, H, groups, damping=0.01)
+    torch.testing.assert_close(removal_losses(3 * W, H, groups, damping=0.01), 9 * base)
+    torch.testing.assert_close(removal_losses(W, 4 * H, groups, damping=0.01), 4 * base)
+    z = numerical_scores(W, H, 0.3)
+    torch.testing.assert_close(numerical_scores(3 * W, 4 * H, 0.3), z)  # scale-free: a per-module quota
+
+
+def test_one_dead_channel_does_not_drag_its_head_out():
+    from optimum_prune.methods.numerical.pruner import _head_means
+
+    z = torch.tensor([[0.9, 0.8, float("-inf")], [0.5, 0.6, 0.4], [float("-inf")] * 3], dtype=torch.float64)
+    heads = _head_means(z)
+    assert heads[0] == pytest.approx(0.85) and heads[1] == pytest.approx(0.5) and heads[2] == float("-inf")
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama_gqa"])
+def test_loss_ranking_scores_units_by_loss_per_parameter(arch):
+    """`ranking="loss"`: a unit's score is removal_losses of its channels over its parameter cost."""
+    from testing_utils import tiny_model
+
+    from optimum_prune.calibration.stats import GramStats
+    from optimum_prune.methods.numerical import NumericalPruner
+    from optimum_prune.methods.structured import head_costs, mlp_channel_cost
+    from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view, weight_oi
+
+    model = tiny_model(arch)
+    spec = get_spec(model)
+    view = layer_view(get_layers(model, spec)[0], 0, spec, model.config)
+    g = torch.Generator().manual_seed(0)
+    stats = {"attn": GramStats(view.num_heads * view.head_dim), "mlp": GramStats(view.intermediate_size)}
+    for s in stats.values():
+        s.update(torch.randn(64, s.sum.shape[0], generator=g) + 0.3)
+    pruner = NumericalPruner(NumericalPruningConfig(ranking="loss"))
+    head, chan = pruner.score_layer(view, stats)
+    W_o, W_d = weight_oi(view.o_proj).detach(), weight_oi(view.mlp_out).detach()
+    per_q_head, per_group = head_costs(view)
+    d, gsz = view.head_dim, view.group_size
+    # a unit is a KV group (one head in MHA): its channels go together, every head carries the group's score
+    groups = torch.arange(view.num_heads * d).view(view.num_kv_heads, gsz * d)
+    damp = pruner.config.compensation_damping
+    expected = removal_losses(W_o, stats["attn"].gram, groups, damp).repeat_interleave(gsz) / per_group
+    torch.testing.assert_close(head, expected)
+    if gsz == 1:
+        assert per_group == pytest.approx(2 * per_q_head)  # q, o plus k, v rows
+    chan_expected = removal_losses(W_d, stats["mlp"].gram, torch.arange(view.intermediate_size)[:, None], damp)
+    torch.testing.assert_close(chan, chan_expected / mlp_channel_cost(view))
+
+
+def test_loss_ranking_rejects_score_options():
+    with pytest.raises(ValueError, match="ranking='loss'"):
+        NumericalPruningConfig(ranking="loss", solver="newton", lambda_=10.0)
+
+
+def test_literal_alpha_is_the_unit_cost_in_mlp_channels():
+    """(d): the literal α of a GQA group is its cost, (2·n_rep+2)·D_h/3 MLP channels, not 4·D_h/3."""
+    from optimum_prune.functional.allocation import LayerUnits, allocate, literal_head_weight
+
+    u = LayerUnits(torch.tensor([1.0, 1.0]), 170.0, 1, torch.linspace(0.5, 2.5, 100), 1.0, 99)
+    assert literal_head_weight(u, 85.0) == 170.0
+    no_mlp = LayerUnits(torch.tensor([1.0, 1.0]), 170.0, 1, None, 0.0, 0)
+    assert literal_head_weight(no_mlp, 85.0) == 85.0
+    # scores 1 × 170 sort after every channel (≤ 2.5): the unit-count threshold removes channels only
+    heads, chans = allocate([u], 0.1, 440.0, mode="literal", head_weight=85.0)
+    assert heads == [[]] and chans == [list(range(10))]
+
+
+def test_paper_preset_is_the_papers_setting():
+    cfg = NumericalPruningConfig.paper(pruning_ratio=0.3, round_to=8)
+    assert (cfg.pruning_ratio, cfg.round_to, cfg.ranking) == (0.3, 8, "cost_weighted")
+    assert not cfg.standardize_per_layer and not cfg.compensation_bias and cfg.compensation_inputs == "dense"
+    assert cfg.lambda_ is None and cfg.compensate and cfg.compensation_damping == 0.01
+    default = NumericalPruningConfig()  # the measured default differs from the paper in allocation and damping
+    assert default.standardize_per_layer and default.compensation_damping == 0.1
+    assert NumericalPruningConfig.paper(literal=True).ranking == "literal"
+    assert NumericalPruningConfig.from_dict(cfg.to_dict()) == cfg

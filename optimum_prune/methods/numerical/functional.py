@@ -10,6 +10,7 @@ __all__ = [
     "score_matrix",
     "numerical_scores",
     "numerical_scores_newton",
+    "removal_losses",
     "compensate",
     "compensate_with_bias",
     "obs_compensation",
@@ -103,6 +104,42 @@ def numerical_scores_newton(
         z = z - torch.cholesky_solve(g[:, None], L)[:, 0]
     out[alive] = z
     return out
+
+
+def removal_losses(
+    W: torch.Tensor, H: torch.Tensor, groups: torch.Tensor, damping: float = 0.01, compensated: bool = True
+) -> torch.Tensor:
+    """Per-token output loss of removing each group of input channels on its own (the `"loss"` ranking).
+
+    With compensation it is Thm. 3's optimum `L*(P) = tr(W_P ((H⁻¹)_PP)⁻¹ W_Pᵀ)`, `W_P = W[:, P]`: the loss left
+    after the kept channels are refitted (the quantity [`compensate`] minimises), on `H + γI` with
+    `γ = damping · mean(diag H)` as in the refit. Without compensation it is the plain `tr(W_P H_PP W_Pᵀ)`. The
+    loss is `E‖δy‖²` in the units of the module's output, so groups of different modules and layers compare.
+
+    Args:
+        W (`torch.Tensor` of shape `(d_out, D)`): weight of o_proj / down_proj.
+        H (`torch.Tensor` of shape `(D, D)`): input Gram normalised by the token count (or covariance).
+        groups (`torch.LongTensor` of shape `(n, m)`): `n` groups of `m` input channels (a head: its `D_h` channels;
+            an MLP channel: `m = 1`).
+        damping (`float`): relative ridge, as in the refit.
+        compensated (`bool`): the loss after the optimal refit (True) or of the bare removal (False).
+
+    Returns:
+        `torch.Tensor` of shape `(n,)`, float64, ≥ 0.
+    """
+    Wd, Hd = W.double(), H.double()
+    groups = groups.to(Wd.device)
+    if compensated:
+        eye = torch.eye(Hd.shape[0], dtype=Hd.dtype, device=Hd.device)
+        Hd = damped_cholesky_solve(Hd, eye, damping)  # (D, D) = (H + γI)⁻¹
+    M = Hd[groups[:, :, None], groups[:, None, :]]  # (n, m, m)
+    Wp = Wd.T[groups]  # (n, m, d_out) = W_Pᵀ per group
+    if compensated:
+        M = 0.5 * (M + M.transpose(1, 2))
+        Wp_solved = torch.linalg.solve(M, Wp)  # (n, m, d_out) = ((H⁻¹)_PP)⁻¹ W_Pᵀ
+    else:
+        Wp_solved = M @ Wp  # (n, m, d_out) = H_PP W_Pᵀ
+    return (Wp * Wp_solved).sum((1, 2)).clamp_min(0)
 
 
 def compensate(

@@ -12,7 +12,7 @@ from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, l
 from ...modeling.surgery import apply_layer_plan_, head_rows
 from ...plan import LayerPlan, PruningPlan
 from ..base import RunnerFactory
-from ..structured import StructuredPruner
+from ..structured import StructuredPruner, head_costs, mlp_channel_cost, resolve_gqa_mode
 from .config import NumericalPruningConfig
 from .functional import (
     compensate,
@@ -20,6 +20,7 @@ from .functional import (
     damped_cholesky_solve,
     numerical_scores,
     numerical_scores_newton,
+    removal_losses,
 )
 
 __all__ = ["NumericalPruner"]
@@ -29,6 +30,15 @@ def _plus_bias(b: torch.Tensor, module: nn.Module) -> torch.Tensor:
     """`b` plus the module's existing bias (a plan's bias replaces the module's)."""
     old = getattr(module, "bias", None)
     return b if old is None else b + old.detach().to(b)
+
+
+def _head_means(z: torch.Tensor) -> torch.Tensor:
+    """`(H, D_h)` channel scores → `(H,)` head scores: the mean over the head's live channels (a dead channel,
+    scored −∞, costs nothing to remove and says nothing about its head); −∞ only when every channel is dead."""
+    finite = torch.isfinite(z)
+    total = torch.where(finite, z, torch.zeros_like(z)).sum(1)  # (H,)
+    n = finite.sum(1)  # (H,)
+    return torch.where(n > 0, total / n.clamp_min(1), torch.full_like(total, float("-inf")))
 
 
 def _standardize(x: torch.Tensor) -> torch.Tensor:
@@ -42,7 +52,8 @@ class NumericalPruner(StructuredPruner):
 
     Lifecycle:
       - layer_stats: Grams of the o_proj and down_proj inputs, from the dense model (one pass);
-      - score_layer: closed-form (or Newton) numerical scores; head score = mean over its D_h channels;
+      - score_layer: closed-form (or Newton) numerical scores, head score = mean over its D_h channels; or, with
+        `ranking="loss"`, each unit's optimal removal loss L* per parameter;
       - allocation: global cost-weighted ranking, α = 4·D_h/3 (GQA groups: (2·n_rep+2)·D_h/3);
       - finalize_layer: least-squares compensation of o_proj / down_proj on the kept channels.
     """
@@ -73,12 +84,41 @@ class NumericalPruner(StructuredPruner):
         return _standardize(z) if cfg.standardize_per_layer else z
 
     def score_layer(self, view: LayerView, stats):
+        if self.config.ranking == "loss":
+            return self._loss_scores(view, stats)
         head = chan = None
         if "attn" in stats:
             z = self._scores(weight_oi(view.o_proj).detach(), stats["attn"])  # (H·D_h,)
-            head = z.view(view.num_heads, view.head_dim).mean(1)  # (H,)
+            head = _head_means(z.view(view.num_heads, view.head_dim))  # (H,)
         if "mlp" in stats:
             chan = self._scores(weight_oi(view.mlp_out).detach(), stats["mlp"])  # (I,)
+        return head, chan
+
+    def _losses(self, W: torch.Tensor, stats: GramStats, groups: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        H = stats.gram.to(W.device)
+        if cfg.compensation_bias:  # the refit with an intercept acts on the covariance
+            mu = stats.mean.to(W.device)
+            H = H.double() - torch.outer(mu, mu)
+        return removal_losses(W, H, groups, cfg.compensation_damping, compensated=cfg.compensate)
+
+    def _loss_scores(self, view: LayerView, stats):
+        """`ranking="loss"`: each unit's removal loss (Thm. 3's L*) per parameter it removes (see the config)."""
+        head = chan = None
+        if "attn" in stats:
+            W = weight_oi(view.o_proj).detach()
+            h, g, d = view.num_heads, view.group_size, view.head_dim
+            per_q_head, per_group = head_costs(view)
+            channels = torch.arange(h * d).view(h, d)
+            if resolve_gqa_mode(self.config.gqa_mode, view) == "group":  # the group's query heads go together
+                loss = self._losses(W, stats["attn"], channels.view(view.num_kv_heads, g * d)) / per_group
+                head = loss.repeat_interleave(g)  # (H,): the unit score is the mean over the group
+            else:
+                head = self._losses(W, stats["attn"], channels) / per_q_head  # (H,)
+        if "mlp" in stats:
+            W = weight_oi(view.mlp_out).detach()
+            groups = torch.arange(view.intermediate_size)[:, None]
+            chan = self._losses(W, stats["mlp"], groups) / mlp_channel_cost(view)  # (I,)
         return head, chan
 
     def finalize_layer(self, view: LayerView, stats, plan: LayerPlan) -> None:

