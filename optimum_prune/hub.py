@@ -37,6 +37,12 @@ def _fmt_params(n: Any) -> str:
     return f"{n / 1e6:.2f} M" if isinstance(n, (int, float)) else "?"
 
 
+def _configs(entry: dict) -> list[dict]:
+    """The config dicts of one history entry (a recipe entry holds a list of them)."""
+    config = entry.get("config") or {}
+    return [c for c in config if isinstance(c, dict)] if isinstance(config, list) else [config]
+
+
 def _history_section(history: list[dict]) -> list[str]:
     lines = []
     for i, h in enumerate(history, 1):
@@ -108,11 +114,11 @@ def model_card(
     from huggingface_hub import ModelCard, ModelCardData
 
     history = side_car.get("history", [])
-    methods = sorted({h.get("method") for h in history if h.get("method")})
+    methods = sorted({c.get("method") for h in history for c in _configs(h) if c.get("method")})
     stock = side_car.get("loadable_with_stock_transformers", True)
     base = _base_model(model, base_model)
     all_tags = ["pruned", "optimum-prune", *methods]
-    if any(h.get("config", {}).get("pattern", "structured") not in ("structured",) for h in history):
+    if any(c.get("pattern", "structured") != "structured" for h in history for c in _configs(h)):
         all_tags.append("sparse")
     if side_car.get("finetune"):
         all_tags.append(

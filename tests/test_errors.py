@@ -184,7 +184,8 @@ def test_save_into_an_existing_empty_directory(tmp_path):
         (target / f"extra{i}.txt").write_text("x")
     n = len(os.listdir(target))
     with pytest.raises(
-        FileExistsError, match=rf"not empty \({n} entries in the way: config.json, extra0.txt.* and {n - 5} more"
+        FileExistsError,
+        match=rf"not empty \({n} entries in the way: README.md, config.json, extra0.txt.* and {n - 5} more",
     ):
         save_pruned(model, target)
     save_pruned(model, target, overwrite=True)

@@ -1,6 +1,10 @@
-"""Light evaluation metrics: perplexity (SparseGPT/Wanda protocol) and speed / memory benchmarks."""
+"""Evaluation: perplexity (SparseGPT/Wanda protocol), speed / memory benchmarks and zero-shot tasks (lm-eval).
+
+`zero_shot` imports `lm-eval` (the `[eval]` extra) only when called.
+"""
 
 from .perplexity import perplexity
 from .speed import benchmark_speed, compare_speed
+from .zero_shot import zero_shot
 
-__all__ = ["benchmark_speed", "compare_speed", "perplexity"]
+__all__ = ["benchmark_speed", "compare_speed", "perplexity", "zero_shot"]
