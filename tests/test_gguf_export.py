@@ -9,10 +9,9 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from testing_utils import tiny_config
+from testing_utils import tiny_model
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from optimum_prune import MagnitudePruningConfig, NumericalPruningConfig, export_gguf, prune_, save_pruned
 from optimum_prune.cli import main
@@ -29,21 +28,10 @@ PROBES = [
 
 
 def _model(arch: str, tokenizer, seed: int = 0, **overrides):
-    config = tiny_config(arch)
-    config.vocab_size = len(tokenizer)
-    config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
-    for k, v in overrides.items():
-        setattr(config, k, v)
-    config._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    model = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.2)
-            elif name.endswith("bias"):
-                p.normal_(0, 0.05)
-    return model
+    return tiny_model(
+        arch, seed, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, **overrides,
+    )  # fmt: skip
 
 
 def _ids(vocab: int, n: int = 4, length: int = 16, seed: int = 0) -> torch.Tensor:

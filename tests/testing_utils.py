@@ -74,9 +74,12 @@ def tiny_config(arch: str):
 ARCHS = ["llama", "llama_gqa", "mistral", "qwen2", "qwen3", "gemma3", "opt", "gpt2"]
 
 
-def tiny_model(arch: str, seed: int = 0):
+def tiny_model(arch: str, seed: int = 0, **overrides):
+    """A tiny random model of `arch`; `overrides` set config attributes (e.g. `vocab_size`) before it is built."""
     torch.manual_seed(seed)
     config = tiny_config(arch)
+    for k, v in overrides.items():
+        setattr(config, k, v)
     config._attn_implementation = "eager"
     model = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config).eval()
     # Random init gives tiny weights; scale them so pruning decisions are not ties, and add bias noise.
