@@ -15,13 +15,13 @@ from .calibration.sequential import LayerwiseRunner
 from .config import CalibrationConfig, PruningConfig
 from .methods.structured import attention_mlp_params
 from .methods.unstructured import target_sparsity
-from .modeling.architectures import get_layers, get_spec, layer_view
+from .modeling.architectures import get_layers, get_spec, is_image_model, layer_view
 from .modeling.surgery import apply_layer_plan_
 from .registry import get_pruner_class
 from .report import PruningReport, count_parameters, layer_table
 from .version import __version__
 
-__all__ = ["prune_", "compute_plan", "HISTORY_ATTR", "record_history", "zero_fraction"]
+__all__ = ["prune_", "compute_plan", "calibration_inputs", "HISTORY_ATTR", "record_history", "zero_fraction"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,25 @@ def _calibration_ids(calibration: Any, tokenizer: Any) -> tuple[torch.Tensor, di
     return ids, desc
 
 
+def calibration_inputs(model: nn.Module, calibration: Any, tokenizer: Any) -> tuple[torch.Tensor, dict | None]:
+    """Validated calibration inputs of `model` and their description: token ids `(num_samples, seq_len)`, or for an
+    image model pixel values `(num_samples, C, H, W)` (see `optimum_prune.calibration.images`). Touches no weight."""
+    from .calibration.images import image_calibration, looks_like_images
+
+    if is_image_model(model):
+        return image_calibration(model, calibration)
+    if looks_like_images(calibration):
+        raise ValueError(
+            f"{type(model).__name__} is a text model: calibration takes text (`CalibrationConfig(dataset=...)`) or "
+            "token ids of shape (num_samples, seq_len), not images."
+        )
+    ids, desc = _calibration_ids(calibration, tokenizer)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    if int(ids.max()) >= vocab or int(ids.min()) < 0:
+        raise ValueError(f"Calibration token ids fall outside the model's vocabulary (size {vocab}); wrong tokenizer?")
+    return ids, desc
+
+
 def _prepare(
     model: nn.Module, config: PruningConfig, calibration: Any, tokenizer: Any, batch_size: int | None, device
 ):
@@ -65,12 +84,7 @@ def _prepare(
             raise ValueError(
                 f"Method {config.method!r} needs calibration data: pass `calibration=CalibrationConfig(dataset=...)`."
             )
-        ids, calib_desc = _calibration_ids(calibration, tokenizer)
-        vocab = model.get_input_embeddings().weight.shape[0]
-        if int(ids.max()) >= vocab or int(ids.min()) < 0:
-            raise ValueError(
-                f"Calibration token ids fall outside the model's vocabulary (size {vocab}); wrong tokenizer?"
-            )
+        ids, calib_desc = calibration_inputs(model, calibration, tokenizer)
         bs = batch_size or getattr(calibration, "batch_size", 8)
 
         def runner_factory():

@@ -101,7 +101,7 @@ def prune_recipe_(
     device: torch.device | str | None = None,
 ) -> PruningReport:
     """Run a recipe (see the module docstring); called by `prune_` when it is given a list of configs."""
-    from .prune import _calibration_ids, record_history, zero_fraction
+    from .prune import calibration_inputs, record_history, zero_fraction
 
     t0 = time.perf_counter()
     spec = get_spec(model)
@@ -113,10 +113,7 @@ def prune_recipe_(
             raise ValueError(
                 f"The recipe's {methods} need calibration data: pass `calibration=CalibrationConfig(...)`."
             )
-        ids, calib_desc = _calibration_ids(calibration, tokenizer)
-        vocab = model.get_input_embeddings().weight.shape[0]
-        if int(ids.max()) >= vocab or int(ids.min()) < 0:
-            raise ValueError(f"Calibration token ids fall outside the model's vocabulary (size {vocab}).")
+        ids, calib_desc = calibration_inputs(model, calibration, tokenizer)
         bs = batch_size or getattr(calibration, "batch_size", 8)
 
         def runner_factory():
