@@ -331,7 +331,7 @@ def load_pruned_model(path: str | os.PathLike, task: str | None = None, **kwargs
     saved_task, auto_cls = auto_class_for_config(AutoConfig.from_pretrained(path))
     if task is not None and task != saved_task:
         raise ValueError(
-            f"{path} holds a {saved_task} model, not a {task} one: load it with "
+            f"{path} holds a model for {saved_task}, not for {task}: load it with "
             f"{_LOADERS.get(saved_task, TASKS[saved_task][0].__name__)}.from_pretrained."
         )
     model, info = auto_cls.from_pretrained(path, output_loading_info=True, **kwargs)
