@@ -58,6 +58,17 @@ def _model_location(path: str, gguf_file: str | None) -> tuple[str, str | None]:
     return str(p), gguf_file
 
 
+def _is_image_checkpoint(path: str) -> bool:
+    from transformers import AutoConfig
+
+    from .modeling.architectures import spec_for_config
+
+    if not (Path(path) / "config.json").is_file():
+        return False
+    spec = spec_for_config(AutoConfig.from_pretrained(path))
+    return spec is not None and spec.modality == "image"
+
+
 def _load(path: str, gguf_file: str | None = None, dtype: str | None = None):
     """Model and tokenizer; saved checkpoints load exactly (a missing or resized tensor is an error)."""
     from transformers import AutoTokenizer
@@ -67,6 +78,8 @@ def _load(path: str, gguf_file: str | None = None, dtype: str | None = None):
     path, gguf_file = _model_location(path, gguf_file)
     if gguf_file is not None:
         return load_model_and_tokenizer(path, gguf_file=gguf_file, torch_dtype=dtype)
+    if _is_image_checkpoint(path):  # ViT / DeiT / Dinov2: the class it was saved as, and its image processor
+        return load_model_and_tokenizer(path, torch_dtype=dtype)
     model = AutoPrunedModelForCausalLM.from_pretrained(path, torch_dtype=dtype)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)

@@ -87,7 +87,7 @@ def tiny_config(arch: str):
 
 ARCHS = ["llama", "llama_gqa", "mistral", "qwen2", "qwen3", "gemma3", "opt", "gpt2"]
 # Encoder-only image classifiers (pixel-value calibration); `*_backbone` are the headless base models.
-VISION_ARCHS = ["vit", "dinov2", "dinov2_swiglu"]
+VISION_ARCHS = ["vit", "dinov2"]  # (the SwiGLU Dinov2 and the backbones are tested in tests/test_vision.py)
 IMAGE_SIZE = 16
 
 
@@ -131,6 +131,13 @@ def calibration_pixels(num_samples: int = 8, seed: int = 0, size: int = IMAGE_SI
 def calibration_for(arch: str, num_samples: int = 8, seed: int = 0) -> torch.Tensor:
     """Calibration inputs of a tiny model: token ids, or pixel values for the vision architectures."""
     return calibration_pixels(num_samples, seed) if is_vision(arch) else calibration_ids(num_samples, 16, seed)
+
+
+def model_inputs(arch: str, n: int = 2, seq_len: int = 16, seed: int = 0) -> dict:
+    """Forward keyword arguments of a tiny model: token ids (no cache), or pixel values."""
+    if is_vision(arch):
+        return {"pixel_values": calibration_pixels(n, seed)}
+    return {"input_ids": calibration_ids(n, seq_len, seed), "use_cache": False}
 
 
 @torch.no_grad()

@@ -22,6 +22,7 @@ __all__ = [
     "get_spec",
     "get_layers",
     "is_image_model",
+    "require_causal_lm",
     "layer_view",
     "spec_for_config",
     "supported_model_types",
@@ -327,6 +328,15 @@ def is_image_model(model: nn.Module) -> bool:
     """Whether `model` is a supported image model (its calibration and fine-tuning data are pixel values)."""
     spec = spec_for_config(getattr(model, "config", None))
     return spec is not None and spec.modality == "image"
+
+
+def require_causal_lm(model: nn.Module, what: str) -> None:
+    """Refuse an image model where only causal LMs make sense (perplexity, generation, GGUF export, LM tasks)."""
+    if is_image_model(model):
+        raise ValueError(
+            f"{what} is for causal language models; {type(model).__name__} is an image model. Measure it on labelled "
+            "images instead (e.g. the accuracy `finetune_` reports before and after training)."
+        )
 
 
 def get_spec(model: nn.Module) -> ArchitectureSpec:
