@@ -121,7 +121,7 @@ def load_image_examples(
         rows = source.select(_subset(len(source), num_samples, seed)).with_format("torch")
         label_col = next((c for c in LABEL_COLUMNS if c in source.column_names), None)
         images = [_as_tensor(x, f"{IMAGE_COLUMN}[{i}]") for i, x in enumerate(rows[IMAGE_COLUMN])]
-        labels = rows[label_col].long() if label_col else None
+        labels = torch.as_tensor([int(v) for v in rows[label_col]], dtype=torch.long) if label_col else None
         return _stack(images), labels
     if isinstance(source, (list, tuple)) and source:
         keep = _subset(len(source), num_samples, seed)
