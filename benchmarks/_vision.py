@@ -157,7 +157,18 @@ def _bigbench_sdist() -> Path:
     found = sorted(where.glob("bigbench-1.0.0.tar.gz"))
     if not found:
         where.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", _BIGBENCH, "-d", str(where)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            _BIGBENCH,
+            "-d",
+            str(where),
+        ]
         subprocess.run(cmd, check=True, capture_output=True)
         found = sorted(where.glob("bigbench-1.0.0.tar.gz"))
     return found[0]
@@ -256,22 +267,24 @@ def _train_probe(feats: torch.Tensor, labels: torch.Tensor, weight_decay: float 
 
 
 def probe_classifier_dir(size: int = DEFAULT_SIZE) -> Path:
-    """`Dinov2ForImageClassification` (pretrained backbone + linear probe trained on the `train` split at `size`
-    px), with its config's `image_size` set to `size`; cached."""
+    """`Dinov2ForImageClassification` (pretrained backbone + linear probe trained on the first `PROBE_TRAIN` images
+    of the `train` split at `size` px; the 37×37 position grid is interpolated at run time), cached."""
 
     def build(tmp: Path) -> None:
         from transformers import Dinov2ForImageClassification, Dinov2Model
 
         backbone = Dinov2Model.from_pretrained(dinov2_small_dir()).eval()
         pixels, labels = examples("train", size, limit=PROBE_TRAIN)
-        feats = features(backbone, pixels)
+        cached = CACHE / f"probe_features_{size}_{PROBE_TRAIN}.pt"
+        if not cached.is_file():
+            torch.save(features(backbone, pixels), cached)
+        feats = torch.load(cached)
         W, b = _train_probe(feats, labels)
         train_acc = float(((feats @ W.T + b).argmax(1) == labels).float().mean())
         config = backbone.config
         config.num_labels = len(CLASSES)
         config.id2label = dict(enumerate(CLASSES))
         config.label2id = {c: i for i, c in enumerate(CLASSES)}
-        config.image_size = size  # position embeddings stay 37×37 (interpolated at run time)
         model = Dinov2ForImageClassification(config).eval()
         model.dinov2.load_state_dict(backbone.state_dict())
         with torch.no_grad():
@@ -289,5 +302,7 @@ def accuracy(model, pixels: torch.Tensor, labels: torch.Tensor, batch_size: int 
     model.eval()
     correct = 0
     for s in range(0, len(pixels), batch_size):
-        correct += int((model(pixel_values=pixels[s : s + batch_size]).logits.argmax(-1) == labels[s : s + batch_size]).sum())
+        correct += int(
+            (model(pixel_values=pixels[s : s + batch_size]).logits.argmax(-1) == labels[s : s + batch_size]).sum()
+        )
     return correct / len(labels)

@@ -45,8 +45,8 @@ def load_model_and_tokenizer(
     (ViT, DeiT, Dinov2: the image classifier or the backbone, as saved) and its image processor, if it has one."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from .modeling.auto_classes import auto_class_for_config, register_pruned_architectures
     from .modeling.architectures import spec_for_config
+    from .modeling.auto_classes import auto_class_for_config, register_pruned_architectures
 
     register_pruned_architectures()
     if torch_dtype is not None:

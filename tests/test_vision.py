@@ -94,7 +94,10 @@ def test_backbone_prunes_and_reloads_exactly(arch, tmp_path):
     prune_(model, NP, calibration_pixels())
     save_pruned(model, tmp_path / "out")
     assert json.loads((tmp_path / "out/config.json").read_text())["architectures"][0].endswith("Model")
-    for reloaded in (AutoModel.from_pretrained(tmp_path / "out", attn_implementation="eager"), load_pruned_model(tmp_path / "out", attn_implementation="eager")):
+    for reloaded in (
+        AutoModel.from_pretrained(tmp_path / "out", attn_implementation="eager"),
+        load_pruned_model(tmp_path / "out", attn_implementation="eager"),
+    ):
         assert type(reloaded).__name__.endswith("Model")
         torch.testing.assert_close(logits(reloaded.eval()), logits(model), rtol=0, atol=0)
     with pytest.raises(ValueError, match="feature-extraction"):
@@ -137,7 +140,11 @@ def test_layer_scale_and_head_geometry_after_pruning():
 @pytest.mark.parametrize(("arch", "kwargs"), [("vit", {}), ("dinov2", {"prune_mlp": False})])
 def test_uniform_pruning_saves_a_stock_checkpoint(arch, kwargs, tmp_path):
     model = tiny_model(arch)
-    prune_(model, NumericalPruningConfig(pruning_ratio=0.25, allocation="uniform", round_to=1, **kwargs), calibration_pixels())
+    prune_(
+        model,
+        NumericalPruningConfig(pruning_ratio=0.25, allocation="uniform", round_to=1, **kwargs),
+        calibration_pixels(),
+    )
     save_pruned(model, tmp_path / "out")
     assert json.loads((tmp_path / "out/config.json").read_text())["model_type"] == arch
     reloaded = AutoModelForImageClassification.from_pretrained(tmp_path / "out", attn_implementation="eager")

@@ -130,7 +130,9 @@ def load_image_examples(
             ex = source[i]
             if isinstance(ex, dict):
                 if IMAGE_COLUMN not in ex:
-                    raise ValueError(f"Example {i} has no {IMAGE_COLUMN!r} key (keys: {sorted(ex)}). Accepted: {_FORMS}.")
+                    raise ValueError(
+                        f"Example {i} has no {IMAGE_COLUMN!r} key (keys: {sorted(ex)}). Accepted: {_FORMS}."
+                    )
                 images.append(_as_tensor(ex[IMAGE_COLUMN], f"Example {i}'s {IMAGE_COLUMN}"))
                 labels.append(next((ex[c] for c in LABEL_COLUMNS if c in ex), None))
             else:
@@ -166,7 +168,7 @@ def check_images_fit(model: nn.Module, pixel_values: torch.Tensor) -> None:
 
 
 def _describe(source: Any, pixel_values: torch.Tensor, num_samples: int | None, seed: int) -> dict[str, Any]:
-    kind = ("tensor" if isinstance(source, torch.Tensor) else "hf_dataset" if _is_dataset(source) else "examples")
+    kind = "tensor" if isinstance(source, torch.Tensor) else "hf_dataset" if _is_dataset(source) else "examples"
     digest = hashlib.sha256(pixel_values.contiguous().numpy().tobytes()).hexdigest()
     return {"source": {"kind": kind, "sha256": digest}, "num_samples": pixel_values.shape[0],
             "image_shape": list(pixel_values.shape[1:]), "requested_samples": num_samples, "seed": seed}  # fmt: skip

@@ -135,8 +135,11 @@ def finetune_images_(
         teacher=run["teacher"],
         sparsity_kept=check_masks(model, masks) if masks else None,
         merged=run["merged"],
-        data={"images": len(train_y) + len(eval_y), "image_shape": list(train_x.shape[1:]),
-              "images_seen": run["steps"] * config.batch_size * config.gradient_accumulation_steps},  # fmt: skip
+        data={
+            "images": len(train_y) + len(eval_y),
+            "image_shape": list(train_x.shape[1:]),
+            "images_seen": run["steps"] * config.batch_size * config.gradient_accumulation_steps,
+        },  # fmt: skip
         accuracy_before=acc_before,
         accuracy_after=acc_after,
         eval_loss_before=loss_before,

@@ -357,7 +357,9 @@ def get_spec(model: nn.Module) -> ArchitectureSpec:
     try:
         model.get_submodule(_layers_path(model, spec))
     except AttributeError as e:
-        wanted = "`*ForImageClassification` model or its backbone" if spec.modality == "image" else "`*ForCausalLM` model"
+        wanted = (
+            "`*ForImageClassification` model or its backbone" if spec.modality == "image" else "`*ForCausalLM` model"
+        )
         raise UnsupportedArchitectureError(
             f"{type(model).__name__} ({model_type}) has no `{spec.layers}`; pass the {wanted}."
         ) from e

@@ -232,7 +232,12 @@ def test_fused_backward_gives_the_autograd_iterates(arch):
         rope.append(kwargs.get("position_embeddings"))
 
     h = view.attn.register_forward_pre_hook(hook, with_kwargs=True)
-    model(**{k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in model_inputs(arch, 3, 16).items()})
+    model(
+        **{
+            k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v
+            for k, v in model_inputs(arch, 3, 16).items()
+        }
+    )
     h.remove()
     inp = AttentionInputs.from_module(view.attn, xs, rope, view.num_heads, view.num_kv_heads, view.head_dim)
     inp.block_size = 6
