@@ -76,23 +76,18 @@ def _history_section(history: list[dict]) -> list[str]:
 
 
 def _finetune_section(finetune: list[dict]) -> list[str]:
-    if any(f.get("accuracy_before") is not None for f in finetune):  # image classifiers
-        lines = ["## Recovery fine-tuning", "", "| method | distill | steps | held-out accuracy before | after | time (s) |",
-                 "|---|---|---:|---:|---:|---:|"]  # fmt: skip
-        for f in finetune:
-            c = f.get("config", {})
-            lines.append(
-                f"| {c.get('method')} | {c.get('distill') or '-'} | {c.get('max_steps')} | "
-                f"{f['accuracy_before']:.4f} | {f['accuracy_after']:.4f} | {f.get('train_runtime_s', 0):.0f} |"
-            )
-        return [*lines, ""]
-    lines = ["## Recovery fine-tuning", "", "| method | distill | steps | seq_len | held-out ppl before | after | time (s) |",
-             "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    images = any(f.get("accuracy_before") is not None for f in finetune)  # image classifiers report accuracy
+    metric, key, fmt = ("held-out accuracy", "accuracy", ".4f") if images else ("held-out ppl", "perplexity", ".2f")
+    seq_head, seq_rule = ("", "") if images else (" seq_len |", "---:|")
+    lines = ["## Recovery fine-tuning", "", f"| method | distill | steps |{seq_head} {metric} before | after | time (s) |",
+             f"|---|---|---:|{seq_rule}---:|---:|---:|"]  # fmt: skip
     for f in finetune:
         c = f.get("config", {})
+        seq = "" if images else f" {c.get('seq_len')} |"
+        before, after = (f.get(f"{key}_{w}") for w in ("before", "after"))
         lines.append(
-            f"| {c.get('method')} | {c.get('distill') or '-'} | {c.get('max_steps')} | {c.get('seq_len')} | "
-            f"{f.get('perplexity_before', float('nan')):.2f} | {f.get('perplexity_after', float('nan')):.2f} | "
+            f"| {c.get('method')} | {c.get('distill') or '-'} | {c.get('max_steps')} |{seq} "
+            f"{float('nan') if before is None else before:{fmt}} | {float('nan') if after is None else after:{fmt}} | "
             f"{f.get('train_runtime_s', 0):.0f} |"
         )
     return [*lines, ""]

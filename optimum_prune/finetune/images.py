@@ -15,7 +15,7 @@ from torch import nn
 from ..calibration.data import split_documents
 from ..calibration.images import check_images_fit, load_image_examples
 from .config import FINETUNE_ATTR, FinetuneConfig, FinetuneReport
-from .sparsity import check_masks, sparsity_masks
+from .sparsity import sparsity_masks
 
 __all__ = ["finetune_images_", "evaluate_classifier"]
 
@@ -108,7 +108,7 @@ def finetune_images_(
     `config.eval_fraction` of the labelled images is held out (seeded) for the accuracy and loss before / after;
     the rest is the training set. Under LoRA the classifier head is trained fully (`modules_to_save`).
     """
-    from .trainer import train_model
+    from .trainer import record_finetune_, train_model
 
     targets, (train_x, train_y), (eval_x, eval_y), args = _prepare(model, config, dataset, teacher)
     masks = sparsity_masks(model) if config.keep_sparsity else {}
@@ -128,13 +128,7 @@ def finetune_images_(
         eval_documents=len(eval_y),
         train_tokens=0,
         tokens_seen=0,
-        trainable_params=run["trainable"],
-        train_loss=run["train_loss"],
-        train_runtime_s=run["runtime"],
-        loss_history=run["losses"],
-        teacher=run["teacher"],
-        sparsity_kept=check_masks(model, masks) if masks else None,
-        merged=run["merged"],
+        **run["report"],
         data={
             "images": len(train_y) + len(eval_y),
             "image_shape": list(train_x.shape[1:]),
@@ -146,9 +140,5 @@ def finetune_images_(
         eval_loss_after=loss_after,
         eval_examples=len(eval_y),
     )
-    setattr(model, FINETUNE_ATTR, [*history, report.to_dict()])
-    if run["merged"] or config.method == "full":
-        for p in model.parameters():
-            p.requires_grad_(True)  # a plain model again, as transformers loads it
-    logger.info("%s", report)
+    record_finetune_(model, config, history, report)
     return model, report

@@ -216,7 +216,7 @@ def _ppl(model, tokenizer, docs, config) -> float:
 def train_model(model, config, train_ds, args, targets, masks, teacher, callbacks, task_type, modules_to_save=None):
     """The training shared by every modality: LoRA (masked where the model is sparse) or full, optional distillation,
     on `transformers.Trainer`; then LoRA merged (masked) unless `config.merge` is off. Returns `(model, run)` with
-    `run` the trainer's numbers (`trainable`, `losses`, `train_loss`, `runtime`, `steps`, `merged`, `teacher`)."""
+    `run` holding the optimizer `steps` and the `FinetuneReport` fields every modality shares (`report`)."""
     student = model
     if config.method == "lora":
         from peft import LoraConfig, get_peft_model
@@ -264,9 +264,21 @@ def train_model(model, config, train_ds, args, targets, masks, teacher, callback
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    run = {"trainable": trainable, "losses": losses, "train_loss": float(result.training_loss), "runtime": runtime,
-           "steps": trainer.state.global_step, "merged": merged, "teacher": teacher_info}  # fmt: skip
-    return model, run
+    report_fields = {
+        "trainable_params": trainable, "train_loss": float(result.training_loss), "train_runtime_s": runtime,
+        "loss_history": losses, "teacher": teacher_info, "merged": merged,
+        "sparsity_kept": check_masks(model, masks) if masks else None,
+    }  # fmt: skip
+    return model, {"steps": trainer.state.global_step, "report": report_fields}
+
+
+def record_finetune_(model: nn.Module, config: FinetuneConfig, history: list, report: FinetuneReport) -> None:
+    """Append the report to the model's fine-tuning history; a merged / fully trained model is plain again."""
+    setattr(model, FINETUNE_ATTR, [*history, report.to_dict()])
+    if report.merged or config.method == "full":
+        for p in model.parameters():
+            p.requires_grad_(True)  # a plain model again, as transformers loads it
+    logger.info("%s", report)
 
 
 def finetune_(
@@ -319,21 +331,11 @@ def finetune_(
         eval_documents=len(eval_docs),
         train_tokens=windows.numel(),
         tokens_seen=run["steps"] * config.batch_size * config.gradient_accumulation_steps * config.seq_len,
-        trainable_params=run["trainable"],
-        train_loss=run["train_loss"],
-        train_runtime_s=run["runtime"],
-        loss_history=run["losses"],
-        teacher=run["teacher"],
-        sparsity_kept=check_masks(model, masks) if masks else None,
-        merged=run["merged"],
+        **run["report"],
         eval_tokens=min(config.eval_max_tokens or 1 << 62, _count_tokens(tokenizer, eval_docs)),
         data={"documents": len(train_docs) + len(eval_docs)},
     )
-    setattr(model, FINETUNE_ATTR, [*history, report.to_dict()])
-    if run["merged"] or config.method == "full":
-        for p in model.parameters():
-            p.requires_grad_(True)  # a plain model again, as transformers loads it
-    logger.info("%s", report)
+    record_finetune_(model, config, history, report)
     return model, report
 
 
