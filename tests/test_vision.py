@@ -14,6 +14,7 @@ from testing_utils import calibration_ids, calibration_pixels, logits, tiny_mode
 from transformers import AutoModel, AutoModelForImageClassification
 
 from optimum_prune import (
+    AMPConfig,
     AutoPrunedModelForCausalLM,
     AutoPrunedModelForImageClassification,
     AutoPruner,
@@ -86,6 +87,23 @@ def test_wrong_calibration_fails_before_any_change(arch, calibration, match):
         prune_(model, NP, calibration())
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_recipe_on_vision_transformer():
+    """AMP (non-causal attention) on q/k and Wanda on the rest, in one layer-wise pass over pixel calibration."""
+    model = tiny_model("vit")
+    recipe = [AMPConfig(sparsity=0.5, steps=2), WandaConfig(sparsity=0.5, targets=["v_proj", "o_proj", "mlp"])]
+    report = prune_(model, recipe, calibration_pixels())
+    assert abs(report.measured - 0.5) < 0.02 and torch.isfinite(logits(model)).all()
+
+
+def test_deit_prunes_and_reloads_exactly(tmp_path):
+    model = tiny_model("deit")
+    prune_(model, FLAPConfig(pruning_ratio=0.3, round_to=1), calibration_pixels())
+    save_pruned(model, tmp_path / "out")
+    for loader in (AutoPrunedModelForImageClassification, AutoModelForImageClassification):
+        reloaded = loader.from_pretrained(tmp_path / "out", attn_implementation="eager")
+        torch.testing.assert_close(logits(reloaded), logits(model), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("arch", ["dinov2_backbone", "vit_backbone"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from transformers import (
+    DeiTConfig,
     Dinov2Config,
     Gemma3TextConfig,
     GPT2Config,
@@ -78,6 +79,8 @@ def tiny_config(arch: str):
               "patch_size": 4, "num_labels": 5}  # fmt: skip
     if arch in ("vit", "vit_backbone"):  # 16 patches + CLS
         return ViTConfig(intermediate_size=96, **vision)
+    if arch == "deit":  # ViT's layout, plus a distillation token
+        return DeiTConfig(intermediate_size=96, **vision)
     if arch in ("dinov2", "dinov2_backbone"):  # MLP width hidden * mlp_ratio = 128; layer scale
         return Dinov2Config(mlp_ratio=2, layerscale_value=0.5, **vision)
     if arch == "dinov2_swiglu":  # gate/up/down MLP of width 88
@@ -92,7 +95,7 @@ IMAGE_SIZE = 16
 
 
 def is_vision(arch: str) -> bool:
-    return arch.startswith(("vit", "dinov2"))
+    return arch.startswith(("vit", "deit", "dinov2"))
 
 
 def tiny_model(arch: str, seed: int = 0, **overrides):
@@ -106,7 +109,9 @@ def tiny_model(arch: str, seed: int = 0, **overrides):
         mapping = MODEL_MAPPING
     else:
         mapping = MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING if is_vision(arch) else MODEL_FOR_CAUSAL_LM_MAPPING
-    model = mapping[type(config)](config).eval()
+    model_cls = mapping[type(config)]
+    model_cls = model_cls[0] if isinstance(model_cls, tuple) else model_cls  # DeiT: with / without teacher head
+    model = model_cls(config).eval()
     # Random init gives tiny weights; scale them so pruning decisions are not ties, and add bias noise.
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -56,12 +56,12 @@ def model_task(model: nn.Module) -> str:
     expected = []
     for task in tasks:
         try:
-            classes = _stock_classes(base_type, task)
+            stock = _stock_classes(base_type, task)[0]  # the class its pruned variant derives from
         except KeyError:
             continue
-        if isinstance(model, classes):
+        if isinstance(model, stock):
             return task
-        expected += [c.__name__ for c in classes]
+        expected.append(stock.__name__)
     raise ValueError(
         f"{type(model).__name__} cannot be saved with per-layer shapes: optimum_prune registers pruned variants of "
         f"{', '.join(expected)} only. Prune with allocation='uniform' (a stock checkpoint), or prune one of those."
