@@ -58,6 +58,15 @@ def _model_location(path: str, gguf_file: str | None) -> tuple[str, str | None]:
     return str(p), gguf_file
 
 
+def require_causal_lm(model, what: str) -> None:
+    from .modeling.architectures import require_causal_lm as require
+
+    try:
+        require(model, what)
+    except ValueError as e:
+        raise UserError(str(e)) from e
+
+
 def _is_image_checkpoint(path: str) -> bool:
     from transformers import AutoConfig
 
@@ -211,6 +220,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         resolve_tasks(args.tasks, args.allow_hub)  # a missing / Hub-only task fails before the model is loaded
     texts = _texts(args.data, args.holdout_fraction, args.split_seed, part=1) if args.data else None
     model, tokenizer = _load(args.model, args.gguf_file, args.dtype)
+    require_causal_lm(model, "`optimum-prune eval` (perplexity, lm-eval tasks)")
     if tokenizer is None:
         raise UserError(f"{args.model} has no tokenizer; evaluation needs one.")
     result: dict[str, Any] = {"model": args.model}

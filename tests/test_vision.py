@@ -231,3 +231,15 @@ def test_finetune_refuses_bad_image_input():
     with pytest.raises(ValueError, match="no classification head"):
         finetune_(tiny_model("dinov2_backbone"), FinetuneConfig(max_steps=1), _examples(4), None)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_cli_prunes_an_image_checkpoint_and_eval_refuses_it(tmp_path, capsys):
+    from optimum_prune.cli import main
+
+    tiny_model("vit").save_pretrained(tmp_path / "dense")
+    args = ["--set", "pruning_ratio=0.3", "--set", "round_to=1", "--output", str(tmp_path / "out")]
+    assert main(["prune", str(tmp_path / "dense"), "--method", "magnitude", *args]) == 0
+    assert AutoPrunedModelForImageClassification.from_pretrained(tmp_path / "out").num_parameters() > 0
+    assert main(["prune", str(tmp_path / "dense"), "--method", "numerical", "--calib", "bbc", "--output", "x"]) == 2
+    assert main(["eval", str(tmp_path / "out"), "--data", "bbc"]) == 2
+    assert "image model" in capsys.readouterr().err
