@@ -117,12 +117,14 @@ def prune_(
     """Prune `model` in place with the method chosen by `config`.
 
     Args:
-        model (`PreTrainedModel`): a supported `*ForCausalLM` model (see `supported_model_types()`).
+        model (`PreTrainedModel`): a supported `*ForCausalLM` model, or image model (ViT / DeiT / Dinov2
+            classifier or backbone; see `supported_model_types()`).
         config (`PruningConfig | list[PruningConfig]`): e.g. `NumericalPruningConfig(pruning_ratio=0.2)`, or a
             recipe: a list of configs (see `optimum_prune.recipe`), e.g. AMP on q/k and Wanda on the rest, run in
             one layer-wise calibration pass.
         calibration (`CalibrationConfig | torch.LongTensor | None`): calibration text (or token ids); required by
-            data-driven methods.
+            data-driven methods. Image models take images instead: a `datasets.Dataset` with `pixel_values`, a list
+            of `{"pixel_values", "labels"}` examples, an `(N, C, H, W)` tensor, or a `CalibrationConfig` around one.
         tokenizer (`PreTrainedTokenizerBase | None`): tokenizes the calibration text.
         batch_size (`int | None`): sequences per block forward (default: `calibration.batch_size`).
         device (`torch.device | str | None`): where each block runs during calibration (default: the model's).
