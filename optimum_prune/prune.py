@@ -50,11 +50,20 @@ def _calibration_ids(calibration: Any, tokenizer: Any) -> tuple[torch.Tensor, di
     return ids, desc
 
 
-def calibration_inputs(model: nn.Module, calibration: Any, tokenizer: Any) -> tuple[torch.Tensor, dict | None]:
-    """Validated calibration inputs of `model` and their description: token ids `(num_samples, seq_len)`, or for an
-    image model pixel values `(num_samples, C, H, W)` (see `optimum_prune.calibration.images`). Touches no weight."""
+def calibration_inputs(
+    model: nn.Module, calibration: Any, tokenizer: Any, methods: list[str] | None = None
+) -> tuple[torch.Tensor | None, dict | None]:
+    """Validated calibration inputs of `model` and their description, for the `methods` that need data (`(None,
+    None)` when none does; `None`: needed): token ids `(num_samples, seq_len)`, or for an image model pixel values
+    `(num_samples, C, H, W)` (see `optimum_prune.calibration.images`). Touches no weight."""
     from .calibration.images import image_calibration, looks_like_images
 
+    if methods is not None and not methods:
+        return None, None
+    if calibration is None:
+        methods = methods or ["this"]
+        what = f"Method {methods[0]!r} needs" if len(methods) == 1 else f"The recipe's {sorted(set(methods))} need"
+        raise ValueError(f"{what} calibration data: pass `calibration=CalibrationConfig(dataset=...)`.")
     if is_image_model(model):
         return image_calibration(model, calibration)
     if looks_like_images(calibration):
@@ -78,13 +87,9 @@ def _prepare(
     spec = get_spec(model)
     pruner = get_pruner_class(config.method)(config)
     pruner.validate(model, spec)
-    runner_factory, calib_desc = None, None
-    if pruner.needs_calibration:
-        if calibration is None:
-            raise ValueError(
-                f"Method {config.method!r} needs calibration data: pass `calibration=CalibrationConfig(dataset=...)`."
-            )
-        ids, calib_desc = calibration_inputs(model, calibration, tokenizer)
+    runner_factory = None
+    ids, calib_desc = calibration_inputs(model, calibration, tokenizer, [config.method] * pruner.needs_calibration)
+    if ids is not None:
         bs = batch_size or getattr(calibration, "batch_size", 8)
 
         def runner_factory():

@@ -106,14 +106,10 @@ def prune_recipe_(
     t0 = time.perf_counter()
     spec = get_spec(model)
     pruners = check_recipe(configs, model, spec)
-    runner_factory, calib_desc = None, None
-    if any(p.needs_calibration for p in pruners):
-        if calibration is None:
-            methods = sorted({p.config.method for p in pruners if p.needs_calibration})
-            raise ValueError(
-                f"The recipe's {methods} need calibration data: pass `calibration=CalibrationConfig(...)`."
-            )
-        ids, calib_desc = calibration_inputs(model, calibration, tokenizer)
+    runner_factory = None
+    needing = [p.config.method for p in pruners if p.needs_calibration]
+    ids, calib_desc = calibration_inputs(model, calibration, tokenizer, needing)
+    if ids is not None:
         bs = batch_size or getattr(calibration, "batch_size", 8)
 
         def runner_factory():
