@@ -45,7 +45,7 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet normalisati
 DEFAULT_SIZE = 112  # 8×8 patches of 14 px (+ CLS): DINOv2 interpolates its 37×37 position grid
 SPLIT_SIZES = {"test": 2000, "calibration": 512}  # `train`: the remaining 7,488 images
 SPLIT_SEED = 0
-PROBE_TRAIN = 4000  # train-split images the linear probe is fitted on (its first ones)
+PROBE_TRAIN = 2500  # train-split images the linear probe is fitted on (its first ones)
 _BIGBENCH = "bigbench==1.0.0"
 _TASK = "bigbench/benchmark_tasks/cifar10_classification/base64/task.json"
 _ONNX = "models/vit_s_focus.onnx"
@@ -198,12 +198,13 @@ def cifar10_test() -> tuple[np.ndarray, np.ndarray]:
 
 
 def splits() -> dict[str, np.ndarray]:
-    """Indices of the fixed `train` / `calibration` / `test` split (seeded permutation; disjoint)."""
+    """Indices of the fixed `train` / `calibration` / `test` split: disjoint slices of one seeded permutation, kept
+    in that random order (the task file lists the images class by class, so any prefix of a split is a random
+    sample, classes mixed)."""
     n = 10_000
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED)).numpy()
     test, calib = SPLIT_SIZES["test"], SPLIT_SIZES["calibration"]
-    return {"test": np.sort(perm[:test]), "calibration": np.sort(perm[test : test + calib]),
-            "train": np.sort(perm[test + calib :])}  # fmt: skip
+    return {"test": perm[:test], "calibration": perm[test : test + calib], "train": perm[test + calib :]}
 
 
 def pixel_values(size: int = DEFAULT_SIZE) -> torch.Tensor:
