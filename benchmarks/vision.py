@@ -78,6 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timing-batch", type=int, default=16)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    p.add_argument("--no-dense", action="store_true", help="skip the dense run (a partial run to --merge later)")
+    p.add_argument("--merge", nargs="+", type=Path, default=[], help="add the runs of these result files, then exit")
     return p.parse_args(argv)
 
 
@@ -117,7 +119,7 @@ def quality(args, res: dict) -> None:
     res["settings"] = _settings(args)
     res["conversion"] = json.loads((data.dinov2_small_dir() / "conversion.json").read_text())
     res["probe"] = json.loads((data.probe_classifier_dir(args.size) / "probe.json").read_text())
-    if "dense" not in res["runs"]:
+    if "dense" not in res["runs"] and not args.no_dense:
         t0 = time.perf_counter()
         res["runs"]["dense"] = {"method": "dense", "ratio": 0.0, "params": sum(p.numel() for p in dense.parameters()),
                                 "accuracy": data.accuracy(dense, test_x, test_y), "eval_s": time.perf_counter() - t0}  # fmt: skip
@@ -217,7 +219,14 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
     res = _load_results(args.output)
-    if args.timing:
+    if args.merge:  # runs of the same protocol done by parallel partial runs (`--ratios ... --no-dense`)
+        for path in args.merge:
+            other = _load_results(path)
+            if other.get("settings", {}).get("ft_steps") != res.get("settings", {}).get("ft_steps"):
+                raise SystemExit(f"{path} was run with other settings; not merged.")
+            res["runs"].update({k: v for k, v in other["runs"].items() if k not in res["runs"]})
+        _write(args, res)
+    elif args.timing:
         timing(args, res)
     else:
         quality(args, res)
