@@ -155,25 +155,29 @@ def timing(args, res: dict) -> None:
     """Forward latency of `--timing-batch` images, every model interleaved per round (rotating order)."""
     torch.set_num_threads(args.threads)
     models = {"dense": Dinov2ForImageClassification.from_pretrained(data.probe_classifier_dir(args.size))}
-    for name in res["runs"]:
-        if name != "dense" and _saved_dir(args, name).is_dir():
-            models[name] = AutoPrunedModelForImageClassification.from_pretrained(_saved_dir(args, name))
+    for path in sorted(_saved_dir(args, "x").parent.iterdir()):  # every pruned model the quality runs saved
+        models[path.name] = AutoPrunedModelForImageClassification.from_pretrained(path)
     x, _ = data.examples("test", args.size, limit=args.timing_batch)
     times = {n: [] for n in models}
+    cpu = {n: [] for n in models}  # process CPU time: with 1 thread, the compute cost, much less sensitive to load
     names = list(models)
     load_start = os.getloadavg()
     for rnd in range(args.repeats + 1):  # round 0 is the warm-up
         for k in range(len(names)):
             n = names[(k + rnd) % len(names)]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             models[n].eval()(pixel_values=x)
             if rnd:
                 times[n].append(time.perf_counter() - t0)
+                cpu[n].append(time.process_time() - c0)
     med = {n: statistics.median(t) for n, t in times.items()}
+    cpu_med = {n: statistics.median(t) for n, t in cpu.items()}
     res["timing"] = {
         "batch": args.timing_batch, "size": args.size, "threads": args.threads, "repeats": args.repeats,
         "ms_median": {n: 1e3 * m for n, m in med.items()},
         "speedup": {n: med["dense"] / m for n, m in med.items()},
+        "cpu_ms_median": {n: 1e3 * m for n, m in cpu_med.items()},
+        "cpu_speedup": {n: cpu_med["dense"] / m for n, m in cpu_med.items()},
         "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
     }  # fmt: skip
@@ -225,6 +229,7 @@ def main(argv=None) -> int:
             if other.get("settings", {}).get("ft_steps") != res.get("settings", {}).get("ft_steps"):
                 raise SystemExit(f"{path} was run with other settings; not merged.")
             res["runs"].update({k: v for k, v in other["runs"].items() if k not in res["runs"]})
+            res["timing"] = res.get("timing") or other.get("timing")
         _write(args, res)
     elif args.timing:
         timing(args, res)
