@@ -210,6 +210,11 @@ def markdown(res: dict) -> str:
             f"| {r['method']} | {r['ratio']:g} | {r['measured_ratio']:.3f} | {r['params'] / 1e6:.2f} M | "
             f"{r['accuracy_before_ft']:.4f} | {r['accuracy_after_ft']:.4f} | {speed.get(name, float('nan')):.2f}× |"
         )
+    timing = res.get("timing") or {}
+    if timing.get("cpu_speedup"):
+        cpu = ", ".join(f"{n} {v:.2f}×" for n, v in timing["cpu_speedup"].items() if n != "dense")
+        lines += ["", f"Speedup in process CPU time (same runs): {cpu}. Load average during the timing: "
+                  f"{timing['loadavg_start'][0]:.1f} at the start, {timing['loadavg_end'][0]:.1f} at the end."]  # fmt: skip
     probe = res.get("probe", {})
     conv = res.get("conversion", {})
     lines += ["", f"Linear probe: {probe.get('train')} train images, train accuracy {probe.get('train_accuracy', 0):.4f}. "
