@@ -1,6 +1,6 @@
 """optimum_prune: prune Hugging Face transformers into smaller, faster checkpoints."""
 
-from .auto import AutoPrunedModelForCausalLM, AutoPruner
+from .auto import AutoPrunedModelForCausalLM, AutoPrunedModelForImageClassification, AutoPruner
 from .config import CalibrationConfig, PruningConfig, StructuredPruningConfig
 from .export import export_gguf
 from .finetune import FinetuneConfig, FinetuneReport, PruningCallback, SparsityCallback, finetune_
@@ -27,6 +27,7 @@ __all__ = [
     "AMPConfig",
     "AutoPruner",
     "AutoPrunedModelForCausalLM",
+    "AutoPrunedModelForImageClassification",
     "CalibrationConfig",
     "FLAPConfig",
     "FinetuneConfig",

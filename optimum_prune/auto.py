@@ -1,4 +1,5 @@
-"""`AutoPruner` (a thin façade over `prune_` and `save_pruned`) and `AutoPrunedModelForCausalLM`."""
+"""`AutoPruner` (a thin façade over `prune_` and `save_pruned`), `AutoPrunedModelForCausalLM` and
+`AutoPrunedModelForImageClassification`."""
 
 from __future__ import annotations
 
@@ -16,7 +17,12 @@ from .prune import prune_
 from .report import PruningReport
 from .serialization import load_pruned_model, save_pruned, strip_gguf_quantizer_
 
-__all__ = ["AutoPruner", "AutoPrunedModelForCausalLM", "load_model_and_tokenizer"]
+__all__ = [
+    "AutoPruner",
+    "AutoPrunedModelForCausalLM",
+    "AutoPrunedModelForImageClassification",
+    "load_model_and_tokenizer",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -35,14 +41,21 @@ def load_model_and_tokenizer(
     tokenizer: Any = None,
     **kwargs: Any,
 ) -> tuple[nn.Module, Any]:
-    """Load a causal LM (also from a GGUF file, dequantized) and its tokenizer from a local path."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Load a causal LM (also from a GGUF file, dequantized) and its tokenizer from a local path; an image model
+    (ViT, DeiT, Dinov2: the image classifier or the backbone, as saved) and its image processor, if it has one."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from .modeling.auto_classes import register_pruned_architectures
+    from .modeling.architectures import spec_for_config
+    from .modeling.auto_classes import auto_class_for_config, register_pruned_architectures
 
     register_pruned_architectures()
     if torch_dtype is not None:
         kwargs["dtype"] = _dtype(torch_dtype)
+    if gguf_file is None and os.path.isfile(os.path.join(path, "config.json")):
+        config = AutoConfig.from_pretrained(path)
+        spec = spec_for_config(config)
+        if spec is not None and spec.modality == "image":
+            return _load_image_model(path, config, tokenizer, auto_class_for_config(config)[1], kwargs)
     if gguf_file is not None:
         kwargs["gguf_file"] = gguf_file
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
@@ -53,6 +66,18 @@ def load_model_and_tokenizer(
         except (OSError, ValueError) as e:
             logger.warning("No tokenizer found at %s (%s); pass `tokenizer=` to use text calibration.", path, e)
     return model, tokenizer
+
+
+def _load_image_model(path, config, processor, auto_cls, kwargs) -> tuple[nn.Module, Any]:
+    from transformers import AutoImageProcessor
+
+    model = auto_cls.from_pretrained(path, **kwargs)
+    if processor is None:
+        try:
+            processor = AutoImageProcessor.from_pretrained(path)
+        except (OSError, ValueError) as e:
+            logger.info("No image processor at %s (%s); calibrate with pixel values.", path, e)
+    return model, processor
 
 
 class AutoPruner:
@@ -67,7 +92,8 @@ class AutoPruner:
 
     Args:
         model (`PreTrainedModel`): the model to prune (modified in place).
-        tokenizer (`PreTrainedTokenizerBase | None`): used for calibration text and saved with the model.
+        tokenizer (`PreTrainedTokenizerBase | None`): used for calibration text and saved with the model; for an
+            image model, its image processor (saved with the model; calibration takes pixel values).
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any = None, *, keep_teacher: bool = True) -> None:
@@ -93,12 +119,16 @@ class AutoPruner:
     ) -> AutoPruner:
         """From a local path (or GGUF file in it) or an already loaded `PreTrainedModel`.
 
+        Causal LMs load as `AutoModelForCausalLM`; image models (ViT, DeiT, Dinov2) as the class they were saved
+        from (`*ForImageClassification`, or the backbone such as `Dinov2Model`), with their image processor.
+
         Args:
             model_or_path (`PreTrainedModel | str | os.PathLike`): model or directory.
-            tokenizer (`PreTrainedTokenizerBase | None`): defaults to the one stored with the model.
+            tokenizer (`PreTrainedTokenizerBase | None`): defaults to the one stored with the model (the image
+                processor for image models).
             gguf_file (`str | None`): GGUF file name inside the directory (dequantized on load).
             torch_dtype (`torch.dtype | str | None`): dtype to load in.
-            kwargs: passed to `AutoModelForCausalLM.from_pretrained`.
+            kwargs: passed to the Auto class's `from_pretrained`.
         """
         if isinstance(model_or_path, nn.Module):
             strip_gguf_quantizer_(model_or_path)
@@ -174,7 +204,9 @@ class AutoPruner:
 
 
 class AutoPrunedModelForCausalLM:
-    """Loads any checkpoint saved by optimum_prune, uniform or with per-layer shapes, exactly."""
+    """Loads any causal LM saved by optimum_prune, uniform or with per-layer shapes, exactly."""
+
+    _task = "causal-lm"
 
     def __init__(self) -> None:
         raise OSError("Use AutoPrunedModelForCausalLM.from_pretrained(path).")
@@ -183,10 +215,21 @@ class AutoPrunedModelForCausalLM:
     def from_pretrained(cls, path: str | os.PathLike, *, torch_dtype: Any = None, **kwargs: Any) -> nn.Module:
         if torch_dtype is not None:
             kwargs["dtype"] = _dtype(torch_dtype)
-        model = load_pruned_model(path, **kwargs)
+        model = load_pruned_model(path, task=cls._task, **kwargs)
         model.push_to_hub = types.MethodType(_push_loaded, model)  # uploads the optimum-prune checkpoint format
         model._optimum_prune_path = os.fspath(path)
         return model
+
+
+class AutoPrunedModelForImageClassification(AutoPrunedModelForCausalLM):
+    """Loads any image classifier (ViT, DeiT, Dinov2) saved by optimum_prune, uniform or with per-layer shapes,
+    exactly. (A pruned backbone such as `Dinov2Model` loads with `transformers.AutoModel` once optimum_prune is
+    imported, or with `optimum_prune.load_pruned_model`.)"""
+
+    _task = "image-classification"
+
+    def __init__(self) -> None:
+        raise OSError("Use AutoPrunedModelForImageClassification.from_pretrained(path).")
 
 
 def _push_loaded(model: nn.Module, repo_id: str, tokenizer: Any = None, **kwargs: Any):
@@ -195,10 +238,13 @@ def _push_loaded(model: nn.Module, repo_id: str, tokenizer: Any = None, **kwargs
     from .hub import push_to_hub
 
     if tokenizer is None:
-        from transformers import AutoTokenizer
+        from transformers import AutoImageProcessor, AutoTokenizer
 
+        from .modeling.architectures import is_image_model
+
+        loader = AutoImageProcessor if is_image_model(model) else AutoTokenizer
         try:
-            tokenizer = AutoTokenizer.from_pretrained(model._optimum_prune_path)
+            tokenizer = loader.from_pretrained(model._optimum_prune_path)
         except (OSError, ValueError):
             logger.warning("No tokenizer in %s; uploading the model without one.", model._optimum_prune_path)
     return push_to_hub(model, repo_id, tokenizer, **kwargs)

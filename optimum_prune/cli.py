@@ -58,6 +58,26 @@ def _model_location(path: str, gguf_file: str | None) -> tuple[str, str | None]:
     return str(p), gguf_file
 
 
+def require_causal_lm(model, what: str) -> None:
+    from .modeling.architectures import require_causal_lm as require
+
+    try:
+        require(model, what)
+    except ValueError as e:
+        raise UserError(str(e)) from e
+
+
+def _is_image_checkpoint(path: str) -> bool:
+    from transformers import AutoConfig
+
+    from .modeling.architectures import spec_for_config
+
+    if not (Path(path) / "config.json").is_file():
+        return False
+    spec = spec_for_config(AutoConfig.from_pretrained(path))
+    return spec is not None and spec.modality == "image"
+
+
 def _load(path: str, gguf_file: str | None = None, dtype: str | None = None):
     """Model and tokenizer; saved checkpoints load exactly (a missing or resized tensor is an error)."""
     from transformers import AutoTokenizer
@@ -67,6 +87,8 @@ def _load(path: str, gguf_file: str | None = None, dtype: str | None = None):
     path, gguf_file = _model_location(path, gguf_file)
     if gguf_file is not None:
         return load_model_and_tokenizer(path, gguf_file=gguf_file, torch_dtype=dtype)
+    if _is_image_checkpoint(path):  # ViT / DeiT / Dinov2: the class it was saved as, and its image processor
+        return load_model_and_tokenizer(path, torch_dtype=dtype)
     model = AutoPrunedModelForCausalLM.from_pretrained(path, torch_dtype=dtype)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -198,6 +220,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         resolve_tasks(args.tasks, args.allow_hub)  # a missing / Hub-only task fails before the model is loaded
     texts = _texts(args.data, args.holdout_fraction, args.split_seed, part=1) if args.data else None
     model, tokenizer = _load(args.model, args.gguf_file, args.dtype)
+    require_causal_lm(model, "`optimum-prune eval` (perplexity, lm-eval tasks)")
     if tokenizer is None:
         raise UserError(f"{args.model} has no tokenizer; evaluation needs one.")
     result: dict[str, Any] = {"model": args.model}

@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from .constants import PRUNED_MODEL_TYPE_PREFIX, PRUNING_CONFIG_NAME
+from .modeling.auto_classes import auto_class_for_config
 
 __all__ = ["model_card", "push_to_hub", "upload_folder", "check_hub_access"]
 
@@ -75,13 +76,18 @@ def _history_section(history: list[dict]) -> list[str]:
 
 
 def _finetune_section(finetune: list[dict]) -> list[str]:
-    lines = ["## Recovery fine-tuning", "", "| method | distill | steps | seq_len | held-out ppl before | after | time (s) |",
-             "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    images = any(f.get("accuracy_before") is not None for f in finetune)  # image classifiers report accuracy
+    metric, key, fmt = ("held-out accuracy", "accuracy", ".4f") if images else ("held-out ppl", "perplexity", ".2f")
+    seq_head, seq_rule = ("", "") if images else (" seq_len |", "---:|")
+    lines = ["## Recovery fine-tuning", "", f"| method | distill | steps |{seq_head} {metric} before | after | time (s) |",
+             f"|---|---|---:|{seq_rule}---:|---:|---:|"]  # fmt: skip
     for f in finetune:
         c = f.get("config", {})
+        seq = "" if images else f" {c.get('seq_len')} |"
+        before, after = (f.get(f"{key}_{w}") for w in ("before", "after"))
         lines.append(
-            f"| {c.get('method')} | {c.get('distill') or '-'} | {c.get('max_steps')} | {c.get('seq_len')} | "
-            f"{f.get('perplexity_before', float('nan')):.2f} | {f.get('perplexity_after', float('nan')):.2f} | "
+            f"| {c.get('method')} | {c.get('distill') or '-'} | {c.get('max_steps')} |{seq} "
+            f"{float('nan') if before is None else before:{fmt}} | {float('nan') if after is None else after:{fmt}} | "
             f"{f.get('train_runtime_s', 0):.0f} |"
         )
     return [*lines, ""]
@@ -125,19 +131,24 @@ def model_card(
             "lora" if any(f["config"].get("method") == "lora" for f in side_car["finetune"]) else "finetuned"
         )
     all_tags += list(tags or [])
+    task, auto = auto_class_for_config(config)
+    pipeline = {"causal-lm": "text-generation", "image-classification": "image-classification"}
     data = ModelCardData(
-        base_model=base, library_name="transformers", pipeline_tag="text-generation", license=license,
-        tags=list(dict.fromkeys(all_tags)),
+        base_model=base, library_name="transformers", pipeline_tag=pipeline.get(task, "image-feature-extraction"),
+        license=license, tags=list(dict.fromkeys(all_tags)),
     )  # fmt: skip
     name = base or getattr(model.config, "model_type", "model")
     first, last = (history[0].get("report", {}), history[-1].get("report", {})) if history else ({}, {})
     where = repo_id or "path/to/this/checkpoint"
-    loader = (
-        'from transformers import AutoModelForCausalLM\n\nmodel = AutoModelForCausalLM.from_pretrained("WHERE")'
-        if stock
-        else "import optimum_prune  # registers the pruned architectures\nfrom optimum_prune import "
-        'AutoPrunedModelForCausalLM\n\nmodel = AutoPrunedModelForCausalLM.from_pretrained("WHERE")'
-    ).replace("WHERE", where)
+    ours = {"causal-lm": "AutoPrunedModelForCausalLM", "image-classification": "AutoPrunedModelForImageClassification"}
+    if stock:
+        loader = f'from transformers import {auto.__name__}\n\nmodel = {auto.__name__}.from_pretrained("{where}")'
+    elif task in ours:
+        loader = (f"import optimum_prune  # registers the pruned architectures\nfrom optimum_prune import {ours[task]}"
+                  f'\n\nmodel = {ours[task]}.from_pretrained("{where}")')  # fmt: skip
+    else:
+        loader = (f"import optimum_prune  # registers the pruned architectures\nfrom transformers import {auto.__name__}"
+                  f'\n\nmodel = {auto.__name__}.from_pretrained("{where}")')  # fmt: skip
     body = [
         f"# {name}, pruned with optimum-prune",
         "",

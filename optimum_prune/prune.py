@@ -15,13 +15,13 @@ from .calibration.sequential import LayerwiseRunner
 from .config import CalibrationConfig, PruningConfig
 from .methods.structured import attention_mlp_params
 from .methods.unstructured import target_sparsity
-from .modeling.architectures import get_layers, get_spec, layer_view
+from .modeling.architectures import get_layers, get_spec, is_image_model, layer_view
 from .modeling.surgery import apply_layer_plan_
 from .registry import get_pruner_class
 from .report import PruningReport, count_parameters, layer_table
 from .version import __version__
 
-__all__ = ["prune_", "compute_plan", "HISTORY_ATTR", "record_history", "zero_fraction"]
+__all__ = ["prune_", "compute_plan", "calibration_inputs", "HISTORY_ATTR", "record_history", "zero_fraction"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,34 @@ def _calibration_ids(calibration: Any, tokenizer: Any) -> tuple[torch.Tensor, di
     return ids, desc
 
 
+def calibration_inputs(
+    model: nn.Module, calibration: Any, tokenizer: Any, methods: list[str] | None = None
+) -> tuple[torch.Tensor | None, dict | None]:
+    """Validated calibration inputs of `model` and their description, for the `methods` that need data (`(None,
+    None)` when none does; `None`: needed): token ids `(num_samples, seq_len)`, or for an image model pixel values
+    `(num_samples, C, H, W)` (see `optimum_prune.calibration.images`). Touches no weight."""
+    from .calibration.images import image_calibration, looks_like_images
+
+    if methods is not None and not methods:
+        return None, None
+    if calibration is None:
+        methods = methods or ["this"]
+        what = f"Method {methods[0]!r} needs" if len(methods) == 1 else f"The recipe's {sorted(set(methods))} need"
+        raise ValueError(f"{what} calibration data: pass `calibration=CalibrationConfig(dataset=...)`.")
+    if is_image_model(model):
+        return image_calibration(model, calibration)
+    if looks_like_images(calibration):
+        raise ValueError(
+            f"{type(model).__name__} is a text model: calibration takes text (`CalibrationConfig(dataset=...)`) or "
+            "token ids of shape (num_samples, seq_len), not images."
+        )
+    ids, desc = _calibration_ids(calibration, tokenizer)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    if int(ids.max()) >= vocab or int(ids.min()) < 0:
+        raise ValueError(f"Calibration token ids fall outside the model's vocabulary (size {vocab}); wrong tokenizer?")
+    return ids, desc
+
+
 def _prepare(
     model: nn.Module, config: PruningConfig, calibration: Any, tokenizer: Any, batch_size: int | None, device
 ):
@@ -59,18 +87,9 @@ def _prepare(
     spec = get_spec(model)
     pruner = get_pruner_class(config.method)(config)
     pruner.validate(model, spec)
-    runner_factory, calib_desc = None, None
-    if pruner.needs_calibration:
-        if calibration is None:
-            raise ValueError(
-                f"Method {config.method!r} needs calibration data: pass `calibration=CalibrationConfig(dataset=...)`."
-            )
-        ids, calib_desc = _calibration_ids(calibration, tokenizer)
-        vocab = model.get_input_embeddings().weight.shape[0]
-        if int(ids.max()) >= vocab or int(ids.min()) < 0:
-            raise ValueError(
-                f"Calibration token ids fall outside the model's vocabulary (size {vocab}); wrong tokenizer?"
-            )
+    runner_factory = None
+    ids, calib_desc = calibration_inputs(model, calibration, tokenizer, [config.method] * pruner.needs_calibration)
+    if ids is not None:
         bs = batch_size or getattr(calibration, "batch_size", 8)
 
         def runner_factory():
@@ -103,12 +122,14 @@ def prune_(
     """Prune `model` in place with the method chosen by `config`.
 
     Args:
-        model (`PreTrainedModel`): a supported `*ForCausalLM` model (see `supported_model_types()`).
+        model (`PreTrainedModel`): a supported `*ForCausalLM` model, or image model (ViT / DeiT / Dinov2
+            classifier or backbone; see `supported_model_types()`).
         config (`PruningConfig | list[PruningConfig]`): e.g. `NumericalPruningConfig(pruning_ratio=0.2)`, or a
             recipe: a list of configs (see `optimum_prune.recipe`), e.g. AMP on q/k and Wanda on the rest, run in
             one layer-wise calibration pass.
         calibration (`CalibrationConfig | torch.LongTensor | None`): calibration text (or token ids); required by
-            data-driven methods.
+            data-driven methods. Image models take images instead: a `datasets.Dataset` with `pixel_values`, a list
+            of `{"pixel_values", "labels"}` examples, an `(N, C, H, W)` tensor, or a `CalibrationConfig` around one.
         tokenizer (`PreTrainedTokenizerBase | None`): tokenizes the calibration text.
         batch_size (`int | None`): sequences per block forward (default: `calibration.batch_size`).
         device (`torch.device | str | None`): where each block runs during calibration (default: the model's).

@@ -101,22 +101,15 @@ def prune_recipe_(
     device: torch.device | str | None = None,
 ) -> PruningReport:
     """Run a recipe (see the module docstring); called by `prune_` when it is given a list of configs."""
-    from .prune import _calibration_ids, record_history, zero_fraction
+    from .prune import calibration_inputs, record_history, zero_fraction
 
     t0 = time.perf_counter()
     spec = get_spec(model)
     pruners = check_recipe(configs, model, spec)
-    runner_factory, calib_desc = None, None
-    if any(p.needs_calibration for p in pruners):
-        if calibration is None:
-            methods = sorted({p.config.method for p in pruners if p.needs_calibration})
-            raise ValueError(
-                f"The recipe's {methods} need calibration data: pass `calibration=CalibrationConfig(...)`."
-            )
-        ids, calib_desc = _calibration_ids(calibration, tokenizer)
-        vocab = model.get_input_embeddings().weight.shape[0]
-        if int(ids.max()) >= vocab or int(ids.min()) < 0:
-            raise ValueError(f"Calibration token ids fall outside the model's vocabulary (size {vocab}).")
+    runner_factory = None
+    needing = [p.config.method for p in pruners if p.needs_calibration]
+    ids, calib_desc = calibration_inputs(model, calibration, tokenizer, needing)
+    if ids is not None:
         bs = batch_size or getattr(calibration, "batch_size", 8)
 
         def runner_factory():

@@ -24,13 +24,12 @@ from typing import Any
 import torch
 import transformers
 from torch import nn
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from .constants import FINETUNE_ATTR, FORMAT_VERSION, PRUNED_MODEL_TYPE_PREFIX, PRUNING_CONFIG_NAME
 from .modeling.architectures import ArchitectureSpec, get_spec
-from .modeling.auto_classes import pruned_classes
+from .modeling.auto_classes import auto_class_for_config, model_task, pruned_classes
 from .prune import HISTORY_ATTR
 from .report import layer_table
 from .version import __version__
@@ -40,6 +39,11 @@ __all__ = ["save_pruned", "load_pruned_model", "export_config", "strip_gguf_quan
 logger = logging.getLogger(__name__)
 
 _BIAS_FLAGS = ("attention_bias", "mlp_bias")
+_LOADERS = {  # the optimum_prune loader of each task
+    "causal-lm": "AutoPrunedModelForCausalLM",
+    "image-classification": "AutoPrunedModelForImageClassification",
+    "feature-extraction": "transformers.AutoModel (after `import optimum_prune`)",
+}
 _SHOWN_ENTRIES = 5  # entries named in the error for a non-empty target
 
 
@@ -81,6 +85,26 @@ def _skeleton_state(config, model_cls) -> dict[str, torch.Tensor]:
         return model_cls(config).state_dict()
 
 
+def _stock_class(model: nn.Module) -> type:
+    """The stock transformers class of `model` (a registered pruned class's base)."""
+    cls = type(model)
+    while cls.__module__ == pruned_classes.__module__:
+        cls = cls.__bases__[0]
+    return cls
+
+
+def _set_intermediate(stock: dict[str, Any], key: str, width: int) -> bool:
+    """Write an MLP width into a stock config dict; `False` when the config cannot express it (Dinov2's
+    `mlp_ratio` must be an int: the width must be a multiple of the hidden size)."""
+    if key != "mlp_ratio":
+        stock[key] = width
+        return True
+    if width % stock["hidden_size"]:
+        return False
+    stock[key] = width // stock["hidden_size"]
+    return True
+
+
 def export_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> tuple[Any, dict[str, torch.Tensor]]:
     """The config to save, and zero tensors to add to the state dict (biases a stock config flag requires).
 
@@ -104,15 +128,14 @@ def export_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> tup
             stock[keys["kv_heads"]] = first["num_key_value_heads"]
         if "head_dim" in keys:
             stock[keys["head_dim"]] = first["head_dim"]
-        stock[keys["intermediate"]] = first["intermediate_size"]
         base_config_cls = CONFIG_MAPPING[base_type]
-        candidates = [stock]
-        if first["biases"]:
+        candidates = [stock] if _set_intermediate(stock, keys["intermediate"], first["intermediate_size"]) else []
+        if first["biases"] and candidates:
             candidates.append({**stock, **{f: True for f in _BIAS_FLAGS if f in data}})
         for cand in candidates:
             try:
                 config = base_config_cls.from_dict(cand)
-                model_cls = MODEL_FOR_CAUSAL_LM_MAPPING[base_config_cls]
+                model_cls = _stock_class(model)
                 skeleton = _skeleton_state(config, model_cls)
             except Exception as e:  # noqa: BLE001 - e.g. hidden_size not divisible by the new head count
                 logger.debug("stock config not usable: %s", e)
@@ -124,7 +147,7 @@ def export_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> tup
                 }
                 config.architectures = [model_cls.__name__]
                 return config, zeros
-    config_cls, model_cls = pruned_classes(base_type)
+    config_cls, model_cls = pruned_classes(base_type, model_task(model))
     config = config_cls.from_dict({**data, "model_type": config_cls.model_type, "pruned_layers": shapes})
     config.architectures = [model_cls.__name__]
     extra = _shapes_match(_skeleton_state(config, model_cls), sd)
@@ -293,17 +316,25 @@ def _save(model, target, where, tokenizer, max_shard_size, model_card, peft_mode
     return target
 
 
-def load_pruned_model(path: str | os.PathLike, **kwargs: Any) -> nn.Module:
+def load_pruned_model(path: str | os.PathLike, task: str | None = None, **kwargs: Any) -> nn.Module:
     """Load any checkpoint written by `save_pruned`, exactly: missing, unexpected or resized tensors are errors.
 
     Args:
         path (`str | os.PathLike`): the directory.
-        kwargs: passed to `AutoModelForCausalLM.from_pretrained` (e.g. `dtype`, `device_map`).
+        task (`str | None`): `"causal-lm"`, `"image-classification"` or `"feature-extraction"` (an image backbone
+            such as `Dinov2Model`); `None` = the class the checkpoint was saved from (`config.json`).
+        kwargs: passed to the Auto class's `from_pretrained` (e.g. `dtype`, `device_map`).
     """
-    from .modeling.auto_classes import register_pruned_architectures
+    from .modeling.auto_classes import TASKS, register_pruned_architectures
 
     register_pruned_architectures()
-    model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True, **kwargs)
+    saved_task, auto_cls = auto_class_for_config(AutoConfig.from_pretrained(path))
+    if task is not None and task != saved_task:
+        raise ValueError(
+            f"{path} holds a model for {saved_task}, not for {task}: load it with "
+            f"{_LOADERS.get(saved_task, TASKS[saved_task][0].__name__)}.from_pretrained."
+        )
+    model, info = auto_cls.from_pretrained(path, output_loading_info=True, **kwargs)
     problems = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     if problems:
         raise RuntimeError(f"{path} did not load exactly: {problems}")

@@ -6,11 +6,12 @@ import copy
 
 import pytest
 import torch
-from testing_utils import ARCHS, calibration_ids, logits, tiny_model
+from testing_utils import ARCHS, VISION_ARCHS, calibration_for, is_vision, logits, tiny_model
 
 from optimum_prune import (
     AMPConfig,
     AutoPrunedModelForCausalLM,
+    AutoPrunedModelForImageClassification,
     FistaConfig,
     FLAPConfig,
     MagnitudePruningConfig,
@@ -91,12 +92,12 @@ def _projections(model, targets=None):
                 yield f"layers.{i}.{path}", weight_oi(layer.get_submodule(path))
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + VISION_ARCHS)
 @pytest.mark.parametrize(("cfg_cls", "kwargs", "tol"), METHOD_CASES, ids=CASE_IDS)
 def test_contract(arch, cfg_cls, kwargs, tol, tmp_path):
     config = cfg_cls(**kwargs)
     model = tiny_model(arch)
-    ids = calibration_ids()
+    ids = calibration_for(arch)
     report = prune_(model, config, ids)
     out = logits(model)
     assert torch.isfinite(out).all()
@@ -113,11 +114,13 @@ def test_contract(arch, cfg_cls, kwargs, tol, tmp_path):
             assert abs(report.sparsity[name] - config.sparsity) <= tol, name
             assert nm is None or is_valid_nm(w, *nm), name
         assert 0 < report.info["whole_model_sparsity"] < config.sparsity
-    # save -> load gives identical logits, with our loader and with plain AutoModelForCausalLM
+    # save -> load gives identical logits, with our loader and with plain transformers (once optimum_prune is imported)
     save_pruned(model, tmp_path / "out")
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageClassification
 
-    for loader in (AutoPrunedModelForCausalLM, AutoModelForCausalLM):
+    loaders = (AutoPrunedModelForImageClassification, AutoModelForImageClassification) if is_vision(arch) else (
+        AutoPrunedModelForCausalLM, AutoModelForCausalLM)  # fmt: skip
+    for loader in loaders:
         reloaded = loader.from_pretrained(tmp_path / "out", attn_implementation="eager")
         torch.testing.assert_close(logits(reloaded), out, rtol=0, atol=0)
         for (name, w), (_, w2) in zip(_projections(model), _projections(reloaded)):
@@ -129,12 +132,12 @@ def test_contract(arch, cfg_cls, kwargs, tol, tmp_path):
     assert PruningConfig.from_pretrained(tmp_path / "out") == config  # the history's last entry
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + VISION_ARCHS)
 @pytest.mark.parametrize(("cfg_cls", "kwargs", "tol"), [c for c in METHOD_CASES if _is_structured(c[0], c[1])])
 def test_removed_equals_zeroed_and_plan_is_deterministic(arch, cfg_cls, kwargs, tol):
     config = cfg_cls(**kwargs)
     model = tiny_model(arch)
-    ids = calibration_ids()
+    ids = calibration_for(arch)
     spec, plan = compute_plan(model, config, ids)
     _, plan2 = compute_plan(tiny_model(arch), cfg_cls(**kwargs), ids)
     assert plan.summary() == plan2.summary()

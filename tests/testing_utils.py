@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 from transformers import (
+    DeiTConfig,
+    Dinov2Config,
     Gemma3TextConfig,
     GPT2Config,
     LlamaConfig,
@@ -11,8 +13,13 @@ from transformers import (
     OPTConfig,
     Qwen2Config,
     Qwen3Config,
+    ViTConfig,
 )
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING,
+    MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING,
+    MODEL_MAPPING,
+)
 
 VOCAB = 128
 
@@ -68,10 +75,27 @@ def tiny_config(arch: str):
         )
     if arch == "gpt2":
         return GPT2Config(n_embd=64, n_inner=96, n_head=4, n_positions=64, n_layer=3, vocab_size=VOCAB)
+    vision = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 3, "image_size": IMAGE_SIZE,
+              "patch_size": 4, "num_labels": 5}  # fmt: skip
+    if arch in ("vit", "vit_backbone"):  # 16 patches + CLS
+        return ViTConfig(intermediate_size=96, **vision)
+    if arch == "deit":  # ViT's layout, plus a distillation token
+        return DeiTConfig(intermediate_size=96, **vision)
+    if arch in ("dinov2", "dinov2_backbone"):  # MLP width hidden * mlp_ratio = 128; layer scale
+        return Dinov2Config(mlp_ratio=2, layerscale_value=0.5, **vision)
+    if arch == "dinov2_swiglu":  # gate/up/down MLP of width 88
+        return Dinov2Config(mlp_ratio=2, use_swiglu_ffn=True, **vision)
     raise ValueError(arch)
 
 
 ARCHS = ["llama", "llama_gqa", "mistral", "qwen2", "qwen3", "gemma3", "opt", "gpt2"]
+# Encoder-only image classifiers (pixel-value calibration); `*_backbone` are the headless base models.
+VISION_ARCHS = ["vit", "dinov2"]  # (the SwiGLU Dinov2 and the backbones are tested in tests/test_vision.py)
+IMAGE_SIZE = 16
+
+
+def is_vision(arch: str) -> bool:
+    return arch.startswith(("vit", "deit", "dinov2"))
 
 
 def tiny_model(arch: str, seed: int = 0, **overrides):
@@ -81,7 +105,13 @@ def tiny_model(arch: str, seed: int = 0, **overrides):
     for k, v in overrides.items():
         setattr(config, k, v)
     config._attn_implementation = "eager"
-    model = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config).eval()
+    if arch.endswith("_backbone"):
+        mapping = MODEL_MAPPING
+    else:
+        mapping = MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING if is_vision(arch) else MODEL_FOR_CAUSAL_LM_MAPPING
+    model_cls = mapping[type(config)]
+    model_cls = model_cls[0] if isinstance(model_cls, tuple) else model_cls  # DeiT: with / without teacher head
+    model = model_cls(config).eval()
     # Random init gives tiny weights; scale them so pruning decisions are not ties, and add bias noise.
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -97,7 +127,29 @@ def calibration_ids(num_samples: int = 8, seq_len: int = 16, seed: int = 0) -> t
     return torch.randint(0, VOCAB, (num_samples, seq_len), generator=g)
 
 
+def calibration_pixels(num_samples: int = 8, seed: int = 0, size: int = IMAGE_SIZE) -> torch.Tensor:
+    """Random pixel values `(num_samples, 3, size, size)`, as an image processor's normalised output."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(num_samples, 3, size, size, generator=g)
+
+
+def calibration_for(arch: str, num_samples: int = 8, seed: int = 0) -> torch.Tensor:
+    """Calibration inputs of a tiny model: token ids, or pixel values for the vision architectures."""
+    return calibration_pixels(num_samples, seed) if is_vision(arch) else calibration_ids(num_samples, 16, seed)
+
+
+def model_inputs(arch: str, n: int = 2, seq_len: int = 16, seed: int = 0) -> dict:
+    """Forward keyword arguments of a tiny model: token ids (no cache), or pixel values."""
+    if is_vision(arch):
+        return {"pixel_values": calibration_pixels(n, seed)}
+    return {"input_ids": calibration_ids(n, seq_len, seed), "use_cache": False}
+
+
 @torch.no_grad()
 def logits(model, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Output logits (an image backbone: its last hidden state) on fixed inputs (or `ids`: token ids / pixels)."""
+    if getattr(model, "main_input_name", "input_ids") == "pixel_values":
+        out = model(pixel_values=calibration_pixels(2, seed=123) if ids is None else ids)
+        return (out.logits if hasattr(out, "logits") else out.last_hidden_state).float()
     ids = calibration_ids(2, 12, seed=123) if ids is None else ids
     return model(input_ids=ids, use_cache=False).logits.float()

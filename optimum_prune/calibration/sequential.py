@@ -40,9 +40,10 @@ class LayerwiseRunner:
     """Runs calibration sequences through a decoder one layer at a time.
 
     Args:
-        model (`PreTrainedModel`): a `*ForCausalLM` model.
+        model (`PreTrainedModel`): a `*ForCausalLM` model (or an image model: `*ForImageClassification`, backbone).
         spec (`ArchitectureSpec`): its architecture entry.
-        input_ids (`torch.LongTensor` of shape `(num_samples, seq_len)`): calibration sequences.
+        input_ids (`torch.LongTensor` of shape `(num_samples, seq_len)`): calibration sequences; for an image model,
+            pixel values of shape `(num_samples, channels, height, width)`.
         batch_size (`int`): sequences per forward pass.
         device (`torch.device | str | None`): where each block runs (default: where the model's weights are).
         offload_device (`str`, defaults to `"cpu"`): where activations between blocks are kept.
@@ -89,8 +90,7 @@ class LayerwiseRunner:
                 layer.forward = make_stub(i)
             for start in range(0, input_ids.shape[0], batch_size):
                 records.clear()
-                chunk = input_ids[start : start + batch_size].to(self.model.get_input_embeddings().weight.device)
-                base(input_ids=chunk, use_cache=False)
+                _embed_forward(base, input_ids[start : start + batch_size])
                 if len(records) != len(self.layers):
                     raise RuntimeError(f"Captured {len(records)} layer calls, expected {len(self.layers)}.")
                 self.hidden.append(records[0][0].to(self.offload))
@@ -185,6 +185,17 @@ class LayerwiseRunner:
     def advance(self, outputs: list[torch.Tensor]) -> None:
         """Make `outputs` the inputs of the next layer."""
         self.hidden = outputs
+
+
+def _embed_forward(base: nn.Module, chunk: torch.Tensor) -> None:
+    """The base model's forward on one chunk (its layers are stubs): token ids, or pixel values for image models."""
+    embeddings = base.get_input_embeddings()
+    weight = getattr(embeddings, "weight", None)
+    device = weight.device if weight is not None else next(embeddings.parameters()).device
+    if chunk.is_floating_point():  # pixel values: encoder-only image models take no cache
+        base(pixel_values=chunk.to(device))
+    else:
+        base(input_ids=chunk.to(device), use_cache=False)
 
 
 class _null:

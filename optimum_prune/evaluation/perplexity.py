@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..calibration.data import load_texts
+from ..modeling.architectures import require_causal_lm
 
 __all__ = ["perplexity"]
 
@@ -58,6 +59,7 @@ def perplexity(
     Raises:
         `ValueError`: fewer than `seq_len` tokens (one window) to evaluate.
     """
+    require_causal_lm(model, "Perplexity")
     if seq_len < 2 or batch_size < 1:
         raise ValueError(f"seq_len must be >= 2 and batch_size >= 1, got {seq_len} and {batch_size}.")
     docs = load_texts(texts, split=split, text_column=text_column, drop_empty=False)

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from ..modeling.architectures import require_causal_lm
+
 __all__ = ["benchmark_speed", "compare_speed"]
 
 logger = logging.getLogger(__name__)
@@ -198,6 +200,8 @@ def compare_speed(
     """
     if not models:
         raise ValueError("compare_speed needs at least one model.")
+    for m in models.values():
+        require_causal_lm(m, "The prefill / generation benchmark")
     for name, value in {
         "prompt_len": prompt_len,
         "new_tokens": new_tokens,

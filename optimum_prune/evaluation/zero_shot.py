@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from ..modeling.architectures import require_causal_lm
+
 __all__ = ["zero_shot", "resolve_tasks"]
 
 logger = logging.getLogger(__name__)
@@ -152,6 +154,7 @@ def zero_shot(
     Returns:
         `dict`: `{task: {metric: value}}` (e.g. `{"bbc_news_topic": {"acc": 0.71, "acc_stderr": 0.03, ...}}`).
     """
+    require_causal_lm(model, "Zero-shot evaluation with lm-eval")
     names, include = resolve_tasks(tasks, allow_hub, cache_dir)  # every check before lm-eval is imported
     _require_lm_eval()
     import lm_eval

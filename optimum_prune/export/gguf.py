@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..modeling.architectures import get_layers, get_spec
+from ..modeling.architectures import get_layers, get_spec, require_causal_lm
 from ..prune import HISTORY_ATTR
 from ..report import layer_table
 from ..version import __version__
@@ -277,6 +277,7 @@ def _load(model: Any, tokenizer: Any) -> tuple[nn.Module, Any]:
         if not (directory / "config.json").is_file():
             raise FileNotFoundError(f"{directory} is not a model directory (no config.json); pass a loaded model.")
         loaded = load_pruned_model(directory, dtype=torch.float32)
+        require_causal_lm(loaded, "GGUF export (llama.cpp)")
         if tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(directory)
         return loaded.eval(), tokenizer
@@ -320,6 +321,8 @@ def export_gguf(
         raise FileExistsError(f"{target} already exists. Choose another path or pass overwrite=True.")
     if target.is_dir():
         raise IsADirectoryError(f"{target} is a directory; give the path of the .gguf file to write.")
+    if isinstance(model, nn.Module):
+        require_causal_lm(model, "GGUF export (llama.cpp)")
     model, tokenizer = _load(model, tokenizer)
     layout = gguf_layout(model)
     vocab = tokenizer_metadata(tokenizer, model.get_input_embeddings().weight.shape[0])

@@ -115,7 +115,7 @@ class PruningCallback(TrainerCallback):
         return dataclasses.replace(self.config, sparsity=sparsity if nm is None else self.config.sparsity)
 
     def _prune(self, model: nn.Module, step: int) -> None:
-        from ..prune import _calibration_ids, prune_
+        from ..prune import calibration_inputs, prune_
 
         if hasattr(model, "peft_config"):
             raise ValueError(
@@ -123,7 +123,7 @@ class PruningCallback(TrainerCallback):
                 "wrapping it (AutoPruner.prune, then finetune with method='lora')."
             )
         if self._ids is None and self.calibration is not None:
-            self._ids = _calibration_ids(self.calibration, self.tokenizer)[0]  # tokenized once, reused every step
+            self._ids = calibration_inputs(model, self.calibration, self.tokenizer)[0]  # prepared once, reused
         cfg = self._config_at(step, self.steps[step])
         report = prune_(model, cfg, self._ids)
         new = sparsity_masks(model)
@@ -133,7 +133,10 @@ class PruningCallback(TrainerCallback):
         logger.info("PruningCallback: step %d, sparsity %.3f (measured %.3f)", step, cfg.sparsity, report.measured)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if self.calibration is not None and not hasattr(self.calibration, "shape") and self.tokenizer is None:
+        from ..calibration.images import looks_like_images
+
+        text = self.calibration is not None and not hasattr(self.calibration, "shape")
+        if text and not looks_like_images(self.calibration) and self.tokenizer is None:
             raise ValueError("PruningCallback: calibration text needs `tokenizer=`.")
         if 0 in self.steps and state.global_step == 0:
             self._prune(model, 0)

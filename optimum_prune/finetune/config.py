@@ -31,6 +31,10 @@ def _number(name: str, value: Any, lo: float, hi: float, *, lo_open: bool = Fals
 class FinetuneConfig:
     """Recovery fine-tuning of a pruned model on `transformers.Trainer`.
 
+    Causal LMs train on text with the LM loss and report held-out perplexity; image classifiers (ViT, DeiT, Dinov2)
+    train on labelled images with cross-entropy and report held-out accuracy (`seq_len` and `eval_max_tokens` do not
+    apply; `batch_size` counts images; `eval_fraction` of the examples is held out).
+
     Args:
         method (`str`, defaults to `"lora"`): `"lora"` (PEFT LoRA on every prunable projection, whatever its
             per-layer pruned shape) or `"full"` (every parameter trained).
@@ -147,7 +151,9 @@ class FinetuneReport:
 
     Args:
         config (`dict`): the applied `FinetuneConfig`.
-        perplexity_before / perplexity_after (`float`): held-out perplexity (windows of `seq_len`).
+        perplexity_before / perplexity_after (`float | None`): held-out perplexity (windows of `seq_len`); `None`
+            for an image classifier, which reports `accuracy_before` / `accuracy_after` and `eval_loss_before` /
+            `eval_loss_after` (mean cross-entropy) on `eval_examples` held-out images instead.
         train_documents / eval_documents (`int`): documents in each part of the split.
         train_tokens (`int`): distinct training tokens available; `tokens_seen` (`int`): tokens trained on.
         trainable_params (`int`): parameters the optimizer updated.
@@ -174,13 +180,21 @@ class FinetuneReport:
     merged: bool = False
     eval_tokens: int = 0
     data: dict | None = None
+    accuracy_before: float | None = None
+    accuracy_after: float | None = None
+    eval_loss_before: float | None = None
+    eval_loss_after: float | None = None
+    eval_examples: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def __str__(self) -> str:
+        if self.accuracy_before is not None:
+            metric = f"accuracy {self.accuracy_before:.4f} -> {self.accuracy_after:.4f}"
+        else:
+            metric = f"ppl {self.perplexity_before:.2f} -> {self.perplexity_after:.2f}"
         return (
             f"FinetuneReport(method={self.config.get('method')!r}, distill={self.config.get('distill')!r}, "
-            f"steps={self.config.get('max_steps')}, ppl {self.perplexity_before:.2f} -> {self.perplexity_after:.2f}, "
-            f"{self.train_runtime_s:.0f}s)"
+            f"steps={self.config.get('max_steps')}, {metric}, {self.train_runtime_s:.0f}s)"
         )

@@ -17,7 +17,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from ..calibration.data import DOCUMENT_SEPARATOR, load_texts, split_documents
 from ..evaluation.perplexity import perplexity
-from ..modeling.architectures import get_spec
+from ..modeling.architectures import get_spec, is_image_model
 from .config import FINETUNE_ATTR, FinetuneConfig, FinetuneReport
 from .sparsity import SparsityCallback, check_masks, mask_lora_, merge_masked_, sparsity_masks
 
@@ -213,47 +213,17 @@ def _ppl(model, tokenizer, docs, config) -> float:
     return perplexity(model, tokenizer, docs, seq_len=config.seq_len, max_tokens=config.eval_max_tokens)
 
 
-def finetune_(
-    model: nn.Module,
-    config: FinetuneConfig,
-    dataset: Any,
-    tokenizer: Any,
-    *,
-    teacher: nn.Module | None = None,
-    callbacks: list | None = None,
-) -> tuple[nn.Module, FinetuneReport]:
-    """Recovery fine-tuning of a (pruned) model on `transformers.Trainer`.
-
-    Args:
-        model (`PreTrainedModel`): the model; trained in place (`"full"`, or LoRA merged back into it).
-        config (`FinetuneConfig`): what to run.
-        dataset (`str | list[str] | datasets.Dataset`): the documents, any source `CalibrationConfig.dataset`
-            accepts; `config.eval_fraction` of them is held out for the perplexity before / after.
-        tokenizer (`PreTrainedTokenizerBase`): the model's tokenizer.
-        teacher (`PreTrainedModel | None`): distillation teacher (same vocabulary), needed when `config.distill`.
-        callbacks (`list[TrainerCallback] | None`): extra Trainer callbacks.
-
-    Returns:
-        `(model, FinetuneReport)`: the trained model (with `merge=False` under LoRA: the `PeftModel`) and the report,
-        also appended to the model's fine-tuning history (saved in `pruning_config.json`). All validation happens
-        before training; on an error the model is unchanged.
-    """
-    targets, train_docs, eval_docs, windows, args = _prepare(model, config, dataset, tokenizer, teacher)
-    import datasets
-
-    masks = sparsity_masks(model) if config.keep_sparsity else {}
-    ppl_before = _ppl(model, tokenizer, eval_docs, config)
-    logger.info("Held-out perplexity before fine-tuning: %.3f (%d masked projections)", ppl_before, len(masks))
-    train_ds = datasets.Dataset.from_dict({"input_ids": windows.tolist(), "labels": windows.tolist()})
-    train_ds.set_format("torch")
-    history = list(getattr(model, FINETUNE_ATTR, []))
+def train_model(model, config, train_ds, args, targets, masks, teacher, callbacks, task_type, modules_to_save=None):
+    """The training shared by every modality: LoRA (masked where the model is sparse) or full, optional distillation,
+    on `transformers.Trainer`; then LoRA merged (masked) unless `config.merge` is off. Returns `(model, run)` with
+    `run` holding the optimizer `steps` and the `FinetuneReport` fields every modality shares (`report`)."""
     student = model
     if config.method == "lora":
         from peft import LoraConfig, get_peft_model
 
         lora = LoraConfig(
             r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-            target_modules=targets, task_type="CAUSAL_LM",
+            target_modules=targets, task_type=task_type, modules_to_save=modules_to_save,
         )  # fmt: skip
         student = get_peft_model(model, lora)
         if masks:
@@ -294,6 +264,64 @@ def finetune_(
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
+    report_fields = {
+        "trainable_params": trainable, "train_loss": float(result.training_loss), "train_runtime_s": runtime,
+        "loss_history": losses, "teacher": teacher_info, "merged": merged,
+        "sparsity_kept": check_masks(model, masks) if masks else None,
+    }  # fmt: skip
+    return model, {"steps": trainer.state.global_step, "report": report_fields}
+
+
+def record_finetune_(model: nn.Module, config: FinetuneConfig, history: list, report: FinetuneReport) -> None:
+    """Append the report to the model's fine-tuning history; a merged / fully trained model is plain again."""
+    setattr(model, FINETUNE_ATTR, [*history, report.to_dict()])
+    if report.merged or config.method == "full":
+        for p in model.parameters():
+            p.requires_grad_(True)  # a plain model again, as transformers loads it
+    logger.info("%s", report)
+
+
+def finetune_(
+    model: nn.Module,
+    config: FinetuneConfig,
+    dataset: Any,
+    tokenizer: Any,
+    *,
+    teacher: nn.Module | None = None,
+    callbacks: list | None = None,
+) -> tuple[nn.Module, FinetuneReport]:
+    """Recovery fine-tuning of a (pruned) model on `transformers.Trainer`.
+
+    Args:
+        model (`PreTrainedModel`): the model; trained in place (`"full"`, or LoRA merged back into it).
+        config (`FinetuneConfig`): what to run.
+        dataset (`str | list[str] | datasets.Dataset`): the documents, any source `CalibrationConfig.dataset`
+            accepts; `config.eval_fraction` of them is held out for the perplexity before / after. For an image
+            classifier: labelled images (a `datasets.Dataset` with `pixel_values` and `labels`, a list of
+            `{"pixel_values", "labels"}` examples), cross-entropy training, accuracy before / after.
+        tokenizer (`PreTrainedTokenizerBase`): the model's tokenizer (unused for image models).
+        teacher (`PreTrainedModel | None`): distillation teacher (same vocabulary), needed when `config.distill`.
+        callbacks (`list[TrainerCallback] | None`): extra Trainer callbacks.
+
+    Returns:
+        `(model, FinetuneReport)`: the trained model (with `merge=False` under LoRA: the `PeftModel`) and the report,
+        also appended to the model's fine-tuning history (saved in `pruning_config.json`). All validation happens
+        before training; on an error the model is unchanged.
+    """
+    if is_image_model(model):
+        from .images import finetune_images_
+
+        return finetune_images_(model, config, dataset, teacher=teacher, callbacks=callbacks)
+    targets, train_docs, eval_docs, windows, args = _prepare(model, config, dataset, tokenizer, teacher)
+    import datasets
+
+    masks = sparsity_masks(model) if config.keep_sparsity else {}
+    ppl_before = _ppl(model, tokenizer, eval_docs, config)
+    logger.info("Held-out perplexity before fine-tuning: %.3f (%d masked projections)", ppl_before, len(masks))
+    train_ds = datasets.Dataset.from_dict({"input_ids": windows.tolist(), "labels": windows.tolist()})
+    train_ds.set_format("torch")
+    history = list(getattr(model, FINETUNE_ATTR, []))
+    model, run = train_model(model, config, train_ds, args, targets, masks, teacher, callbacks, "CAUSAL_LM")
     ppl_after = _ppl(model, tokenizer, eval_docs, config)
     report = FinetuneReport(
         config=config.to_dict(),
@@ -302,25 +330,12 @@ def finetune_(
         train_documents=len(train_docs),
         eval_documents=len(eval_docs),
         train_tokens=windows.numel(),
-        tokens_seen=trainer.state.global_step
-        * config.batch_size
-        * config.gradient_accumulation_steps
-        * config.seq_len,
-        trainable_params=trainable,
-        train_loss=float(result.training_loss),
-        train_runtime_s=runtime,
-        loss_history=losses,
-        teacher=teacher_info,
-        sparsity_kept=check_masks(model, masks) if masks else None,
-        merged=merged,
+        tokens_seen=run["steps"] * config.batch_size * config.gradient_accumulation_steps * config.seq_len,
+        **run["report"],
         eval_tokens=min(config.eval_max_tokens or 1 << 62, _count_tokens(tokenizer, eval_docs)),
         data={"documents": len(train_docs) + len(eval_docs)},
     )
-    setattr(model, FINETUNE_ATTR, [*history, report.to_dict()])
-    if merged or config.method == "full":
-        for p in model.parameters():
-            p.requires_grad_(True)  # a plain model again, as transformers loads it
-    logger.info("%s", report)
+    record_finetune_(model, config, history, report)
     return model, report
 
 

@@ -21,7 +21,10 @@ __all__ = [
     "ARCHITECTURES",
     "get_spec",
     "get_layers",
+    "is_image_model",
+    "require_causal_lm",
     "layer_view",
+    "spec_for_config",
     "supported_model_types",
     "weight_oi",
 ]
@@ -36,7 +39,8 @@ class ArchitectureSpec:
     """Where the prunable modules of one architecture live.
 
     Args:
-        layers (`str`): dotted path of the decoder-layer `ModuleList`, from the `*ForCausalLM` model.
+        layers (`str`): dotted path of the decoder-layer `ModuleList`, from the `*ForCausalLM` model (image models:
+            from the `*ForImageClassification` model; their backbone, e.g. `Dinov2Model`, drops the prefix).
         attn (`str`): attribute of a decoder layer holding the self-attention module.
         q, k, v, o (`str`): attributes of the attention module (`q`/`k`/`v` are `None` when `fused_qkv` is set).
         fused_qkv (`str | None`): attribute of a fused q|k|v projection (GPT-2 `c_attn`).
@@ -48,6 +52,8 @@ class ArchitectureSpec:
         config_keys (`dict`): config attribute names for heads, kv heads, head_dim and intermediate size.
         mlp_in_roles (`tuple[str, ...]`): architecture-independent role of each `mlp_in` projection (`"gate_proj"`,
             `"up_proj"`; OPT's `fc1` and GPT-2's `c_fc` are `"up_proj"`).
+        modality (`str`, defaults to `"text"`): `"text"` (causal LMs, calibrated on token ids) or `"image"`
+            (encoder-only vision transformers: non-causal attention, calibrated on pixel values).
     """
 
     layers: str
@@ -72,6 +78,7 @@ class ArchitectureSpec:
     )
 
     mlp_in_roles: tuple[str, ...] = ("gate_proj", "up_proj")
+    modality: str = "text"
 
     def attn_path(self, name: str) -> str:
         return f"{self.attn}.{name}"
@@ -258,6 +265,43 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
 }
 
 
+# Encoder-only vision transformers (transformers >= 5 names: q/k/v/o_proj, `mlp.fc1` / `mlp.fc2`). No KV heads
+# (MHA); Dinov2's layer scales act on the hidden size, which pruning never changes. Dinov2 has no
+# `intermediate_size`: its MLP width is `hidden_size * mlp_ratio` (an int), so most pruned widths need the pruned
+# model type even when every layer has the same shape.
+_VIT_KEYS = {"heads": "num_attention_heads", "head_dim": "head_dim", "intermediate": "intermediate_size"}
+_DINOV2_KEYS = {"heads": "num_attention_heads", "head_dim": "head_dim", "intermediate": "mlp_ratio"}
+
+
+def _vit_like(layers: str, keys: dict[str, str], swiglu: bool = False) -> ArchitectureSpec:
+    return ArchitectureSpec(
+        layers=layers,
+        attn="attention",
+        o="o_proj",
+        mlp="mlp",
+        mlp_in=("gate_proj", "up_proj") if swiglu else ("fc1",),
+        mlp_out="down_proj" if swiglu else "fc2",
+        mlp_in_roles=("gate_proj", "up_proj") if swiglu else ("up_proj",),
+        heads_attr="num_attention_heads",
+        config_keys=keys,
+        modality="image",
+    )
+
+
+ARCHITECTURES.update(
+    {
+        "vit": _vit_like("vit.layers", _VIT_KEYS),
+        "deit": _vit_like("deit.layers", _VIT_KEYS),
+        "dinov2": _vit_like("dinov2.encoder.layer", _DINOV2_KEYS),
+    }
+)
+# Config flags that switch an architecture to another layout: Dinov2 with `use_swiglu_ffn` has a SwiGLU MLP
+# (`gate_proj` / `up_proj` / `down_proj`, pruned together like Llama's).
+_VARIANTS: dict[str, tuple[str, ArchitectureSpec]] = {
+    "dinov2": ("use_swiglu_ffn", _vit_like("dinov2.encoder.layer", _DINOV2_KEYS, swiglu=True)),
+}
+
+
 def supported_model_types() -> list[str]:
     return sorted(ARCHITECTURES)
 
@@ -270,6 +314,31 @@ def _base_model_type(model_type: str) -> str:
     )
 
 
+def spec_for_config(config) -> ArchitectureSpec | None:
+    """The table entry for a config (`None` when unsupported), with the layout variant its flags select."""
+    base = _base_model_type(getattr(config, "model_type", None) or "")
+    spec = ARCHITECTURES.get(base)
+    variant = _VARIANTS.get(base)
+    if spec is not None and variant is not None and getattr(config, variant[0], False):
+        spec = variant[1]
+    return spec
+
+
+def is_image_model(model: nn.Module) -> bool:
+    """Whether `model` is a supported image model (its calibration and fine-tuning data are pixel values)."""
+    spec = spec_for_config(getattr(model, "config", None))
+    return spec is not None and spec.modality == "image"
+
+
+def require_causal_lm(model: nn.Module, what: str) -> None:
+    """Refuse an image model where only causal LMs make sense (perplexity, generation, GGUF export, LM tasks)."""
+    if is_image_model(model):
+        raise ValueError(
+            f"{what} is for causal language models; {type(model).__name__} is an image model. Measure it on labelled "
+            "images instead (e.g. the accuracy `finetune_` reports before and after training)."
+        )
+
+
 def get_spec(model: nn.Module) -> ArchitectureSpec:
     """The `ArchitectureSpec` of `model`; raises `UnsupportedArchitectureError` listing the supported types."""
     config = getattr(model, "config", None)
@@ -279,23 +348,36 @@ def get_spec(model: nn.Module) -> ArchitectureSpec:
             f"{type(model).__name__} has no `config.model_type`; optimum_prune needs a transformers "
             f"`*ForCausalLM` model. Supported model types: {', '.join(supported_model_types())}."
         )
-    spec = ARCHITECTURES.get(_base_model_type(model_type))
+    spec = spec_for_config(config)
     if spec is None:
         raise UnsupportedArchitectureError(
             f"Model type {model_type!r} is not supported yet. Supported model types: "
             f"{', '.join(supported_model_types())}. Nothing was changed."
         )
     try:
-        model.get_submodule(spec.layers)
+        model.get_submodule(_layers_path(model, spec))
     except AttributeError as e:
+        wanted = (
+            "`*ForImageClassification` model or its backbone" if spec.modality == "image" else "`*ForCausalLM` model"
+        )
         raise UnsupportedArchitectureError(
-            f"{type(model).__name__} ({model_type}) has no `{spec.layers}`; pass the `*ForCausalLM` model."
+            f"{type(model).__name__} ({model_type}) has no `{spec.layers}`; pass the {wanted}."
         ) from e
     return spec
 
 
+def _layers_path(model: nn.Module, spec: ArchitectureSpec) -> str:
+    """`spec.layers` relative to `model`: an image backbone (`ViTModel`, `Dinov2Model`: its own base model) drops
+    the head model's `base_model_prefix`."""
+    prefix = getattr(model, "base_model_prefix", "")
+    if spec.modality == "image" and prefix and spec.layers.startswith(prefix + "."):
+        if getattr(model, "base_model", None) is model:
+            return spec.layers[len(prefix) + 1 :]
+    return spec.layers
+
+
 def get_layers(model: nn.Module, spec: ArchitectureSpec) -> nn.ModuleList:
-    return model.get_submodule(spec.layers)
+    return model.get_submodule(_layers_path(model, spec))
 
 
 def weight_oi(module: nn.Module) -> torch.Tensor:

