@@ -8,6 +8,18 @@ from ..unstructured import UnstructuredConfigMixin, choice
 
 __all__ = ["FistaConfig"]
 
+# The paper's setting (SPEC §B.4, LLaMA), applied by `FistaConfig.paper()`.
+_PAPER = {
+    "warm_start": "wanda",
+    "lam0": 1e-5,
+    "xi": 0.3,
+    "K": 20,
+    "T": 3,
+    "eps": 1e-3,
+    "intra_layer_correction": True,
+    "inter_layer": "dense",
+}
+
 
 @dataclass
 class FistaConfig(UnstructuredConfigMixin):
@@ -70,6 +82,21 @@ class FistaConfig(UnstructuredConfigMixin):
     spectral: bool = True
     intra_layer_correction: bool = True
     inter_layer: str = "dense"
+
+    @classmethod
+    def paper(cls, sparsity: float = 0.5, pattern: str = "unstructured", **kwargs) -> FistaConfig:
+        """The paper's setting (LLaMA column of SPEC §B.4), for reproducing it: Wanda warm start, λ₀ = 1e-5, ξ = 0.3,
+        K = 20, T = 3, ε = 1e-3, no ridge, the outer loop stopped and the kept solution chosen on the calibration
+        error, intra-layer error correction with dense layer inputs. The spec's resolutions of the paper's
+        ambiguities stay (Beck–Teboulle momentum, log-λ bisection); pass `momentum="paper"`,
+        `lambda_search="paper"` for the printed forms.
+
+        Args:
+            sparsity (`float`, defaults to `0.5`), pattern (`str`, defaults to `"unstructured"`): the target.
+            kwargs: any other field (e.g. `eps`, `max_outer`).
+        """
+        settings = dict(_PAPER)
+        return cls(sparsity=sparsity, pattern=pattern, **{**settings, **kwargs})
 
     def __post_init__(self) -> None:
         super().__post_init__()

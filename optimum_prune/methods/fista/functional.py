@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -173,7 +174,7 @@ def fista_prune(
     max_outer: int = 200,
     L: float | None = None,
     spectral: bool = True,
-    eig: SpectralGram | None = None,
+    eig: SpectralGram | Callable[[], SpectralGram] | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """FISTAPruner outer loop (paper Algorithm 1): FISTA, rounding and adaptive `λ` until no more improvement.
 
@@ -200,13 +201,15 @@ def fista_prune(
         rounding_per (`str`, defaults to `"matrix"`): unstructured rounding group, `"matrix"` (paper) or `"row"`.
         reset_bad_counter (`bool`, defaults to `False`): reset the failure counter on improvement (the paper does not).
         max_outer (`int`, defaults to `200`): safety cap on outer steps (the paper has none).
-        L (`float`, *optional*): `λ_max(Gs)`; computed with [`lipschitz_constant`] (or taken from the
-            eigendecomposition when `spectral`) when omitted.
+        L (`float`, *optional*): `λ_max(Gs)`; when omitted, taken from `eig` if it is a `SpectralGram`, else
+            computed with [`lipschitz_constant`] (exact eigenvalues, rounded to the working dtype like `eig.L`).
         spectral (`bool`, defaults to `True`): run an outer step's FISTA iterations in the eigenbasis of `Gs`
             ([`fista_inner_spectral`]) whenever [`prox_is_negligible`] holds for its λ; `False` always iterates in the
             weight basis.
-        eig (`SpectralGram`, *optional*): precomputed [`spectral_gram`] of `Gs` (projections that share an input
-            share it); computed here when `spectral` and omitted.
+        eig (`SpectralGram` or a callable returning one, *optional*): the [`spectral_gram`] of `Gs` (projections
+            that share an input share it), or a function computing it on first use (an eigendecomposition costs
+            O(n³), and a projection whose λ never becomes negligible needs none); computed here on first use when
+            omitted.
 
     Returns:
         `(W_best, info)`: `W_best` in the dtype of `W`; `info` has `lambdas`, `errors_total`, `errors_round`,
@@ -227,10 +230,8 @@ def fista_prune(
     Gs_ = Gs.to(dtype)  # (n, n)
     terms, WC64 = _error_terms(W, G, Gs, C, dtype)  # computed once per operator
     WC = WC64.to(dtype)  # (m, n)
-    if spectral and eig is None:
-        eig = spectral_gram(Gs_, dtype)
     if L is None:
-        L = eig.L if spectral else lipschitz_constant(Gs_)
+        L = eig.L if isinstance(eig, SpectralGram) else lipschitz_constant(Gs_, dtype=dtype)
     if L <= 0:  # X* == 0: only W* = 0 is optimal; any positive step reaches it
         L = 1.0
 
@@ -262,6 +263,8 @@ def fista_prune(
         in_eigenbasis = spectral and prox_is_negligible(lam, L, K, tol, W.numel())
         if in_eigenbasis:
             if basis is None:
+                if not isinstance(eig, SpectralGram):
+                    eig = eig() if callable(eig) else spectral_gram(Gs_, dtype)
                 Q = eig.Q.to(dtype)  # (n, n)
                 basis = (Q, eig.d, WC @ Q, W.double() @ Q.double(), terms.P @ Q.double())
             Q, d, B = basis[:3]
