@@ -38,6 +38,7 @@ from typing import Any
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 import torch  # noqa: E402
+from _shared import head_documents  # noqa: E402
 
 from optimum_prune import (  # noqa: E402
     AutoPruner,
@@ -56,8 +57,6 @@ from optimum_prune.calibration.data import (  # noqa: E402
     python_docs_dir,
     split_documents,
 )
-from _shared import head_documents  # noqa: E402
-
 from optimum_prune.evaluation.perplexity import perplexity  # noqa: E402
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -266,7 +265,9 @@ def render_markdown(result: dict[str, Any]) -> str:
             cells = []
             for x in sweep:
                 r = runs.get(run_key(m, x, "unstructured"))
-                cells.append("—" if not r else f"{r['ppl']:.2f} / {_num(r, 'ppl_ood', '.2f')} ({r['time_s']:.0f})")
+                cells.append(
+                    "—" if not r else f"{_num(r, 'ppl', '.2f')} / {_num(r, 'ppl_ood', '.2f')} ({r['time_s']:.0f})"
+                )
             if any(c != "—" for c in cells):
                 lines.append(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
     ratios = result.get("fista_over_sparsegpt_time", {})
@@ -344,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--patterns", default="unstructured,2:4", help="comma list, run at sparsity 0.5")
     p.add_argument("--sweep", default="", help="extra unstructured sparsities, in run order (e.g. 0.3,0.7,0.4,0.6)")
     p.add_argument("--sweep-methods", default="wanda,sparsegpt,fista")
-    p.add_argument("--ood", default="python_docs", choices=sorted(OOD), help="out-of-domain corpus (never calibrated on)")
+    p.add_argument(
+        "--ood", default="python_docs", choices=sorted(OOD), help="out-of-domain corpus (never calibrated on)"
+    )
     p.add_argument("--fista-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="non-default FistaConfig option (repeatable), recorded in the results")  # fmt: skip
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
@@ -353,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true", help="skip runs already in the JSON")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-dense", action="store_true", help="do not evaluate the dense model (parallel parts)")
+    p.add_argument("--no-eval", action="store_true", help="timing only: prune, record times, score nothing")
     p.add_argument("--render-only", action="store_true", help="rewrite the markdown from the existing JSON and exit")
     p.add_argument("--merge", nargs="+", metavar="JSON", default=None,
                    help="combine the runs of several result files (same calibration ids and eval tokens, e.g. "
@@ -440,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     done = {r["key"] for r in result["runs"]}
     process = f"{os.getpid()}@{time.time():.0f}"  # runs of one process compare their timings directly
 
-    if result["dense_ppl"] is None and not args.skip_dense:
+    if result["dense_ppl"] is None and not (args.skip_dense or args.no_eval):
         t = time.perf_counter()
         result["dense_ppl"], result["dense_ppl_ood"] = ppl(model0, eval_prefix), ppl(model0, ood_prefix)
         print(f"dense ppl {result['dense_ppl']:.3f} / OOD {result['dense_ppl_ood']:.3f} "
@@ -457,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         report = AutoPruner(model, tok).prune(config, calibration=calib_ids, batch_size=args.calib_batch_size)
         load1 = os.getloadavg()[0]
         t = time.perf_counter()
-        value, value_ood = ppl(model, eval_prefix), ppl(model, ood_prefix)
+        value, value_ood = (None, None) if args.no_eval else (ppl(model, eval_prefix), ppl(model, ood_prefix))
         eval_s = time.perf_counter() - t
         rec = {
             "key": key, "method": method, "pattern": pattern, "sparsity": sparsity, "ppl": value,
@@ -474,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # never lose a finished run to a summary bug
                 rec["fista_summary_error"] = repr(exc)
         result["runs"].append(rec)
-        print(f"{key}: ppl {value:.3f} / OOD {value_ood:.3f}  prune {rec['time_s']:.1f}s  sparsity {report.measured:.4f}  "
+        print(f"{key}: ppl {value} / OOD {value_ood}  prune {rec['time_s']:.1f}s  sparsity {report.measured:.4f}  "
               f"(eval {eval_s:.1f}s)", flush=True)  # fmt: skip
         add_time_ratios(result)
         write_outputs(result, json_path, md_path)

@@ -144,6 +144,11 @@ def round_to_pattern(
     return W.masked_fill(~keep, 0.0)  # (m, n)
 
 
+def _shifted(eig: SpectralGram, delta: float) -> SpectralGram:
+    """The eigendecomposition of `Gs + δI` from that of `Gs`."""
+    return SpectralGram(eig.Q, eig.d + delta)
+
+
 def _next_lambda(lo: float, hi: float, mode: str) -> float:
     if mode == "paper":
         return (lo + hi) / 2.0
@@ -175,6 +180,7 @@ def fista_prune(
     L: float | None = None,
     spectral: bool = True,
     eig: SpectralGram | Callable[[], SpectralGram] | None = None,
+    ridge: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """FISTAPruner outer loop (paper Algorithm 1): FISTA, rounding and adaptive `λ` until no more improvement.
 
@@ -210,6 +216,10 @@ def fista_prune(
             that share an input share it), or a function computing it on first use (an eigendecomposition costs
             O(n³), and a projection whose λ never becomes negligible needs none); computed here on first use when
             omitted.
+        ridge (`float`, defaults to `0.0`): adds `(δ/2) ||W* − W||_F²` to the smooth part, `δ = ridge · mean(diag Gs)`
+            (a pull towards the dense weights, as SparseGPT's damping of its Hessian). It is the same problem on
+            the Grams `G + δI`, `Gs + δI`, `C + δI` (inputs augmented with `sqrt(δ) I` in both networks), which is
+            how it is solved; the errors in `info` then include the ridge term. `0` is the paper's objective.
 
     Returns:
         `(W_best, info)`: `W_best` in the dtype of `W`; `info` has `lambdas`, `errors_total`, `errors_round`,
@@ -227,6 +237,19 @@ def fista_prune(
         if M.shape != (n, n):
             raise ValueError(f"{name} must have shape ({n}, {n}) to match W, got {tuple(M.shape)}.")
     dtype = torch.float64 if W.dtype == torch.float64 else torch.float32
+    if ridge < 0:
+        raise ValueError(f"ridge must be >= 0, got {ridge}.")
+    delta = 0.0
+    if ridge > 0:  # the same problem on inputs augmented with sqrt(δ) I: add δI to every Gram
+        delta = ridge * float(Gs.diagonal().double().mean().item())
+        G, Gs, C = (M + delta * torch.eye(n, dtype=M.dtype, device=M.device) for M in (G, Gs, C))
+        if L is not None:
+            L += delta
+        if isinstance(eig, SpectralGram):
+            eig = _shifted(eig, delta)
+        elif callable(eig):
+            eig_fn = eig
+            eig = lambda: _shifted(eig_fn(), delta)  # noqa: E731 (still lazy)
     Gs_ = Gs.to(dtype)  # (n, n)
     terms, WC64 = _error_terms(W, G, Gs, C, dtype)  # computed once per operator
     WC = WC64.to(dtype)  # (m, n)
@@ -250,7 +273,7 @@ def fista_prune(
     Z_best = None  # W_best Q, when known
     E_best = err(W_best)
     info: dict[str, Any] = {"lambdas": [], "errors_total": [], "errors_round": [], "improved": [], "spectral": []}
-    info.update(inner_iterations=[], error_init=E_best, L=L)
+    info.update(inner_iterations=[], error_init=E_best, L=L, ridge_delta=delta)
     lo, hi = lam_bounds
     if lambda_search == "log":  # λ ≥ max|W C| makes W* = 0 optimal (lasso critical value): no use searching above
         hi = min(hi, max(float(WC64.abs().max().item()), lam0))

@@ -106,7 +106,7 @@ class FistaPruner(SequentialPruner):
         """Keyword arguments of `fista_prune` from the config."""
         cfg = self.config
         names = ("lam0", "xi", "K", "tol", "T", "eps", "lambda_search", "momentum", "rounding_per")
-        names += ("reset_bad_counter", "max_outer", "spectral")
+        names += ("reset_bad_counter", "max_outer", "spectral", "ridge")
         return {name: getattr(cfg, name) for name in names}
 
     def prune_layer(self, run, view: LayerView, dense: nn.Module) -> dict:
