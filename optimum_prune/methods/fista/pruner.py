@@ -46,7 +46,7 @@ class FistaPruner(SequentialPruner):
     def _dense_pass(self, run, i: int, dense: nn.Module, paths: list[str], keep: set[str]):
         """One pass of the dense layer copy: the dense-input Gram of every input group, and the dense inputs of the
         groups in `keep` (per chunk), kept for their cross Grams with the pruned-layer inputs."""
-        grams = {p: GramStats(weight_oi(dense.get_submodule(p)).shape[1]) for p in paths}
+        grams = {p: GramStats(weight_oi(dense.get_submodule(p)).shape[1], device=run.device) for p in paths}
         kept: dict[str, list[torch.Tensor]] = {p: [] for p in keep}
 
         def record(path: str, x: torch.Tensor) -> None:
@@ -63,7 +63,7 @@ class FistaPruner(SequentialPruner):
         """`X* X*ᵀ` and `X X*ᵀ` from the inputs of `path` in the partially pruned layer; each chunk's forward stops at
         `path` (nothing after it is needed)."""
         n = dense_x[0].shape[-1]
-        Gs, C = GramStats(n), CrossGramStats(n)
+        Gs, C = GramStats(n, device=run.device), CrossGramStats(n, device=run.device)  # on the calibration device
 
         def record(_name: str, xs: torch.Tensor) -> None:
             xs = xs.float()
@@ -137,7 +137,9 @@ class FistaPruner(SequentialPruner):
             stats_s = time.perf_counter() - t0 + dense_s / len(groups)
             for t in targets:
                 t0 = time.perf_counter()
-                W = weight_oi(dense.get_submodule(t.path)).detach().float()  # (out, in) dense target
+                W = (
+                    weight_oi(dense.get_submodule(t.path)).detach().to(G.device, torch.float32)
+                )  # (out, in) dense target
                 W = W[t.rows(W.shape[0])]
                 W0 = self._warm_start(W, Gs)
                 W_best, res = fista_prune(
