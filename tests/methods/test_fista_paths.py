@@ -60,3 +60,13 @@ def test_fast_path_equals_reference_path(pattern, monkeypatch):
         assert torch.equal(a == 0, b == 0), name
     rec = report.info["layers"][0]["self_attn.q_proj"]
     assert rec["seconds"] > 0 and rec["stats_seconds"] > 0 and rec["input_group"] == "qkv"
+
+
+def test_paper_preset_is_one_argument_away():
+    paper = FistaConfig.paper(pattern="2:4", eps=1e-2)
+    assert (paper.pattern, paper.sparsity, paper.eps) == ("2:4", 0.5, 1e-2)
+    assert paper.ridge == 0.0 and paper.inter_layer == "dense" and paper.warm_start == "wanda"
+    assert (paper.K, paper.T, paper.lam0, paper.xi) == (20, 3, 1e-5, 0.3)
+    assert FistaConfig.from_dict(paper.to_dict()) == paper
+    with pytest.raises(ValueError, match="ridge"):
+        FistaConfig(ridge=-0.1)

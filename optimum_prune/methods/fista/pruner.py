@@ -31,12 +31,16 @@ class FistaPruner(SequentialPruner):
     """FISTAPruner (https://arxiv.org/abs/2404.09773).
 
     Lifecycle, per decoder layer (its input is the dense model's hidden state by default):
-      - keep a dense copy of the layer;
-      - for each input group in forward order (q/k/v, o, gate/up, down): run the dense copy and the partially
-        pruned layer on the same chunks and accumulate `G = XXᵀ`, `G* = X*X*ᵀ` and `C = XX*ᵀ` (normalised by
-        the token count), so that every later projection reconstructs the dense output from the inputs produced
-        by the already-pruned earlier ones (intra-layer error correction);
-      - per projection: warm start (Wanda or SparseGPT on `G*`), then `fista_prune` in Gram form;
+      - keep a dense copy of the layer and run it once over the calibration chunks: the dense-input Gram `G = XXᵀ`
+        of every input group (q/k/v, o, gate/up, down), keeping the dense inputs of the groups after the first;
+      - for each input group in forward order: run the partially pruned layer up to the group's input (the rest of
+        the forward is skipped) and accumulate `G* = X*X*ᵀ` and `C = XX*ᵀ` (all normalised by the token count), so
+        that every later projection reconstructs the dense output from the inputs produced by the already-pruned
+        earlier ones (intra-layer error correction); the first group has `X* = X`;
+      - per group: `L = λ_max(G*)`, and the eigendecomposition of `G*` once a projection's λ first allows spectral
+        iterations (shared by the group's projections);
+      - per projection: warm start (Wanda or SparseGPT on `G*`), then `fista_prune` in Gram form; its record in
+        `report.info["layers"]` has the errors, steps, stop reason and time (`seconds`, `stats_seconds`);
       - the next layer receives the dense (paper) or the pruned outputs.
     """
 
@@ -137,10 +141,8 @@ class FistaPruner(SequentialPruner):
             stats_s = time.perf_counter() - t0 + dense_s / len(groups)
             for t in targets:
                 t0 = time.perf_counter()
-                W = (
-                    weight_oi(dense.get_submodule(t.path)).detach().to(G.device, torch.float32)
-                )  # (out, in) dense target
-                W = W[t.rows(W.shape[0])]
+                W = weight_oi(dense.get_submodule(t.path)).detach()
+                W = W[t.rows(W.shape[0])].to(G.device, torch.float32)  # (out, in) dense target
                 W0 = self._warm_start(W, Gs)
                 W_best, res = fista_prune(
                     W, G, Gs, C, W0, cfg.sparsity if cfg.nm is None else None, cfg.nm, L=L, eig=eig, **opts
