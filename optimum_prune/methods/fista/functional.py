@@ -146,7 +146,7 @@ def round_to_pattern(
 
 def _shifted(eig: SpectralGram, delta: float) -> SpectralGram:
     """The eigendecomposition of `Gs + δI` from that of `Gs`."""
-    return SpectralGram(eig.Q, eig.d + delta)
+    return SpectralGram(eig.Q, (eig.d.double() + delta).to(eig.d.dtype))
 
 
 def _next_lambda(lo: float, hi: float, mode: str) -> float:
@@ -243,8 +243,8 @@ def fista_prune(
     if ridge > 0:  # the same problem on inputs augmented with sqrt(δ) I: add δI to every Gram
         delta = ridge * float(Gs.diagonal().double().mean().item())
         G, Gs, C = (M + delta * torch.eye(n, dtype=M.dtype, device=M.device) for M in (G, Gs, C))
-        if L is not None:
-            L += delta
+        if L is not None:  # rounded to the working dtype as `_shifted(eig).L` is: the same step either way
+            L = float(torch.tensor(L + delta, dtype=torch.float64).to(dtype))
         if isinstance(eig, SpectralGram):
             eig = _shifted(eig, delta)
         elif callable(eig):
