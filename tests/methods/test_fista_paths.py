@@ -46,10 +46,10 @@ class _ReferencePruner(FistaPruner):
         return {}
 
 
-@pytest.mark.parametrize("pattern", ["unstructured", "2:4"])
-def test_fast_path_equals_reference_path(pattern, monkeypatch):
+@pytest.mark.parametrize("pattern, ridge", [("unstructured", 0.0), ("2:4", 0.0), ("2:4", 0.1)])
+def test_fast_path_equals_reference_path(pattern, ridge, monkeypatch):
     ids = calibration_ids(4, 16)
-    cfg = FistaConfig(sparsity=0.5, pattern=pattern, K=5, max_outer=6)
+    cfg = FistaConfig(sparsity=0.5, pattern=pattern, K=5, max_outer=6, ridge=ridge)
     model = tiny_model("llama")
     reference = tiny_model("llama")
     report = prune_(model, cfg, ids)
