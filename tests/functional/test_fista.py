@@ -310,3 +310,65 @@ def test_fista_prune_spectral_matches_direct(pattern):
     assert float(torch.linalg.vector_norm(fast - slow)) < 1e-5
     assert torch.equal(fast == 0, slow == 0)
     assert info_fast["error_best"] == pytest.approx(reconstruction_error(fast, W, G, Gs, C), rel=1e-9)
+
+
+def _elementwise_spectral(Z0, B, d, L, K, tol, momentum):
+    """The spectral iterations written out elementwise (the previous implementation): `Z -> Z ∘ (1 − d/L) + B/L`."""
+    from optimum_prune.methods.fista.solver import _accelerated
+
+    decay, shift = (1.0 - d / L).to(Z0.dtype), B / L
+    return _accelerated(lambda y: torch.addcmul(shift, y, decay), Z0, K, tol, momentum)
+
+
+@pytest.mark.parametrize("momentum", ["standard", "paper", "none"])
+def test_closed_form_spectral_iterations_equal_the_elementwise_recurrence(momentum):
+    X, Xs, W, G, Gs, C = _problem(m=7, n=32, p=20, seed=17)  # p < n: zero eigenvalues (decay 1)
+    eig = spectral_gram(Gs)
+    assert int((eig.d < 1e-12 * eig.L).sum()) > 0
+    Z0, B = round_to_pattern(W, nm="2:4") @ eig.Q, W @ C @ eig.Q
+    stopped_early = []
+    for K, tol in ((1, 0.0), (4, 0.0), (40, 0.0), (3000, 1e-3), (3000, 1e-5)):
+        fast, it_fast = fista_inner_spectral(Z0, B, eig.d, eig.L, K=K, tol=tol, momentum=momentum)
+        slow, it_slow = _elementwise_spectral(Z0, B, eig.d, eig.L, K, tol, momentum)
+        assert it_fast == it_slow
+        torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12)
+        stopped_early.append(it_fast < K)
+    assert any(stopped_early)
+
+
+def test_ridge_pulls_towards_the_dense_weights():
+    X, Xs, W, G, Gs, C = _problem(m=5, n=12, p=40, seed=18)
+    n, p, ridge = X.shape[0], X.shape[1], 0.2
+    delta = ridge * Gs.diagonal().mean().item()
+    eye = torch.eye(n, dtype=torch.float64)
+    Xa, Xsa = torch.cat([X, math.sqrt(delta * p) * eye], 1), torch.cat([Xs, math.sqrt(delta * p) * eye], 1)
+    # the lasso with the ridge term (coordinate descent on the augmented explicit data) == FISTA on Grams + δI
+    lam = 0.3 * (W @ C).abs().max().item()
+    ref = lasso_cd(Xsa, W @ Xa, lam * p)
+    Gs_r, C_r = Gs + delta * eye, C + delta * eye
+    got, _ = fista_inner(torch.zeros_like(W), W @ C_r, Gs_r, lam, lipschitz_constant(Gs_r), K=5000, tol=1e-13)
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-8)
+    # fista_prune(ridge) == the paper's fista_prune on the augmented data, and its error includes the ridge term
+    X, Xs, W = (t.double() for t in _llm_like_problem(seed=15)[:3])  # has spectral steps
+    n, p, ridge = X.shape[0], X.shape[1], 1e-3
+    G, Gs, C = X @ X.T / p, Xs @ Xs.T / p, X @ Xs.T / p
+    delta = ridge * Gs.diagonal().mean().item()
+    eye = torch.eye(n, dtype=torch.float64)
+    Xa, Xsa = torch.cat([X, math.sqrt(delta * p) * eye], 1), torch.cat([Xs, math.sqrt(delta * p) * eye], 1)
+    W0 = _warm_start(W, X, nm=(2, 4))
+    a, info_a = fista_prune(W, G, Gs, C, W0, nm="2:4", ridge=ridge, max_outer=60)
+    b, info_b = fista_prune(W, Xa @ Xa.T / p, Xsa @ Xsa.T / p, Xa @ Xsa.T / p, W0, nm="2:4", max_outer=60)
+    # (equal up to FISTA's tolerance: the spectral steps use the eigendecomposition of Gs shifted by δ)
+    assert float(torch.linalg.vector_norm(a - b)) < 1e-5 and torch.equal(a == 0, b == 0)
+    assert info_a["errors_total"] == pytest.approx(info_b["errors_total"], rel=1e-9)
+    assert info_a["ridge_delta"] == pytest.approx(delta) and sum(info_a["spectral"]) > 0
+    explicit = torch.linalg.norm(a @ Xs - W @ X) ** 2 / p + delta * torch.linalg.norm(a - W) ** 2
+    assert info_a["error_best"] == pytest.approx(math.sqrt(explicit), rel=1e-9)
+    # a lazily computed (or precomputed) eigendecomposition of the undamped Gs is shifted by δ
+    c, _ = fista_prune(W, G, Gs, C, W0, nm="2:4", ridge=ridge, max_outer=60, eig=lambda: spectral_gram(Gs))
+    torch.testing.assert_close(c, a, rtol=1e-10, atol=1e-12)
+    # closer to the dense weights on the kept entries than without the ridge
+    plain, _ = fista_prune(W, G, Gs, C, W0, nm="2:4", max_outer=60)
+    assert torch.linalg.norm((a - W)[a != 0]) < torch.linalg.norm((plain - W)[plain != 0])
+    with pytest.raises(ValueError, match="ridge"):
+        fista_prune(W, G, Gs, C, W0, nm="2:4", ridge=-1.0)

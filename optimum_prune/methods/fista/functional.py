@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -143,6 +144,11 @@ def round_to_pattern(
     return W.masked_fill(~keep, 0.0)  # (m, n)
 
 
+def _shifted(eig: SpectralGram, delta: float) -> SpectralGram:
+    """The eigendecomposition of `Gs + δI` from that of `Gs`."""
+    return SpectralGram(eig.Q, (eig.d.double() + delta).to(eig.d.dtype))
+
+
 def _next_lambda(lo: float, hi: float, mode: str) -> float:
     if mode == "paper":
         return (lo + hi) / 2.0
@@ -173,7 +179,8 @@ def fista_prune(
     max_outer: int = 200,
     L: float | None = None,
     spectral: bool = True,
-    eig: SpectralGram | None = None,
+    eig: SpectralGram | Callable[[], SpectralGram] | None = None,
+    ridge: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """FISTAPruner outer loop (paper Algorithm 1): FISTA, rounding and adaptive `λ` until no more improvement.
 
@@ -200,13 +207,19 @@ def fista_prune(
         rounding_per (`str`, defaults to `"matrix"`): unstructured rounding group, `"matrix"` (paper) or `"row"`.
         reset_bad_counter (`bool`, defaults to `False`): reset the failure counter on improvement (the paper does not).
         max_outer (`int`, defaults to `200`): safety cap on outer steps (the paper has none).
-        L (`float`, *optional*): `λ_max(Gs)`; computed with [`lipschitz_constant`] (or taken from the
-            eigendecomposition when `spectral`) when omitted.
+        L (`float`, *optional*): `λ_max(Gs)`; when omitted, taken from `eig` if it is a `SpectralGram`, else
+            computed with [`lipschitz_constant`] (exact eigenvalues, rounded to the working dtype like `eig.L`).
         spectral (`bool`, defaults to `True`): run an outer step's FISTA iterations in the eigenbasis of `Gs`
             ([`fista_inner_spectral`]) whenever [`prox_is_negligible`] holds for its λ; `False` always iterates in the
             weight basis.
-        eig (`SpectralGram`, *optional*): precomputed [`spectral_gram`] of `Gs` (projections that share an input
-            share it); computed here when `spectral` and omitted.
+        eig (`SpectralGram` or a callable returning one, *optional*): the [`spectral_gram`] of `Gs` (projections
+            that share an input share it), or a function computing it on first use (an eigendecomposition costs
+            O(n³), and a projection whose λ never becomes negligible needs none); computed here on first use when
+            omitted.
+        ridge (`float`, defaults to `0.0`): adds `(δ/2) ||W* − W||_F²` to the smooth part, `δ = ridge · mean(diag Gs)`
+            (a pull towards the dense weights, as SparseGPT's damping of its Hessian). It is the same problem on
+            the Grams `G + δI`, `Gs + δI`, `C + δI` (inputs augmented with `sqrt(δ) I` in both networks), which is
+            how it is solved; the errors in `info` then include the ridge term. `0` is the paper's objective.
 
     Returns:
         `(W_best, info)`: `W_best` in the dtype of `W`; `info` has `lambdas`, `errors_total`, `errors_round`,
@@ -224,13 +237,24 @@ def fista_prune(
         if M.shape != (n, n):
             raise ValueError(f"{name} must have shape ({n}, {n}) to match W, got {tuple(M.shape)}.")
     dtype = torch.float64 if W.dtype == torch.float64 else torch.float32
+    if ridge < 0:
+        raise ValueError(f"ridge must be >= 0, got {ridge}.")
+    delta = 0.0
+    if ridge > 0:  # the same problem on inputs augmented with sqrt(δ) I: add δI to every Gram
+        delta = ridge * float(Gs.diagonal().double().mean().item())
+        G, Gs, C = (M + delta * torch.eye(n, dtype=M.dtype, device=M.device) for M in (G, Gs, C))
+        if L is not None:  # rounded to the working dtype as `_shifted(eig).L` is: the same step either way
+            L = float(torch.tensor(L + delta, dtype=torch.float64).to(dtype))
+        if isinstance(eig, SpectralGram):
+            eig = _shifted(eig, delta)
+        elif callable(eig):
+            eig_fn = eig
+            eig = lambda: _shifted(eig_fn(), delta)  # noqa: E731 (still lazy)
     Gs_ = Gs.to(dtype)  # (n, n)
     terms, WC64 = _error_terms(W, G, Gs, C, dtype)  # computed once per operator
     WC = WC64.to(dtype)  # (m, n)
-    if spectral and eig is None:
-        eig = spectral_gram(Gs_, dtype)
     if L is None:
-        L = eig.L if spectral else lipschitz_constant(Gs_)
+        L = eig.L if isinstance(eig, SpectralGram) else lipschitz_constant(Gs_, dtype=dtype)
     if L <= 0:  # X* == 0: only W* = 0 is optimal; any positive step reaches it
         L = 1.0
 
@@ -249,7 +273,7 @@ def fista_prune(
     Z_best = None  # W_best Q, when known
     E_best = err(W_best)
     info: dict[str, Any] = {"lambdas": [], "errors_total": [], "errors_round": [], "improved": [], "spectral": []}
-    info.update(inner_iterations=[], error_init=E_best, L=L)
+    info.update(inner_iterations=[], error_init=E_best, L=L, ridge_delta=delta)
     lo, hi = lam_bounds
     if lambda_search == "log":  # λ ≥ max|W C| makes W* = 0 optimal (lasso critical value): no use searching above
         hi = min(hi, max(float(WC64.abs().max().item()), lam0))
@@ -262,6 +286,8 @@ def fista_prune(
         in_eigenbasis = spectral and prox_is_negligible(lam, L, K, tol, W.numel())
         if in_eigenbasis:
             if basis is None:
+                if not isinstance(eig, SpectralGram):
+                    eig = eig() if callable(eig) else spectral_gram(Gs_, dtype)
                 Q = eig.Q.to(dtype)  # (n, n)
                 basis = (Q, eig.d, WC @ Q, W.double() @ Q.double(), terms.P @ Q.double())
             Q, d, B = basis[:3]

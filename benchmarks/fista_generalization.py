@@ -1,0 +1,163 @@
+"""Why FISTAPruner can lose to SparseGPT out of domain at 2:4, and which setting fixes it (SmolLM2-135M).
+
+Layer-wise diagnostic, cheap enough to compare many settings on the same data: for a few decoder layers, the
+dense-input Grams `X Xᵀ / p` of q_proj, gate_proj and down_proj are captured on three token sets of 32 x 512 (or
+`--num-samples` x 512 for calibration):
+
+- **calibration**: the calibration half of the BBC articles (`split_documents(docs, 0.5, seed=0)`, the token ids of
+  `benchmarks/unstructured.py`);
+- **held-out BBC**: windows of the other half (seed 1);
+- **OOD**: windows of the Python 3.11 documentation sources (never calibrated on).
+
+Each projection is then pruned from the calibration Gram by Wanda, SparseGPT and `fista_prune` in several settings
+(dense inputs, `X* = X`), and every result's reconstruction error `||(W* − W) X||_F` is measured on all three sets,
+relative to SparseGPT's on the same set (< 1: better than SparseGPT). Overfitting shows as a ratio that is small on
+the calibration tokens and large on the others.
+
+    TQDM_DISABLE=1 python benchmarks/fista_generalization.py [--layers 2,20] [--patterns 2:4] [--num-samples 32]
+
+Writes `results/fista_generalization_<N>x512.json` and `.md`, rewritten after every projection (`--resume` skips the
+ones done).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import torch  # noqa: E402
+from fista_calibration_size import PROJECTIONS, capture_grams  # noqa: E402
+
+from optimum_prune import AutoPruner, __version__  # noqa: E402
+from optimum_prune.calibration.data import bbc_news_dir, load_texts, python_docs_dir, split_documents  # noqa: E402
+from optimum_prune.demo import SMOLLM2_GGUF_FILE, smollm2_dir  # noqa: E402
+from optimum_prune.functional.masks import keep_mask  # noqa: E402
+from optimum_prune.methods.fista.functional import fista_prune, reconstruction_error  # noqa: E402
+from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune  # noqa: E402
+from optimum_prune.methods.wanda.functional import wanda_scores  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SETS = ("calibration", "held-out BBC", "OOD")
+# name -> fista_prune keyword arguments (the paper's setting is {})
+VARIANTS = {
+    "paper": {},
+    "eps=1e-2": {"eps": 1e-2},
+    "ridge=0.01": {"ridge": 0.01},
+    "ridge=0.1": {"ridge": 0.1},
+    "ridge=0.1+eps=1e-2": {"ridge": 0.1, "eps": 1e-2},
+}
+
+
+def prune_all(W: torch.Tensor, G: torch.Tensor, pattern: str, variants: dict[str, dict]) -> dict[str, Any]:
+    nm = None if pattern == "unstructured" else pattern
+    sparsity = 0.5 if nm is None else None
+    W0 = W * keep_mask(wanda_scores(W, G.diagonal().clamp_min(0)), 0.5, nm, per="row")
+    out = {"Wanda": {"W": W0, "seconds": 0.0}}
+    t = time.perf_counter()
+    out["SparseGPT"] = {"W": sparsegpt_prune(W, G, sparsity, nm)[0], "seconds": time.perf_counter() - t}
+    for name, kwargs in variants.items():
+        t = time.perf_counter()
+        W_best, info = fista_prune(W, G, G, G, W0, sparsity, nm, **kwargs)
+        out[f"FISTA {name}"] = {"W": W_best, "seconds": time.perf_counter() - t, "outer": info["outer_iterations"]}
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    s = result["settings"]
+    lines = [
+        f"# FISTA generalization, layer-wise (SmolLM2-135M, calibration {s['num_samples']} x 512 BBC tokens)",
+        "",
+        "Reconstruction error `||(W* − W) X||_F` of each pruned projection on three token sets, relative to "
+        "SparseGPT's on the same set (< 1: better than SparseGPT): the calibration tokens, held-out BBC (32 x 512) and "
+        "OOD: the Python docs (32 x 512, never calibrated on). Dense inputs (`X* = X`); Wanda is FISTA's warm start. "
+        "Last rows: geometric mean over the projections.",
+        "",
+    ]
+    for pattern in s["patterns"]:
+        rows = {k: v for k, v in result["runs"].items() if v["pattern"] == pattern}
+        if not rows:
+            continue
+        methods = list(next(iter(rows.values()))["errors"])
+        lines += [f"## {pattern}", "", "| method | " + " | ".join(f"{k.split('|')[0]}: cal / BBC / OOD" for k in rows)
+                  + " | geo-mean cal / BBC / OOD | time (s) |", "|---|" + "---|" * (len(rows) + 2)]  # fmt: skip
+        for m in methods:
+            cells, logs = [], {x: [] for x in SETS}
+            for r in rows.values():
+                rel = [r["errors"][m][x] / r["errors"]["SparseGPT"][x] for x in SETS]
+                for x, v in zip(SETS, rel):
+                    logs[x].append(v)
+                cells.append(" / ".join(f"{v:.3f}" for v in rel))
+            geo = " / ".join(f"{statistics.geometric_mean(logs[x]):.3f}" for x in SETS)
+            secs = sum(r["seconds"].get(m, 0.0) for r in rows.values())
+            lines.append(f"| {m} | " + " | ".join(cells) + f" | **{geo}** | {secs:.0f} |")
+        lines.append("")
+    lines += [f"Machine: {result['machine']}; load average {result['load_average']}.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", default="2,20")
+    parser.add_argument("--patterns", default="2:4")
+    parser.add_argument("--num-samples", type=int, default=32, help="calibration windows of 512 tokens")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma list of names in VARIANTS")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    variants = {k: VARIANTS[k] for k in args.variants.split(",")}
+    name = f"fista_generalization_{args.num_samples}x512"
+    json_path = RESULTS / f"{name}.json"
+    result: dict[str, Any] = {
+        "settings": {"layers": [int(x) for x in args.layers.split(",")], "patterns": args.patterns.split(","),
+                     "num_samples": args.num_samples, "variants": variants, "threads": torch.get_num_threads()},
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, optimum_prune {__version__}",
+        "load_average": round(os.getloadavg()[0], 1),
+        "runs": {},
+    }  # fmt: skip
+    if args.resume and json_path.exists():
+        result["runs"] = json.loads(json_path.read_text())["runs"]
+    calib_docs, held_docs = split_documents(load_texts(bbc_news_dir()), 0.5, 0)
+    ood_docs = load_texts(python_docs_dir())
+    pruner = AutoPruner.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF_FILE, torch_dtype="float32")
+    model, tokenizer = pruner.model.eval(), pruner.tokenizer
+    for layer in result["settings"]["layers"]:
+        grams = {
+            "calibration": capture_grams(model, tokenizer, layer, calib_docs, args.num_samples, 512, seed=0),
+            "held-out BBC": capture_grams(model, tokenizer, layer, held_docs, 32, 512, seed=1),
+            "OOD": capture_grams(model, tokenizer, layer, ood_docs, 32, 512, seed=1),
+        }
+        block = model.model.layers[layer]
+        for proj, path in PROJECTIONS.items():
+            W = block.get_submodule(path).weight.detach().float()  # (out, in)
+            for pattern in result["settings"]["patterns"]:
+                key = f"{proj} L{layer}|{pattern}"
+                if key in result["runs"]:
+                    continue
+                pruned = prune_all(W, grams["calibration"][proj], pattern, variants)
+                errors = {m: {x: reconstruction_error(r["W"], W, *(grams[x][proj],) * 3) for x in SETS}
+                          for m, r in pruned.items()}  # fmt: skip
+                result["runs"][key] = {
+                    "pattern": pattern, "errors": errors,
+                    "seconds": {m: r["seconds"] for m, r in pruned.items()},
+                    "outer_steps": {m: r["outer"] for m, r in pruned.items() if "outer" in r},
+                }  # fmt: skip
+                print(key, {m: round(e["OOD"] / errors["SparseGPT"]["OOD"], 3) for m, e in errors.items()}, flush=True)
+                RESULTS.mkdir(exist_ok=True)
+                json_path.write_text(json.dumps(result, indent=1) + "\n")
+                json_path.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,72 @@
+"""FISTA's fast paths give the same pruned weights as the straightforward ones (one dense pass + early-stopped
+pruned passes vs a dense and a pruned pass per input group; lazy vs eager eigendecomposition)."""
+
+import pytest
+import torch
+from testing_utils import calibration_ids, tiny_model
+
+from optimum_prune import FistaConfig, prune_
+from optimum_prune.calibration.stats import CrossGramStats, GramStats
+from optimum_prune.methods.fista import FistaPruner
+from optimum_prune.methods.fista.functional import fista_prune, spectral_gram
+from optimum_prune.methods.unstructured import input_groups, write_target
+from optimum_prune.modeling.architectures import weight_oi
+
+
+class _ReferencePruner(FistaPruner):
+    """The straightforward path: per input group, the dense copy and the pruned layer each run over every chunk
+    (`run.paired_inputs`), and the eigendecomposition is computed up front."""
+
+    def prune_layer(self, run, view, dense):
+        cfg, opts = self.config, self.solver_options()
+        for gi, paths in enumerate(input_groups(view.spec).values()):
+            targets = [t for t in self.targets if t.path in paths]
+            if not targets:
+                continue
+            n = weight_oi(dense.get_submodule(paths[0])).shape[1]
+            G, Gs, C = GramStats(n), GramStats(n), CrossGramStats(n)
+            paired = cfg.intra_layer_correction and gi > 0
+            for x, xs in run.paired_inputs(view.index, paths[0], dense, view.layer if paired else None):
+                G.update(x.float())
+                Gs.update(xs.float())
+                C.update(x.float(), xs.float())
+            eig = spectral_gram(Gs.gram)
+            for t in targets:
+                W = (
+                    weight_oi(dense.get_submodule(t.path))
+                    .detach()
+                    .float()[t.rows(dense.get_submodule(t.path).weight.shape[0])]
+                )
+                W0 = self._warm_start(W, Gs.gram)
+                nm = cfg.nm
+                W_best, _ = fista_prune(
+                    W, G.gram, Gs.gram, C.gram, W0, cfg.sparsity if nm is None else None, nm, eig=eig, **opts
+                )
+                write_target(view, t, W_best)
+        return {}
+
+
+@pytest.mark.parametrize("pattern, ridge", [("unstructured", 0.0), ("2:4", 0.0), ("2:4", 0.1)])
+def test_fast_path_equals_reference_path(pattern, ridge, monkeypatch):
+    ids = calibration_ids(4, 16)
+    cfg = FistaConfig(sparsity=0.5, pattern=pattern, K=5, max_outer=6, ridge=ridge)
+    model = tiny_model("llama")
+    reference = tiny_model("llama")
+    report = prune_(model, cfg, ids)
+    monkeypatch.setattr(FistaPruner, "prune_layer", _ReferencePruner.prune_layer)
+    prune_(reference, cfg, ids)
+    for (name, a), (_, b) in zip(model.named_parameters(), reference.named_parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=name)
+        assert torch.equal(a == 0, b == 0), name
+    rec = report.info["layers"][0]["self_attn.q_proj"]
+    assert rec["seconds"] > 0 and rec["stats_seconds"] > 0 and rec["input_group"] == "qkv"
+
+
+def test_paper_preset_is_one_argument_away():
+    paper = FistaConfig.paper(pattern="2:4", eps=1e-2)
+    assert (paper.pattern, paper.sparsity, paper.eps) == ("2:4", 0.5, 1e-2)
+    assert paper.ridge == 0.0 and paper.inter_layer == "dense" and paper.warm_start == "wanda"
+    assert (paper.K, paper.T, paper.lam0, paper.xi) == (20, 3, 1e-5, 0.3)
+    assert FistaConfig.from_dict(paper.to_dict()) == paper
+    with pytest.raises(ValueError, match="ridge"):
+        FistaConfig(ridge=-0.1)
