@@ -41,10 +41,12 @@ def _head_means(z: torch.Tensor) -> torch.Tensor:
     return torch.where(n > 0, total / n.clamp_min(1), torch.full_like(total, float("-inf")))
 
 
-def _standardize(x: torch.Tensor) -> torch.Tensor:
-    finite = torch.isfinite(x)
-    m, s = x[finite].mean(), x[finite].std().clamp_min(1e-12)
-    return torch.where(finite, (x - m) / s, x)
+def _standardize(x: torch.Tensor, ref: torch.Tensor | None = None) -> torch.Tensor:
+    """`(x − mean) / std` with the mean / std of the finite entries of `ref` (default `x`); −∞ stays."""
+    ref = x if ref is None else ref
+    finite = torch.isfinite(ref)
+    m, s = ref[finite].mean(), ref[finite].std().clamp_min(1e-12)
+    return torch.where(torch.isfinite(x), (x - m) / s, x)
 
 
 class NumericalPruner(StructuredPruner):
@@ -73,25 +75,36 @@ class NumericalPruner(StructuredPruner):
             out["mlp"] = (view.mlp_out, GramStats(view.intermediate_size))
         return out
 
-    def _scores(self, W: torch.Tensor, stats: GramStats) -> torch.Tensor:
+    def _scores(self, W: torch.Tensor, stats: GramStats, unit_size: int = 1) -> torch.Tensor:
         cfg, H = self.config, stats.gram.to(W.device)
         if cfg.solver == "newton":
-            z = numerical_scores_newton(
-                W, H, cfg.pruning_ratio, cfg.lambda_, cfg.newton_iters, damping=cfg.score_damping
+            return numerical_scores_newton(
+                W, H, cfg.pruning_ratio, cfg.lambda_, cfg.newton_iters, damping=cfg.score_damping, unit_size=unit_size
             )
-        else:
-            z = numerical_scores(W, H, cfg.pruning_ratio, cfg.lambda_, damping=cfg.score_damping)
-        return _standardize(z) if cfg.standardize_per_layer else z
+        return numerical_scores(W, H, cfg.pruning_ratio, cfg.lambda_, damping=cfg.score_damping, unit_size=unit_size)
+
+    def _head_scores(self, view: LayerView, stats: GramStats) -> torch.Tensor:
+        """`(H,)` per-query-head scores (the heads of a KV group share the group's score in group mode)."""
+        cfg = self.config
+        W = weight_oi(view.o_proj).detach()
+        z = self._scores(W, stats)  # (H·D_h,) channel scores
+        if cfg.head_score == "channel_mean":  # the paper's: the mean of the head's channel scores
+            return _head_means((_standardize(z) if cfg.standardize_per_layer else z).view(view.num_heads, -1))
+        heads_per_unit = view.group_size if resolve_gqa_mode(cfg.gqa_mode, view) == "group" else 1
+        zu = self._scores(W, stats, unit_size=heads_per_unit * view.head_dim)  # (units,) one mask per unit
+        if cfg.standardize_per_layer:  # in the module's channel-score units, as MLP channels are
+            zu = _standardize(zu, ref=z)
+        return zu.repeat_interleave(heads_per_unit)
 
     def score_layer(self, view: LayerView, stats):
         if self.config.ranking == "loss":
             return self._loss_scores(view, stats)
         head = chan = None
         if "attn" in stats:
-            z = self._scores(weight_oi(view.o_proj).detach(), stats["attn"])  # (H·D_h,)
-            head = _head_means(z.view(view.num_heads, view.head_dim))  # (H,)
+            head = self._head_scores(view, stats["attn"])  # (H,)
         if "mlp" in stats:
             chan = self._scores(weight_oi(view.mlp_out).detach(), stats["mlp"])  # (I,)
+            chan = _standardize(chan) if self.config.standardize_per_layer else chan
         return head, chan
 
     def _losses(self, W: torch.Tensor, stats: GramStats, groups: torch.Tensor) -> torch.Tensor:
