@@ -72,7 +72,7 @@ VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
         {"standardize_per_layer": False, "head_score": "channel_mean", "compensation_damping": 0.01},
         {},
         "NP, paper setting",
-    ),  # fmt: skip
+    ),
     "np_prev": (_NP, {**_STD, "head_score": "channel_mean"}, {}, "NP, previous default (std, channel-mean heads)"),
     "np_unit": (_NP, _UNIT, {}, "NP, std, unit head scores"),
     "np_unit_bias": (_NP, {**_UNIT, "compensation_bias": True}, {}, "NP, unit, bias refit"),
@@ -82,7 +82,7 @@ VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
         {**_UNIT, "compensation_inputs": "sequential", "compensation_bias": True},
         {},
         "NP, unit, sequential refit with bias",
-    ),  # fmt: skip
+    ),
     "np_unit_pools": (_NP, _UNIT, {"pools": True}, "NP, unit, separate attention / MLP pools"),
     "np_unit_owl": (_NP, _UNIT, {"owl": (5.0, 0.08)}, "NP, unit, OWL budgets (M 5, λ 0.08)"),
     "np_unit_owl15": (_NP, _UNIT, {"owl": (5.0, 0.15)}, "NP, unit, OWL budgets (M 5, λ 0.15)"),
@@ -91,10 +91,17 @@ VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
         {**_UNIT, "compensation_bias": True},
         {"owl": (5.0, 0.08)},
         "NP, unit, OWL budgets, bias refit",
-    ),  # fmt: skip
+    ),
     "np_unit_flapbudget": (_NP, _UNIT, {"budgets_from": "flap"}, "NP, unit, FLAP's layer budgets (diagnostic)"),
     "np_unit_d1": (_NP, {**_UNIT, "compensation_damping": 1.0}, {}, "NP, unit, damping 1"),
-    "np_loss": (_NP, {"ranking": "loss"}, {}, "NP, loss ranking (L* / param)"),
+    "np_loss": (_NP, {"ranking": "loss", "standardize_per_layer": False}, {}, "NP, loss ranking (L* / param)"),
+    "np_loss_std": (_NP, {**_UNIT, "ranking": "loss"}, {}, "NP, loss ranking, std"),
+    "np_loss_std_bias": (
+        _NP,
+        {**_UNIT, "ranking": "loss", "compensation_bias": True},
+        {},
+        "NP, loss ranking, std, bias refit (FLAP's metric with the optimal refit)",
+    ),
 }
 SCREEN = ["flap", "np_prev", "np_unit", "np_unit_bias", "np_unit_pools", "np_unit_owl", "np_unit_flapbudget"]
 

@@ -309,7 +309,7 @@ def test_loss_ranking_scores_units_by_loss_per_parameter(arch):
     stats = {"attn": GramStats(view.num_heads * view.head_dim), "mlp": GramStats(view.intermediate_size)}
     for s in stats.values():
         s.update(torch.randn(64, s.sum.shape[0], generator=g) + 0.3)
-    pruner = NumericalPruner(NumericalPruningConfig(ranking="loss"))
+    pruner = NumericalPruner(NumericalPruningConfig(ranking="loss", standardize_per_layer=False))
     head, chan = pruner.score_layer(view, stats)
     W_o, W_d = weight_oi(view.o_proj).detach(), weight_oi(view.mlp_out).detach()
     per_q_head, per_group = head_costs(view)
@@ -323,6 +323,12 @@ def test_loss_ranking_scores_units_by_loss_per_parameter(arch):
         assert per_group == pytest.approx(2 * per_q_head)  # q, o plus k, v rows
     chan_expected = removal_losses(W_d, stats["mlp"].gram, torch.arange(view.intermediate_size)[:, None], damp)
     torch.testing.assert_close(chan, chan_expected / mlp_channel_cost(view))
+    # standardised: a unit's loss per channel, in the units of the module's single-channel losses
+    head_std, chan_std = NumericalPruner(NumericalPruningConfig(ranking="loss")).score_layer(view, stats)
+    single = removal_losses(W_o, stats["attn"].gram, torch.arange(view.num_heads * d)[:, None], damp)
+    unit = removal_losses(W_o, stats["attn"].gram, groups, damp) / (gsz * d)
+    torch.testing.assert_close(head_std, ((unit - single.mean()) / single.std()).repeat_interleave(gsz))
+    torch.testing.assert_close(chan_std, (chan_expected - chan_expected.mean()) / chan_expected.std())
 
 
 def test_loss_ranking_rejects_score_options():

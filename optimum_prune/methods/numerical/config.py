@@ -43,9 +43,10 @@ class NumericalPruningConfig(StructuredPruningConfig):
             optimal refit, Thm. 3's `L* = tr(W_P ((H⁻¹)_PP)⁻¹ W_Pᵀ)` (`tr(W_P H_PP W_Pᵀ)` without compensation), per
             parameter it removes; absolute, so it compares units across modules and layers; measured: it
             over-prunes the first layers, whose residual stream is small, and fails; kept for research).
-        standardize_per_layer (`bool`, defaults to `True`): z-score each module's numerical scores before the
-            global ranking (FLAP does; the paper does not); a head / KV group is expressed in the units of its
-            module's channel scores. Ignored by `ranking="loss"`.
+        standardize_per_layer (`bool`, defaults to `True`): z-score each module's scores before the global ranking
+            (FLAP does; the paper does not); a head / KV group is expressed in the units of its module's channel
+            scores. With `ranking="loss"` the losses are standardised the same way (a unit's loss over its channel
+            count, against the module's single-channel losses) instead of divided by the parameters they remove.
         head_score (`str`, defaults to `"unit"`): how a head or KV group is scored. `"unit"`: the numerical score of
             the unit itself, the paper's objective solved with one mask per unit (the mask pruning applies; see
             `functional.numerical_scores(unit_size=...)`), so the unit weighs its channels' importance by their

@@ -116,22 +116,27 @@ class NumericalPruner(StructuredPruner):
         return removal_losses(W, H, groups, cfg.compensation_damping, compensated=cfg.compensate)
 
     def _loss_scores(self, view: LayerView, stats):
-        """`ranking="loss"`: each unit's removal loss (Thm. 3's L*) per parameter it removes (see the config)."""
+        """`ranking="loss"`: each unit's removal loss (Thm. 3's L*), per parameter it removes, or standardised per
+        module with a head / KV group in channel units (its loss over its channel count, against the module's
+        single-channel losses), as the numerical scores are (see the config)."""
         head = chan = None
+        std = self.config.standardize_per_layer
         if "attn" in stats:
             W = weight_oi(view.o_proj).detach()
-            h, g, d = view.num_heads, view.group_size, view.head_dim
-            per_q_head, per_group = head_costs(view)
-            channels = torch.arange(h * d).view(h, d)
-            if resolve_gqa_mode(self.config.gqa_mode, view) == "group":  # the group's query heads go together
-                loss = self._losses(W, stats["attn"], channels.view(view.num_kv_heads, g * d)) / per_group
-                head = loss.repeat_interleave(g)  # (H,): the unit score is the mean over the group
+            group_mode = resolve_gqa_mode(self.config.gqa_mode, view) == "group"
+            heads_per_unit = view.group_size if group_mode else 1  # a KV group's query heads go together
+            m = heads_per_unit * view.head_dim
+            channels = torch.arange(view.num_heads * view.head_dim)
+            loss = self._losses(W, stats["attn"], channels.view(-1, m))  # (units,)
+            if std:
+                head = _standardize(loss / m, ref=self._losses(W, stats["attn"], channels[:, None]))
             else:
-                head = self._losses(W, stats["attn"], channels) / per_q_head  # (H,)
+                head = loss / head_costs(view)[1 if group_mode else 0]
+            head = head.repeat_interleave(heads_per_unit)  # (H,)
         if "mlp" in stats:
             W = weight_oi(view.mlp_out).detach()
-            groups = torch.arange(view.intermediate_size)[:, None]
-            chan = self._losses(W, stats["mlp"], groups) / mlp_channel_cost(view)  # (I,)
+            chan = self._losses(W, stats["mlp"], torch.arange(view.intermediate_size)[:, None])  # (I,)
+            chan = _standardize(chan) if std else chan / mlp_channel_cost(view)
         return head, chan
 
     def finalize_layer(self, view: LayerView, stats, plan: LayerPlan) -> None:
