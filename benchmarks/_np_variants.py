@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -94,7 +95,7 @@ def _removed_fractions(dense, spec, model) -> list[float]:
 
 
 def _make_pruner(variants, name, ratio, round_to, stats):
-    cls, kwargs, _, _ = variants[name]
+    cls, kwargs, opts, _ = variants[name]
     config = cls(pruning_ratio=ratio, round_to=round_to, **kwargs)
     pruner = (FLAPPruner if cls is FLAPConfig else NumericalPruner)(config)
     key = "moments" if cls is FLAPConfig else "gram"
@@ -107,6 +108,14 @@ def _make_pruner(variants, name, ratio, round_to, stats):
         return {v.index: own(v.index) for v in views}, scores
 
     pruner._collect = cached_collect
+    if opts.get("centred_scores"):  # numerical scores on the covariance (the objective with an intercept)
+        scores = pruner._scores
+
+        def centred(W, st, unit_size=1):
+            mu = st.mean.double()
+            return scores(W, SimpleNamespace(gram=st.gram.double() - torch.outer(mu, mu)), unit_size)
+
+        pruner._scores = centred
     return pruner
 
 

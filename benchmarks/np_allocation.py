@@ -94,6 +94,26 @@ VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
     ),
     "np_unit_flapbudget": (_NP, _UNIT, {"budgets_from": "flap"}, "NP, unit, FLAP's layer budgets (diagnostic)"),
     "np_unit_d1": (_NP, {**_UNIT, "compensation_damping": 1.0}, {}, "NP, unit, damping 1"),
+    "np_unit_owl_d1": (_NP, {**_UNIT, "compensation_damping": 1.0}, {"owl": (5.0, 0.08)}, "NP, unit, OWL, damping 1"),
+    "np_unit_cbias_owl": (
+        _NP,
+        {**_UNIT, "compensation_bias": True},
+        {"owl": (5.0, 0.08), "centred_scores": True},
+        "NP, unit, centred scores, bias refit, OWL",
+    ),
+    "np_unit_cbias": (
+        _NP,
+        {**_UNIT, "compensation_bias": True},
+        {"centred_scores": True},
+        "NP, unit, centred scores, bias refit",
+    ),
+    "np_loss_std_owl": (_NP, {**_UNIT, "ranking": "loss"}, {"owl": (5.0, 0.08)}, "NP, loss ranking, std, OWL"),
+    "np_loss_std_bias_owl": (
+        _NP,
+        {**_UNIT, "ranking": "loss", "compensation_bias": True},
+        {"owl": (5.0, 0.08)},
+        "NP, loss ranking, std, bias refit, OWL",
+    ),
     "np_loss": (_NP, {"ranking": "loss", "standardize_per_layer": False}, {}, "NP, loss ranking (L* / param)"),
     "np_loss_std": (_NP, {**_UNIT, "ranking": "loss"}, {}, "NP, loss ranking, std"),
     "np_loss_std_bias": (
