@@ -1,6 +1,6 @@
 """Allocation variants of the NP study (`benchmarks/np_allocation.py`): the library's pruners run on statistics
 collected once, with the allocation swapped where a variant asks for it (separate attention / MLP pools, per-layer
-budgets: outlier-weighted in the spirit of OWL, or copied from another method's plan)."""
+budgets copied from another method's plan); OWL budgets are the library's `allocation="owl"`."""
 
 from __future__ import annotations
 
@@ -14,23 +14,18 @@ import torch
 
 import optimum_prune.methods.structured as structured_mod
 from optimum_prune.calibration.sequential import LayerwiseRunner
-from optimum_prune.functional.allocation import LayerUnits
+from optimum_prune.functional.allocation import LayerUnits, allocate_per_layer
 from optimum_prune.methods.flap import FLAPConfig, FLAPPruner
 from optimum_prune.methods.numerical import NumericalPruner
-from optimum_prune.modeling.architectures import get_layers, layer_view, weight_oi
+from optimum_prune.methods.structured import layer_outlier_fraction, layer_params
+from optimum_prune.modeling.architectures import get_layers, layer_view
 from optimum_prune.modeling.surgery import apply_layer_plan_
 
-__all__ = ["layer_params", "owl_layer_ratios", "prune_variant"]
+__all__ = ["owl_norms", "prune_variant"]
 
 
-def layer_params(model, spec) -> list[float]:
-    """Attention + MLP projection parameters of every decoder layer."""
-    return [
-        float(
-            sum(p.numel() for path in spec.linear_paths for p in layer.get_submodule(path).parameters(recurse=False))
-        )
-        for layer in get_layers(model, spec)
-    ]
+def _layer_sizes(model, spec) -> list[float]:
+    return [layer_params(layer_view(layer, i, spec, model.config)) for i, layer in enumerate(get_layers(model, spec))]
 
 
 def _pooled_allocate(attn_total: float, mlp_total: float):
@@ -47,51 +42,27 @@ def _pooled_allocate(attn_total: float, mlp_total: float):
     return allocate
 
 
-def _per_layer_allocate(layer_ratios: list[float], layer_totals: list[float]):
-    """`allocate` with a budget per layer: layer l loses `layer_ratios[l]` of its parameters, its heads and channels
-    ranked together by the method's scores."""
-    base = structured_mod.allocate
+def _budget_allocate(layer_ratios: list[float], layer_totals: list[float]):
+    """`allocate` replaced by the library's per-layer budgets (`allocate_per_layer`) with the given ratios."""
 
     def allocate(units, ratio, total_cost, mode="global", head_weight=1.0):
-        heads, chans = [], []
-        for u, r, total in zip(units, layer_ratios, layer_totals):
-            h, c = base([u], r, total, mode="global") if r > 0 else ([[]], [[]])
-            heads += h
-            chans += c
-        return heads, chans
+        return allocate_per_layer(units, layer_ratios, layer_totals)
 
     return allocate
 
 
-def owl_layer_ratios(model, spec, stats, ratio: float, M: float, lam: float) -> tuple[list[float], list[float]]:
-    """Per-layer pruning ratios in the spirit of OWL (Yin et al., 2024): a layer's outlier fraction is the share of
-    its weights whose Wanda metric `|W_ij|·‖X_j‖` exceeds `M` × the layer's mean; the fractions, rescaled to
-    `[0, 2λ]`, raise the kept fraction of outlier-rich layers around `1 − ratio` (the mean ratio stays `ratio`).
-
-    Returns `(layer ratios, outlier fractions)`."""
-    fractions = []
-    for i, layer in enumerate(get_layers(model, spec)):
-        view, st = layer_view(layer, i, spec, model.config), stats[i]
-        norms = {
-            "attn_in": (st["attn_in"].sumsq.double() / st["attn_in"].count).sqrt(),
-            "mlp_in": (st["mlp_in"].sumsq.double() / st["mlp_in"].count).sqrt(),
-            "attn": st["attn"].gram.gram.double().diagonal().sqrt(),
-            "mlp": st["mlp"].gram.gram.double().diagonal().sqrt(),
-        }
-        inputs = [(p, "attn_in") for p in spec.qkv_paths] + [(spec.o_path, "attn")]
-        inputs += [(p, "mlp_in") for p in spec.mlp_in_paths] + [(spec.mlp_out_path, "mlp")]
-        metric = torch.cat(
-            [(weight_oi(view.module(p)).detach().double().abs() * norms[k][None]).flatten() for p, k in inputs]
-        )
-        fractions.append(float((metric > M * metric.mean()).double().mean()))
-    f = torch.tensor(fractions, dtype=torch.float64)
-    spread = (f - f.min()) / (f.max() - f.min()).clamp_min(1e-12) * 2 * lam
-    density = spread - spread.mean() + (1 - ratio)
-    return (1 - density).clamp(0.0, 0.95).tolist(), fractions
+def owl_norms(st: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Per-channel input norms `‖X_j‖` (root mean square over the tokens) of `owl_inputs` from the cached statistics."""
+    return {
+        "attn_in": (st["attn_in"].sumsq.double() / st["attn_in"].count).sqrt(),
+        "mlp_in": (st["mlp_in"].sumsq.double() / st["mlp_in"].count).sqrt(),
+        "attn_out": st["attn"].gram.gram.double().diagonal().sqrt(),
+        "mlp_out": st["mlp"].gram.gram.double().diagonal().sqrt(),
+    }
 
 
 def _removed_fractions(dense, spec, model) -> list[float]:
-    return [1 - after / before for before, after in zip(layer_params(dense, spec), layer_params(model, spec))]
+    return [1 - after / before for before, after in zip(_layer_sizes(dense, spec), _layer_sizes(model, spec))]
 
 
 def _make_pruner(variants, name, ratio, round_to, stats):
@@ -105,7 +76,12 @@ def _make_pruner(variants, name, ratio, round_to, stats):
 
     def cached_collect(views, runner):  # the dense statistics, already collected: score them, keep them
         scores = {v.index: pruner.score_layer(v, own(v.index)) for v in views}
-        return {v.index: own(v.index) for v in views}, scores
+        outliers = {}
+        if config.allocation == "owl":
+            outliers = {
+                v.index: layer_outlier_fraction(v, owl_norms(stats[v.index]), config.owl_threshold) for v in views
+            }
+        return {v.index: own(v.index) for v in views}, scores, outliers
 
     pruner._collect = cached_collect
     if opts.get("centred_scores"):  # numerical scores on the covariance (the objective with an intercept)
@@ -137,15 +113,12 @@ def prune_variant(variants, dense, spec, name, ratio, round_to, stats, calib_ids
     ctx = contextlib.nullcontext()
     if opts.get("pools"):
         ctx = _patched(structured_mod, "allocate", _pooled_allocate(*pool_totals))
-    elif opts.get("owl") or opts.get("budgets_from"):
-        if opts.get("owl"):
-            ratios, info["outlier_fractions"] = owl_layer_ratios(dense, spec, stats, ratio, *opts["owl"])
-        else:
-            other = prune_variant(variants, dense, spec, opts["budgets_from"], ratio, round_to, stats, calib_ids,
-                                  pool_totals)[0]  # fmt: skip
-            ratios = _removed_fractions(dense, spec, other)
-        info["layer_ratios"] = ratios
-        ctx = _patched(structured_mod, "allocate", _per_layer_allocate(ratios, layer_params(dense, spec)))
+    elif opts.get("budgets_from"):
+        other = prune_variant(
+            variants, dense, spec, opts["budgets_from"], ratio, round_to, stats, calib_ids, pool_totals
+        )[0]
+        info["layer_ratios"] = ratios = _removed_fractions(dense, spec, other)
+        ctx = _patched(structured_mod, "allocate", _budget_allocate(ratios, _layer_sizes(dense, spec)))
     model = copy.deepcopy(dense)
     t0 = time.perf_counter()
     pruner = _make_pruner(variants, name, ratio, round_to, stats)
@@ -155,6 +128,7 @@ def prune_variant(variants, dense, spec, name, ratio, round_to, stats, calib_ids
         runner = lambda: LayerwiseRunner(model, spec, calib_ids, batch_size=8)  # noqa: E731
     with ctx:
         plan = pruner.compute_plan(model, spec, runner)
+    info.update({k: plan.info[k] for k in ("layer_ratios", "outlier_fractions") if k in plan.info})
     layers = get_layers(model, spec)
     for idx, lp in plan.layers.items():
         apply_layer_plan_(layer_view(layers[idx], idx, spec, model.config), lp, mode="remove")

@@ -59,12 +59,15 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # name -> (config class, config kwargs, options of this script, label). Every NP setting is spelled out, so a name
 # means the same thing whatever the library's defaults are. Options: "pools" (attention and MLP allocated
-# separately, each losing the ratio of its own parameters), "owl" ((M, λ): outlier-weighted layer budgets, see
-# `owl_layer_ratios`), "budgets_from" (another variant's per-layer removed fractions, e.g. FLAP's: a diagnostic
-# that separates the layer budgets from the choice within a layer).
+# separately, each losing the ratio of its own parameters), "budgets_from" (another variant's per-layer removed
+# fractions, e.g. FLAP's: a diagnostic that separates the layer budgets from the choice within a layer),
+# "centred_scores" (numerical scores on the input covariance: the objective with an intercept).
 _NP = NumericalPruningConfig
 _STD = {"ranking": "cost_weighted", "standardize_per_layer": True, "compensation_damping": 0.1}
 _UNIT = {**_STD, "head_score": "unit"}
+_OWL = {"allocation": "owl", "owl_threshold": 5.0, "owl_lambda": 0.08}
+_LOSS = {**_UNIT, "ranking": "loss"}
+_BIAS = {"compensation_bias": True}
 VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
     "flap": (FLAPConfig, {}, {}, "FLAP"),
     "np_paper": (
@@ -75,53 +78,27 @@ VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
     ),
     "np_prev": (_NP, {**_STD, "head_score": "channel_mean"}, {}, "NP, previous default (std, channel-mean heads)"),
     "np_unit": (_NP, _UNIT, {}, "NP, std, unit head scores"),
-    "np_unit_bias": (_NP, {**_UNIT, "compensation_bias": True}, {}, "NP, unit, bias refit"),
+    "np_unit_bias": (_NP, {**_UNIT, **_BIAS}, {}, "NP, unit, bias refit"),
+    "np_unit_cbias": (_NP, {**_UNIT, **_BIAS}, {"centred_scores": True}, "NP, unit, centred scores, bias refit"),
     "np_unit_seq": (_NP, {**_UNIT, "compensation_inputs": "sequential"}, {}, "NP, unit, sequential refit"),
-    "np_unit_seq_bias": (
-        _NP,
-        {**_UNIT, "compensation_inputs": "sequential", "compensation_bias": True},
-        {},
-        "NP, unit, sequential refit with bias",
-    ),
     "np_unit_pools": (_NP, _UNIT, {"pools": True}, "NP, unit, separate attention / MLP pools"),
-    "np_unit_owl": (_NP, _UNIT, {"owl": (5.0, 0.08)}, "NP, unit, OWL budgets (M 5, λ 0.08)"),
-    "np_unit_owl15": (_NP, _UNIT, {"owl": (5.0, 0.15)}, "NP, unit, OWL budgets (M 5, λ 0.15)"),
-    "np_unit_owl_bias": (
-        _NP,
-        {**_UNIT, "compensation_bias": True},
-        {"owl": (5.0, 0.08)},
-        "NP, unit, OWL budgets, bias refit",
-    ),
     "np_unit_flapbudget": (_NP, _UNIT, {"budgets_from": "flap"}, "NP, unit, FLAP's layer budgets (diagnostic)"),
     "np_unit_d1": (_NP, {**_UNIT, "compensation_damping": 1.0}, {}, "NP, unit, damping 1"),
-    "np_unit_owl_d1": (_NP, {**_UNIT, "compensation_damping": 1.0}, {"owl": (5.0, 0.08)}, "NP, unit, OWL, damping 1"),
+    "np_unit_owl": (_NP, {**_UNIT, **_OWL}, {}, "NP, unit, OWL budgets (M 5, λ 0.08)"),
+    "np_unit_owl15": (_NP, {**_UNIT, **_OWL, "owl_lambda": 0.15}, {}, "NP, unit, OWL budgets (M 5, λ 0.15)"),
+    "np_unit_owl_bias": (_NP, {**_UNIT, **_OWL, **_BIAS}, {}, "NP, unit, OWL, bias refit"),
+    "np_unit_owl_d1": (_NP, {**_UNIT, **_OWL, "compensation_damping": 1.0}, {}, "NP, unit, OWL, damping 1"),
     "np_unit_cbias_owl": (
         _NP,
-        {**_UNIT, "compensation_bias": True},
-        {"owl": (5.0, 0.08), "centred_scores": True},
+        {**_UNIT, **_OWL, **_BIAS},
+        {"centred_scores": True},
         "NP, unit, centred scores, bias refit, OWL",
     ),
-    "np_unit_cbias": (
-        _NP,
-        {**_UNIT, "compensation_bias": True},
-        {"centred_scores": True},
-        "NP, unit, centred scores, bias refit",
-    ),
-    "np_loss_std_owl": (_NP, {**_UNIT, "ranking": "loss"}, {"owl": (5.0, 0.08)}, "NP, loss ranking, std, OWL"),
-    "np_loss_std_bias_owl": (
-        _NP,
-        {**_UNIT, "ranking": "loss", "compensation_bias": True},
-        {"owl": (5.0, 0.08)},
-        "NP, loss ranking, std, bias refit, OWL",
-    ),
     "np_loss": (_NP, {"ranking": "loss", "standardize_per_layer": False}, {}, "NP, loss ranking (L* / param)"),
-    "np_loss_std": (_NP, {**_UNIT, "ranking": "loss"}, {}, "NP, loss ranking, std"),
-    "np_loss_std_bias": (
-        _NP,
-        {**_UNIT, "ranking": "loss", "compensation_bias": True},
-        {},
-        "NP, loss ranking, std, bias refit (FLAP's metric with the optimal refit)",
-    ),
+    "np_loss_std": (_NP, _LOSS, {}, "NP, loss ranking, std"),
+    "np_loss_std_bias": (_NP, {**_LOSS, **_BIAS}, {}, "NP, loss ranking, std, bias refit"),
+    "np_loss_std_owl": (_NP, {**_LOSS, **_OWL}, {}, "NP, loss ranking, std, OWL"),
+    "np_loss_std_bias_owl": (_NP, {**_LOSS, **_OWL, **_BIAS}, {}, "NP, loss ranking, std, bias refit, OWL"),
 }
 SCREEN = ["flap", "np_prev", "np_unit", "np_unit_bias", "np_unit_pools", "np_unit_owl", "np_unit_flapbudget"]
 
