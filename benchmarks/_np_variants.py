@@ -84,6 +84,11 @@ def _make_pruner(variants, name, ratio, round_to, stats):
         return {v.index: own(v.index) for v in views}, scores, outliers
 
     pruner._collect = cached_collect
+    if opts.get("scores_from") == "flap":  # FLAP's scores (its config's defaults), this method's compensation
+        flap = FLAPPruner(FLAPConfig(pruning_ratio=ratio))
+        pruner.score_layer = lambda view, _: flap.score_layer(
+            view, {k: stats[view.index][k].moments for k in ("attn", "mlp")}
+        )
     if opts.get("centred_scores"):  # numerical scores on the covariance (the objective with an intercept)
         scores = pruner._scores
 

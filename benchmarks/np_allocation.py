@@ -61,7 +61,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # means the same thing whatever the library's defaults are. Options: "pools" (attention and MLP allocated
 # separately, each losing the ratio of its own parameters), "budgets_from" (another variant's per-layer removed
 # fractions, e.g. FLAP's: a diagnostic that separates the layer budgets from the choice within a layer),
-# "centred_scores" (numerical scores on the input covariance: the objective with an intercept).
+# "centred_scores" (numerical scores on the input covariance: the objective with an intercept), "scores_from"
+# ("flap": FLAP's scores with NP's compensation, a diagnostic).
 _NP = NumericalPruningConfig
 _STD = {"ranking": "cost_weighted", "standardize_per_layer": True, "compensation_damping": 0.1}
 _UNIT = {**_STD, "head_score": "unit"}
@@ -97,6 +98,38 @@ VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
     "np_loss": (_NP, {"ranking": "loss", "standardize_per_layer": False}, {}, "NP, loss ranking (L* / param)"),
     "np_loss_std": (_NP, _LOSS, {}, "NP, loss ranking, std"),
     "np_loss_std_bias": (_NP, {**_LOSS, **_BIAS}, {}, "NP, loss ranking, std, bias refit"),
+    "np_loss_std_bias_d1": (
+        _NP,
+        {**_LOSS, **_BIAS, "compensation_damping": 1.0},
+        {},
+        "NP, loss, std, bias, damping 1",
+    ),
+    "np_loss_std_bias_d10": (
+        _NP,
+        {**_LOSS, **_BIAS, "compensation_damping": 10.0},
+        {},
+        "NP, loss, std, bias, damping 10",
+    ),
+    "np_unit_owl_bias_d1": (
+        _NP,
+        {**_UNIT, **_OWL, **_BIAS, "compensation_damping": 1.0},
+        {},
+        "NP, unit, OWL, bias, d 1",
+    ),
+    "np_flapscores_bias": (_NP, {**_UNIT, **_BIAS}, {"scores_from": "flap"}, "FLAP's scores, NP's bias refit"),
+    "np_flapscores_bias_d1": (
+        _NP,
+        {**_UNIT, **_BIAS, "compensation_damping": 1.0},
+        {"scores_from": "flap"},
+        "FLAP's scores, NP's bias refit, damping 1",
+    ),
+    "np_dloss_std_bias": (
+        _NP,
+        {**_LOSS, **_BIAS, "score_correlations": False},
+        {},
+        "NP, loss ranking without correlations, std, bias refit",
+    ),
+    "np_dunit_bias": (_NP, {**_UNIT, **_BIAS, "score_correlations": False}, {}, "NP, unit, no correlations, bias"),
     "np_loss_std_owl": (_NP, {**_LOSS, **_OWL}, {}, "NP, loss ranking, std, OWL"),
     "np_loss_std_bias_owl": (_NP, {**_LOSS, **_OWL, **_BIAS}, {}, "NP, loss ranking, std, bias refit, OWL"),
 }

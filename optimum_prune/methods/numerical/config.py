@@ -53,6 +53,11 @@ class NumericalPruningConfig(StructuredPruningConfig):
             sum; `"channel_mean"` (the paper's formula): the mean of its channels' scores, which, the scores being
             ≈ 1 − c/importance, ranks it by the harmonic mean of its channels' importance: a few weak channels
             decide, and whole KV groups go too readily.
+        score_correlations (`bool`, defaults to `True`): whether the scores (or losses) see the correlations of the
+            input channels (the full Gram, as the paper) or only each channel's energy (its diagonal: the
+            independence approximation, in which a channel's score or removal loss depends on `‖W_:,j‖²·E[x_j²]`
+            alone, or `‖W_:,j‖²·Var(x_j)` with `compensation_bias`, FLAP's metric). The refit always uses the
+            full Gram.
         compensation_inputs (`str`, defaults to `"dense"`): `"dense"` refits on the dense model's inputs (the same
             Grams as the scores; the paper's setting as read by SPEC §A.2) or `"sequential"` (an extension, not in the
             paper): after the masks are fixed, layers are refitted in order on the inputs produced by the already
@@ -74,6 +79,7 @@ class NumericalPruningConfig(StructuredPruningConfig):
     ranking: str = "cost_weighted"
     standardize_per_layer: bool = True
     head_score: str = "unit"
+    score_correlations: bool = True
     compensation_inputs: str = "dense"
     compensation_bias: bool = False
 
@@ -94,6 +100,7 @@ class NumericalPruningConfig(StructuredPruningConfig):
             "ranking": "literal" if literal else "cost_weighted",
             "standardize_per_layer": False,
             "head_score": "channel_mean",
+            "score_correlations": True,
             "compensation_damping": 0.01,
             "compensate": True,
             "compensation_inputs": "dense",

@@ -77,6 +77,8 @@ class NumericalPruner(StructuredPruner):
 
     def _scores(self, W: torch.Tensor, stats: GramStats, unit_size: int = 1) -> torch.Tensor:
         cfg, H = self.config, stats.gram.to(W.device)
+        if not cfg.score_correlations:  # independent inputs: A = diag(‖W_:,j‖²·E[x_j²])
+            H = torch.diag(H.diagonal())
         if cfg.solver == "newton":
             return numerical_scores_newton(
                 W, H, cfg.pruning_ratio, cfg.lambda_, cfg.newton_iters, damping=cfg.score_damping, unit_size=unit_size
@@ -113,6 +115,8 @@ class NumericalPruner(StructuredPruner):
         if cfg.compensation_bias:  # the refit with an intercept acts on the covariance
             mu = stats.mean.to(W.device)
             H = H.double() - torch.outer(mu, mu)
+        if not cfg.score_correlations:  # independent inputs: no refit can help, L*(P) = Σ_{j∈P} ‖W_:,j‖²·H_jj
+            return removal_losses(W, torch.diag(H.diagonal()), groups, compensated=False)
         return removal_losses(W, H, groups, cfg.compensation_damping, compensated=cfg.compensate)
 
     def _loss_scores(self, view: LayerView, stats):
