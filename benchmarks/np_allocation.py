@@ -25,8 +25,6 @@ Writes `<output>.json` after every variant (every number, settings, versions) an
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
 import datetime
 import hashlib
 import json
@@ -35,7 +33,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +40,9 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from _np_stats import collect  # noqa: E402
+from _np_variants import prune_variant  # noqa: E402
 
-import optimum_prune.methods.structured as structured_mod  # noqa: E402
 from optimum_prune import AutoPruner, CalibrationConfig, FLAPConfig, NumericalPruningConfig  # noqa: E402
 from optimum_prune.calibration.data import (  # noqa: E402
     bbc_news_dir,
@@ -53,102 +51,89 @@ from optimum_prune.calibration.data import (  # noqa: E402
     python_docs_dir,
     split_documents,
 )
-from optimum_prune.calibration.sequential import LayerwiseRunner  # noqa: E402
-from optimum_prune.calibration.stats import GramStats, MomentStats  # noqa: E402
-from optimum_prune.functional.allocation import LayerUnits  # noqa: E402
-from optimum_prune.methods.flap import FLAPPruner  # noqa: E402
-from optimum_prune.methods.numerical import NumericalPruner  # noqa: E402
 from optimum_prune.methods.structured import attention_mlp_params  # noqa: E402
-from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view, weight_oi  # noqa: E402
-from optimum_prune.modeling.surgery import apply_layer_plan_  # noqa: E402
+from optimum_prune.modeling.architectures import get_layers, get_spec  # noqa: E402
 
 logger = logging.getLogger("benchmarks.np_allocation")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# name -> (config class, config kwargs, options of this script, label)
+# name -> (config class, config kwargs, options of this script, label). Every NP setting is spelled out, so a name
+# means the same thing whatever the library's defaults are. Options: "pools" (attention and MLP allocated
+# separately, each losing the ratio of its own parameters), "budgets_from" (another variant's per-layer removed
+# fractions, e.g. FLAP's: a diagnostic that separates the layer budgets from the choice within a layer),
+# "centred_scores" (numerical scores on the input covariance: the objective with an intercept), "scores_from"
+# ("flap": FLAP's scores with NP's compensation, a diagnostic).
+_NP = NumericalPruningConfig
+_STD = {"ranking": "cost_weighted", "standardize_per_layer": True, "compensation_damping": 0.1}
+_UNIT = {**_STD, "head_score": "unit"}
+_OWL = {"allocation": "owl", "owl_threshold": 5.0, "owl_lambda": 0.08}
+_LOSS = {**_UNIT, "ranking": "loss"}
+_BIAS = {"compensation_bias": True}
 VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
     "flap": (FLAPConfig, {}, {}, "FLAP"),
-    "np": (NumericalPruningConfig, {}, {}, "NP, default (std, damping 0.1)"),
     "np_paper": (
-        NumericalPruningConfig,
-        {"ranking": "cost_weighted", "standardize_per_layer": False, "compensation_damping": 0.01},
+        _NP,
+        {"standardize_per_layer": False, "head_score": "channel_mean", "compensation_damping": 0.01},
         {},
-        "NP, paper (previous default)",
+        "NP, paper setting",
     ),
-    "np_literal": (NumericalPruningConfig, {"ranking": "literal"}, {}, "NP, paper literal (α × score, unit count)"),
-    "np_std": (NumericalPruningConfig, {"standardize_per_layer": True}, {}, "NP, per-layer standardised"),
-    "np_std_bias": (
-        NumericalPruningConfig,
-        {"standardize_per_layer": True, "compensation_bias": True},
+    "np_prev": (_NP, {**_STD, "head_score": "channel_mean"}, {}, "NP, previous default (std, channel-mean heads)"),
+    "np_unit": (_NP, _UNIT, {}, "NP, std, unit head scores"),
+    "np_unit_bias": (_NP, {**_UNIT, **_BIAS}, {}, "NP, unit, bias refit"),
+    "np_unit_cbias": (_NP, {**_UNIT, **_BIAS}, {"centred_scores": True}, "NP, unit, centred scores, bias refit"),
+    "np_unit_seq": (_NP, {**_UNIT, "compensation_inputs": "sequential"}, {}, "NP, unit, sequential refit"),
+    "np_unit_pools": (_NP, _UNIT, {"pools": True}, "NP, unit, separate attention / MLP pools"),
+    "np_unit_flapbudget": (_NP, _UNIT, {"budgets_from": "flap"}, "NP, unit, FLAP's layer budgets (diagnostic)"),
+    "np_unit_d1": (_NP, {**_UNIT, "compensation_damping": 1.0}, {}, "NP, unit, damping 1"),
+    "np_unit_owl": (_NP, {**_UNIT, **_OWL}, {}, "NP, unit, OWL budgets (M 5, λ 0.08)"),
+    "np_unit_owl15": (_NP, {**_UNIT, **_OWL, "owl_lambda": 0.15}, {}, "NP, unit, OWL budgets (M 5, λ 0.15)"),
+    "np_unit_owl_bias": (_NP, {**_UNIT, **_OWL, **_BIAS}, {}, "NP, unit, OWL, bias refit"),
+    "np_unit_owl_d1": (_NP, {**_UNIT, **_OWL, "compensation_damping": 1.0}, {}, "NP, unit, OWL, damping 1"),
+    "np_unit_cbias_owl": (
+        _NP,
+        {**_UNIT, **_OWL, **_BIAS},
+        {"centred_scores": True},
+        "NP, unit, centred scores, bias refit, OWL",
+    ),
+    "np_loss": (_NP, {"ranking": "loss", "standardize_per_layer": False}, {}, "NP, loss ranking (L* / param)"),
+    "np_loss_std": (_NP, _LOSS, {}, "NP, loss ranking, std"),
+    "np_loss_std_bias": (_NP, {**_LOSS, **_BIAS}, {}, "NP, loss ranking, std, bias refit"),
+    "np_loss_std_bias_d1": (
+        _NP,
+        {**_LOSS, **_BIAS, "compensation_damping": 1.0},
         {},
-        "NP, standardised, refit with bias",
+        "NP, loss, std, bias, damping 1",
     ),
-    "np_std_pools": (NumericalPruningConfig, {"standardize_per_layer": True}, {"pools": True}, "NP, std, sep. pools"),
-    "np_loss": (NumericalPruningConfig, {"ranking": "loss"}, {}, "NP, loss ranking (L* / param)"),
-    "np_loss_bias": (
-        NumericalPruningConfig,
-        {"ranking": "loss", "compensation_bias": True},
+    "np_loss_std_bias_d10": (
+        _NP,
+        {**_LOSS, **_BIAS, "compensation_damping": 10.0},
         {},
-        "NP, loss ranking, refit with bias",
+        "NP, loss, std, bias, damping 10",
     ),
-    "np_loss_pools": (NumericalPruningConfig, {"ranking": "loss"}, {"pools": True}, "NP, loss ranking, sep. pools"),
-    "np_std_d01": (
-        NumericalPruningConfig,
-        {"standardize_per_layer": True, "compensation_damping": 0.1},
+    "np_unit_owl_bias_d1": (
+        _NP,
+        {**_UNIT, **_OWL, **_BIAS, "compensation_damping": 1.0},
         {},
-        "NP, std, compensation damping 0.1",
+        "NP, unit, OWL, bias, d 1",
     ),
-    "np_std_d1": (
-        NumericalPruningConfig,
-        {"standardize_per_layer": True, "compensation_damping": 1.0},
+    "np_flapscores_bias": (_NP, {**_UNIT, **_BIAS}, {"scores_from": "flap"}, "FLAP's scores, NP's bias refit"),
+    "np_flapscores_bias_d1": (
+        _NP,
+        {**_UNIT, **_BIAS, "compensation_damping": 1.0},
+        {"scores_from": "flap"},
+        "FLAP's scores, NP's bias refit, damping 1",
+    ),
+    "np_dloss_std_bias": (
+        _NP,
+        {**_LOSS, **_BIAS, "score_correlations": False},
         {},
-        "NP, std, compensation damping 1",
+        "NP, loss ranking without correlations, std, bias refit",
     ),
-    "np_std_bias_d01": (
-        NumericalPruningConfig,
-        {"standardize_per_layer": True, "compensation_bias": True, "compensation_damping": 0.1},
-        {},
-        "NP, std, bias, damping 0.1",
-    ),
-    "np_std_bias_d1": (
-        NumericalPruningConfig,
-        {"standardize_per_layer": True, "compensation_bias": True, "compensation_damping": 1.0},
-        {},
-        "NP, std, bias, damping 1",
-    ),
-    "np_std_bias_d10": (
-        NumericalPruningConfig,
-        {"standardize_per_layer": True, "compensation_bias": True, "compensation_damping": 10.0},
-        {},
-        "NP, std, bias, damping 10",
-    ),
-    "np_std_nocomp": (
-        NumericalPruningConfig,
-        {"standardize_per_layer": True, "compensate": False},
-        {},
-        "NP, std, no compensation",
-    ),
-    "np_loss_layer": (
-        NumericalPruningConfig,
-        {"ranking": "loss"},
-        {"layer_relative": True},
-        "NP, loss / layer output energy",
-    ),
-    "np_loss_rel": (
-        NumericalPruningConfig,
-        {"ranking": "loss"},
-        {"relative": True},
-        "NP, loss / residual energy",
-    ),
-    "np_loss_rel_bias": (
-        NumericalPruningConfig,
-        {"ranking": "loss", "compensation_bias": True},
-        {"relative": True},
-        "NP, loss / residual energy, bias",
-    ),
+    "np_dunit_bias": (_NP, {**_UNIT, **_BIAS, "score_correlations": False}, {}, "NP, unit, no correlations, bias"),
+    "np_loss_std_owl": (_NP, {**_LOSS, **_OWL}, {}, "NP, loss ranking, std, OWL"),
+    "np_loss_std_bias_owl": (_NP, {**_LOSS, **_OWL, **_BIAS}, {}, "NP, loss ranking, std, bias refit, OWL"),
 }
-SCREEN = ["flap", "np_literal", "np_paper", "np_std", "np_std_bias", "np_loss", "np_loss_bias", "np_loss_pools",
-          "np_loss_rel"]  # fmt: skip
+SCREEN = ["flap", "np_prev", "np_unit", "np_unit_bias", "np_unit_pools", "np_unit_owl", "np_unit_flapbudget"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -173,6 +158,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--output", type=Path, default=None, help="JSON path (default: results/np_allocation_<model>.json)")
     p.add_argument("--note", default="")
+    p.add_argument("--collect-only", action="store_true", help="only collect (and cache) the statistics")
+    p.add_argument(
+        "--stats-cache",
+        type=Path,
+        default=Path("/tmp/optimum_prune_np_stats"),
+        help="folder of the cached dense statistics (one file per model and calibration ids)",
+    )
     args = p.parse_args(argv)
     try:
         args.limit = {v: [float(r) for r in rs.split(",")] for v, rs in (x.split("=") for x in args.limit)}
@@ -226,136 +218,6 @@ def perplexity(model: torch.nn.Module, windows: torch.Tensor) -> float:
         nll += F.cross_entropy(logits[:-1].float(), row[1:], reduction="sum").double().item()
         count += row.numel() - 1
     return math.exp(nll / count)
-
-
-# ---------------------------------------------------------------------------------------------------- statistics
-class _Both:
-    """Feeds one module input to NP's Gram and FLAP's moments."""
-
-    def __init__(self, dim: int) -> None:
-        self.gram, self.moments = GramStats(dim), MomentStats(dim)
-
-    def update(self, x: torch.Tensor) -> None:
-        self.gram.update(x)
-        self.moments.update(x)
-
-
-class _Energy:
-    """Mean squared norm of a layer's residual input."""
-
-    def __init__(self) -> None:
-        self.total, self.count = 0.0, 0
-
-    def update(self, x: torch.Tensor) -> None:
-        x = x.reshape(-1, x.shape[-1]).double()
-        self.total += float((x * x).sum())
-        self.count += x.shape[0]
-
-    @property
-    def value(self) -> float:
-        return self.total / max(self.count, 1)
-
-
-@torch.no_grad()
-def collect(model, spec, ids: torch.Tensor, batch_size: int = 8) -> dict[int, dict[str, Any]]:
-    run = LayerwiseRunner(model, spec, ids, batch_size=batch_size)
-    stats = {}
-    for i, layer in enumerate(get_layers(model, spec)):
-        view = layer_view(layer, i, spec, model.config)
-        acc = {
-            "attn": _Both(weight_oi(view.o_proj).shape[1]),
-            "mlp": _Both(view.intermediate_size),
-            "resid": _Energy(),
-        }
-        observe = {"attn": view.o_proj, "mlp": view.mlp_out, "resid": layer}
-        run.advance(run.run_layer(i, observe=observe, callback=lambda n, x: acc[n].update(x)))  # noqa: B023
-        stats[i] = acc
-        logger.info("layer %d: residual energy %.3g", i, acc["resid"].value)
-    return stats
-
-
-# ------------------------------------------------------------------------------------------------------- variants
-def _pooled_allocate(attn_total: float, mlp_total: float):
-    """`allocate` with attention and MLP as separate pools, each losing `ratio` of its own parameters."""
-    base = structured_mod.allocate
-
-    def allocate(units, ratio, total_cost, mode="global", head_weight=1.0):
-        if mode != "global":
-            return base(units, ratio, total_cost, mode=mode, head_weight=head_weight)
-        att = [LayerUnits(u.head_scores, u.head_cost, u.max_head_units, None, 0.0, 0) for u in units]
-        mlp = [LayerUnits(None, 0.0, 0, u.channel_scores, u.channel_cost, u.max_channels) for u in units]
-        heads, _ = base(att, ratio, attn_total, mode=mode)
-        _, chans = base(mlp, ratio, mlp_total, mode=mode)
-        return heads, chans
-
-    return allocate
-
-
-def _output_energy(module, gram: torch.Tensor) -> float:
-    """E‖W x‖² = tr(W H Wᵀ) of a projection over the calibration tokens."""
-    W = weight_oi(module).detach().double()
-    return float(((W @ gram.double()) * W).sum())
-
-
-def make_pruner(name: str, ratio: float, round_to: int, stats, attn_total: float, mlp_total: float):
-    cls, kwargs, opts, _ = VARIANTS[name]
-    config = cls(pruning_ratio=ratio, round_to=round_to, **kwargs)
-    pruner = (FLAPPruner if cls is FLAPConfig else NumericalPruner)(config)
-    key = "moments" if cls is FLAPConfig else "gram"
-
-    def own(i: int) -> dict[str, Any]:
-        return {k: getattr(stats[i][k], key) for k in ("attn", "mlp")}
-
-    def cached_collect(views, runner):  # the dense statistics, already collected: score them, keep them
-        scores = {}
-        for view in views:
-            head, chan = pruner.score_layer(view, own(view.index))
-            if opts.get("relative"):
-                e = stats[view.index]["resid"].value
-                head, chan = head / e, chan / e
-            if opts.get("layer_relative"):  # the loss as a fraction of the layer's dense update E‖Δh‖²
-                e = sum(_output_energy(m, stats[view.index][k].gram.gram) for k, m in (("attn", view.o_proj),
-                        ("mlp", view.mlp_out)))  # fmt: skip
-                head, chan = head / e, chan / e
-            scores[view.index] = (head, chan)
-        return {v.index: own(v.index) for v in views}, scores
-
-    pruner._collect = cached_collect
-    ctx = contextlib.nullcontext()
-    if opts.get("pools"):
-        ctx = _patched(structured_mod, "allocate", _pooled_allocate(attn_total, mlp_total))
-    return pruner, ctx
-
-
-@contextlib.contextmanager
-def _patched(obj, name, value):
-    old = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, old)
-
-
-@torch.no_grad()
-def prune_variant(dense, spec, name, ratio, round_to, stats, totals):
-    model = copy.deepcopy(dense)
-    t0 = time.perf_counter()
-    pruner, ctx = make_pruner(name, ratio, round_to, stats, *totals)
-    pruner.validate(model, spec)
-    with ctx:
-        plan = pruner.compute_plan(model, spec, None)
-    layers = get_layers(model, spec)
-    for idx, lp in plan.layers.items():
-        apply_layer_plan_(layer_view(layers[idx], idx, spec, model.config), lp, mode="remove")
-    shapes = {
-        i: [
-            layer_view(layer, i, spec, model.config).num_heads,
-            layer_view(layer, i, spec, model.config).intermediate_size,
-        ]
-        for i, layer in enumerate(layers)
-    }
-    return model, time.perf_counter() - t0, shapes, pruner.config.to_dict()
 
 
 # --------------------------------------------------------------------------------------------------------- output
@@ -477,18 +339,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             old["settings"][k] == getattr(args, k)
             for k in ("eval_tokens", "eval_seq_len", "long_eval_seq_len", "round_to")
         ):
-            res["runs"], res["dense"] = old["runs"], old["dense"]
+            res["runs"], res["dense"], res["collect_s"] = old["runs"], old["dense"], old.get("collect_s", 0.0)
             res["settings"]["variants"] = list(dict.fromkeys(old["settings"]["variants"] + args.variants))
             logger.info("Resuming %s: %d runs kept", args.output, len(res["runs"]))
+    sha = res["settings"]["calibration_ids_sha256"]
+    stats, seconds = collect(dense, spec, calib_ids, cache=args.stats_cache / f"{args.model}_{sha[:16]}.pt")
+    res["collect_s"] = seconds or res.get("collect_s", 0.0)
+    logger.info("Statistics collected in %.0f s", res["collect_s"])
+    if args.collect_only:
+        return res
     for t, w in windows.items():
         if t not in res["dense"]:
             res["dense"][t] = perplexity(dense, w)
             logger.info("dense %s: %.3f", t, res["dense"][t])
 
-    t0 = time.perf_counter()
-    stats = collect(dense, spec, calib_ids)
-    res["collect_s"] = time.perf_counter() - t0
-    logger.info("Statistics collected in %.0f s", res["collect_s"])
     layers = get_layers(dense, spec)
     attn_total = sum(
         p.numel()
@@ -505,9 +369,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 continue
             if name in args.limit and ratio not in args.limit[name]:
                 continue
-            model, prune_s, shapes, config = prune_variant(dense, spec, name, ratio, args.round_to, stats, totals)
+            model, prune_s, shapes, config, info = prune_variant(
+                VARIANTS, dense, spec, name, ratio, args.round_to, stats, calib_ids, totals
+            )
             run = {"variant": name, "ratio": ratio, "prune_s": prune_s, "shapes": shapes, "config": config,
-                   "measured": 1 - attention_mlp_params(model, spec) / before}  # fmt: skip
+                   "measured": 1 - attention_mlp_params(model, spec) / before, **info}  # fmt: skip
             for t, w in windows.items():
                 run[t] = perplexity(model, w)
             res["runs"].append(run)

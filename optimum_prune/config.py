@@ -145,7 +145,12 @@ class StructuredPruningConfig(PruningConfig):
             The report gives the measured value.
         allocation (`str`, defaults to `"global"`): `"global"` ranks every unit of every layer together (per-layer
             shapes then differ); `"uniform"` removes the same fraction from every layer (the checkpoint then loads
-            with stock `transformers` and engines such as vLLM).
+            with stock `transformers` and engines such as vLLM); `"owl"` gives each layer its own budget from its
+            activation outliers (OWL, Yin et al., ICML 2024: the share of its weights whose `|W_ij|·‖X_j‖` exceeds
+            `owl_threshold` × the layer's mean, rescaled to ±`owl_lambda` around the ratio; outlier-rich layers lose
+            less), then ranks the layer's heads and channels together. Needs calibration data.
+        owl_threshold (`float`, defaults to `5.0`) / owl_lambda (`float`, defaults to `0.08`): OWL's M and λ (the
+            paper's LLaMA settings); used by `allocation="owl"` only.
         prune_attention (`bool`, defaults to `True`) / prune_mlp (`bool`, defaults to `True`): which parts to prune.
         gqa_mode (`str`, defaults to `"auto"`): `"group"` removes whole KV groups (1 KV head + its query heads);
             `"query"` removes only query heads, the same number from every group of a layer; `"auto"` uses
@@ -169,11 +174,17 @@ class StructuredPruningConfig(PruningConfig):
     min_mlp_channels_per_layer: int = 1
     round_to: int = 64
     skip_layers: tuple[int, ...] = field(default_factory=tuple)
+    owl_threshold: float = 5.0
+    owl_lambda: float = 0.08
 
     def __post_init__(self) -> None:
         super().__post_init__()
         validate_ratio("pruning_ratio", self.pruning_ratio)
-        _choice("allocation", self.allocation, ("global", "uniform"))
+        _choice("allocation", self.allocation, ("global", "uniform", "owl"))
+        if not self.owl_threshold > 0 or not 0 <= self.owl_lambda < 0.5:
+            raise ValueError(
+                f"`owl_threshold` must be > 0 and `owl_lambda` in [0, 0.5), got {self.owl_threshold}, {self.owl_lambda}."
+            )
         _choice("gqa_mode", self.gqa_mode, ("auto", "group", "query"))
         for name in ("min_heads_per_layer", "min_mlp_channels_per_layer", "round_to"):
             value = getattr(self, name)

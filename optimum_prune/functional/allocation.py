@@ -9,7 +9,15 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["LayerUnits", "allocate", "literal_head_weight", "round_kept_channels"]
+__all__ = [
+    "LayerUnits",
+    "allocate",
+    "allocate_per_layer",
+    "literal_head_weight",
+    "outlier_fraction",
+    "owl_layer_ratios",
+    "round_kept_channels",
+]
 
 
 @dataclass
@@ -134,6 +142,40 @@ def allocate(units: list[LayerUnits], ratio: float, total_cost: float, mode: str
                 "Lower `pruning_ratio` or relax `min_heads_per_layer` / `min_mlp_channels_per_layer`."
             )
     return [sorted(r[0]) for r in removed], [sorted(r[1]) for r in removed]
+
+
+def outlier_fraction(metrics: list[torch.Tensor], threshold: float) -> float:
+    """OWL's layer outlier ratio (Yin et al., ICML 2024): the fraction of a layer's weights whose metric (Wanda's
+    `|W_ij|·‖X_j‖`) exceeds `threshold` × the mean metric over all of the layer's weights."""
+    m = torch.cat([x.detach().double().flatten() for x in metrics])
+    return float((m > threshold * m.mean()).double().mean())
+
+
+def owl_layer_ratios(fractions: list[float], ratio: float, lam: float, max_ratio: float = 0.95) -> list[float]:
+    """OWL's non-uniform layer ratios: the outlier fractions rescaled to `[0, 2λ]` and centred, so that a layer keeps
+    `1 − ratio + (its share above the mean)`: outlier-rich layers are pruned less, the mean ratio stays `ratio`
+    (clipped to `[0, max_ratio]`)."""
+    f = torch.tensor(fractions, dtype=torch.float64)
+    spread = (f - f.min()) / (f.max() - f.min()).clamp_min(1e-12) * 2 * lam
+    return (ratio - (spread - spread.mean())).clamp(0.0, max_ratio).tolist()
+
+
+def allocate_per_layer(units: list[LayerUnits], ratios: list[float], totals: list[float]):
+    """[`allocate`] with one budget per layer: layer `l` loses `ratios[l]` of `totals[l]` (its attention + MLP
+    parameters), its attention units and MLP channels ranked together by score and cost."""
+    removed_heads, removed_channels = [], []
+    for li, (u, r, total) in enumerate(zip(units, ratios, totals)):
+        if r <= 0 or (u.head_scores is None and u.channel_scores is None):
+            removed_heads.append([])
+            removed_channels.append([])
+            continue
+        try:
+            heads, chans = allocate([u], r, total)
+        except ValueError as e:
+            raise ValueError(f"layer {li}: {e}") from None
+        removed_heads += heads
+        removed_channels += chans
+    return removed_heads, removed_channels
 
 
 def round_kept_channels(scores: torch.Tensor, removed: list[int], multiple: int, max_remove: int) -> list[int]:

@@ -4,7 +4,8 @@ Lifecycle:
   - one dense calibration pass, layer by layer: `layer_stats` says which module inputs to observe, the runner feeds
     them, `score_layer` turns them into per-query-head and per-channel scores (lower = removed first);
   - heads become units (whole KV groups, or query-head ranks inside groups) with parameter costs, and
-    `functional.allocation` picks the units to remove (global cost-weighted ranking, or uniform);
+    `functional.allocation` picks the units to remove (global cost-weighted ranking, uniform, or per-layer budgets
+    weighted by each layer's activation outliers, OWL: the same pass then also measures each layer's outliers);
   - `finalize_layer` writes the compensated weights / biases of the kept units into a `LayerPlan`.
 """
 
@@ -17,13 +18,30 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..calibration.stats import SquaredNormStats
 from ..config import StructuredPruningConfig
-from ..functional.allocation import LayerUnits, allocate, round_kept_channels
+from ..functional.allocation import (
+    LayerUnits,
+    allocate,
+    allocate_per_layer,
+    outlier_fraction,
+    owl_layer_ratios,
+    round_kept_channels,
+)
 from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
 from ..plan import LayerPlan, PruningPlan
 from .base import BasePruner, RunnerFactory
 
-__all__ = ["StructuredPruner", "resolve_gqa_mode", "attention_mlp_params", "head_costs", "mlp_channel_cost"]
+__all__ = [
+    "StructuredPruner",
+    "resolve_gqa_mode",
+    "attention_mlp_params",
+    "head_costs",
+    "mlp_channel_cost",
+    "layer_params",
+    "layer_outlier_fraction",
+    "owl_inputs",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +78,32 @@ def head_costs(view: LayerView) -> tuple[float, float]:
 def mlp_channel_cost(view: LayerView) -> float:
     """Parameters removed with one MLP channel (rows of the input projections, a column of the output one)."""
     return float(sum(_row_params(view.module(p)) for p in view.spec.mlp_in_paths) + _col_params(view.mlp_out))
+
+
+def layer_params(view: LayerView) -> float:
+    """Parameters of the layer's attention + MLP projections."""
+    return float(sum(p.numel() for mod in view.linears().values() for p in mod.parameters(recurse=False)))
+
+
+def owl_inputs(view: LayerView) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
+    """`{name: (module whose input is observed, projections reading that input)}` for OWL's outlier ratio."""
+    spec = view.spec
+    return {
+        "attn_in": (view.module(spec.qkv_paths[0]), tuple(dict.fromkeys(spec.qkv_paths))),
+        "attn_out": (view.o_proj, (spec.o_path,)),
+        "mlp_in": (view.module(spec.mlp_in_paths[0]), tuple(spec.mlp_in_paths)),
+        "mlp_out": (view.mlp_out, (spec.mlp_out_path,)),
+    }
+
+
+def layer_outlier_fraction(view: LayerView, norms: dict[str, torch.Tensor], threshold: float) -> float:
+    """OWL's outlier ratio of one layer from the per-channel input norms `‖X_j‖` of `owl_inputs`."""
+    metrics = []
+    for name, (_, paths) in owl_inputs(view).items():
+        for path in paths:
+            W = weight_oi(view.module(path)).detach().double()  # (d_out, D)
+            metrics.append(W.abs() * norms[name].to(W)[None])  # Wanda's |W_ij|·‖X_j‖
+    return outlier_fraction(metrics, threshold)
 
 
 def resolve_gqa_mode(mode: str, view: LayerView) -> str:
@@ -101,6 +145,11 @@ class StructuredPruner(BasePruner):
     def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
         super().validate(model, spec)
         n = len(get_layers(model, spec))
+        if self.config.allocation == "owl" and not self.needs_calibration:
+            raise ValueError(
+                f"allocation='owl' sets each layer's budget from its activation outliers, which needs calibration "
+                f"data; {type(self.config).__name__} is data-free. Use allocation='global' or 'uniform'."
+            )
         bad = [i for i in self.config.skip_layers if not 0 <= i < n]
         if bad:
             raise ValueError(f"skip_layers {bad} out of range: the model has {n} layers (0..{n - 1}).")
@@ -113,7 +162,9 @@ class StructuredPruner(BasePruner):
         return [layer_view(layer, i, spec, model.config) for i, layer in enumerate(get_layers(model, spec))]
 
     def _collect(self, views: list[LayerView], runner: RunnerFactory | None):
-        stats, scores = {}, {}
+        """One dense pass: each layer's statistics and scores, and (OWL) its outlier fraction."""
+        stats, scores, outliers = {}, {}, {}
+        owl = self.config.allocation == "owl"
         run = runner() if (runner is not None and self.needs_calibration) else None
         for view in tqdm(views, desc=f"{self.config.method}: scoring layers", leave=False):
             if view.index in self.config.skip_layers:
@@ -121,6 +172,9 @@ class StructuredPruner(BasePruner):
                     run.advance(run.run_layer(view.index))
                 continue
             layer_stats = self.layer_stats(view)
+            if owl:  # per-channel input norms of every projection
+                for name, (mod, _) in owl_inputs(view).items():
+                    layer_stats["owl:" + name] = (mod, SquaredNormStats(weight_oi(mod).shape[1]))
             if run is not None:
                 observe = {name: mod for name, (mod, _) in layer_stats.items()}
                 outputs = run.run_layer(
@@ -129,11 +183,17 @@ class StructuredPruner(BasePruner):
                     callback=lambda name, x: layer_stats[name][1].update(x),  # noqa: B023
                 )
                 run.advance(outputs)
+            if owl:
+                norms = {}
+                for name in owl_inputs(view):
+                    acc = layer_stats.pop("owl:" + name)[1]
+                    norms[name] = (acc.sumsq / max(acc.count, 1)).sqrt()
+                outliers[view.index] = layer_outlier_fraction(view, norms, self.config.owl_threshold)
             acc = {name: a for name, (_, a) in layer_stats.items()}
             scores[view.index] = self.score_layer(view, acc)
             if self.keep_stats():
                 stats[view.index] = {k: (a.to("cpu") if hasattr(a, "to") else a) for k, a in acc.items()}
-        return stats, scores
+        return stats, scores, outliers
 
     def _head_units(self, view: LayerView, head_scores: torch.Tensor):
         """Group per-query-head scores into removable units; returns (unit scores, unit cost, members, max units)."""
@@ -151,10 +211,22 @@ class StructuredPruner(BasePruner):
         max_units = min(g - 1, (h - self.config.min_heads_per_layer) // kv)
         return unit_scores, kv * per_q_head, members, max(max_units, 0)
 
+    def _owl_allocate(self, views, units, outliers, total, info):
+        """Per-layer budgets around the ratio of the prunable layers, shifted by OWL's outlier fractions."""
+        cfg = self.config
+        pruned = [v.index for v in views if v.index in outliers]
+        sizes = [layer_params(v) for v in views]
+        mean_ratio = cfg.pruning_ratio * total / sum(sizes[i] for i in pruned)  # skipped layers keep everything
+        layer_ratio = dict(zip(pruned, owl_layer_ratios([outliers[i] for i in pruned], mean_ratio, cfg.owl_lambda)))
+        ratios = [layer_ratio.get(v.index, 0.0) for v in views]
+        info["layer_ratios"], info["outlier_fractions"] = ratios, [outliers.get(v.index) for v in views]
+        logger.info("OWL layer ratios: %s", [round(r, 3) for r in ratios])
+        return allocate_per_layer(units, ratios, sizes)
+
     def compute_plan(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory | None) -> PruningPlan:
         cfg = self.config
         views = self._views(model, spec)
-        stats, scores = self._collect(views, runner)
+        stats, scores, outliers = self._collect(views, runner)
         units, members = [], {}
         for view in views:
             if view.index not in scores:
@@ -180,9 +252,15 @@ class StructuredPruner(BasePruner):
             )
         total = attention_mlp_params(model, spec)
         mode = getattr(cfg, "ranking", "cost_weighted") == "literal" and "literal" or cfg.allocation
-        head_weight = 4.0 * views[0].head_dim / 3.0
-        removed_heads, removed_channels = allocate(units, cfg.pruning_ratio, total, mode=mode, head_weight=head_weight)
-        plan = PruningPlan(info={"allocation": mode})
+        info: dict[str, Any] = {"allocation": mode}
+        if mode == "owl":
+            removed_heads, removed_channels = self._owl_allocate(views, units, outliers, total, info)
+        else:
+            head_weight = 4.0 * views[0].head_dim / 3.0
+            removed_heads, removed_channels = allocate(
+                units, cfg.pruning_ratio, total, mode=mode, head_weight=head_weight
+            )
+        plan = PruningPlan(info=info)
         for view in tqdm(views, desc=f"{cfg.method}: compensating", leave=False):
             if view.index not in scores:
                 continue

@@ -77,6 +77,83 @@ def test_diagonal_case_ranks_by_wanda_structured_metric():
     assert torch.equal(torch.argsort(z), torch.argsort(metric))
 
 
+def _shared_mask_reference(W, X, m, r, lam_abs=None):
+    """Direct float64 minimiser of f over one mask per unit of m channels (z = P z_u), from X (not from A):
+    min ½‖F z_u − y‖² s.t. m·1ᵀz_u = r (KKT), or + ½λ(m·1ᵀz_u − r)²; F stacks X·diag(W_i)·P over the outputs."""
+    D = X.shape[1]
+    P = torch.zeros(D, D // m, dtype=X.dtype)
+    P[torch.arange(D), torch.arange(D) // m] = 1
+    F = torch.cat([(X * W[i]) @ P for i in range(W.shape[0])])  # (N·d_out, n)
+    y = torch.cat([X @ W[i] for i in range(W.shape[0])])  # (N·d_out,)
+    c = torch.full((D // m,), float(m), dtype=X.dtype)
+    if lam_abs is None:
+        n = D // m
+        K = torch.zeros(n + 1, n + 1, dtype=X.dtype)
+        K[:n, :n], K[:n, n], K[n, :n] = F.T @ F, c, c
+        return torch.linalg.solve(K, torch.cat([F.T @ y, torch.tensor([r], dtype=X.dtype)]))[:n]
+    return torch.linalg.solve(F.T @ F + lam_abs * torch.outer(c, c), F.T @ y + lam_abs * r * c)
+
+
+@pytest.mark.parametrize("m", [1, 2, 5])
+@pytest.mark.parametrize("lam", [None, 2.0])
+def test_unit_scores_minimise_the_objective_with_one_mask_per_unit(m, lam):
+    W, X, H = _problem()
+    N, D = X.shape
+    z = numerical_scores(W, H, ratio=0.4, lambda_=lam, damping=0, unit_size=m)
+    lam_abs = None if lam is None else lam * score_matrix(W, H).diagonal().mean() * N  # H is X'X / N
+    torch.testing.assert_close(z, _shared_mask_reference(W, X, m, 0.6 * D, lam_abs), rtol=1e-7, atol=1e-9)
+    if lam is not None:
+        z_nt = numerical_scores_newton(W, H, ratio=0.4, lambda_=lam, iters=3, damping=0, unit_size=m)
+        torch.testing.assert_close(z_nt, z, rtol=1e-8, atol=1e-10)
+
+
+def test_unit_scores_weigh_channels_by_their_sum_not_their_harmonic_mean():
+    """(b): uncorrelated inputs, orthogonal columns; head 0 has three strong channels and one weak, head 1 four
+    middling ones. The mean of the channel scores (≈ 1 − c/importance) sinks head 0 below head 1; the unit's own
+    score ranks by the summed importance (30.01 vs 4)."""
+    importance = torch.tensor([10.0, 10.0, 10.0, 0.01, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
+    Q = torch.linalg.qr(torch.randn(8, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64))[0]
+    W, H = Q, torch.diag(importance)  # A = (WᵀW)∘H = diag(importance)
+    channel_mean = numerical_scores(W, H, 0.5, damping=0).view(2, 4).mean(1)
+    unit = numerical_scores(W, H, 0.5, damping=0, unit_size=4)
+    assert channel_mean[0] < channel_mean[1] and unit[0] > unit[1]
+    torch.testing.assert_close(unit, 1 - 0.5 * 8 / (4 * (1 / 30.01 + 1 / 4)) / importance.view(2, 4).sum(1))
+
+
+def test_unit_scores_of_a_dead_unit_are_minus_infinity():
+    W, _, H = _problem()
+    H[:2, :] = H[:, :2] = 0  # both channels of unit 0 are dead
+    z = numerical_scores(W, H, 0.3, unit_size=2)
+    assert z[0] == float("-inf") and torch.isfinite(z[1:]).all()
+
+
+@pytest.mark.parametrize(("arch", "gqa_mode"), [("llama", "auto"), ("llama_gqa", "group"), ("llama_gqa", "query")])
+def test_head_scores_are_the_units_scores_in_channel_units(arch, gqa_mode):
+    """head_score="unit": every query head carries its unit's score (a KV group in group mode, itself in query
+    mode), standardised with the mean / std of the module's channel scores; "channel_mean" is the paper's mean."""
+    from testing_utils import tiny_model
+
+    from optimum_prune.calibration.stats import GramStats
+    from optimum_prune.methods.numerical import NumericalPruner
+    from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view, weight_oi
+
+    model = tiny_model(arch)
+    spec = get_spec(model)
+    view = layer_view(get_layers(model, spec)[0], 0, spec, model.config)
+    stats = GramStats(view.num_heads * view.head_dim)
+    stats.update(torch.randn(64, view.num_heads * view.head_dim, generator=torch.Generator().manual_seed(0)))
+    W = weight_oi(view.o_proj).detach()
+    z = numerical_scores(W, stats.gram, 0.3)
+    per_unit = view.group_size if gqa_mode == "group" else 1
+    zu = numerical_scores(W, stats.gram, 0.3, unit_size=per_unit * view.head_dim)
+    cfg = NumericalPruningConfig(pruning_ratio=0.3, gqa_mode=gqa_mode)
+    head = NumericalPruner(cfg)._head_scores(view, stats)
+    torch.testing.assert_close(head, ((zu - z.mean()) / z.std()).repeat_interleave(per_unit))
+    paper_cfg = NumericalPruningConfig.paper(pruning_ratio=0.3, gqa_mode=gqa_mode)
+    paper = NumericalPruner(paper_cfg)._head_scores(view, stats)
+    torch.testing.assert_close(paper, z.view(view.num_heads, view.head_dim).mean(1))
+
+
 def test_dead_channels_are_pruned_first():
     W, _, H = _problem()
     H[3, :] = H[:, 3] = 0
@@ -232,7 +309,7 @@ def test_loss_ranking_scores_units_by_loss_per_parameter(arch):
     stats = {"attn": GramStats(view.num_heads * view.head_dim), "mlp": GramStats(view.intermediate_size)}
     for s in stats.values():
         s.update(torch.randn(64, s.sum.shape[0], generator=g) + 0.3)
-    pruner = NumericalPruner(NumericalPruningConfig(ranking="loss"))
+    pruner = NumericalPruner(NumericalPruningConfig(ranking="loss", standardize_per_layer=False))
     head, chan = pruner.score_layer(view, stats)
     W_o, W_d = weight_oi(view.o_proj).detach(), weight_oi(view.mlp_out).detach()
     per_q_head, per_group = head_costs(view)
@@ -246,6 +323,12 @@ def test_loss_ranking_scores_units_by_loss_per_parameter(arch):
         assert per_group == pytest.approx(2 * per_q_head)  # q, o plus k, v rows
     chan_expected = removal_losses(W_d, stats["mlp"].gram, torch.arange(view.intermediate_size)[:, None], damp)
     torch.testing.assert_close(chan, chan_expected / mlp_channel_cost(view))
+    # standardised: a unit's loss per channel, in the units of the module's single-channel losses
+    head_std, chan_std = NumericalPruner(NumericalPruningConfig(ranking="loss")).score_layer(view, stats)
+    single = removal_losses(W_o, stats["attn"].gram, torch.arange(view.num_heads * d)[:, None], damp)
+    unit = removal_losses(W_o, stats["attn"].gram, groups, damp) / (gsz * d)
+    torch.testing.assert_close(head_std, ((unit - single.mean()) / single.std()).repeat_interleave(gsz))
+    torch.testing.assert_close(chan_std, (chan_expected - chan_expected.mean()) / chan_expected.std())
 
 
 def test_loss_ranking_rejects_score_options():
@@ -271,7 +354,8 @@ def test_paper_preset_is_the_papers_setting():
     assert (cfg.pruning_ratio, cfg.round_to, cfg.ranking) == (0.3, 8, "cost_weighted")
     assert not cfg.standardize_per_layer and not cfg.compensation_bias and cfg.compensation_inputs == "dense"
     assert cfg.lambda_ is None and cfg.compensate and cfg.compensation_damping == 0.01
+    assert cfg.head_score == "channel_mean"
     default = NumericalPruningConfig()  # the measured default differs from the paper in allocation and damping
-    assert default.standardize_per_layer and default.compensation_damping == 0.1
+    assert default.standardize_per_layer and default.compensation_damping == 0.1 and default.head_score == "unit"
     assert NumericalPruningConfig.paper(literal=True).ranking == "literal"
     assert NumericalPruningConfig.from_dict(cfg.to_dict()) == cfg

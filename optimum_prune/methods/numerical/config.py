@@ -43,8 +43,21 @@ class NumericalPruningConfig(StructuredPruningConfig):
             optimal refit, Thm. 3's `L* = tr(W_P ((H⁻¹)_PP)⁻¹ W_Pᵀ)` (`tr(W_P H_PP W_Pᵀ)` without compensation), per
             parameter it removes; absolute, so it compares units across modules and layers; measured: it
             over-prunes the first layers, whose residual stream is small, and fails; kept for research).
-        standardize_per_layer (`bool`, defaults to `True`): z-score each module's numerical scores before the
-            global ranking (FLAP does; the paper does not). Ignored by `ranking="loss"`.
+        standardize_per_layer (`bool`, defaults to `True`): z-score each module's scores before the global ranking
+            (FLAP does; the paper does not); a head / KV group is expressed in the units of its module's channel
+            scores. With `ranking="loss"` the losses are standardised the same way (a unit's loss over its channel
+            count, against the module's single-channel losses) instead of divided by the parameters they remove.
+        head_score (`str`, defaults to `"unit"`): how a head or KV group is scored. `"unit"`: the numerical score of
+            the unit itself, the paper's objective solved with one mask per unit (the mask pruning applies; see
+            `functional.numerical_scores(unit_size=...)`), so the unit weighs its channels' importance by their
+            sum; `"channel_mean"` (the paper's formula): the mean of its channels' scores, which, the scores being
+            ≈ 1 − c/importance, ranks it by the harmonic mean of its channels' importance: a few weak channels
+            decide, and whole KV groups go too readily.
+        score_correlations (`bool`, defaults to `True`): whether the scores (or losses) see the correlations of the
+            input channels (the full Gram, as the paper) or only each channel's energy (its diagonal: the
+            independence approximation, in which a channel's score or removal loss depends on `‖W_:,j‖²·E[x_j²]`
+            alone, or `‖W_:,j‖²·Var(x_j)` with `compensation_bias`, FLAP's metric). The refit always uses the
+            full Gram.
         compensation_inputs (`str`, defaults to `"dense"`): `"dense"` refits on the dense model's inputs (the same
             Grams as the scores; the paper's setting as read by SPEC §A.2) or `"sequential"` (an extension, not in the
             paper): after the masks are fixed, layers are refitted in order on the inputs produced by the already
@@ -65,6 +78,8 @@ class NumericalPruningConfig(StructuredPruningConfig):
     compensation_damping: float = 0.1
     ranking: str = "cost_weighted"
     standardize_per_layer: bool = True
+    head_score: str = "unit"
+    score_correlations: bool = True
     compensation_inputs: str = "dense"
     compensation_bias: bool = False
 
@@ -72,7 +87,8 @@ class NumericalPruningConfig(StructuredPruningConfig):
     def paper(cls, pruning_ratio: float = 0.2, literal: bool = False, **kwargs) -> NumericalPruningConfig:
         """The paper's setting, for reproducing it (SPEC §A.2 / §A.7): each module's exact-constraint numerical
         scores ranked together in one global cost-weighted ranking (α = 4·D_h/3 as a parameter cost), no
-        standardisation, dense compensation of the weights only (no bias).
+        standardisation, a head scored by the mean of its channels' scores, dense compensation of the weights only
+        (no bias).
 
         Args:
             pruning_ratio (`float`, defaults to `0.2`): fraction of the attention + MLP parameters to remove.
@@ -83,6 +99,8 @@ class NumericalPruningConfig(StructuredPruningConfig):
         settings = {
             "ranking": "literal" if literal else "cost_weighted",
             "standardize_per_layer": False,
+            "head_score": "channel_mean",
+            "score_correlations": True,
             "compensation_damping": 0.01,
             "compensate": True,
             "compensation_inputs": "dense",
@@ -95,6 +113,7 @@ class NumericalPruningConfig(StructuredPruningConfig):
         _choice("compensation_inputs", self.compensation_inputs, ("dense", "sequential"))
         _choice("solver", self.solver, ("closed_form", "newton"))
         _choice("ranking", self.ranking, ("cost_weighted", "literal", "loss"))
+        _choice("head_score", self.head_score, ("unit", "channel_mean"))
         if self.ranking == "loss" and self.solver != "closed_form":
             raise ValueError(
                 "ranking='loss' ranks units by their removal loss, not by numerical scores: solver='newton' does "

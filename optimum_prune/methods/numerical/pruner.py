@@ -41,10 +41,12 @@ def _head_means(z: torch.Tensor) -> torch.Tensor:
     return torch.where(n > 0, total / n.clamp_min(1), torch.full_like(total, float("-inf")))
 
 
-def _standardize(x: torch.Tensor) -> torch.Tensor:
-    finite = torch.isfinite(x)
-    m, s = x[finite].mean(), x[finite].std().clamp_min(1e-12)
-    return torch.where(finite, (x - m) / s, x)
+def _standardize(x: torch.Tensor, ref: torch.Tensor | None = None) -> torch.Tensor:
+    """`(x − mean) / std` with the mean / std of the finite entries of `ref` (default `x`); −∞ stays."""
+    ref = x if ref is None else ref
+    finite = torch.isfinite(ref)
+    m, s = ref[finite].mean(), ref[finite].std().clamp_min(1e-12)
+    return torch.where(torch.isfinite(x), (x - m) / s, x)
 
 
 class NumericalPruner(StructuredPruner):
@@ -73,25 +75,38 @@ class NumericalPruner(StructuredPruner):
             out["mlp"] = (view.mlp_out, GramStats(view.intermediate_size))
         return out
 
-    def _scores(self, W: torch.Tensor, stats: GramStats) -> torch.Tensor:
+    def _scores(self, W: torch.Tensor, stats: GramStats, unit_size: int = 1) -> torch.Tensor:
         cfg, H = self.config, stats.gram.to(W.device)
+        if not cfg.score_correlations:  # independent inputs: A = diag(‖W_:,j‖²·E[x_j²])
+            H = torch.diag(H.diagonal())
         if cfg.solver == "newton":
-            z = numerical_scores_newton(
-                W, H, cfg.pruning_ratio, cfg.lambda_, cfg.newton_iters, damping=cfg.score_damping
+            return numerical_scores_newton(
+                W, H, cfg.pruning_ratio, cfg.lambda_, cfg.newton_iters, damping=cfg.score_damping, unit_size=unit_size
             )
-        else:
-            z = numerical_scores(W, H, cfg.pruning_ratio, cfg.lambda_, damping=cfg.score_damping)
-        return _standardize(z) if cfg.standardize_per_layer else z
+        return numerical_scores(W, H, cfg.pruning_ratio, cfg.lambda_, damping=cfg.score_damping, unit_size=unit_size)
+
+    def _head_scores(self, view: LayerView, stats: GramStats) -> torch.Tensor:
+        """`(H,)` per-query-head scores (the heads of a KV group share the group's score in group mode)."""
+        cfg = self.config
+        W = weight_oi(view.o_proj).detach()
+        z = self._scores(W, stats)  # (H·D_h,) channel scores
+        if cfg.head_score == "channel_mean":  # the paper's: the mean of the head's channel scores
+            return _head_means((_standardize(z) if cfg.standardize_per_layer else z).view(view.num_heads, -1))
+        heads_per_unit = view.group_size if resolve_gqa_mode(cfg.gqa_mode, view) == "group" else 1
+        zu = self._scores(W, stats, unit_size=heads_per_unit * view.head_dim)  # (units,) one mask per unit
+        if cfg.standardize_per_layer:  # in the module's channel-score units, as MLP channels are
+            zu = _standardize(zu, ref=z)
+        return zu.repeat_interleave(heads_per_unit)
 
     def score_layer(self, view: LayerView, stats):
         if self.config.ranking == "loss":
             return self._loss_scores(view, stats)
         head = chan = None
         if "attn" in stats:
-            z = self._scores(weight_oi(view.o_proj).detach(), stats["attn"])  # (H·D_h,)
-            head = _head_means(z.view(view.num_heads, view.head_dim))  # (H,)
+            head = self._head_scores(view, stats["attn"])  # (H,)
         if "mlp" in stats:
             chan = self._scores(weight_oi(view.mlp_out).detach(), stats["mlp"])  # (I,)
+            chan = _standardize(chan) if self.config.standardize_per_layer else chan
         return head, chan
 
     def _losses(self, W: torch.Tensor, stats: GramStats, groups: torch.Tensor) -> torch.Tensor:
@@ -100,25 +115,32 @@ class NumericalPruner(StructuredPruner):
         if cfg.compensation_bias:  # the refit with an intercept acts on the covariance
             mu = stats.mean.to(W.device)
             H = H.double() - torch.outer(mu, mu)
+        if not cfg.score_correlations:  # independent inputs: no refit can help, L*(P) = Σ_{j∈P} ‖W_:,j‖²·H_jj
+            return removal_losses(W, torch.diag(H.diagonal()), groups, compensated=False)
         return removal_losses(W, H, groups, cfg.compensation_damping, compensated=cfg.compensate)
 
     def _loss_scores(self, view: LayerView, stats):
-        """`ranking="loss"`: each unit's removal loss (Thm. 3's L*) per parameter it removes (see the config)."""
+        """`ranking="loss"`: each unit's removal loss (Thm. 3's L*), per parameter it removes, or standardised per
+        module with a head / KV group in channel units (its loss over its channel count, against the module's
+        single-channel losses), as the numerical scores are (see the config)."""
         head = chan = None
+        std = self.config.standardize_per_layer
         if "attn" in stats:
             W = weight_oi(view.o_proj).detach()
-            h, g, d = view.num_heads, view.group_size, view.head_dim
-            per_q_head, per_group = head_costs(view)
-            channels = torch.arange(h * d).view(h, d)
-            if resolve_gqa_mode(self.config.gqa_mode, view) == "group":  # the group's query heads go together
-                loss = self._losses(W, stats["attn"], channels.view(view.num_kv_heads, g * d)) / per_group
-                head = loss.repeat_interleave(g)  # (H,): the unit score is the mean over the group
+            group_mode = resolve_gqa_mode(self.config.gqa_mode, view) == "group"
+            heads_per_unit = view.group_size if group_mode else 1  # a KV group's query heads go together
+            m = heads_per_unit * view.head_dim
+            channels = torch.arange(view.num_heads * view.head_dim)
+            loss = self._losses(W, stats["attn"], channels.view(-1, m))  # (units,)
+            if std:
+                head = _standardize(loss / m, ref=self._losses(W, stats["attn"], channels[:, None]))
             else:
-                head = self._losses(W, stats["attn"], channels) / per_q_head  # (H,)
+                head = loss / head_costs(view)[1 if group_mode else 0]
+            head = head.repeat_interleave(heads_per_unit)  # (H,)
         if "mlp" in stats:
             W = weight_oi(view.mlp_out).detach()
-            groups = torch.arange(view.intermediate_size)[:, None]
-            chan = self._losses(W, stats["mlp"], groups) / mlp_channel_cost(view)  # (I,)
+            chan = self._losses(W, stats["mlp"], torch.arange(view.intermediate_size)[:, None])  # (I,)
+            chan = _standardize(chan) if std else chan / mlp_channel_cost(view)
         return head, chan
 
     def finalize_layer(self, view: LayerView, stats, plan: LayerPlan) -> None:

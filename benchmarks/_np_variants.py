@@ -1,0 +1,142 @@
+"""Allocation variants of the NP study (`benchmarks/np_allocation.py`): the library's pruners run on statistics
+collected once, with the allocation swapped where a variant asks for it (separate attention / MLP pools, per-layer
+budgets copied from another method's plan); OWL budgets are the library's `allocation="owl"`."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+import optimum_prune.methods.structured as structured_mod
+from optimum_prune.calibration.sequential import LayerwiseRunner
+from optimum_prune.functional.allocation import LayerUnits, allocate_per_layer
+from optimum_prune.methods.flap import FLAPConfig, FLAPPruner
+from optimum_prune.methods.numerical import NumericalPruner
+from optimum_prune.methods.structured import layer_outlier_fraction, layer_params
+from optimum_prune.modeling.architectures import get_layers, layer_view
+from optimum_prune.modeling.surgery import apply_layer_plan_
+
+__all__ = ["owl_norms", "prune_variant"]
+
+
+def _layer_sizes(model, spec) -> list[float]:
+    return [layer_params(layer_view(layer, i, spec, model.config)) for i, layer in enumerate(get_layers(model, spec))]
+
+
+def _pooled_allocate(attn_total: float, mlp_total: float):
+    """`allocate` with attention and MLP as separate pools, each losing `ratio` of its own parameters."""
+    base = structured_mod.allocate
+
+    def allocate(units, ratio, total_cost, mode="global", head_weight=1.0):
+        att = [LayerUnits(u.head_scores, u.head_cost, u.max_head_units, None, 0.0, 0) for u in units]
+        mlp = [LayerUnits(None, 0.0, 0, u.channel_scores, u.channel_cost, u.max_channels) for u in units]
+        heads, _ = base(att, ratio, attn_total, mode=mode)
+        _, chans = base(mlp, ratio, mlp_total, mode=mode)
+        return heads, chans
+
+    return allocate
+
+
+def _budget_allocate(layer_ratios: list[float], layer_totals: list[float]):
+    """`allocate` replaced by the library's per-layer budgets (`allocate_per_layer`) with the given ratios."""
+
+    def allocate(units, ratio, total_cost, mode="global", head_weight=1.0):
+        return allocate_per_layer(units, layer_ratios, layer_totals)
+
+    return allocate
+
+
+def owl_norms(st: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Per-channel input norms `‖X_j‖` (root mean square over the tokens) of `owl_inputs` from the cached statistics."""
+    return {
+        "attn_in": (st["attn_in"].sumsq.double() / st["attn_in"].count).sqrt(),
+        "mlp_in": (st["mlp_in"].sumsq.double() / st["mlp_in"].count).sqrt(),
+        "attn_out": st["attn"].gram.gram.double().diagonal().sqrt(),
+        "mlp_out": st["mlp"].gram.gram.double().diagonal().sqrt(),
+    }
+
+
+def _removed_fractions(dense, spec, model) -> list[float]:
+    return [1 - after / before for before, after in zip(_layer_sizes(dense, spec), _layer_sizes(model, spec))]
+
+
+def _make_pruner(variants, name, ratio, round_to, stats):
+    cls, kwargs, opts, _ = variants[name]
+    config = cls(pruning_ratio=ratio, round_to=round_to, **kwargs)
+    pruner = (FLAPPruner if cls is FLAPConfig else NumericalPruner)(config)
+    key = "moments" if cls is FLAPConfig else "gram"
+
+    def own(i: int) -> dict[str, Any]:
+        return {k: getattr(stats[i][k], key) for k in ("attn", "mlp")}
+
+    def cached_collect(views, runner):  # the dense statistics, already collected: score them, keep them
+        scores = {v.index: pruner.score_layer(v, own(v.index)) for v in views}
+        outliers = {}
+        if config.allocation == "owl":
+            outliers = {
+                v.index: layer_outlier_fraction(v, owl_norms(stats[v.index]), config.owl_threshold) for v in views
+            }
+        return {v.index: own(v.index) for v in views}, scores, outliers
+
+    pruner._collect = cached_collect
+    if opts.get("scores_from") == "flap":  # FLAP's scores (its config's defaults), this method's compensation
+        flap = FLAPPruner(FLAPConfig(pruning_ratio=ratio))
+        pruner.score_layer = lambda view, _: flap.score_layer(
+            view, {k: stats[view.index][k].moments for k in ("attn", "mlp")}
+        )
+    if opts.get("centred_scores"):  # numerical scores on the covariance (the objective with an intercept)
+        scores = pruner._scores
+
+        def centred(W, st, unit_size=1):
+            mu = st.mean.double()
+            return scores(W, SimpleNamespace(gram=st.gram.double() - torch.outer(mu, mu)), unit_size)
+
+        pruner._scores = centred
+    return pruner
+
+
+@contextlib.contextmanager
+def _patched(obj, name, value):
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+@torch.no_grad()
+def prune_variant(variants, dense, spec, name, ratio, round_to, stats, calib_ids, pool_totals):
+    """A pruned copy of `dense`, the seconds its plan took, per-layer shapes, its config and extra info."""
+    _, _, opts, _ = variants[name]
+    info: dict[str, Any] = {}
+    ctx = contextlib.nullcontext()
+    if opts.get("pools"):
+        ctx = _patched(structured_mod, "allocate", _pooled_allocate(*pool_totals))
+    elif opts.get("budgets_from"):
+        other = prune_variant(
+            variants, dense, spec, opts["budgets_from"], ratio, round_to, stats, calib_ids, pool_totals
+        )[0]
+        info["layer_ratios"] = ratios = _removed_fractions(dense, spec, other)
+        ctx = _patched(structured_mod, "allocate", _budget_allocate(ratios, _layer_sizes(dense, spec)))
+    model = copy.deepcopy(dense)
+    t0 = time.perf_counter()
+    pruner = _make_pruner(variants, name, ratio, round_to, stats)
+    pruner.validate(model, spec)
+    runner = None
+    if getattr(pruner.config, "compensation_inputs", "dense") == "sequential":
+        runner = lambda: LayerwiseRunner(model, spec, calib_ids, batch_size=8)  # noqa: E731
+    with ctx:
+        plan = pruner.compute_plan(model, spec, runner)
+    info.update({k: plan.info[k] for k in ("layer_ratios", "outlier_fractions") if k in plan.info})
+    layers = get_layers(model, spec)
+    for idx, lp in plan.layers.items():
+        apply_layer_plan_(layer_view(layers[idx], idx, spec, model.config), lp, mode="remove")
+    views = [layer_view(layer, i, spec, model.config) for i, layer in enumerate(layers)]
+    shapes = {v.index: [v.num_heads, v.intermediate_size] for v in views}
+    return model, time.perf_counter() - t0, shapes, pruner.config.to_dict(), info
