@@ -7,11 +7,11 @@ import torch
 from testing_utils import ARCHS, calibration_ids, tiny_model
 
 from optimum_prune.functional.masks import keep_mask
+from optimum_prune.methods.amp.blocked import causal_blocks
 from optimum_prune.methods.amp.config import AMPConfig
 from optimum_prune.methods.amp.functional import (
     AttentionInputs,
     amp_masks,
-    assemble,
     attention_probs,
     binarize,
     fused_amp_masks,
@@ -151,7 +151,7 @@ def test_attention_probs_equal_the_real_attention_module(arch):
                                           view.head_dim)  # fmt: skip
         inp.block_size = 5  # several query blocks, one of them ragged
         Wq, bq, Wk, bk = _qk(view)
-        p = assemble(attention_probs(inp, 0, Wq, Wk, bq, bk), 16, inp.causal, inp.sliding_window, 5)
+        p = causal_blocks(inp, 16).assemble(attention_probs(inp, 0, Wq, Wk, bq, bk), 16)
         torch.testing.assert_close(p.reshape(2, view.num_heads, 16, 16), attns[i], rtol=1e-5, atol=1e-6)
     assert pruner.config.targets == ("q_proj", "k_proj")
 

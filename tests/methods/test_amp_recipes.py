@@ -82,16 +82,19 @@ def test_targets_prune_only_their_projections_gpt2_slices():
 def test_amp_nan_loss_names_the_layer_and_leaves_the_model_unchanged(monkeypatch):
     model = tiny_model("llama_gqa")
     before = _weights(model)
-    real = amp_functional._descend
-    calls = []
+    real = amp_functional._DataTerm
+    built = []
 
-    def poisoned(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:  # layer 0 was already pruned when layer 1 diverges
-            raise FloatingPointError("AMP loss became nan at step 1.")
-        return real(*args, **kwargs)
+    class Poisoned(real):
+        def __call__(self, *args, **kwargs):
+            data, gq, gk = super().__call__(*args, **kwargs)
+            return (float("nan") if len(built) == 2 else data), gq, gk  # layer 0 was pruned when layer 1 diverges
 
-    monkeypatch.setattr(amp_functional, "_descend", poisoned)
+    def make(*args, **kwargs):
+        built.append(1)
+        return Poisoned(*args, **kwargs)
+
+    monkeypatch.setattr(amp_functional, "_DataTerm", make)
     with pytest.raises(FloatingPointError, match="layer 1"):
         prune_(model, AMPConfig(steps=2), IDS)
     _unchanged(model, before)

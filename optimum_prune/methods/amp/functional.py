@@ -24,12 +24,11 @@ import torch
 from tqdm.auto import tqdm
 
 from .attention import AttentionInputs, attention_mask, attention_probs, project_qk
-from .blocked import CausalBlocks, interleave_heads
+from .blocked import causal_blocks, interleave_heads
 from .closed_form import fused_amp_masks, fused_mask_gradient, separate_mask_gradients, softmax_causal
 
 __all__ = [
     "AttentionInputs",
-    "assemble",
     "attention_probs",
     "attention_mask",
     "amp_masks",
@@ -40,21 +39,6 @@ __all__ = [
     "separate_mask_gradients",
     "softmax_causal",
 ]
-
-
-def assemble(
-    blocks: list[torch.Tensor], n: int, causal: bool = True, sliding_window: int | None = None, block_size: int = 128
-) -> torch.Tensor:
-    """The full `(b, G, g, n, n)` probabilities from the query blocks of `attention_probs` (zeros elsewhere)."""
-    b, G, gs = blocks[0].shape[:3]
-    out = blocks[0].new_zeros(b, G, gs, n, n)
-    for t, blk in enumerate(blocks):
-        a = t * block_size
-        e = a + blk.shape[3]
-        k1 = e if causal else n
-        k0 = max(0, a - sliding_window + 1) if sliding_window is not None else 0
-        out[:, :, :, a:e, k0:k1] = blk
-    return out
 
 
 def _plan_chunks(inp: AttentionInputs, max_chunk_mb: float) -> list[tuple[int, slice, slice]]:
@@ -175,9 +159,9 @@ class _DataTerm:
     """`(1/k) Σ_j ½‖f̃_j − f_j‖²` of masked q/k weights and its gradients w.r.t. them, summed over the chunks of
     `_plan_chunks` (a plain sum over samples: what a data-parallel run would all-reduce).
 
-    The fast path (`CausalBlocks`: causal query blocks, closed-form softmax backward) gives the gradient w.r.t. the
+    The fast path (`CausalBlocks.loss_and_grads`: closed-form softmax backward) gives the gradient w.r.t. the
     queries and keys; autograd takes it back through RoPE, q/k norms, biases and the projections. The reference
-    path is autograd through `attention_probs` (also used with logit soft-capping)."""
+    path (`fast=False`, and with logit soft-capping) is autograd through the same forward."""
 
     def __init__(self, inp, Wq, Wk, bq, bk, max_chunk_mb, cache_dense, fast, literal):
         self.inp, self.bq, self.bk, self.literal = inp, bq, bk, literal
@@ -185,22 +169,18 @@ class _DataTerm:
         self.dense_w = (Wq, Wk)
         self.units = _plan_chunks(inp, max_chunk_mb)
         self.cache: dict[int, list[torch.Tensor]] | None = {} if cache_dense else None
-        self.blocks = {n: CausalBlocks(inp, n, Wq.device) for n in {x.shape[1] for x in inp.xs}}
 
     def _qk(self, u, Wq, Wk):
         c, s, g = self.units[u]
         q, k = project_qk(self.inp, c, Wq, Wk, self.bq, self.bk, s, g)
-        return (interleave_heads(q) * self.inp.scaling, k) if self.fast else (q, k)
+        return interleave_heads(q) * self.inp.scaling, k, causal_blocks(self.inp, q.shape[3], q.device)
 
     def dense(self, u: int) -> list[torch.Tensor]:
         if self.cache is not None and u in self.cache:
             return self.cache[u]
-        c, s, g = self.units[u]
         with torch.no_grad():
-            if self.fast:
-                f = self.blocks[self.inp.xs[c].shape[1]].probs(*self._qk(u, *self.dense_w))
-            else:
-                f = attention_probs(self.inp, c, *self.dense_w, self.bq, self.bk, s, g)
+            qs, k, blocks = self._qk(u, *self.dense_w)
+            f = blocks.probs(qs, k)
         if self.cache is not None:
             self.cache[u] = f
         return f
@@ -210,21 +190,19 @@ class _DataTerm:
         Wq_m, Wk_m = Wq_m.requires_grad_(update_q), Wk_m.requires_grad_(update_k)
         data = 0.0
         with torch.enable_grad():
-            for u, (c, s, g) in enumerate(self.units):
+            for u in range(len(self.units)):
                 f = self.dense(u)
+                qs, k, blocks = self._qk(u, Wq_m, Wk_m)
                 if self.fast:
-                    qs, k = self._qk(u, Wq_m, Wk_m)
-                    loss, dqs, dk = self.blocks[qs.shape[2] // self.inp.group_size].loss_and_grads(
-                        qs.detach(), k.detach(), f, self.literal
-                    )
+                    loss, dqs, dk = blocks.loss_and_grads(qs.detach(), k.detach(), f, self.literal)
                     pairs = [(t, d.mul_(inv_k)) for t, d in ((qs, dqs), (k, dk)) if t.requires_grad]
                     torch.autograd.backward([t for t, _ in pairs], [d for _, d in pairs])
                     data += loss * inv_k
-                    continue
-                probs = attention_probs(self.inp, c, Wq_m, Wk_m, self.bq, self.bk, s, g, f if self.literal else None)
-                loss = sum(0.5 * (pb - fb).pow(2).sum() for pb, fb in zip(probs, f)) * inv_k
-                loss.backward()
-                data += float(loss.detach())
+                else:
+                    probs = blocks.probs(qs, k, f if self.literal else None)
+                    loss = sum(0.5 * (pb - fb).pow(2).sum() for pb, fb in zip(probs, f)) * inv_k
+                    loss.backward()
+                    data += float(loss.detach())
         return data, Wq_m.grad, Wk_m.grad
 
 
