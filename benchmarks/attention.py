@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import hashlib
 import importlib.util
 import json
 import os
@@ -346,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     tag = f"{args.num_samples}x{args.seq_len}_{calibration['ids_sum']}_{args.sparsity}_{args.steps}"
 
     def stage1(a: str) -> dict[str, torch.Tensor]:
-        f = cache / f"{a}_{tag}.safetensors"
+        cfg = json.dumps(attn_config(a, args.sparsity, args.steps).to_dict(), sort_keys=True, default=str)
+        f = cache / f"{a}_{tag}_{hashlib.sha1(cfg.encode()).hexdigest()[:10]}.safetensors"
         if a in result["stage1"] and f.exists():
             return load_file(str(f))
         m = copy.deepcopy(model0)
