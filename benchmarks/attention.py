@@ -82,8 +82,26 @@ def mlp_config(method: str, sparsity: float):
     return {"wanda": WandaConfig, "sparsegpt": SparseGPTConfig}[method](sparsity=sparsity, targets=["mlp"])
 
 
+_SECTIONS = ("dense", "rows", "stage1", "attention_error", "speed")
+
+
+def merge_disk(result: dict[str, Any], json_path: Path) -> None:
+    """Add what another invocation (e.g. a timed stage 1 under the lock) wrote meanwhile; ours wins on conflicts."""
+    if not json_path.exists():
+        return
+    old = json.loads(json_path.read_text())
+    if old["setup"]["calibration"] != result["setup"]["calibration"]:
+        raise SystemExit(f"{json_path} was made with other calibration ids; change --name or remove it.")
+    for k in _SECTIONS:
+        if isinstance(result.get(k), dict) and isinstance(old.get(k), dict) and k in ("rows", "stage1"):
+            result[k] = {**old[k], **result[k]}
+        elif not result.get(k) and k in old:
+            result[k] = old[k]
+
+
 def write_outputs(result: dict[str, Any], json_path: Path) -> None:
     json_path.parent.mkdir(parents=True, exist_ok=True)
+    merge_disk(result, json_path)
     tmp = json_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
     tmp.replace(json_path)
@@ -286,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--render-only", action="store_true")
     args = p.parse_args(argv)
     args.resume = args.resume or args.speed or args.stage1_only  # partial runs add to the results
+    # several invocations may write the same results at once (every write merges what is on disk)
     json_path = Path(args.output_dir) / f"{args.name}.json"
     if args.render_only:
         json_path.with_suffix(".md").write_text(render_markdown(json.loads(json_path.read_text())))
@@ -335,13 +354,10 @@ def main(argv: list[str] | None = None) -> int:
         "status": "running", "dense": {}, "rows": {}, "stage1": {},
         "amp_configs": {a: attn_config(a, args.sparsity, args.steps).to_dict() for a in ("amp", "amp_paper")},
     }  # fmt: skip
-    if args.resume and json_path.exists():
-        old = json.loads(json_path.read_text())
-        if old["setup"]["calibration"] != calibration:
-            raise SystemExit(f"{json_path} was made with other calibration ids; drop --resume or change --name.")
-        for k in ("dense", "rows", "stage1", "attention_error", "speed"):
-            if k in old:
-                result[k] = old[k]
+    if args.resume:
+        merge_disk(result, json_path)
+    elif json_path.exists():
+        json_path.unlink()  # a fresh run
     cache = Path(args.cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     tag = f"{args.num_samples}x{args.seq_len}_{calibration['ids_sum']}_{args.sparsity}_{args.steps}"
@@ -349,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     def stage1(a: str) -> dict[str, torch.Tensor]:
         cfg = json.dumps(attn_config(a, args.sparsity, args.steps).to_dict(), sort_keys=True, default=str)
         f = cache / f"{a}_{tag}_{hashlib.sha1(cfg.encode()).hexdigest()[:10]}.safetensors"
+        merge_disk(result, json_path)
         if a in result["stage1"] and f.exists():
             return load_file(str(f))
         m = copy.deepcopy(model0)
