@@ -178,7 +178,7 @@ def render_markdown(result: dict[str, Any]) -> str:
                   f"**{sp['seconds_per_step']:.3f} s per step** (load average {sp['load']}), i.e. "
                   f"~{sp['extrapolated_min']:.1f} min of descent for 30 layers x 100 steps. Plain autograd through "
                   f"the same forward (same iterates): {sp['autograd_seconds_per_step']:.3f} s per step "
-                  f"({sp['autograd_over_fast']:.2f}x). Process CPU time (all {sp['threads']} threads): "
+                  f"({sp['autograd_over_fast']:.2f}x). Process CPU time (all {sp.get('threads', '?')} threads): "
                   f"{sp['cpu_seconds_per_step']:.3f} s per step (autograd {sp['autograd_cpu_seconds_per_step']:.3f})."]  # fmt: skip
     if "amp" in st and st["amp"].get("timed"):
         lines += [f"Whole-model AMP run (stage 1 above, {st['amp']['steps']} steps per layer, under the timing lock): "
