@@ -156,6 +156,24 @@ def test_attention_probs_equal_the_real_attention_module(arch):
     assert pruner.config.targets == ("q_proj", "k_proj")
 
 
+def test_soft_capping_and_sliding_window_match_a_direct_computation():
+    """`attention_probs` with logit soft-capping and a sliding window (Gemma 2/3 style) equals the direct formula
+    `softmax(cap·tanh(s·q·kᵀ/cap) + mask)`; the descent takes the autograd path there."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 9, 8, generator=g, dtype=D)
+    Wq, Wk = torch.randn(8, 8, generator=g, dtype=D), torch.randn(4, 8, generator=g, dtype=D)
+    inp = AttentionInputs(xs=[x], rope=[None], num_heads=2, num_kv_heads=1, head_dim=4, scaling=0.5, softcap=3.0,
+                          sliding_window=4, block_size=4)  # fmt: skip
+    got = causal_blocks(inp, 9).assemble(attention_probs(inp, 0, Wq, Wk), 9)[:, 0]  # (b, heads, n, n)
+    q, k = (x @ Wq.T).view(2, 9, 2, 4).transpose(1, 2), (x @ Wk.T).unsqueeze(1)
+    s = 3.0 * torch.tanh(0.5 * q @ k.transpose(-1, -2) / 3.0)
+    i, j = torch.arange(9).unsqueeze(1), torch.arange(9).unsqueeze(0)
+    want = torch.softmax(s.masked_fill(~((j <= i) & (i - j < 4)), float("-inf")), -1)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+    Mq, _, _ = amp_masks(inp, Wq, Wk, steps=3, lr=1.0, progress=False)
+    assert torch.isfinite(Mq).all() and Mq.std() > 1e-4  # the data term moved the masks apart (not a uniform shrink)
+
+
 def _synthetic(d=64, n=128, k=16, seed=0):
     """SPEC §C.3: rank-4 W_Q, W_K (top-4 SVD of N(0,1) d×d matrices), W = W_Q W_Kᵀ, k Gaussian X (n × d). X is scaled
     by 1/√d so that the logits are O(1) (unscaled, the softmax of X W Xᵀ is one-hot and every method's error is ~1;

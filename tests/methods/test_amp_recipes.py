@@ -54,6 +54,15 @@ def test_amp_config_errors(kwargs, match):
         AMPConfig(**kwargs)
 
 
+def test_amp_paper_preset():
+    """`AMPConfig.paper()`: the paper's literal real-model setting, one call away; fields can be overridden."""
+    cfg = AMPConfig.paper()
+    assert (cfg.lambda_, cfg.lr, cfg.steps, cfg.momentum) == (0.05, 0.005, 100, 0.9)
+    assert (cfg.regularizer, cfg.score, cfg.sparsity) == ("divided_by_k", "mask", 0.5)
+    assert AMPConfig.paper(0.7, steps=3).to_dict() == {**cfg.to_dict(), "sparsity": 0.7, "steps": 3}
+    assert AMPConfig().score == "masked_weight"
+
+
 def test_unknown_and_missing_targets():
     with pytest.raises(ValueError, match="Valid targets: q_proj"):
         WandaConfig(targets=["fc1"])
