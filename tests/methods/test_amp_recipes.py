@@ -54,6 +54,15 @@ def test_amp_config_errors(kwargs, match):
         AMPConfig(**kwargs)
 
 
+def test_amp_paper_preset():
+    """`AMPConfig.paper()`: the paper's literal real-model setting, one call away; fields can be overridden."""
+    cfg = AMPConfig.paper()
+    assert (cfg.lambda_, cfg.lr, cfg.steps, cfg.momentum) == (0.05, 0.005, 100, 0.9)
+    assert (cfg.regularizer, cfg.score, cfg.sparsity) == ("divided_by_k", "mask", 0.5)
+    assert AMPConfig.paper(0.7, steps=3).to_dict() == {**cfg.to_dict(), "sparsity": 0.7, "steps": 3}
+    assert AMPConfig().score == "masked_weight"
+
+
 def test_unknown_and_missing_targets():
     with pytest.raises(ValueError, match="Valid targets: q_proj"):
         WandaConfig(targets=["fc1"])
@@ -82,16 +91,19 @@ def test_targets_prune_only_their_projections_gpt2_slices():
 def test_amp_nan_loss_names_the_layer_and_leaves_the_model_unchanged(monkeypatch):
     model = tiny_model("llama_gqa")
     before = _weights(model)
-    real = amp_functional._descend
-    calls = []
+    real = amp_functional._DataTerm
+    built = []
 
-    def poisoned(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:  # layer 0 was already pruned when layer 1 diverges
-            raise FloatingPointError("AMP loss became nan at step 1.")
-        return real(*args, **kwargs)
+    class Poisoned(real):
+        def __call__(self, *args, **kwargs):
+            data, gq, gk = super().__call__(*args, **kwargs)
+            return (float("nan") if len(built) == 2 else data), gq, gk  # layer 0 was pruned when layer 1 diverges
 
-    monkeypatch.setattr(amp_functional, "_descend", poisoned)
+    def make(*args, **kwargs):
+        built.append(1)
+        return Poisoned(*args, **kwargs)
+
+    monkeypatch.setattr(amp_functional, "_DataTerm", make)
     with pytest.raises(FloatingPointError, match="layer 1"):
         prune_(model, AMPConfig(steps=2), IDS)
     _unchanged(model, before)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from .blocked import causal_blocks, interleave_heads
 
 __all__ = ["AttentionInputs", "attention_mask", "attention_probs", "project_qk"]
 
@@ -44,6 +46,7 @@ class AttentionInputs:
     apply_rope: Callable | None = None
     causal: bool = True
     block_size: int = 128
+    blocks_cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def group_size(self) -> int:
@@ -101,29 +104,26 @@ def attention_probs(
     bk: torch.Tensor | None = None,
     samples: slice = slice(None),
     groups: slice | None = None,
-    dense_for_backward: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Attention probabilities of chunk `chunk` for the KV groups `groups` (default all).
+    dense_for_backward: list[torch.Tensor] | None = None,
+) -> list[torch.Tensor]:
+    """Attention probabilities of chunk `chunk` for the KV groups `groups` (default all), differentiable.
 
     Args:
         Wq (`torch.Tensor` of shape `(H·d_h, d)`), Wk (`(H_kv·d_h, d)`): the (masked) q/k weights, `(out, in)`.
         bq, bk: their biases (never masked).
         samples (`slice`): sequences of the chunk to use.
         groups (`slice | None`): KV groups to compute (their query heads come along).
-        dense_for_backward (`torch.Tensor | None`): the dense probabilities; when given, the softmax backward uses
-            them in `p1 = c∘f` (Algorithm 1's printed gradient) instead of the exact `c∘f̃`.
+        dense_for_backward (`list[torch.Tensor] | None`): the dense probabilities (from this function); when given,
+            the softmax backward uses them in `p1 = c∘f` (Algorithm 1's printed gradient) instead of the exact `c∘f̃`.
 
     Returns:
         `list[torch.Tensor]`: per block of `inp.block_size` query positions, the probabilities of shape
-        `(b, G, g, rows, keys)` per KV group `G` and query head in the group `g`, over the keys the block can see
-        (causal: keys up to its last row; sliding window: from its first row's window start). Entries outside
-        are exactly zero in the full matrix, so skipping them changes no value (`assemble` rebuilds the matrix).
+        `(b, G, rows·g, keys)`, the query heads of KV group `G` interleaved per position (see `CausalBlocks`), over
+        the keys the block can see (causal: keys up to its last row; sliding window: from its first row's window
+        start). Entries outside are exactly zero in the full matrix (`assemble` rebuilds it).
     """
     q, k = project_qk(inp, chunk, Wq, Wk, bq, bk, samples, groups)
-    return [
-        _softmax_block(inp, q, k, a, dense_for_backward[t] if dense_for_backward is not None else None)
-        for t, a in enumerate(range(0, q.shape[3], inp.block_size))
-    ]
+    return causal_blocks(inp, q.shape[3], q.device).probs(interleave_heads(q) * inp.scaling, k, dense_for_backward)
 
 
 def project_qk(inp, chunk, Wq, Wk, bq=None, bk=None, samples=slice(None), groups=None):
@@ -154,51 +154,3 @@ def project_qk(inp, chunk, Wq, Wk, bq=None, bk=None, samples=slice(None), groups
         q, k = inp.apply_rope(q, k, cos, sin)
     G = g1 - g0
     return q.view(b, G, gs, n, hd), k
-
-
-def _block_keys(inp: AttentionInputs, a: int, n: int) -> tuple[int, int, int]:
-    """Query rows `[a, e)` of a block and the keys `[k0, k1)` it can see."""
-    e = min(n, a + inp.block_size)
-    k1 = e if inp.causal else n
-    k0 = max(0, a - inp.sliding_window + 1) if inp.sliding_window is not None else 0
-    return e, k0, k1
-
-
-def _logits_block(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, a: int) -> torch.Tensor:
-    b, G, gs, n, hd = q.shape
-    e, k0, k1 = _block_keys(inp, a, n)
-    qb = q[:, :, :, a:e].reshape(b, G, gs * (e - a), hd)  # a group's query heads stacked: one matmul per KV head
-    s = (qb @ k[:, :, k0:k1].transpose(-1, -2)).view(b, G, gs, e - a, k1 - k0) * inp.scaling
-    if inp.softcap is not None:
-        s = torch.tanh(s / inp.softcap) * inp.softcap
-    i = torch.arange(a, e, device=s.device).unsqueeze(1)
-    j = torch.arange(k0, k1, device=s.device).unsqueeze(0)
-    allowed = torch.ones(e - a, k1 - k0, dtype=torch.bool, device=s.device)
-    if inp.causal:
-        allowed &= j <= i
-    if inp.sliding_window is not None:
-        allowed &= (i - j) < inp.sliding_window
-    return s.masked_fill(~allowed, float("-inf"))
-
-
-def _softmax_block(inp, q, k, a, dense_for_backward=None) -> torch.Tensor:
-    s = _logits_block(inp, q, k, a)
-    if dense_for_backward is not None:
-        return _Alg1Softmax.apply(s, dense_for_backward)
-    return torch.softmax(s, dim=-1)
-
-
-class _Alg1Softmax(torch.autograd.Function):
-    """Softmax whose backward uses the *dense* probabilities in `p1 = c∘f` (the literal Algorithm 1, line 12)."""
-
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(logits, dim=-1)
-        ctx.save_for_backward(probs, dense)
-        return probs
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        probs, dense = ctx.saved_tensors
-        p1 = grad * dense
-        return p1 - p1.sum(-1, keepdim=True) * probs, None

@@ -25,15 +25,20 @@ def _p(S: torch.Tensor, f: torch.Tensor, dense_in_p1: bool = False) -> torch.Ten
 
 
 def fused_mask_gradient(
-    M: torch.Tensor, W: torch.Tensor, Xs: Sequence[torch.Tensor], lambda_: float, dense_in_p1: bool = False
+    M: torch.Tensor,
+    W: torch.Tensor,
+    Xs: Sequence[torch.Tensor],
+    lambda_: float,
+    dense_in_p1: bool = False,
+    dense: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """∇_M of `Σ_j ½‖softmax_c(X_j(M∘W)X_jᵀ) − softmax_c(X_jWX_jᵀ)‖² + ½λ‖M‖²` in the paper's closed form:
-    `W ∘ Σ_j X_jᵀ p_j X_j + λM` (Theorem 5.3 / D.5; `dense_in_p1` gives Algorithm 1's printed variant)."""
-    g = torch.zeros_like(M)
-    for X in Xs:
-        f = softmax_causal(X @ W @ X.T)
-        g += X.T @ _p(X @ (M * W) @ X.T, f, dense_in_p1) @ X
-    return W * g + lambda_ * M
+    `W ∘ Σ_j X_jᵀ p_j X_j + λM` (Theorem 5.3 / D.5; `dense_in_p1` gives Algorithm 1's printed variant; `dense`:
+    the precomputed `softmax_c(X_jWX_jᵀ)`, stacked)."""
+    X = torch.stack(list(Xs))
+    Xt = X.transpose(-1, -2)
+    f = softmax_causal(X @ W @ Xt) if dense is None else dense
+    return W * (Xt @ _p(X @ (M * W) @ Xt, f, dense_in_p1) @ X).sum(0) + lambda_ * M
 
 
 def fused_amp_masks(
@@ -51,9 +56,11 @@ def fused_amp_masks(
     gradient averaged over the `k` samples; `regularizer="divided_by_k"` divides λM by k as printed."""
     k = len(Xs)
     reg = lambda_ if regularizer == "unscaled" else lambda_ / k
+    X = torch.stack(list(Xs))
+    dense = softmax_causal(X @ W @ X.transpose(-1, -2))
     M, V = torch.ones_like(W), torch.zeros_like(W)
     for _ in range(steps):
-        V = momentum * V + fused_mask_gradient(M, W, Xs, 0.0) / k + reg * M
+        V = momentum * V + fused_mask_gradient(M, W, X, 0.0, dense=dense) / k + reg * M
         M = M - lr * V
         if not torch.isfinite(M).all():
             raise FloatingPointError("the fused AMP descent diverged; lower lr.")

@@ -7,12 +7,14 @@ pieces: q/k biases, per-head q/k norms (Qwen 3, Gemma 3), the module's `apply_ro
 masking, GQA groups (without materialising repeated keys), the module's `scaling`, logit soft-capping, the causal
 mask and the sliding window. Everything runs in float32 (or float64 for float64 inputs).
 
-Memory of `amp_masks` (float32, k calibration sequences of n tokens, H query heads):
-  - dense probabilities cached for the whole run: 4·k·H·n² bytes (SmolLM2-135M, k=8, n=512: 75 MB per layer;
-    `cache_dense=False` recomputes them per step instead);
-  - one chunk of samples × KV groups, holding ~4 n²-sized tensors per head for backward, kept under `max_chunk_mb`
-    (the chunk shrinks to one KV group of one sample when needed); gradients are accumulated over chunks;
+Memory of `amp_masks` (float32, k calibration sequences of n tokens, H query heads, query blocks of B positions):
+  - dense probabilities cached for the whole run, causal blocks only: 4·k·H·n·(n + B)/2 bytes (SmolLM2-135M,
+    k=8, n=512, B=128: 47 MB per layer; `cache_dense=False` recomputes them per step instead);
+  - one chunk of samples × KV groups at a time, kept under `max_chunk_mb` (the chunk shrinks to one KV group of
+    one sample when needed); the fast path holds ~3 tensors of one query block (b·H·B·n floats), the autograd
+    reference path every block of the chunk; gradients are accumulated over chunks;
   - the masks, their momentum and the masked weights: 4 copies of W_Q and W_K.
+Speed: see `blocked.py` (SmolLM2-135M, 8 × 512 tokens: ~0.12 s per step per layer on 2 idle cores).
 """
 
 from __future__ import annotations
@@ -23,19 +25,12 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from .attention import (
-    AttentionInputs,
-    _block_keys,
-    _logits_block,
-    attention_mask,
-    attention_probs,
-    project_qk,
-)
+from .attention import AttentionInputs, attention_mask, attention_probs, project_qk
+from .blocked import causal_blocks, interleave_heads
 from .closed_form import fused_amp_masks, fused_mask_gradient, separate_mask_gradients, softmax_causal
 
 __all__ = [
     "AttentionInputs",
-    "assemble",
     "attention_probs",
     "attention_mask",
     "amp_masks",
@@ -46,45 +41,6 @@ __all__ = [
     "separate_mask_gradients",
     "softmax_causal",
 ]
-
-
-def _fused_block_backward(inp, q, k, dense_blocks, scale, literal) -> tuple[float, torch.Tensor, torch.Tensor]:
-    """Data loss `scale·Σ½‖f̃ − f‖²` of all query blocks and its gradients w.r.t. `q` and `k`, without autograd on
-    the n×n tensors: `dS = p1 − rowsum(p1)·f̃` with `p1 = c∘f̃` (or `c∘f`, Algorithm 1), `dq = dS·k`, `dk = dSᵀ·q`.
-    Same values as autograd through the softmax, with about half the passes over the n×n tensors."""
-    b, G, gs, n, hd = q.shape
-    dq, dk = torch.zeros_like(q), torch.zeros_like(k)
-    loss = 0.0
-    for t, a in enumerate(range(0, n, inp.block_size)):
-        e, k0, k1 = _block_keys(inp, a, n)
-        with torch.no_grad():
-            ft = torch.softmax(_logits_block(inp, q, k, a), dim=-1)
-            f = dense_blocks[t]
-            c = ft.sub(f)
-            loss += 0.5 * float(torch.dot(c.view(-1), c.view(-1)))
-            p1 = c.mul_(f if literal else ft)
-            dS = p1.addcmul_(ft, p1.sum(-1, keepdim=True), value=-1.0)  # (b, G, g, rows, keys)
-            dS = dS.view(b, G, gs * (e - a), k1 - k0)
-            qb = q[:, :, :, a:e].reshape(b, G, gs * (e - a), hd)
-            g_scale = scale * inp.scaling
-            dq[:, :, :, a:e] += (dS @ k[:, :, k0:k1]).view(b, G, gs, e - a, hd) * g_scale
-            dk[:, :, k0:k1] += (dS.transpose(-1, -2) @ qb) * g_scale
-    return loss * scale, dq, dk
-
-
-def assemble(
-    blocks: list[torch.Tensor], n: int, causal: bool = True, sliding_window: int | None = None, block_size: int = 128
-) -> torch.Tensor:
-    """The full `(b, G, g, n, n)` probabilities from the query blocks of `attention_probs` (zeros elsewhere)."""
-    b, G, gs = blocks[0].shape[:3]
-    out = blocks[0].new_zeros(b, G, gs, n, n)
-    for t, blk in enumerate(blocks):
-        a = t * block_size
-        e = a + blk.shape[3]
-        k1 = e if causal else n
-        k0 = max(0, a - sliding_window + 1) if sliding_window is not None else 0
-        out[:, :, :, a:e, k0:k1] = blk
-    return out
 
 
 def _plan_chunks(inp: AttentionInputs, max_chunk_mb: float) -> list[tuple[int, slice, slice]]:
@@ -164,54 +120,30 @@ def amp_masks(
     # entries apart by ~1e-7 relative per step, below float32 resolution near 1, so float32 masks would tie and be
     # ranked by index. The forward and backward still run in float32 on `W∘M`.
     Mq, Mk = torch.ones_like(Wq, dtype=torch.float64), torch.ones_like(Wk, dtype=torch.float64)
-    Vq, Vk = torch.zeros_like(Mq), torch.zeros_like(Mk)
-    k = inp.num_samples
-    reg = lambda_ if regularizer == "unscaled" else lambda_ / k
-    units = _plan_chunks(inp, max_chunk_mb)
-    dense_cache: dict[int, torch.Tensor] = {}
-
-    def dense(u: int) -> torch.Tensor:
-        if u in dense_cache:
-            return dense_cache[u]
-        c, s, g = units[u]
-        with torch.no_grad():
-            f = attention_probs(inp, c, Wq, Wk, bq, bk, s, g)
-        if cache_dense:
-            dense_cache[u] = f
-        return f
-
+    data_term = _DataTerm(inp, Wq, Wk, bq, bk, max_chunk_mb, cache_dense, fused_backward, gradient == "algorithm1")
+    reg = lambda_ if regularizer == "unscaled" else lambda_ / inp.num_samples
     t0 = time.perf_counter()
     norms = [p for m in (inp.q_norm, inp.k_norm) if m is not None for p in m.parameters()]
     flags = [p.requires_grad for p in norms]
+    losses: list[float] = []
     try:
         for p in norms:  # the model's own norm weights take no gradient
             p.requires_grad_(False)
-        with torch.enable_grad():
-            losses = _descend(
-                inp,
-                units,
-                dense,
-                Wq,
-                Wk,
-                bq,
-                bk,
-                Mq,
-                Mk,
-                Vq,
-                Vk,
-                k,
-                reg,
-                lambda_,
-                lr,
-                momentum,
-                gradient,
-                update_q,
-                update_k,
-                steps,
-                progress,
-                desc,
-                fused_backward,
-            )
+        Vq, Vk = torch.zeros_like(Mq), torch.zeros_like(Mk)
+        bar = tqdm(range(steps), desc=desc, leave=False, **({} if progress else {"disable": True}))
+        for _ in bar:
+            data, gq, gk = data_term((Wq * Mq).to(dtype), (Wk * Mk).to(dtype), update_q, update_k)
+            total = data + 0.5 * lambda_ * float(Mq.pow(2).sum() + Mk.pow(2).sum())
+            losses.append(total)
+            if not math.isfinite(total):
+                raise FloatingPointError(f"AMP loss became {total} at step {len(losses)}.")
+            if update_q:  # ∇_M = W ∘ ∇_{W∘M} + λM; heavy ball
+                Vq.mul_(momentum).add_(gq.double() * Wq + reg * Mq)
+                Mq.sub_(lr * Vq)
+            if update_k:
+                Vk.mul_(momentum).add_(gk.double() * Wk + reg * Mk)
+                Mk.sub_(lr * Vk)
+            bar.set_postfix(loss=f"{total:.4g}")
     finally:
         for p, f in zip(norms, flags):
             p.requires_grad_(f)
@@ -225,66 +157,55 @@ def amp_masks(
     return Mq, Mk, info
 
 
-def _descend(
-    inp,
-    units,
-    dense,
-    Wq,
-    Wk,
-    bq,
-    bk,
-    Mq,
-    Mk,
-    Vq,
-    Vk,
-    k,
-    reg,
-    lambda_,
-    lr,
-    momentum,
-    gradient,
-    update_q,
-    update_k,
-    steps,
-    progress,
-    desc,
-    fused_backward=True,
-) -> list[float]:
-    """The descent loop of `amp_masks` (updates `Mq`, `Mk` and the momenta in place); returns the losses."""
-    losses: list[float] = []
-    bar = tqdm(range(steps), desc=desc, leave=False, **({} if progress else {"disable": True}))
-    for _ in bar:
-        Wq_m = (Wq * Mq).to(Wq.dtype).requires_grad_(update_q)
-        Wk_m = (Wk * Mk).to(Wk.dtype).requires_grad_(update_k)
-        data = 0.0
-        for u, (c, s, g) in enumerate(units):
-            f = dense(u)
-            if fused_backward and inp.softcap is None:
-                q, kk = project_qk(inp, c, Wq_m, Wk_m, bq, bk, s, g)
-                loss, dq, dk = _fused_block_backward(
-                    inp, q.detach(), kk.detach(), f, 1.0 / k, gradient == "algorithm1"
-                )
-                pairs = [(t, d) for t, d in ((q, dq), (kk, dk)) if t.requires_grad]
-                torch.autograd.backward([t for t, _ in pairs], [d for _, d in pairs])
-                data += loss
-                continue
-            probs = attention_probs(inp, c, Wq_m, Wk_m, bq, bk, s, g, f if gradient == "algorithm1" else None)
-            loss = sum(0.5 * (pb - fb).pow(2).sum() for pb, fb in zip(probs, f)) / k
-            loss.backward()
-            data += float(loss.detach())
-        total = data + 0.5 * lambda_ * float(Mq.pow(2).sum() + Mk.pow(2).sum())
-        losses.append(total)
-        if not math.isfinite(total):
-            raise FloatingPointError(f"AMP loss became {total} at step {len(losses)}.")
+class _DataTerm:
+    """`(1/k) Σ_j ½‖f̃_j − f_j‖²` of masked q/k weights and its gradients w.r.t. them, summed over the chunks of
+    `_plan_chunks` (a plain sum over samples: what a data-parallel run would all-reduce).
+
+    The fast path (`CausalBlocks.loss_and_grads`: closed-form softmax backward) gives the gradient w.r.t. the
+    queries and keys; autograd takes it back through RoPE, q/k norms, biases and the projections. The reference
+    path (`fast=False`, and with logit soft-capping) is autograd through the same forward."""
+
+    def __init__(self, inp, Wq, Wk, bq, bk, max_chunk_mb, cache_dense, fast, literal):
+        self.inp, self.bq, self.bk, self.literal = inp, bq, bk, literal
+        self.fast = fast and inp.softcap is None
+        self.dense_w = (Wq, Wk)
+        self.units = _plan_chunks(inp, max_chunk_mb)
+        self.cache: dict[int, list[torch.Tensor]] | None = {} if cache_dense else None
+
+    def _qk(self, u, Wq, Wk):
+        c, s, g = self.units[u]
+        q, k = project_qk(self.inp, c, Wq, Wk, self.bq, self.bk, s, g)
+        return interleave_heads(q) * self.inp.scaling, k, causal_blocks(self.inp, q.shape[3], q.device)
+
+    def dense(self, u: int) -> list[torch.Tensor]:
+        if self.cache is not None and u in self.cache:
+            return self.cache[u]
         with torch.no_grad():
-            if update_q:
-                Vq.mul_(momentum).add_(Wq_m.grad.double() * Wq + reg * Mq)
-                Mq.sub_(lr * Vq)
-            if update_k:
-                Vk.mul_(momentum).add_(Wk_m.grad.double() * Wk + reg * Mk)
-                Mk.sub_(lr * Vk)
-        bar.set_postfix(loss=f"{total:.4g}")
-    return losses
+            qs, k, blocks = self._qk(u, *self.dense_w)
+            f = blocks.probs(qs, k)
+        if self.cache is not None:
+            self.cache[u] = f
+        return f
+
+    def __call__(self, Wq_m, Wk_m, update_q=True, update_k=True):
+        inv_k = 1.0 / self.inp.num_samples
+        Wq_m, Wk_m = Wq_m.requires_grad_(update_q), Wk_m.requires_grad_(update_k)
+        data = 0.0
+        with torch.enable_grad():
+            for u in range(len(self.units)):
+                f = self.dense(u)
+                qs, k, blocks = self._qk(u, Wq_m, Wk_m)
+                if self.fast:
+                    loss, dqs, dk = blocks.loss_and_grads(qs.detach(), k.detach(), f, self.literal)
+                    pairs = [(t, d.mul_(inv_k)) for t, d in ((qs, dqs), (k, dk)) if t.requires_grad]
+                    torch.autograd.backward([t for t, _ in pairs], [d for _, d in pairs])
+                    data += loss * inv_k
+                else:
+                    probs = blocks.probs(qs, k, f if self.literal else None)
+                    loss = sum(0.5 * (pb - fb).pow(2).sum() for pb, fb in zip(probs, f)) * inv_k
+                    loss.backward()
+                    data += float(loss.detach())
+        return data, Wq_m.grad, Wk_m.grad
 
 
 def binarize(

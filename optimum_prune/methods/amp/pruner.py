@@ -72,6 +72,28 @@ class AMPPruner(SequentialPruner):
             handle.remove()
         return AttentionInputs.from_module(view.attn, xs, rope, view.num_heads, view.num_kv_heads, view.head_dim)
 
+    def masks(self, inp: AttentionInputs, Wq, Wk, bq=None, bk=None, roles=("q_proj", "k_proj"), desc="amp: steps"):
+        """`amp_masks` with this config's settings (real-valued masks, before binarisation)."""
+        cfg = self.config
+        return amp_masks(
+            inp,
+            Wq,
+            Wk,
+            bq,
+            bk,
+            lambda_=cfg.lambda_,
+            lr=cfg.lr,
+            steps=cfg.steps,
+            momentum=cfg.momentum,
+            regularizer=cfg.regularizer,
+            gradient=cfg.gradient,
+            update_q="q_proj" in roles,
+            update_k="k_proj" in roles,
+            max_chunk_mb=cfg.max_chunk_mb,
+            cache_dense=cfg.cache_dense,
+            desc=desc,
+        )
+
     def prune_layer(self, run, view: LayerView, dense: nn.Module | None) -> dict:
         cfg = self.config
         if run is None:
@@ -80,24 +102,7 @@ class AMPPruner(SequentialPruner):
         Wq, bq, Wk, bk = _qk(view)
         roles = {t.role for t in self.targets}
         try:
-            Mq, Mk, info = amp_masks(
-                inp,
-                Wq,
-                Wk,
-                bq,
-                bk,
-                lambda_=cfg.lambda_,
-                lr=cfg.lr,
-                steps=cfg.steps,
-                momentum=cfg.momentum,
-                regularizer=cfg.regularizer,
-                gradient=cfg.gradient,
-                update_q="q_proj" in roles,
-                update_k="k_proj" in roles,
-                max_chunk_mb=cfg.max_chunk_mb,
-                cache_dense=cfg.cache_dense,
-                desc=f"amp: layer {view.index} steps",
-            )
+            Mq, Mk, info = self.masks(inp, Wq, Wk, bq, bk, roles, desc=f"amp: layer {view.index} steps")
         except FloatingPointError as e:
             raise FloatingPointError(
                 f"AMP diverged on layer {view.index} ({e}); lower `lr` (now {cfg.lr}) or `momentum`. The model was "

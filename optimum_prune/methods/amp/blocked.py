@@ -1,0 +1,156 @@
+"""Attention probabilities blocked over query positions, and the fast path of the AMP descent: the data loss
+`Σ ½‖f̃ − f‖²_F` of one attention module and its gradients with respect to the (scaled) queries and the keys,
+without autograd on the n×n tensors.
+
+- Layout: a KV group's query heads are interleaved per position, `(b, G, n·g, d_h)` (row `i·g + h` = position i,
+  head h), so that a block of query positions is one contiguous slice and one matmul against the group's keys.
+- Causality: the block of positions `[a, e)` only meets the keys it can see (`[0, e)`, or the sliding window);
+  only the columns where some entry is masked are filled with `-inf`, with a mask built once per sequence length.
+- Backward in closed form (SPEC §C.2): `c = f̃ − f`, `p1 = c∘f̃` (`c∘f` for Algorithm 1's printed variant),
+  `dS = p1 − rowsum(p1)·f̃`, `dq = dS·k`, `dk = dSᵀ·q`: five passes over each block instead of autograd's ten.
+The forward is the one `attention.attention_probs` uses (and autograd differentiates, the reference path), so the
+dense probabilities come from the same code and the step-0 loss is exactly zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .attention import AttentionInputs
+
+__all__ = ["CausalBlocks", "causal_blocks", "interleave_heads"]
+
+
+def interleave_heads(q: torch.Tensor) -> torch.Tensor:
+    """`(b, G, g, n, d_h)` queries (per KV group, per head) to the position-major `(b, G, n·g, d_h)` layout."""
+    b, G, gs, n, hd = q.shape
+    return q.permute(0, 1, 3, 2, 4).reshape(b, G, n * gs, hd)
+
+
+def block_keys(inp: AttentionInputs, a: int, n: int) -> tuple[int, int, int]:
+    """Query positions `[a, e)` of a block and the keys `[k0, k1)` it can see."""
+    e = min(n, a + inp.block_size)
+    k1 = e if inp.causal else n
+    k0 = max(0, a - inp.sliding_window + 1) if inp.sliding_window is not None else 0
+    return e, k0, k1
+
+
+def causal_blocks(inp: AttentionInputs, n: int, device=None) -> CausalBlocks:
+    """The `CausalBlocks` of `inp` for sequences of `n` tokens (built once, cached on `inp`)."""
+    key = (n, inp.block_size, str(device))
+    if key not in inp.blocks_cache:
+        inp.blocks_cache[key] = CausalBlocks(inp, n, device)
+    return inp.blocks_cache[key]
+
+
+@dataclass
+class _Block:
+    a: int  # query positions [a, e)
+    e: int
+    k0: int  # keys [k0, k1)
+    k1: int
+    c0: int  # block columns [c0, c1) hold the masked entries (`masked`, rows × (c1 − c0), True = masked)
+    c1: int
+    masked: torch.Tensor | None
+
+
+class CausalBlocks:
+    """The query blocks of one attention module on sequences of `n` tokens.
+
+    Args:
+        inp (`AttentionInputs`): block size, group size, causal flag, sliding window and logit soft-capping.
+        n (`int`): sequence length.
+        device: where the masks live.
+    """
+
+    def __init__(self, inp: AttentionInputs, n: int, device=None) -> None:
+        self.gs, self.softcap = inp.group_size, inp.softcap
+        self.blocks: list[_Block] = []
+        for a in range(0, n, inp.block_size):
+            e, k0, k1 = block_keys(inp, a, n)
+            i = torch.arange(a, e, device=device).unsqueeze(1)
+            j = torch.arange(k0, k1, device=device).unsqueeze(0)
+            bad = torch.zeros(e - a, k1 - k0, dtype=torch.bool, device=device)
+            if inp.causal:
+                bad |= j > i
+            if inp.sliding_window is not None:
+                bad |= (i - j) >= inp.sliding_window
+            cols = bad.any(0).nonzero().flatten()
+            if cols.numel():
+                c0, c1 = int(cols[0]), int(cols[-1]) + 1
+                masked = bad[:, c0:c1].repeat_interleave(self.gs, dim=0)
+            else:
+                c0 = c1 = 0
+                masked = None
+            self.blocks.append(_Block(a, e, k0, k1, c0, c1, masked))
+
+    def logits(self, qs: torch.Tensor, k: torch.Tensor, blk: _Block) -> torch.Tensor:
+        s = qs[:, :, blk.a * self.gs : blk.e * self.gs] @ k[:, :, blk.k0 : blk.k1].transpose(-1, -2)
+        if self.softcap is not None:
+            s = torch.tanh(s / self.softcap) * self.softcap
+        if blk.masked is not None:
+            s[..., blk.c0 : blk.c1].masked_fill_(blk.masked, float("-inf"))
+        return s
+
+    def probs(
+        self, qs: torch.Tensor, k: torch.Tensor, dense_for_backward: list[torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
+        """Per block, the probabilities `(b, G, rows·g, keys)` from scaled queries `qs` `(b, G, n·g, d_h)` and keys
+        `k` `(b, G, n, d_h)` (the module's scaling already applied to the queries); differentiable. With
+        `dense_for_backward`, the softmax backward uses the dense probabilities in `p1` (Algorithm 1, line 12)."""
+        out = []
+        for t, blk in enumerate(self.blocks):
+            s = self.logits(qs, k, blk)
+            out.append(
+                torch.softmax(s, -1) if dense_for_backward is None else _Alg1Softmax.apply(s, dense_for_backward[t])
+            )
+        return out
+
+    @torch.no_grad()
+    def loss_and_grads(
+        self, qs: torch.Tensor, k: torch.Tensor, dense: list[torch.Tensor], literal: bool = False
+    ) -> tuple[float, torch.Tensor, torch.Tensor]:
+        """`Σ ½‖f̃ − f‖²` over every block (f = `dense`, from `probs`) and its gradients w.r.t. `qs` and `k`
+        (no soft-capping). `literal` uses the dense f in `p1` (Algorithm 1, line 12) instead of f̃."""
+        dk = torch.zeros_like(k)
+        dqs, loss = [], 0.0
+        for blk, f in zip(self.blocks, dense):
+            ft = torch.softmax(self.logits(qs, k, blk), dim=-1)
+            c = torch.sub(ft, f)
+            cv = c.view(-1)
+            loss += 0.5 * float(torch.dot(cv, cv))
+            p1 = c.mul_(f if literal else ft)
+            dS = p1.addcmul_(ft, p1.sum(-1, keepdim=True), value=-1.0)
+            del ft
+            dqs.append(dS @ k[:, :, blk.k0 : blk.k1])
+            dk[:, :, blk.k0 : blk.k1] += dS.transpose(-1, -2) @ qs[:, :, blk.a * self.gs : blk.e * self.gs]
+        return loss, torch.cat(dqs, dim=2), dk
+
+    def assemble(self, blocks: list[torch.Tensor], n: int) -> torch.Tensor:
+        """The full `(b, G, g, n, n)` probabilities (per KV group, per head) from `probs`' blocks."""
+        b, G = blocks[0].shape[:2]
+        out = blocks[0].new_zeros(b, G, self.gs, n, n)
+        for blk, p in zip(self.blocks, blocks):
+            rows = p.view(b, G, blk.e - blk.a, self.gs, -1).transpose(2, 3)
+            out[:, :, :, blk.a : blk.e, blk.k0 : blk.k1] = rows
+        return out
+
+
+class _Alg1Softmax(torch.autograd.Function):
+    """Softmax whose backward uses the *dense* probabilities in `p1 = c∘f` (the literal Algorithm 1, line 12)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(logits, dim=-1)
+        ctx.save_for_backward(probs, dense)
+        return probs
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        probs, dense = ctx.saved_tensors
+        p1 = grad * dense
+        return p1 - p1.sum(-1, keepdim=True) * probs, None
