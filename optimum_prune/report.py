@@ -20,7 +20,9 @@ def count_parameters(model: nn.Module) -> int:
 
 
 def layer_table(model: nn.Module, spec: ArchitectureSpec) -> list[dict[str, Any]]:
-    """Per decoder layer: heads, KV heads, head_dim, intermediate size, and which projections carry a bias."""
+    """Per decoder layer: heads, KV heads, head_dim, intermediate size, and which projections carry a bias; for a
+    layer whose head dimensions were pruned (SPP) also `qk_head_dim`, `vo_head_dim`, the softmax scale and, on
+    rotary models, the kept `rope_pairs` (`modeling.pair_attention`)."""
     rows = []
     for i, layer in enumerate(get_layers(model, spec)):
         v = layer_view(layer, i, spec, model.config)
@@ -35,6 +37,11 @@ def layer_table(model: nn.Module, spec: ArchitectureSpec) -> list[dict[str, Any]
                 ),
             }
         )
+        if v.pair_shaped:
+            attn = v.attn
+            rows[-1].update(qk_head_dim=v.qk_head_dim, vo_head_dim=v.vo_head_dim, attn_scaling=float(attn.scaling))
+            if getattr(attn, "rope_pairs", None) is not None:
+                rows[-1]["rope_pairs"] = list(attn.rope_pairs)
     return rows
 
 

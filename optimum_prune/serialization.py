@@ -2,7 +2,9 @@
 
 - Uniform per-layer shapes (and biases a stock config can express): config.json is rewritten (explicit `head_dim`,
   head counts, intermediate size, bias flags) so plain `transformers.AutoModelForCausalLM` loads it.
-- Otherwise: `model_type = "optimum_pruned_<base>"` with the per-layer shapes in `pruned_layers`; the classes in
+- Otherwise (also whenever head dimensions were pruned: q/k and v/o widths, kept rotary pairs and the softmax scale
+  are per-layer fields no stock config has): `model_type = "optimum_pruned_<base>"` with the per-layer shapes in
+  `pruned_layers`; the classes in
   `modeling.auto_classes` rebuild the skeleton and load it exactly (plain `AutoModelForCausalLM` too, once
   `optimum_prune` is imported).
 Writes go to a temporary directory next to the target, renamed into place at the end (or, for an existing empty
@@ -96,7 +98,8 @@ def export_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> tup
     data["model_type"] = base_type
     sd = dict(model.state_dict().items())
     first = shapes[0]
-    if all(s == first for s in shapes):
+    pair_shaped = any("qk_head_dim" in s for s in shapes)  # pruned head dims: a stock config cannot express them
+    if all(s == first for s in shapes) and not pair_shaped:
         keys = spec.config_keys
         stock = dict(data)
         stock[keys["heads"]] = first["num_attention_heads"]

@@ -48,6 +48,9 @@ class ArchitectureSpec:
         config_keys (`dict`): config attribute names for heads, kv heads, head_dim and intermediate size.
         mlp_in_roles (`tuple[str, ...]`): architecture-independent role of each `mlp_in` projection (`"gate_proj"`,
             `"up_proj"`; OPT's `fc1` and GPT-2's `c_fc` are `"up_proj"`).
+        pair_attention (`str | None`): which forward of `modeling.pair_attention` runs the attention once its q/k and
+            v/o head dimensions differ (SPP): `"rope"` (Llama-style, rotary `rotate_half` pairs (j, j + d/2)),
+            `"opt"`, `"gpt2"`; `None`: head dimensions cannot be pruned on this architecture.
     """
 
     layers: str
@@ -72,6 +75,12 @@ class ArchitectureSpec:
     )
 
     mlp_in_roles: tuple[str, ...] = ("gate_proj", "up_proj")
+    pair_attention: str | None = None
+
+    @property
+    def rotary(self) -> bool:
+        """Whether q and k carry rotary embeddings in the `rotate_half` layout (dims j and j + d/2 rotate together)."""
+        return self.pair_attention == "rope"
 
     def attn_path(self, name: str) -> str:
         return f"{self.attn}.{name}"
@@ -220,6 +229,7 @@ _LLAMA_LIKE = ArchitectureSpec(
     mlp="mlp",
     mlp_in=("gate_proj", "up_proj"),
     mlp_out="down_proj",
+    pair_attention="rope",
 )
 
 ARCHITECTURES: dict[str, ArchitectureSpec] = {
@@ -238,6 +248,7 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
         mlp_in_roles=("up_proj",),
         heads_attr="num_heads",
         config_keys={"heads": "num_attention_heads", "intermediate": "ffn_dim"},
+        pair_attention="opt",
     ),
     "gpt2": ArchitectureSpec(
         layers="transformer.h",
@@ -254,6 +265,7 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
         heads_attr="num_heads",
         split_attr="split_size",
         config_keys={"heads": "n_head", "intermediate": "n_inner"},
+        pair_attention="gpt2",
     ),
 }
 
@@ -305,7 +317,11 @@ def weight_oi(module: nn.Module) -> torch.Tensor:
 
 @dataclass
 class LayerView:
-    """Modules and head geometry of one decoder layer."""
+    """Modules and head geometry of one decoder layer.
+
+    `head_dim` is the attention's original head dimension (its softmax scale); `qk_head_dim` / `vo_head_dim` are the
+    per-head widths of q/k and of v/o, smaller than `head_dim` once SPP pruned them (see `modeling.pair_attention`).
+    """
 
     index: int
     layer: nn.Module
@@ -314,6 +330,17 @@ class LayerView:
     num_heads: int
     num_kv_heads: int
     intermediate_size: int
+    qk_head_dim: int | None = None
+    vo_head_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        self.qk_head_dim = self.qk_head_dim or self.head_dim
+        self.vo_head_dim = self.vo_head_dim or self.head_dim
+
+    @property
+    def pair_shaped(self) -> bool:
+        """Whether this layer's q/k or v/o head dimensions were pruned (SPP)."""
+        return hasattr(self.attn, "qk_head_dim")
 
     @property
     def attn(self) -> nn.Module:
@@ -342,11 +369,12 @@ def layer_view(layer: nn.Module, index: int, spec: ArchitectureSpec, config) -> 
     """Read the current (possibly already pruned) geometry of a decoder layer from its modules."""
     attn = layer.get_submodule(spec.attn)
     head_dim = getattr(attn, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    qk_dim, vo_dim = getattr(attn, "qk_head_dim", head_dim), getattr(attn, "vo_head_dim", head_dim)
     o_in = weight_oi(layer.get_submodule(spec.o_path)).shape[1]
-    num_heads = o_in // head_dim
+    num_heads = o_in // vo_dim
     if spec.fused_qkv:
         num_kv_heads = num_heads
     else:
-        num_kv_heads = weight_oi(layer.get_submodule(spec.attn_path(spec.k))).shape[0] // head_dim
+        num_kv_heads = weight_oi(layer.get_submodule(spec.attn_path(spec.k))).shape[0] // qk_dim
     intermediate = weight_oi(layer.get_submodule(spec.mlp_out_path)).shape[1]
-    return LayerView(index, layer, spec, head_dim, num_heads, num_kv_heads, intermediate)
+    return LayerView(index, layer, spec, head_dim, num_heads, num_kv_heads, intermediate, qk_dim, vo_dim)
