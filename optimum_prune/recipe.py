@@ -118,6 +118,8 @@ def prune_recipe_(
         if int(ids.max()) >= vocab or int(ids.min()) < 0:
             raise ValueError(f"Calibration token ids fall outside the model's vocabulary (size {vocab}).")
         bs = batch_size or getattr(calibration, "batch_size", 8)
+        for p in pruners:
+            p.attach_calibration(ids, calib_desc)
 
         def runner_factory():
             return LayerwiseRunner(model, spec, ids, batch_size=bs, device=device)

@@ -1,0 +1,149 @@
+"""SPP's structural units and the search masks on them, attached to a stock model with forward hooks.
+
+Per decoder layer (its current geometry, so an already pruned model works too):
+  - `qk`: head dimensions of q and k, one mask shared by every head of the layer (query and KV heads alike, so GQA
+    groups stay intact); on rotary models one unit per `rotate_half` pair (j, j + d/2), the mask multiplying both;
+  - `vo`: head dimensions of v, shared by every KV head (the o_proj inputs they feed go with them);
+  - `mlp`: channels; the mask multiplies the input of down_proj on gated MLPs (SwiGLU: `silu(gate)·up`, SPEC §D.1 [R])
+    and the fc1 output before the activation on two-layer MLPs (the authors' ViT code).
+The masks multiply projection outputs (q/k before any q/k norm and before the rotary embedding, which commutes with a
+mask tied over each pair), so a 0/1 mask is exactly the model with those rows / columns zeroed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from ...modeling.architectures import ArchitectureSpec, LayerView
+from ..structured import _col_params, _row_params, mlp_channel_cost
+
+__all__ = ["KINDS", "layer_units", "unit_costs", "SearchMasks", "attach_masks"]
+
+KINDS = ("qk", "vo", "mlp")
+
+
+def layer_units(view: LayerView, prune_attention: bool, prune_mlp: bool) -> dict[str, int]:
+    """Number of units of each kind in one layer."""
+    out = {}
+    if prune_attention:
+        out["qk"] = view.qk_head_dim // 2 if view.spec.rotary else view.qk_head_dim
+        out["vo"] = view.vo_head_dim
+    if prune_mlp:
+        out["mlp"] = view.intermediate_size
+    return out
+
+
+def unit_costs(view: LayerView) -> dict[str, float]:
+    """Parameters removed with one unit of each kind: q/k rows of every head (x2 for a rotary pair), v rows of every
+    KV head plus the o_proj column of every query head, MLP rows and column."""
+    spec, h, kv = view.spec, view.num_heads, view.num_kv_heads
+    if spec.fused_qkv:
+        q_row = k_row = v_row = _row_params(view.module(spec.qkv_paths[0]))
+    else:
+        q_row, k_row, v_row = (_row_params(view.module(p)) for p in spec.qkv_paths)
+    qk = h * q_row + kv * k_row
+    return {
+        "qk": float(2 * qk if spec.rotary else qk),
+        "vo": float(kv * v_row + h * _col_params(view.o_proj)),
+        "mlp": mlp_channel_cost(view),
+    }
+
+
+class SearchMasks(nn.Module):
+    """The search's trainable parameters: one mask vector per layer and unit kind, initialised to 1 (float32)."""
+
+    def __init__(self, units: dict[int, dict[str, int]], device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.units = units
+        self.masks = nn.ParameterDict(
+            {
+                f"{i}_{kind}": nn.Parameter(torch.ones(n, dtype=torch.float32, device=device))
+                for i, per in sorted(units.items())
+                for kind, n in per.items()
+            }
+        )
+
+    def get(self, layer: int, kind: str) -> nn.Parameter | None:
+        key = f"{layer}_{kind}"
+        return self.masks[key] if key in self.masks else None
+
+    def items(self) -> Iterator[tuple[int, str, nn.Parameter]]:
+        for key, p in self.masks.items():
+            i, kind = key.split("_")
+            yield int(i), kind, p
+
+    @torch.no_grad()
+    def set_binary_(self, keep: dict[int, dict[str, list[int]]]) -> None:
+        """Set every mask to 1 on the kept units and 0 elsewhere (units of layers / kinds not in `keep`: 1)."""
+        for i, kind, p in self.items():
+            kept = keep.get(i, {}).get(kind)
+            if kept is not None:
+                p.zero_()
+                p[torch.as_tensor(kept, dtype=torch.long, device=p.device)] = 1
+
+
+def _expand_qk(mask: torch.Tensor, rotary: bool) -> torch.Tensor:
+    return torch.cat([mask, mask]) if rotary else mask  # a rotary pair (j, j + d/2) shares one mask value
+
+
+def _per_head(out: torch.Tensor, heads: int, mask: torch.Tensor) -> torch.Tensor:
+    return (out.unflatten(-1, (heads, mask.numel())) * mask.to(out.dtype)).flatten(-2)
+
+
+def _layer_hooks(view: LayerView, masks: SearchMasks) -> list:
+    spec, i = view.spec, view.index
+    qk, vo, mlp = masks.get(i, "qk"), masks.get(i, "vo"), masks.get(i, "mlp")
+    h, kv = view.num_heads, view.num_kv_heads
+    handles = []
+
+    def out_hook(fn):
+        return lambda module, args, out: fn(out)
+
+    if qk is not None or vo is not None:
+        if spec.fused_qkv:
+            w_qk, w_vo = h * view.qk_head_dim, h * view.vo_head_dim
+
+            def fused(out):
+                q, k, v = out.split([w_qk, w_qk, w_vo], dim=-1)
+                if qk is not None:
+                    full = _expand_qk(qk, spec.rotary)
+                    q, k = _per_head(q, h, full), _per_head(k, h, full)
+                if vo is not None:
+                    v = _per_head(v, h, vo)
+                return torch.cat([q, k, v], dim=-1)
+
+            handles.append(view.module(spec.qkv_paths[0]).register_forward_hook(out_hook(fused)))
+        else:
+            q_path, k_path, v_path = spec.qkv_paths
+            if qk is not None:
+                handles.append(view.module(q_path).register_forward_hook(
+                    out_hook(lambda o: _per_head(o, h, _expand_qk(qk, spec.rotary)))))  # fmt: skip
+                handles.append(view.module(k_path).register_forward_hook(
+                    out_hook(lambda o: _per_head(o, kv, _expand_qk(qk, spec.rotary)))))  # fmt: skip
+            if vo is not None:
+                handles.append(view.module(v_path).register_forward_hook(out_hook(lambda o: _per_head(o, kv, vo))))
+    if mlp is not None:
+        if len(spec.mlp_in_paths) > 1:  # gated: the input of down_proj
+            handles.append(view.mlp_out.register_forward_pre_hook(lambda m, args: (args[0] * mlp.to(args[0].dtype),)))
+        else:  # fc1 output, before the activation
+            handles.append(view.module(spec.mlp_in_paths[0]).register_forward_hook(
+                out_hook(lambda o: o * mlp.to(o.dtype))))  # fmt: skip
+    return handles
+
+
+@contextlib.contextmanager
+def attach_masks(views: list[LayerView], spec: ArchitectureSpec, masks: SearchMasks):
+    """Within the block, the layers of `views` run with `masks` applied; the hooks are always removed."""
+    handles = []
+    try:
+        for view in views:
+            if view.index in masks.units:
+                handles += _layer_hooks(view, masks)
+        yield masks
+    finally:
+        for h in handles:
+            h.remove()
