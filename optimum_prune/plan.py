@@ -49,6 +49,7 @@ class PruningPlan:
 
     layers: dict[int, LayerPlan] = field(default_factory=dict)
     info: dict = field(default_factory=dict)
+    artifacts: dict = field(default_factory=dict)  # objects a method made besides the decision (SPP: its path)
 
     def summary(self) -> dict[int, dict]:
         """Kept heads / channels per layer, for determinism checks and the report."""

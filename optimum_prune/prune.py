@@ -160,6 +160,7 @@ def prune_(
         timings={"decide_s": t1 - t0, "apply_s": t2 - t1, "total_s": t2 - t0},
         calibration=calib_desc,
         info={**plan.info, "layers": {i: lp.info for i, lp in plan.layers.items() if lp.info}},
+        artifacts=plan.artifacts,
     )
     record_history(model, config.method, config.config_version, config.to_dict(), calib_desc, report)
     logger.info("%s", report)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from torch import nn
@@ -73,6 +73,8 @@ class PruningReport:
         info (`dict`): method diagnostics.
         sections (`list[dict]`): for a recipe, one entry per config (method, config, target, measured, per-target
             sparsity, seconds, per-layer diagnostics); empty for a single config.
+        artifacts (`dict`): objects the method made besides the pruned model, not serialised (SPP: its
+            `"solution_path"`, a `SolutionPath`).
     """
 
     method: str
@@ -89,13 +91,15 @@ class PruningReport:
     calibration: dict | None = None
     info: dict = field(default_factory=dict)
     sections: list[dict] = field(default_factory=list)
+    artifacts: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def whole_model_ratio(self) -> float:
         return 1 - self.params_after / max(self.params_before, 1)
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = asdict(replace(self, artifacts={}))
+        del out["artifacts"]
         out["whole_model_ratio"] = self.whole_model_ratio
         return out
 

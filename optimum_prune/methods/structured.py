@@ -21,7 +21,7 @@ from ..config import StructuredPruningConfig
 from ..functional.allocation import LayerUnits, allocate, round_kept_channels
 from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
 from ..plan import LayerPlan, PruningPlan
-from .base import BasePruner, RunnerFactory
+from .base import BasePruner, RunnerFactory, refuse_pruned_head_dims
 
 __all__ = ["StructuredPruner", "resolve_gqa_mode", "attention_mlp_params", "head_costs", "mlp_channel_cost"]
 
@@ -104,6 +104,8 @@ class StructuredPruner(BasePruner):
         bad = [i for i in self.config.skip_layers if not 0 <= i < n]
         if bad:
             raise ValueError(f"skip_layers {bad} out of range: the model has {n} layers (0..{n - 1}).")
+        if self.config.prune_attention:
+            refuse_pruned_head_dims(model, spec, "removing attention heads")
         for view in self._views(model, spec):
             mode = resolve_gqa_mode(self.config.gqa_mode, view)
             if mode == "query" and spec.fused_qkv:

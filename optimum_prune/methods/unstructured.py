@@ -37,7 +37,7 @@ from ..modeling.architectures import (
     weight_oi,
 )
 from ..plan import LayerPlan, PruningPlan
-from .base import BasePruner, RunnerFactory
+from .base import BasePruner, RunnerFactory, refuse_pruned_head_dims
 
 __all__ = [
     "UnstructuredConfigMixin",
@@ -168,6 +168,8 @@ class SequentialPruner(BasePruner):
         super().validate(model, spec)
         nm = self.config.nm
         targets = self.resolve(model, spec)
+        if any(t.part is not None for t in targets):  # thirds of a fused q|k|v: equal-width heads only
+            refuse_pruned_head_dims(model, spec, "targeting part of a fused q|k|v projection")
         for i, layer in enumerate(get_layers(model, spec)):
             for t in targets:
                 check_pattern_fits(weight_oi(layer.get_submodule(t.path)).shape[1], nm, f"layers.{i}.{t.key}")

@@ -105,4 +105,5 @@ class SPPPruner(BasePruner):
                     lp.scaling = float(view.attn.scaling) * math.sqrt(view.qk_head_dim / len(lp.keep_qk))
             plan.layers[i] = lp
         plan.info["extract_s"] = time.perf_counter() - t1
+        plan.artifacts["solution_path"] = self.solution_path
         return plan

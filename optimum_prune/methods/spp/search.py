@@ -9,7 +9,6 @@ and `use_cache` are restored whatever happens; a NaN loss stops the search with 
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import tempfile
 import time
@@ -106,6 +105,18 @@ class _SearchTrainer(Trainer):
     def __init__(self, *args: Any, dropout: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._dropout = dropout
+        free_memory = self.accelerator.free_memory
+
+        def reset_without_gc(*objects):
+            """The loop's opening `free_memory()` runs a full `gc.collect()` (seconds in a large process) to drop
+            references this fresh accelerator does not hold yet; reset its lists without it."""
+            if objects or getattr(self.accelerator, "deepspeed_engine_wrapped", None) is not None:
+                return free_memory(*objects)
+            acc = self.accelerator
+            acc._schedulers, acc._optimizers, acc._models, acc._dataloaders, acc.step = [], [], [], [], 0
+            return ()
+
+        self.accelerator.free_memory = reset_without_gc
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if not self._dropout:
@@ -241,7 +252,6 @@ def run_search(
             trainer.train()
         losses = [{"step": h["step"], "loss": h["loss"]} for h in trainer.state.log_history if "loss" in h]
         del trainer
-    gc.collect()
     seconds = time.perf_counter() - t0
     logger.info("SPP search: %d steps in %.1f s, final support density %.3f", optimizer.steps, seconds,
                 optimizer.density())  # fmt: skip
