@@ -67,8 +67,19 @@ METHOD_CASES = [
     (AMPConfig, {"sparsity": 0.5, "steps": 3}, 0.01),
     (AMPConfig, {"sparsity": 0.5, "pattern": "2:4", "steps": 3, "targets": ["k_proj"]}, 0.01),
     # SPP with a 10-step search whose units enter over several steps (tests/methods/test_spp.py: FAST).
-    (SPPConfig, {"pruning_ratio": 0.3, "steps": 10, "lr": 0.08, "lambda_": 0.7, "betas": (0.5, 0.9),
-                 "round_to": 1, "head_dim_multiple": 1}, 0.03),  # fmt: skip
+    (
+        SPPConfig,
+        {
+            "pruning_ratio": 0.3,
+            "steps": 10,
+            "lr": 0.08,
+            "lambda_": 0.7,
+            "betas": (0.5, 0.9),
+            "round_to": 1,
+            "head_dim_multiple": 1,
+        },
+        0.03,
+    ),  # fmt: skip
 ]
 CASE_IDS = [f"{c.method}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for c, kw, _ in METHOD_CASES]
 

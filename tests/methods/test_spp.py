@@ -74,7 +74,9 @@ def test_bregman_step_matches_float64_reference(faithful_to):
     for grad in grads:
         bregman_step_(mask, torch.tensor(grad, dtype=torch.float64), state, faithful_to=faithful_to, **kw)
     if faithful_to == "code":
-        M, Z, G, entry, record = _reference_code(grads, kw["lr"], kw["lambda_"], kw["kappa"], kw["betas"], kw["eps"], 5)
+        M, Z, G, entry, record = _reference_code(
+            grads, kw["lr"], kw["lambda_"], kw["kappa"], kw["betas"], kw["eps"], 5
+        )
         assert state["record"].tolist() == record
     else:
         M, Z, G, entry = _reference_paper(grads, kw["lr"], kw["lambda_"], kw["kappa"], kw["nu"])
@@ -202,7 +204,9 @@ def test_bad_paths_ratios_and_configs_fail_before_anything_changes(tmp_path):
         prune_(tiny_model("llama", seed=1), SPPConfig(pruning_ratio=0.5, solution_path=where))
     with pytest.raises(SolutionPathError, match="llama model with 3 layers"):
         prune_(tiny_model("opt"), SPPConfig(pruning_ratio=0.5, solution_path=where))
-    mlp_path = AutoPruner(model, keep_teacher=False).search(SPPConfig(prune_attention=False, **FAST), calibration_ids())
+    mlp_path = AutoPruner(model, keep_teacher=False).search(
+        SPPConfig(prune_attention=False, **FAST), calibration_ids()
+    )
     with pytest.raises(SolutionPathError, match="no attention units"):
         prune_(model, SPPConfig(solution_path=str(mlp_path.save_pretrained(tmp_path / "mlp")), **FAST))
     assert all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
@@ -219,7 +223,14 @@ def test_nan_loss_stops_the_search_and_leaves_the_model_as_it_was():
     with pytest.raises(SPPSearchError, match="NaN|nan"):
         prune_(model, SPPConfig(pruning_ratio=0.3, **FAST), calibration_ids())
     state = model.state_dict()
-    assert state.keys() == snap.keys() and all(torch.equal(state[k], v, ) or torch.isnan(v).any() for k, v in snap.items())
+    assert state.keys() == snap.keys() and all(
+        torch.equal(
+            state[k],
+            v,
+        )
+        or torch.isnan(v).any()
+        for k, v in snap.items()
+    )
     assert all(p.requires_grad for p in model.parameters()) and not model.training
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
