@@ -10,12 +10,14 @@ from ...registry import register_pruning_method
 from .config import SPPConfig, SPPRIAConfig
 from .path import SolutionPath, SolutionPathError
 from .pruner import SPPPruner
+from .ria import SPPRIAPruner
 from .search import SPPSearchError
 
 __all__ = [
     "SPPConfig",
     "SPPRIAConfig",
     "SPPPruner",
+    "SPPRIAPruner",
     "SolutionPath",
     "SolutionPathError",
     "SPPSearchError",
@@ -23,6 +25,7 @@ __all__ = [
 ]
 
 register_pruning_method("spp", config_cls=SPPConfig, pruner_cls=SPPPruner)
+register_pruning_method("spp_ria", config_cls=SPPRIAConfig, pruner_cls=SPPRIAPruner)
 
 
 def search_solution_path(

@@ -25,8 +25,8 @@ def init_state(mask: torch.Tensor, faithful_to: str) -> dict:
         "step": 0,
         "z": torch.zeros_like(mask),
         "gamma": torch.zeros_like(mask),
-        "entry": torch.full(mask.shape, -1, dtype=torch.long, device=mask.device),
-        "record": torch.zeros(mask.shape, dtype=torch.long, device=mask.device),
+        "entry": torch.full(mask.shape, -1, dtype=torch.int32, device=mask.device),
+        "record": torch.zeros(mask.shape, dtype=torch.int32, device=mask.device),
     }
     if faithful_to == "code":
         state["exp_avg"] = torch.zeros_like(mask)
@@ -88,7 +88,7 @@ def bregman_step_(
     entered = gamma != 0
     state["entry"][entered & (state["entry"] < 0)] = t
     if t % interval == 0:
-        state["record"] += entered.long()
+        state["record"] += entered.to(state["record"].dtype)
 
 
 def removal_order(

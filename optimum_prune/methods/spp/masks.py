@@ -21,7 +21,7 @@ from torch import nn
 from ...modeling.architectures import ArchitectureSpec, LayerView
 from ..structured import _col_params, _row_params, mlp_channel_cost
 
-__all__ = ["KINDS", "layer_units", "unit_costs", "SearchMasks", "attach_masks"]
+__all__ = ["KINDS", "layer_units", "unit_costs", "MaskSet", "SearchMasks", "attach_masks"]
 
 KINDS = ("qk", "vo", "mlp")
 
@@ -53,28 +53,32 @@ def unit_costs(view: LayerView) -> dict[str, float]:
     }
 
 
-class SearchMasks(nn.Module):
-    """The search's trainable parameters: one mask vector per layer and unit kind, initialised to 1 (float32)."""
+class MaskSet(nn.Module):
+    """Trainable mask tensors keyed `(layer, kind)`, initialised to 1 (float32): what the search optimises."""
 
-    def __init__(self, units: dict[int, dict[str, int]], device: torch.device | str | None = None) -> None:
+    def __init__(self, shapes: dict[tuple[int, str], tuple[int, ...]], device: torch.device | str | None = None):
         super().__init__()
-        self.units = units
-        self.masks = nn.ParameterDict(
-            {
-                f"{i}_{kind}": nn.Parameter(torch.ones(n, dtype=torch.float32, device=device))
-                for i, per in sorted(units.items())
-                for kind, n in per.items()
-            }
+        self.keys = list(shapes)
+        self.masks = nn.ParameterList(
+            [nn.Parameter(torch.ones(shape, dtype=torch.float32, device=device)) for shape in shapes.values()]
         )
+        self._index = {key: j for j, key in enumerate(self.keys)}
 
     def get(self, layer: int, kind: str) -> nn.Parameter | None:
-        key = f"{layer}_{kind}"
-        return self.masks[key] if key in self.masks else None
+        j = self._index.get((layer, kind))
+        return None if j is None else self.masks[j]
 
     def items(self) -> Iterator[tuple[int, str, nn.Parameter]]:
-        for key, p in self.masks.items():
-            i, kind = key.split("_")
-            yield int(i), kind, p
+        for (i, kind), p in zip(self.keys, self.masks):
+            yield i, kind, p
+
+
+class SearchMasks(MaskSet):
+    """One mask vector per layer and unit kind (`qk`, `vo`, `mlp`)."""
+
+    def __init__(self, units: dict[int, dict[str, int]], device: torch.device | str | None = None) -> None:
+        super().__init__({(i, k): (n,) for i, per in sorted(units.items()) for k, n in per.items()}, device)
+        self.units = units
 
     @torch.no_grad()
     def set_binary_(self, keep: dict[int, dict[str, list[int]]]) -> None:

@@ -20,10 +20,10 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, default_da
 
 from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view
 from .functional import bregman_step_, init_state
-from .masks import KINDS, SearchMasks, attach_masks, layer_units
+from .masks import MaskSet, SearchMasks, attach_masks, layer_units
 from .path import SolutionPath, model_identity
 
-__all__ = ["SPPSearchError", "BregmanOptimizer", "run_search", "search_views"]
+__all__ = ["SPPSearchError", "BregmanOptimizer", "run_search", "search_views", "train_masks"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,12 +37,12 @@ class SPPSearchError(FloatingPointError, ValueError):
 class BregmanOptimizer(torch.optim.Optimizer):
     """Runs `bregman_step_` on every mask; keeps, per step, how many units of each kind are in the support."""
 
-    def __init__(self, masks: SearchMasks, settings: dict[str, Any]) -> None:
+    def __init__(self, masks: MaskSet, settings: dict[str, Any]) -> None:
         self.keys = [(i, kind) for i, kind, _ in masks.items()]
         super().__init__([p for _, _, p in masks.items()], {"lr": settings["lr"]})
         self.settings = {k: settings[k] for k in ("faithful_to", "lambda_", "kappa", "nu", "eps", "interval")}
         self.settings["betas"] = tuple(settings["betas"])
-        self.support: dict[str, list[int]] = {k: [] for k in KINDS if any(k == kk for _, kk in self.keys)}
+        self.support: dict[str, list[int]] = {kind: [] for _, kind in self.keys}
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -215,6 +215,40 @@ def _search_session(model: nn.Module, masks: nn.Module):
         model.train(was_training)
 
 
+def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> dict[str, Any]:
+    """Train `masks` (attached to the model by the context manager `attach`) with the Bregman dynamics of `config`
+    on `data`; returns the optimizer's statistics, the support history, steps, seconds and the loss log."""
+    from ...finetune.trainer import _quiet
+
+    dataset = _Windows(data) if isinstance(data, torch.Tensor) else data
+    if len(dataset) == 0:
+        raise ValueError("The calibration data is empty.")
+    optimizer = BregmanOptimizer(masks, config.search_settings())
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="optimum_prune_spp_") as tmp, _search_session(model, masks):
+        args = _training_arguments(config, tmp)
+        with attach, torch.enable_grad():
+            trainer = _SearchTrainer(
+                model=model, args=args, train_dataset=dataset, data_collator=default_data_collator,
+                optimizers=(optimizer, None), callbacks=[_PathCallback(optimizer, config.stop_at_density)],
+                dropout=config.dropout,
+            )  # fmt: skip
+            _quiet(trainer)
+            trainer.train()
+        losses = [{"step": h["step"], "loss": h["loss"]} for h in trainer.state.log_history if "loss" in h]
+        del trainer
+    seconds = time.perf_counter() - t0
+    logger.info("SPP search: %d steps in %.1f s, final support density %.3f", optimizer.steps, seconds,
+                optimizer.density())  # fmt: skip
+    return {
+        "stats": optimizer.statistics(),
+        "support": {k: torch.tensor(v) for k, v in optimizer.support.items()},
+        "steps": optimizer.steps,
+        "seconds": seconds,
+        "losses": losses,
+    }
+
+
 def run_search(
     model: nn.Module, spec: ArchitectureSpec, config, data: Any, calibration: dict | None = None
 ) -> SolutionPath:
@@ -228,42 +262,21 @@ def run_search(
             windows (causal LM: the LM loss on them), or examples the model computes its loss on (with `labels`).
         calibration (`dict | None`): description recorded in the path.
     """
-    from ...finetune.trainer import _quiet
-
     views, units = search_views(model, spec, config)
     if not units:
         raise ValueError("Nothing to search: every layer is skipped or neither attention nor MLP is pruned.")
-    dataset = _Windows(data) if isinstance(data, torch.Tensor) else data
-    if len(dataset) == 0:
-        raise ValueError("The calibration data is empty.")
     identity = model_identity(model, spec)
     masks = SearchMasks(units)
-    optimizer = BregmanOptimizer(masks, config.search_settings())
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="optimum_prune_spp_") as tmp, _search_session(model, masks):
-        args = _training_arguments(config, tmp)
-        with attach_masks(views, spec, masks), torch.enable_grad():
-            trainer = _SearchTrainer(
-                model=model, args=args, train_dataset=dataset, data_collator=default_data_collator,
-                optimizers=(optimizer, None), callbacks=[_PathCallback(optimizer, config.stop_at_density)],
-                dropout=config.dropout,
-            )  # fmt: skip
-            _quiet(trainer)
-            trainer.train()
-        losses = [{"step": h["step"], "loss": h["loss"]} for h in trainer.state.log_history if "loss" in h]
-        del trainer
-    seconds = time.perf_counter() - t0
-    logger.info("SPP search: %d steps in %.1f s, final support density %.3f", optimizer.steps, seconds,
-                optimizer.density())  # fmt: skip
+    out = train_masks(model, config, data, masks, attach_masks(views, spec, masks))
     meta = {
         "model": identity,
         "search": config.search_settings(),
         "units": {str(i): u for i, u in units.items()},
         "rotary": spec.rotary,
-        "steps": optimizer.steps,
-        "search_seconds": seconds,
+        "steps": out["steps"],
+        "search_seconds": out["seconds"],
         "seed": config.seed,
         "calibration": calibration,
-        "loss_history": losses,
+        "loss_history": out["losses"],
     }
-    return SolutionPath(optimizer.statistics(), meta, {k: torch.tensor(v) for k, v in optimizer.support.items()})
+    return SolutionPath(out["stats"], meta, out["support"])
