@@ -94,7 +94,7 @@ def test_removal_order_entry_then_tie_break_then_never():
     record = torch.tensor([1, 4, 4, 0, 0, 0])
     assert removal_order(entry, record, z, gamma).tolist() == [3, 4, 5, 0, 1, 2]
     assert removal_order(entry, record, z, gamma, tie_break="gamma").tolist()[-2:] == [2, 1]
-    assert removal_order(entry, record, z, gamma, ranking="step_record").tolist() == [3, 4, 5, 0, 1, 2]
+    assert removal_order(entry, record, z, gamma, statistic="step_record").tolist() == [3, 4, 5, 0, 1, 2]
 
 
 def test_select_removed_matches_the_target_through_ties_and_guards():

@@ -95,8 +95,8 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
         pools (`str`, defaults to `"separate"`): `"separate"` (the authors' code: attention units (QK + VO) and MLP
             channels are thresholded separately, each losing the same fraction of its parameters) or
             `"cost_weighted"` (one pool: all units by entry, cut where the removed parameters reach the ratio).
-        ranking (`str`, defaults to `"entry_time"`): the path statistic: `"entry_time"` (step at which `Γ` first
-            became non-zero) or `"step_record"` (the code's count of `interval`s spent in the support).
+        statistic (`str`, defaults to `"entry_time"`): what units are ranked by: `"entry_time"` (the step at which
+            `Γ` first became non-zero) or `"step_record"` (the code's count of `interval`s spent in the support).
         tie_break (`str`, defaults to `"z"`): orders units with the same statistic (and units that never entered):
             `"z"` (larger dual `Z` = closer to entering = kept first) or `"gamma"` (larger `|Γ|`).
         extrapolate (`bool`, defaults to `False`): allow ratios the path did not reach (the kept units then include
@@ -135,7 +135,7 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
 
     solution_path: str | None = None
     pools: str = "separate"
-    ranking: str = "entry_time"
+    statistic: str = "entry_time"
     tie_break: str = "z"
     extrapolate: bool = False
     head_dim_multiple: int = 8
@@ -146,7 +146,7 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
         """The authors' released code (SPEC §D.2 [C]): AdamW dynamics, λ = 3, lr 1e-3 (their search script),
         `step_record` ranking every 20 steps, separate pools and the reduced softmax scale of `compress_model` (their
         pipeline fine-tunes afterwards). Ties are still broken by `Z` (the code keeps every tied unit)."""
-        settings = {"faithful_to": "code", "lambda_": 3.0, "lr": 1e-3, "interval": 20, "ranking": "step_record",
+        settings = {"faithful_to": "code", "lambda_": 3.0, "lr": 1e-3, "interval": 20, "statistic": "step_record",
                     "pools": "separate", "attention_scale": "reduced"}  # fmt: skip
         return cls(pruning_ratio=pruning_ratio, **{**settings, **kwargs})
 
@@ -155,14 +155,14 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
         """The paper's Eq. 10 with its Table 8 values for DeiT (κ = 1, λ = 15, lr 8e-4) and the canonical ν = 100;
         entry-time ranking."""
         settings = {"faithful_to": "paper", "kappa": 1.0, "lambda_": 15.0, "lr": 8e-4, "nu": 100.0,
-                    "ranking": "entry_time"}  # fmt: skip
+                    "statistic": "entry_time"}  # fmt: skip
         return cls(pruning_ratio=pruning_ratio, **{**settings, **kwargs})
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._validate_search()
         _choice("pools", self.pools, ("separate", "cost_weighted"))
-        _choice("ranking", self.ranking, ("entry_time", "step_record"))
+        _choice("statistic", self.statistic, ("entry_time", "step_record"))
         _choice("tie_break", self.tie_break, ("z", "gamma"))
         _choice("attention_scale", self.attention_scale, ("original", "reduced"))
         if isinstance(self.head_dim_multiple, bool) or not isinstance(self.head_dim_multiple, int):
@@ -182,33 +182,33 @@ class SPPRIAConfig(UnstructuredConfigMixin, _SearchFields):
 
     One search (as `SPPConfig`'s, same fields) with an elementwise mask on every targeted weight and the LM loss;
     then RIA's layer-by-layer pass (pruned outputs feed the next layer) prunes each matrix's lowest-scoring
-    `sparsity` (per matrix, or N:M) with the score chosen by `score`. The masks cost about six float32 copies of the
+    `sparsity` (per matrix, or N:M) with the score chosen by `combine`. The masks cost about six float32 copies of the
     targeted weights in memory during the search (mask, Adam moments, Z, Γ, entry step).
 
     Args:
         sparsity (`float`, defaults to `0.5`) / pattern (`str`, defaults to `"unstructured"`) / targets: see
             `UnstructuredConfigMixin`.
-        score (`str`, defaults to `"masked"`): `"masked"` (RIA of the mask-scaled weights `W∘M`, SPEC §D.4 (a)),
-            `"scaled"` (RIA(W) times the path statistic normalised to [0, 1] per matrix, (b)) or `"support"` (the
-            units in the path's support at the matching density first, RIA within, (c)).
+        combine (`str`, defaults to `"masked"`): how the path enters the score: `"masked"` (RIA of the mask-scaled
+            weights `W∘M`, SPEC §D.4 (a)), `"scaled"` (RIA(W) times the path's order normalised to [0, 1] per matrix,
+            (b)) or `"support"` (the units in the path's support at the matching density first, RIA within, (c)).
         a (`float`, defaults to `0.5`) / per (`str`, defaults to `"matrix"`): RIA's activation exponent and comparison
             group.
-        ranking / tie_break: the path statistic (as in `SPPConfig`).
+        statistic / tie_break: the path statistic (as in `SPPConfig`).
         Search fields: as in `SPPConfig` (`faithful_to`, `steps`, `lr`, `lambda_`, ...).
     """
 
     method = "spp_ria"
 
-    score: str = "masked"
+    combine: str = "masked"
     a: float = 0.5
     per: str = "matrix"
-    ranking: str = "entry_time"
+    statistic: str = "entry_time"
     tie_break: str = "z"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._validate_search()
-        _choice("score", self.score, ("masked", "scaled", "support"))
+        _choice("combine", self.combine, ("masked", "scaled", "support"))
         _choice("per", self.per, ("row", "matrix"))
-        _choice("ranking", self.ranking, ("entry_time", "step_record"))
+        _choice("statistic", self.statistic, ("entry_time", "step_record"))
         _choice("tie_break", self.tie_break, ("z", "gamma"))

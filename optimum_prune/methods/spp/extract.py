@@ -81,7 +81,7 @@ def extract_keep(
         groups = torch.cat([torch.full((n,), g, dtype=torch.long) for g, n in enumerate(sizes)])
         caps = [n - _min_units(k, config, rotary, n) for (_, k), n in zip(ks, sizes)]
         order = removal_order(
-            stat["entry"], stat["record"], stat["z"], stat["gamma"], config.ranking, config.tie_break
+            stat["entry"], stat["record"], stat["z"], stat["gamma"], config.statistic, config.tie_break
         )
         target = frac * pool_cost[name]
         if config.allocation == "uniform":

@@ -96,7 +96,7 @@ def removal_order(
     record: torch.Tensor,
     z: torch.Tensor,
     gamma: torch.Tensor,
-    ranking: str = "entry_time",
+    statistic: str = "entry_time",
     tie_break: str = "z",
 ) -> torch.Tensor:
     """Units from the least to the most important along a solution path.
@@ -112,13 +112,13 @@ def removal_order(
         `torch.LongTensor` of shape `(n,)`: indices, least important first.
     """
     tie = z if tie_break == "z" else gamma.abs()
-    if ranking == "entry_time":
+    if statistic == "entry_time":
         never = int(entry.max().clamp_min(0)) + 1
         primary = torch.where(entry >= 0, entry, torch.full_like(entry, never))  # larger = less important
-    elif ranking == "step_record":
+    elif statistic == "step_record":
         primary = -record
     else:
-        raise ValueError(f"ranking must be 'entry_time' or 'step_record', got {ranking!r}")
+        raise ValueError(f"statistic must be 'entry_time' or 'step_record', got {statistic!r}")
     order = torch.sort(tie.double().cpu(), stable=True).indices  # smallest Z first
     return order[torch.sort(primary.cpu()[order], descending=True, stable=True).indices]
 

@@ -6,7 +6,7 @@ since the paper's "Algorithm 2" and its LLM code were never published).
      the calibration windows. A local reconstruction loss would have zero gradient at `M = 1` (SPEC §D.4), hence the
      task loss, and hence one global search rather than one per layer.
   2. RIA's layer-by-layer pass (pruned outputs feed the next layer): each targeted matrix keeps its highest scores,
-     per matrix (or per row / N:M group), with the score of `SPPRIAConfig.score`.
+     per matrix (or per row / N:M group), with the score `SPPRIAConfig.combine` chooses.
 """
 
 from __future__ import annotations
@@ -57,10 +57,10 @@ def _parametrized(modules: dict[tuple[int, str], nn.Module], masks: MaskSet):
             parametrize.remove_parametrizations(module, "weight", leave_parametrized=False)
 
 
-def path_scores(stats: dict[str, torch.Tensor], ranking: str, tie_break: str) -> torch.Tensor:
+def path_scores(stats: dict[str, torch.Tensor], statistic: str, tie_break: str) -> torch.Tensor:
     """The path's order as a score in [0, 1] (1 = most important), same shape as the statistics."""
     flat = {k: stats[k].reshape(-1) for k in ("entry", "record", "z", "gamma")}
-    order = removal_order(flat["entry"], flat["record"], flat["z"], flat["gamma"], ranking, tie_break)
+    order = removal_order(flat["entry"], flat["record"], flat["z"], flat["gamma"], statistic, tie_break)
     score = torch.empty(order.numel(), dtype=torch.float64)
     score[order] = torch.linspace(0, 1, order.numel(), dtype=torch.float64)
     return score.view(stats["entry"].shape)
@@ -101,7 +101,7 @@ class SPPRIAPruner(SequentialPruner):
         entered = sum(int((s["entry"] >= 0).sum()) for s in out["stats"].values())
         total = sum(s["entry"].numel() for s in out["stats"].values())
         self.search_info = {"steps": out["steps"], "search_s": out["seconds"], "entered": entered / max(total, 1)}
-        needed = ("mask",) if self.config.score == "masked" else ("entry", "record", "z", "gamma")
+        needed = ("mask",) if self.config.combine == "masked" else ("entry", "record", "z", "gamma")
         self.path_stats = {key: {k: st[k] for k in needed} for key, st in out["stats"].items()}
 
     def prune_target(self, view: LayerView, target: Target, W: torch.Tensor, stats: Any) -> torch.Tensor:
@@ -113,12 +113,12 @@ class SPPRIAPruner(SequentialPruner):
         rows = target.rows(weight_oi(module).shape[0])
         path = {k: v[rows].to(W.device) for k, v in path.items()}  # (out, in) of this target
         sumsq = stats.sumsq.to(W.device)
-        if cfg.score == "masked":
+        if cfg.combine == "masked":
             scores = ria_scores(W * path["mask"].to(W.dtype), sumsq, a=cfg.a)
         else:
             scores = ria_scores(W, sumsq, a=cfg.a)
-            order = path_scores(path, cfg.ranking, cfg.tie_break).to(scores)
-            if cfg.score == "scaled":
+            order = path_scores(path, cfg.statistic, cfg.tie_break).to(scores)
+            if cfg.combine == "scaled":
                 scores = scores * order
             else:  # "support": the units the path holds at the matching density first, RIA inside each part
                 scores = scores / scores.max().clamp_min(1e-30) + (order >= cfg.sparsity).to(scores)
