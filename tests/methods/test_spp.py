@@ -26,16 +26,18 @@ def _state(model):
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
-def _reference_code(grads, lr, lam, kappa, betas, eps, interval):
-    """SPEC §D.2 "code", written out with Python floats: AdamW on M, Z += s_t κ (M_{k+1} − Γ), Γ = max(Z − λ, 0)."""
+def _reference_code(grads, lr, lam, kappa, betas, eps, interval, nu=None):
+    """SPEC §D.2 "code", written out with Python floats: AdamW on M, Z += s_t κ (M_{k+1} − Γ), Γ = max(Z − λ, 0);
+    with `nu`, AdamW on ∇L + (M − Γ)/ν (the coupled loss's gradient)."""
     n = len(grads[0])
     M, Z, G, m, v = [1.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
     entry, record = [-1] * n, [0] * n
     b1, b2 = betas
     for t, g in enumerate(grads, start=1):
         for i in range(n):
-            m[i] = b1 * m[i] + (1 - b1) * g[i]
-            v[i] = b2 * v[i] + (1 - b2) * g[i] ** 2
+            gi = g[i] + ((M[i] - G[i]) / nu if nu else 0.0)
+            m[i] = b1 * m[i] + (1 - b1) * gi
+            v[i] = b2 * v[i] + (1 - b2) * gi**2
             s = lr / (1 - b1**t)
             M[i] -= s * m[i] / (math.sqrt(v[i]) / math.sqrt(1 - b2**t) + eps)
             Z[i] += s * kappa * (M[i] - G[i])
@@ -62,8 +64,10 @@ def _reference_paper(grads, lr, lam, kappa, nu):
     return M, Z, G, entry
 
 
-@pytest.mark.parametrize("faithful_to", ["code", "paper"])
+@pytest.mark.parametrize("faithful_to", ["code", "code+coupling", "paper"])
 def test_bregman_step_matches_float64_reference(faithful_to):
+    coupling = faithful_to == "code+coupling"
+    faithful_to = faithful_to.split("+")[0]
     g = torch.Generator().manual_seed(0)
     grads = (torch.randn(40, 6, generator=g, dtype=torch.float64) * 0.3 + torch.linspace(-1, 1, 6)).tolist()
     kw = {"lr": 0.05, "lambda_": 2.0, "kappa": 1.3, "betas": (0.9, 0.99), "eps": 1e-4, "interval": 5, "nu": 20.0}
@@ -85,6 +89,16 @@ def test_bregman_step_matches_float64_reference(faithful_to):
     torch.testing.assert_close(state["gamma"], torch.tensor(G, dtype=torch.float64), rtol=1e-12, atol=1e-12)
     assert state["entry"].tolist() == entry
     assert len(set(entry)) >= 4  # units enter at different steps (or never): the recorded order is exercised
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"lr": 0}, {"faithful_to": "both"}, {"pools": "x"}, {"head_dim_multiple": 0}, {"steps": 0},
+     {"stop_at_density": 2}, {"statistic": "rank"}, {"attention_scale": "x"}, {"betas": (1.0, 0.9)}],
+)  # fmt: skip
+def test_bad_config_values_are_refused(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        SPPConfig(**kwargs)
 
 
 def test_removal_order_entry_then_tie_break_then_never():

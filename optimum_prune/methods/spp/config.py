@@ -27,6 +27,7 @@ class _SearchFields:
     lambda_: float = 1.0
     kappa: float = 1.0
     nu: float = 100.0
+    coupling: bool = False
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-4
     interval: int = 20
@@ -56,6 +57,8 @@ class _SearchFields:
         self.betas = tuple(float(b) for b in self.betas)
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"`betas` must be two numbers in [0, 1), got {self.betas!r}.")
+        if not isinstance(self.coupling, bool):
+            raise ValueError(f"`coupling` must be a bool, got {self.coupling!r}.")
         if self.stop_at_density is not None and not 0 < self.stop_at_density <= 1:
             raise ValueError(f"`stop_at_density` must be in (0, 1] or None, got {self.stop_at_density!r}.")
         if not isinstance(self.training_args, dict):
@@ -116,8 +119,10 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
         lr (`float`, defaults to `5e-3`): step size (Adam's lr in `"code"`, α in `"paper"`).
         lambda_ (`float`, defaults to `1.0`): the soft threshold λ (the code: 3; paper Table 8: 15 or 3). With `lr`
             it sets how many steps the path takes: a unit whose mask stays near 1 enters after about `λ / lr` steps.
-        kappa (`float`, defaults to `1`) / nu (`float`, defaults to `100`): damping factor κ and coupling ν (`nu`
-            only in `"paper"`).
+        kappa (`float`, defaults to `1`) / nu (`float`, defaults to `100`): damping factor κ and coupling ν.
+        coupling (`bool`, defaults to `False`): in `"code"`, step AdamW on `∇L + (M − Γ)/ν` (the gradient of the
+            paper's coupled loss, which pulls masks towards `Γ`) instead of `∇L` alone (the code adds the coupling
+            to the loss only after `backward()`, for logging). `"paper"` always couples.
         betas / eps: Adam's (`"code"`; eps 1e-4 as in the code).
         interval (`int`, defaults to `20`): steps between `step_record` updates (the code's default; 10 in its
             script).

@@ -48,12 +48,14 @@ def bregman_step_(
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-4,
     interval: int = 20,
+    coupling: bool = False,
 ) -> None:
     """One step of the search on one mask vector, in place (`mask` and `state`).
 
     `"code"` (the authors' `adamw_spp.py`): AdamW on `M` with the task-loss gradient only (weight decay 0), then
     `Z ← Z + s_t·κ·(M_{k+1} − Γ_k)` with Adam's bias-corrected step `s_t = lr / (1 − β1^t)`, and the one-sided
-    `Γ = max(Z − λ, 0)`. `"paper"` (Eq. 10): `M_{k+1} = M_k − κ·lr·(∇L + (M_k − Γ_k)/ν)`,
+    `Γ = max(Z − λ, 0)`; with `coupling`, AdamW steps on `∇L + (M − Γ)/ν` instead (the gradient of the paper's
+    coupled loss, Eq. 9, which the code only logs). `"paper"` (Eq. 10): `M_{k+1} = M_k − κ·lr·(∇L + (M_k − Γ_k)/ν)`,
     `Z_{k+1} = Z_k + (lr/ν)(M_k − Γ_k)`, `Γ_{k+1} = κ·sign(Z)·max(|Z| − λ, 0)`.
     Then the path record: `entry` gets the step number where `Γ` first turns non-zero, and every `interval` steps
     `record += 1[Γ ≠ 0]`.
@@ -63,7 +65,7 @@ def bregman_step_(
         grad (`torch.Tensor` of shape `(n,)`): `∇_M` of the task loss.
         state (`dict`): from [`init_state`].
         faithful_to (`str`): `"code"` or `"paper"`.
-        lr / lambda_ / kappa / nu / betas / eps / interval: see `SPPConfig`.
+        lr / lambda_ / kappa / nu / betas / eps / interval / coupling: see `SPPConfig`.
     """
     state["step"] += 1
     t = state["step"]
@@ -71,6 +73,8 @@ def bregman_step_(
     if faithful_to == "code":
         b1, b2 = betas
         m, v = state["exp_avg"], state["exp_avg_sq"]
+        if coupling:
+            grad = grad + (mask - gamma) / nu
         m.mul_(b1).add_(grad, alpha=1 - b1)
         v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
         step_size = lr / (1 - b1**t)

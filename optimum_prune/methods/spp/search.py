@@ -41,6 +41,7 @@ class BregmanOptimizer(torch.optim.Optimizer):
         self.keys = [(i, kind) for i, kind, _ in masks.items()]
         super().__init__([p for _, _, p in masks.items()], {"lr": settings["lr"]})
         self.settings = {k: settings[k] for k in ("faithful_to", "lambda_", "kappa", "nu", "eps", "interval")}
+        self.settings["coupling"] = bool(settings.get("coupling"))
         self.settings["betas"] = tuple(settings["betas"])
         self.support: dict[str, list[int]] = {kind: [] for _, kind in self.keys}
 
