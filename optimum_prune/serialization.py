@@ -199,6 +199,20 @@ def _move_into(tmp: Path, target: Path) -> None:
         raise
 
 
+def publish_directory(tmp: Path, target: Path, where: Path) -> None:
+    """Put the finished temporary directory `tmp` (made in `where`, see `_check_target`) in place as `target`:
+    moved into an existing empty `target`, or renamed over it (an old `target` is moved aside first)."""
+    if where == target:  # an existing empty directory: keep it, move the files in
+        _move_into(tmp, target)
+    elif target.exists():
+        backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=where))
+        os.rename(target, backup / "d")
+        os.rename(tmp, target)
+        shutil.rmtree(backup, ignore_errors=True)
+    else:
+        os.rename(tmp, target)
+
+
 def save_pruned(
     model: nn.Module,
     save_directory: str | os.PathLike,
@@ -276,15 +290,7 @@ def _save(model, target, where, tokenizer, max_shard_size, model_card, peft_mode
             make_card(model, side_car, config, **(model_card if isinstance(model_card, dict) else {})).save(
                 tmp / "README.md"
             )
-        if where == target:  # an existing empty directory: keep it, move the files in
-            _move_into(tmp, target)
-        elif target.exists():
-            backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=where))
-            os.rename(target, backup / "d")
-            os.rename(tmp, target)
-            shutil.rmtree(backup, ignore_errors=True)
-        else:
-            os.rename(tmp, target)
+        publish_directory(tmp, target, where)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -99,7 +99,7 @@ class SolutionPath:
     # --------------------------------------------------------------------------------------------- save / load
     def save_pretrained(self, save_directory: str | os.PathLike, *, overwrite: bool = False) -> Path:
         """Write the path to `save_directory` atomically (a temporary directory renamed into place)."""
-        from ...serialization import _check_target, _move_into
+        from ...serialization import _check_target, publish_directory
 
         target = Path(save_directory).absolute()
         where = _check_target(target, overwrite)
@@ -111,15 +111,7 @@ class SolutionPath:
         try:
             save_file(tensors, str(tmp / PATH_TENSORS_NAME), metadata={"format": "pt"})
             (tmp / PATH_CONFIG_NAME).write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
-            if where == target:
-                _move_into(tmp, target)
-            elif target.exists():
-                backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=where))
-                os.rename(target, backup / "d")
-                os.rename(tmp, target)
-                shutil.rmtree(backup, ignore_errors=True)
-            else:
-                os.rename(tmp, target)
+            publish_directory(tmp, target, where)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

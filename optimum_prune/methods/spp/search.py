@@ -160,6 +160,8 @@ def search_views(model: nn.Module, spec: ArchitectureSpec, config) -> tuple[list
 
 
 def _training_arguments(config, output_dir: str) -> TrainingArguments:
+    from ...finetune.trainer import build_training_arguments
+
     kwargs = {
         "output_dir": output_dir,
         "max_steps": config.steps if config.epochs is None else -1,
@@ -171,19 +173,10 @@ def _training_arguments(config, output_dir: str) -> TrainingArguments:
         "weight_decay": 0.0,
         "max_grad_norm": 0.0,
         "logging_steps": max(1, min(50, config.steps // 10)),
-        "save_strategy": "no",
-        "report_to": [],
         "seed": config.seed,
         "data_seed": config.seed,
-        "remove_unused_columns": False,
-        "dataloader_num_workers": 0,
-        "dataloader_pin_memory": torch.cuda.is_available(),
     }
-    kwargs.update(config.training_args)
-    try:
-        return TrainingArguments(**kwargs)
-    except TypeError as e:
-        raise ValueError(f"SPPConfig.training_args: {e}") from e
+    return build_training_arguments(kwargs, config.training_args, type(config).__name__)
 
 
 @contextlib.contextmanager
