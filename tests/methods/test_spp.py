@@ -76,10 +76,12 @@ def test_bregman_step_matches_float64_reference(faithful_to):
     mask = torch.ones(6, dtype=torch.float64)
     state = init_state(mask, faithful_to)
     for grad in grads:
-        bregman_step_(mask, torch.tensor(grad, dtype=torch.float64), state, faithful_to=faithful_to, **kw)
+        g = torch.tensor(grad, dtype=torch.float64)
+        bregman_step_(mask, g, state, faithful_to=faithful_to, coupling=coupling, **kw)
     if faithful_to == "code":
+        nu = kw["nu"] if coupling else None
         M, Z, G, entry, record = _reference_code(
-            grads, kw["lr"], kw["lambda_"], kw["kappa"], kw["betas"], kw["eps"], 5
+            grads, kw["lr"], kw["lambda_"], kw["kappa"], kw["betas"], kw["eps"], 5, nu
         )
         assert state["record"].tolist() == record
     else:
