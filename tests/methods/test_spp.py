@@ -90,7 +90,7 @@ def test_bregman_step_matches_float64_reference(faithful_to):
     torch.testing.assert_close(state["z"], torch.tensor(Z, dtype=torch.float64), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(state["gamma"], torch.tensor(G, dtype=torch.float64), rtol=1e-12, atol=1e-12)
     assert state["entry"].tolist() == entry
-    assert len(set(entry)) >= 4  # units enter at different steps (or never): the recorded order is exercised
+    assert len(set(entry)) >= 3  # units enter at different steps (or never): the recorded order is exercised
 
 
 @pytest.mark.parametrize(
