@@ -85,6 +85,29 @@ def markdown(res: dict) -> str:
             f"greedy tokens, {any_speed['settings']['num_threads']} thread(s), under the timing lock (load averages in "
             "the JSON); × = dense time / model time.",
         ]
+    ab = res.get("ablation", {})
+    if ab:
+        ratios = a.get("ablation_ratios", [0.1, 0.2, 0.3])
+        lines += [
+            "",
+            "## Ablation: dynamics and extraction choices (no recovery)",
+            "",
+            "BBC / Python perplexity of the model extracted at each ratio. `default`: the path above; `step_record`, "
+            '`cost_weighted`, `fold_masks`: the same path cut with `statistic="step_record"`, '
+            '`pools="cost_weighted"`, `fold_masks=True`; `coupled`: `coupling=True, nu=100, lambda_=1` (150 steps); '
+            '`paper`: `faithful_to="paper", lr=3, nu=300, lambda_=0.5` (150 steps); both cut with '
+            "`extrapolate=True` (entered fraction in the JSON); `random`: the default path's order replaced by a "
+            "random one (the control).",
+            "",
+            "| variant | " + " | ".join(f"{r}" for r in ratios) + " |",
+            "|---|" + "---:|" * len(ratios),
+        ]
+        for name in ("default", "step_record", "cost_weighted", "fold_masks", "coupled", "paper", "random"):
+            cells = []
+            for r in ratios:
+                x = ab.get(f"{name}@{r}")
+                cells.append("—" if x is None else f"{x['bbc']:.1f} / {x['python']:.1f}")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     un = res.get("unstructured", {})
     if un:
         lines += [

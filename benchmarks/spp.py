@@ -7,6 +7,8 @@ Phases (each resumable: results are written after every model, a finished item i
                   pruned at each ratio; held-out BBC and Python-docs perplexity; every pruned model saved in --workdir
     recovery      LoRA on each saved model (the same windows for all), perplexity after
     unstructured  SPP + RIA vs RIA vs Wanda at 50% on the same calibration ids
+    ablation      other dynamics (coupled, paper) and extraction choices (step_record, cost-weighted pool, folded
+                  masks) against the default path and a random order, at --ablation-ratios, before recovery
     speed         prefill / decode speed of dense vs SPP / NP / FLAP at each ratio, interleaved (timings: run it
                   alone under the timing lock, at normal priority)
 
@@ -69,8 +71,8 @@ STRUCTURED = ("spp", "np", "flap")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--phases", nargs="+", default=["quality", "recovery", "unstructured"],
-                   choices=["quality", "recovery", "unstructured", "speed"])  # fmt: skip
+    p.add_argument("--phases", nargs="+", default=["quality", "ablation", "recovery", "unstructured"],
+                   choices=["quality", "recovery", "unstructured", "ablation", "speed"])  # fmt: skip
     p.add_argument("--ratios", nargs="+", type=float, default=[0.1, 0.2, 0.3, 0.5])
     p.add_argument("--num-samples", type=int, default=64, help="calibration sequences (all methods)")
     p.add_argument("--calib-seq-len", type=int, default=256)
@@ -85,6 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora-seq-len", type=int, default=128)
     p.add_argument("--lora-lr", type=float, default=1e-3)
     p.add_argument("--speed-repeats", type=int, default=5)
+    p.add_argument("--ablation-ratios", nargs="+", type=float, default=[0.1, 0.2, 0.3])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--workdir", default="/tmp/spp_bench", help="the solution path and the pruned models")
     p.add_argument("--output", default=str(RESULTS / "spp_smollm2.json"))
@@ -204,6 +207,54 @@ def phase_unstructured(res, args, dense, tokenizer, data, calib, out: Path) -> N
         gc.collect()
 
 
+# name -> (search settings, or None for the default path; extraction settings). The coupled and paper searches ran
+# 150 steps and did not enter every unit: they are cut with extrapolate=True (never-entered units ranked by Z).
+ABLATION = {
+    "default": (None, {}),
+    "step_record": (None, {"statistic": "step_record"}),
+    "cost_weighted": (None, {"pools": "cost_weighted"}),
+    "fold_masks": (None, {"fold_masks": True}),
+    "coupled": ({"steps": 150, "lr": 0.01, "lambda_": 1.0, "nu": 100.0, "coupling": True}, {"extrapolate": True}),
+    "paper": ({"steps": 150, "faithful_to": "paper", "lr": 3.0, "lambda_": 0.5, "nu": 300.0}, {"extrapolate": True}),
+    "random": (None, {}),
+}
+
+
+def _random_path(path_dir: Path, out_dir: Path) -> None:
+    """The default path with every pool's order replaced by a random one (seed 0): the control."""
+    path = SolutionPath.from_pretrained(path_dir)
+    g = torch.Generator().manual_seed(0)
+    for st in path.stats.values():
+        st["entry"] = torch.randperm(st["entry"].numel(), generator=g).to(torch.int32)
+        st["z"] = torch.rand(st["z"].numel(), generator=g)
+    path.save_pretrained(out_dir, overwrite=True)
+
+
+def phase_ablation(res, args, dense, tokenizer, data, calib, work: Path, out: Path) -> None:
+    default_dir = work / "solution_path"
+    for name, (search, extract) in ABLATION.items():
+        path_dir = default_dir if search is None and name != "random" else work / "paths" / name
+        if name == "random" and not (path_dir / "solution_path.json").is_file():
+            _random_path(default_dir, path_dir)
+        if search is not None and not (path_dir / "solution_path.json").is_file():
+            search_solution_path(dense, SPPConfig(**search), calib).save_pretrained(path_dir, overwrite=True)
+        meta = SolutionPath.from_pretrained(path_dir).meta
+        settings = search if search is not None else {"steps": args.search_steps}
+        for ratio in args.ablation_ratios:
+            key = f"{name}@{ratio}"
+            if key in res["ablation"]:
+                continue
+            model = copy.deepcopy(dense)
+            config = SPPConfig(pruning_ratio=ratio, solution_path=str(path_dir), **settings, **extract)
+            report = prune_(model, config)
+            res["ablation"][key] = {"measured": report.measured, "entered": report.info["solution_path"]["entered"],
+                                    "search_steps": meta["steps"], **evaluate(model, tokenizer, data, args)}  # fmt: skip
+            logger.info("ablation %s: %s", key, res["ablation"][key])
+            write(res, out)
+            del model
+            gc.collect()
+
+
 def phase_speed(res, args, dense, tokenizer, work: Path, out: Path) -> None:
     res["speed_load_average_start"] = os.getloadavg()[0]
     for ratio in args.ratios:
@@ -237,6 +288,7 @@ def main(argv: list[str] | None = None) -> dict:
     res.setdefault("rows", {})
     res.setdefault("unstructured", {})
     res.setdefault("speed", {})
+    res.setdefault("ablation", {})
     res.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                host=f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs", torch=torch.__version__,
                commit=_git(), args=vars(args), load_average_start=os.getloadavg()[0])  # fmt: skip
@@ -258,6 +310,8 @@ def main(argv: list[str] | None = None) -> dict:
         phase_recovery(res, args, dense, tokenizer, data, train_docs, work, out)
     if "unstructured" in args.phases:
         phase_unstructured(res, args, dense, tokenizer, data, calib, out)
+    if "ablation" in args.phases:
+        phase_ablation(res, args, dense, tokenizer, data, calib, work, out)
     if "speed" in args.phases:
         phase_speed(res, args, dense, tokenizer, work, out)
     res["load_average_end"] = os.getloadavg()[0]

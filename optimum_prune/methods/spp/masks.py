@@ -18,10 +18,10 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from ...modeling.architectures import ArchitectureSpec, LayerView
+from ...modeling.architectures import ArchitectureSpec, LayerView, weight_oi
 from ..structured import _col_params, _row_params, mlp_channel_cost
 
-__all__ = ["KINDS", "layer_units", "unit_costs", "MaskSet", "SearchMasks", "attach_masks"]
+__all__ = ["KINDS", "layer_units", "unit_costs", "MaskSet", "SearchMasks", "attach_masks", "folded_weights"]
 
 KINDS = ("qk", "vo", "mlp")
 
@@ -151,3 +151,38 @@ def attach_masks(views: list[LayerView], spec: ArchitectureSpec, masks: SearchMa
     finally:
         for h in handles:
             h.remove()
+
+
+def folded_weights(view: LayerView, masks: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """Weights and biases of layer `view` with the mask values `masks` (`{kind: (units,)}`) multiplied in, so that the
+    plain layer computes what the masked one did: q and k rows times the QK mask (a logit then scales by its square,
+    as in the search), v rows times the VO mask, down_proj columns (gated MLPs) or fc1 rows (two-layer MLPs) times
+    the MLP mask. Returns `(weights, biases)` keyed by layer-relative path, in (out, in) layout."""
+    spec, h, kv = view.spec, view.num_heads, view.num_kv_heads
+    rows: dict[str, torch.Tensor] = {}
+    qk = masks.get("qk")
+    f_qk = None if qk is None else _expand_qk(qk.float(), spec.rotary)
+    f_vo = None if masks.get("vo") is None else masks["vo"].float()
+    ones_qk, ones_vo = torch.ones(view.qk_head_dim), torch.ones(view.vo_head_dim)
+    if f_qk is not None or f_vo is not None:
+        q, k = (ones_qk if f_qk is None else f_qk), (ones_qk if f_qk is None else f_qk)
+        v = ones_vo if f_vo is None else f_vo
+        if spec.fused_qkv:
+            rows[spec.qkv_paths[0]] = torch.cat([q.repeat(h), k.repeat(h), v.repeat(h)])
+        else:
+            q_path, k_path, v_path = spec.qkv_paths
+            rows.update({q_path: q.repeat(h), k_path: k.repeat(kv), v_path: v.repeat(kv)})
+    weights, biases = {}, {}
+    mlp = masks.get("mlp")
+    if mlp is not None and len(spec.mlp_in_paths) > 1:
+        W = weight_oi(view.mlp_out).detach()
+        weights[spec.mlp_out_path] = W * mlp.to(W)[None, :]
+    elif mlp is not None:
+        rows[spec.mlp_in_paths[0]] = mlp.float()
+    for path, factor in rows.items():
+        module = view.module(path)
+        W = weight_oi(module).detach()
+        weights[path] = W * factor.to(W)[:, None]
+        if getattr(module, "bias", None) is not None:
+            biases[path] = module.bias.detach() * factor.to(module.bias)
+    return weights, biases

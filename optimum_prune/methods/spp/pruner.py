@@ -14,6 +14,7 @@ from ...plan import LayerPlan, PruningPlan
 from ..base import BasePruner, RunnerFactory
 from .config import SPPConfig
 from .extract import extract_keep
+from .masks import folded_weights
 from .path import SolutionPath
 from .search import run_search
 
@@ -94,9 +95,14 @@ class SPPPruner(BasePruner):
                   "extract_s": time.perf_counter() - t1, "searched": cfg.solution_path is None},
         )  # fmt: skip
         layers = get_layers(model, spec)
-        for i, per in sorted(keep.items()):
+        folded = {i for i, _ in self.solution_path.stats} if cfg.fold_masks else set()
+        for i in sorted(set(keep) | folded):
+            per = keep.get(i, {})
             view = layer_view(layers[i], i, spec, model.config)
             lp = LayerPlan(keep_vo=per.get("vo"), keep_channels=per.get("mlp"))
+            if i in folded:
+                masks = {k: st["mask"] for (j, k), st in self.solution_path.stats.items() if j == i}
+                lp.weights, lp.biases = folded_weights(view, masks)
             if "qk" in per:
                 sel = per["qk"]
                 half = view.qk_head_dim // 2
