@@ -142,6 +142,28 @@ def test_binary_masks_are_the_extracted_model(arch):
     torch.testing.assert_close(logits(pruner.model), masked, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("arch", ["llama_gqa", "qwen3", "opt", "gpt2"])
+def test_folded_masks_are_the_masked_model(arch):
+    """fold_masks=True: the extracted model computes what the search's masks (times 0/1 keep) computed."""
+    from optimum_prune.methods.spp.extract import extract_keep
+
+    model = tiny_model(arch)
+    pruner = AutoPruner(copy.deepcopy(model), keep_teacher=False)
+    pruner.prune(SPPConfig(pruning_ratio=0.3, fold_masks=True, **FAST), calibration=calibration_ids())
+    spec, config = get_spec(model), SPPConfig(pruning_ratio=0.3, **FAST)
+    keep, _ = extract_keep(pruner.solution_path, model, spec, config)
+    views, units = search_views(model, spec, config)
+    masks = SearchMasks(units)
+    masks.set_binary_(keep)
+    with torch.no_grad():
+        for i, kind, p in masks.items():
+            p.mul_(pruner.solution_path.stats[(i, kind)]["mask"])
+    assert any(not torch.all(p == p.round()) for _, _, p in masks.items())  # real mask values, not 0/1
+    with attach_masks(views, spec, masks):
+        masked = logits(model)
+    torch.testing.assert_close(logits(pruner.model), masked, rtol=1e-4, atol=1e-4)  # products in another order
+
+
 def test_one_search_a_family_that_reloads_exactly(tmp_path):
     model = tiny_model("llama_gqa")
     dense = logits(model)
