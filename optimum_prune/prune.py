@@ -72,7 +72,7 @@ def _prepare(
                 f"Calibration token ids fall outside the model's vocabulary (size {vocab}); wrong tokenizer?"
             )
         bs = batch_size or getattr(calibration, "batch_size", 8)
-        pruner.attach_calibration(ids, calib_desc)
+        pruner.attach_calibration(ids, calib_desc, source=calibration)
 
         def runner_factory():
             return LayerwiseRunner(model, spec, ids, batch_size=bs, device=device)

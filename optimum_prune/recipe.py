@@ -119,7 +119,7 @@ def prune_recipe_(
             raise ValueError(f"Calibration token ids fall outside the model's vocabulary (size {vocab}).")
         bs = batch_size or getattr(calibration, "batch_size", 8)
         for p in pruners:
-            p.attach_calibration(ids, calib_desc)
+            p.attach_calibration(ids, calib_desc, source=calibration)
 
         def runner_factory():
             return LayerwiseRunner(model, spec, ids, batch_size=bs, device=device)

@@ -64,10 +64,10 @@ class BasePruner:
     def is_structured(self) -> bool:
         return self.structured
 
-    def attach_calibration(self, data, description: dict | None = None) -> None:
+    def attach_calibration(self, data, description: dict | None = None, source=None) -> None:
         """Called by the framework, before `compute_plan`, with the calibration data itself (token ids of shape
-        `(num_samples, seq_len)`) and its description. Methods that train on whole-model batches (SPP) keep them;
-        layer-wise methods use the runner instead. Default: nothing."""
+        `(num_samples, seq_len)`), its description and the `calibration` argument it came from. Methods that train
+        on whole-model batches (SPP) keep them; layer-wise methods use the runner instead. Default: nothing."""
 
     def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
         """Reject unusable models before anything is changed. The default checks weights are finite."""

@@ -50,7 +50,7 @@ class ArchitectureSpec:
             `"up_proj"`; OPT's `fc1` and GPT-2's `c_fc` are `"up_proj"`).
         pair_attention (`str | None`): which forward of `modeling.pair_attention` runs the attention once its q/k and
             v/o head dimensions differ (SPP): `"rope"` (Llama-style, rotary `rotate_half` pairs (j, j + d/2)),
-            `"opt"`, `"gpt2"`; `None`: head dimensions cannot be pruned on this architecture.
+            `"opt"`, `"gpt2"`, `"vit"` (encoder-only, non-causal); `None`: head dimensions cannot be pruned here.
     """
 
     layers: str

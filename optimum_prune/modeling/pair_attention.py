@@ -133,7 +133,20 @@ def _gpt2_forward(self, hidden_states, past_key_values=None, attention_mask=None
     return self.resid_dropout(out), weights
 
 
-_FORWARDS = {"rope": _rope_forward, "opt": _opt_forward, "gpt2": _gpt2_forward}
+def _vit_forward(self, hidden_states, attention_mask=None, **kwargs):
+    """ViT / DeiT / Dinov2 attention (non-causal, no rotary embedding, no cache)."""
+    input_shape = hidden_states.shape[:-1]
+    q = self.q_proj(hidden_states).view(*input_shape, -1, self.qk_head_dim).transpose(1, 2)
+    k = self.k_proj(hidden_states).view(*input_shape, -1, self.qk_head_dim).transpose(1, 2)
+    v = self.v_proj(hidden_states).view(*input_shape, -1, self.vo_head_dim).transpose(1, 2)
+    out, weights = _interface(self)(
+        self, q, k, v, attention_mask, dropout=0.0 if not self.training else self.attention_dropout,
+        scaling=self.scaling, **kwargs,
+    )  # fmt: skip
+    return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
+
+
+_FORWARDS = {"rope": _rope_forward, "opt": _opt_forward, "gpt2": _gpt2_forward, "vit": _vit_forward}
 
 
 def _pair_class(base: type, layout: str) -> type:
@@ -157,7 +170,7 @@ def set_pair_geometry_(
 
     Args:
         attn (`nn.Module`): a stock attention module (or one already made a pair attention).
-        layout (`str`): `ArchitectureSpec.pair_attention` (`"rope"`, `"opt"`, `"gpt2"`).
+        layout (`str`): `ArchitectureSpec.pair_attention` (`"rope"`, `"opt"`, `"gpt2"`, `"vit"`).
         qk_head_dim / vo_head_dim (`int`): the new widths.
         rope_pairs (`Sequence[int] | None`): for `"rope"`, the kept rotary pairs as indices into the original
             `head_dim / 2` pairs (`None`: all).

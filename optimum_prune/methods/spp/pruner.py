@@ -59,7 +59,7 @@ class SPPPruner(BasePruner):
     def needs_calibration(self) -> bool:
         return self.config.solution_path is None
 
-    def attach_calibration(self, data: Any, description: dict | None = None) -> None:
+    def attach_calibration(self, data: Any, description: dict | None = None, source: Any = None) -> None:
         self._data, self._calibration = data, description
 
     def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:

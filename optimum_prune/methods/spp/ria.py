@@ -82,7 +82,7 @@ class SPPRIAPruner(SequentialPruner):
         self.path_stats: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
         self.search_info: dict[str, Any] = {}
 
-    def attach_calibration(self, data: Any, description: dict | None = None) -> None:
+    def attach_calibration(self, data: Any, description: dict | None = None, source: Any = None) -> None:
         self._data = data
 
     def make_stats(self, dim: int):
