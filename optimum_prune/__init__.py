@@ -11,6 +11,7 @@ from .methods.magnitude import MagnitudePruningConfig
 from .methods.numerical import NumericalPruningConfig
 from .methods.ria import RIAConfig
 from .methods.sparsegpt import SparseGPTConfig
+from .methods.spp import SolutionPath, SPPConfig, SPPRIAConfig
 from .methods.wanda import WandaConfig
 from .modeling.architectures import UnsupportedArchitectureError, supported_model_types
 from .modeling.auto_classes import register_pruned_architectures
@@ -39,6 +40,9 @@ __all__ = [
     "PruningConfig",
     "PruningReport",
     "RIAConfig",
+    "SPPConfig",
+    "SPPRIAConfig",
+    "SolutionPath",
     "SparseGPTConfig",
     "SparsityCallback",
     "StructuredPruningConfig",

@@ -101,6 +101,7 @@ class AutoPruner:
         self.tokenizer = tokenizer
         self.reports: list[PruningReport] = []
         self.finetune_reports: list = []
+        self.solution_path = None  # the SolutionPath of the last SPP search or extraction
         # Distillation teacher = the model as loaded: reloaded from its source when it has one (no extra memory
         # until it is needed); an in-memory model is copied to the CPU before its first pruning.
         self.keep_teacher = keep_teacher
@@ -149,7 +150,19 @@ class AutoPruner:
             self._keep_teacher_copy()
         report = prune_(self.model, config, calibration, self.tokenizer, **kwargs)
         self.reports.append(report)
+        self.solution_path = report.artifacts.get("solution_path", self.solution_path)
         return report
+
+    def search(self, config: PruningConfig, calibration: Any, **kwargs: Any):
+        """Run Solution Path Pruning's search (`SPPConfig`) and return the `SolutionPath`; the model is unchanged.
+
+        Any ratio is then extracted without searching again: save the path (`path.save_pretrained(dir)`) and prune
+        with `SPPConfig(pruning_ratio=r, solution_path=dir)`.
+        """
+        from .methods.spp import search_solution_path
+
+        self.solution_path = search_solution_path(self.model, config, calibration, self.tokenizer, **kwargs)
+        return self.solution_path
 
     def _keep_teacher_copy(self) -> None:
         """Before the first pruning of an in-memory model: a CPU copy of it, the default distillation teacher."""

@@ -1,4 +1,5 @@
-"""`optimum-prune`: command-line interface (`prune`, `eval`, `bench`, `export-gguf`, `demo`, `finetune`, `push`).
+"""`optimum-prune`: command-line interface (`prune`, `search`, `eval`, `bench`, `export-gguf`, `demo`, `finetune`,
+`push`).
 
 User errors (bad arguments, missing files, unsupported models, an existing output directory...) print one line on
 stderr and exit with status 2; `--verbose` adds INFO logging and the traceback.
@@ -153,6 +154,8 @@ def _build_config(args: argparse.Namespace):
     for key in ("allocation", "gqa_mode", "round_to", "pattern"):
         if getattr(args, key) is not None:
             flags[key] = getattr(args, key)
+    if getattr(args, "solution_path", None) is not None:
+        flags["solution_path"] = args.solution_path
     if args.ratio is not None:  # structured pruning uses `pruning_ratio`, unstructured / N:M `sparsity`
         structured = flags.get("pattern", data.get("pattern", "structured")) == "structured"
         order = ("pruning_ratio", "sparsity") if structured else ("sparsity", "pruning_ratio")
@@ -322,6 +325,7 @@ def add_prune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gqa-mode", dest="gqa_mode", choices=["auto", "group", "query"])
     p.add_argument("--round-to", dest="round_to", type=int)
     p.add_argument("--pattern", help="unstructured / N:M methods: 'unstructured' or e.g. '2:4'")
+    p.add_argument("--solution-path", help="spp: extract from a path saved by `search` (no calibration needed)")
     p.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="any other config field (JSON value)"
     )
@@ -342,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="Prune Hugging Face causal LMs into smaller checkpoints.")
     parser.add_argument("-v", "--verbose", action="store_true", help="INFO logging and tracebacks on errors")
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="{prune,eval,bench,export-gguf,demo,finetune,push}"
+        dest="command", required=True, metavar="{prune,search,eval,bench,export-gguf,demo,finetune,push}"
     )
 
     p = sub.add_parser("prune", help="prune a model and save it", description="Prune a model and save the result.")
@@ -403,6 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     add_recovery_commands(sub, _model_args, _split_args)
+    from .cli_spp import add_spp_commands
+
+    add_spp_commands(sub, _model_args, _split_args)
     return parser
 
 

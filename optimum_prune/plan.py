@@ -17,6 +17,11 @@ class LayerPlan:
         keep_heads (`list[int] | None`): query heads kept (`None`: attention untouched).
         keep_kv_heads (`list[int] | None`): KV heads kept (`None`: all).
         keep_channels (`list[int] | None`): MLP channels kept (`None`: MLP untouched).
+        keep_qk (`list[int] | None`): q/k head dimensions kept in every head (SPP's QK pairs; indices into the
+            current per-head q/k width; on rotary models both dimensions of a `rotate_half` pair, listed as
+            `[pairs, pairs + d/2]`); `None`: untouched.
+        keep_vo (`list[int] | None`): v head dimensions (and the matching o_proj inputs) kept in every head.
+        scaling (`float | None`): new softmax scale of the attention (`None`: unchanged).
         weights (`dict[str, torch.Tensor]`): new full-size weights, (out, in) layout, keyed by the module path
             relative to the layer (e.g. `"self_attn.o_proj"`); written before any removal.
         biases (`dict[str, torch.Tensor]`): new bias vectors (a bias is created where the module had none).
@@ -26,13 +31,16 @@ class LayerPlan:
     keep_heads: list[int] | None = None
     keep_kv_heads: list[int] | None = None
     keep_channels: list[int] | None = None
+    keep_qk: list[int] | None = None
+    keep_vo: list[int] | None = None
+    scaling: float | None = None
     weights: dict[str, torch.Tensor] = field(default_factory=dict)
     biases: dict[str, torch.Tensor] = field(default_factory=dict)
     info: dict = field(default_factory=dict)
 
     @property
     def structured(self) -> bool:
-        return self.keep_heads is not None or self.keep_channels is not None
+        return any(x is not None for x in (self.keep_heads, self.keep_channels, self.keep_qk, self.keep_vo))
 
 
 @dataclass
@@ -41,10 +49,16 @@ class PruningPlan:
 
     layers: dict[int, LayerPlan] = field(default_factory=dict)
     info: dict = field(default_factory=dict)
+    artifacts: dict = field(default_factory=dict)  # objects a method made besides the decision (SPP: its path)
 
     def summary(self) -> dict[int, dict]:
         """Kept heads / channels per layer, for determinism checks and the report."""
         return {
-            i: {"keep_heads": p.keep_heads, "keep_kv_heads": p.keep_kv_heads, "keep_channels": p.keep_channels}
+            i: {
+                "keep_heads": p.keep_heads,
+                "keep_kv_heads": p.keep_kv_heads,
+                "keep_channels": p.keep_channels,
+                **({"keep_qk": p.keep_qk, "keep_vo": p.keep_vo} if p.keep_qk or p.keep_vo else {}),
+            }
             for i, p in sorted(self.layers.items())
         }

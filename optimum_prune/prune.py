@@ -91,6 +91,7 @@ def _prepare(
     ids, calib_desc = calibration_inputs(model, calibration, tokenizer, [config.method] * pruner.needs_calibration)
     if ids is not None:
         bs = batch_size or getattr(calibration, "batch_size", 8)
+        pruner.attach_calibration(ids, calib_desc, source=calibration)
 
         def runner_factory():
             return LayerwiseRunner(model, spec, ids, batch_size=bs, device=device)
@@ -180,6 +181,7 @@ def prune_(
         timings={"decide_s": t1 - t0, "apply_s": t2 - t1, "total_s": t2 - t0},
         calibration=calib_desc,
         info={**plan.info, "layers": {i: lp.info for i, lp in plan.layers.items() if lp.info}},
+        artifacts=plan.artifacts,
     )
     record_history(model, config.method, config.config_version, config.to_dict(), calib_desc, report)
     logger.info("%s", report)

@@ -111,6 +111,8 @@ def prune_recipe_(
     ids, calib_desc = calibration_inputs(model, calibration, tokenizer, needing)
     if ids is not None:
         bs = batch_size or getattr(calibration, "batch_size", 8)
+        for p in pruners:
+            p.attach_calibration(ids, calib_desc, source=calibration)
 
         def runner_factory():
             return LayerwiseRunner(model, spec, ids, batch_size=bs, device=device)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from torch import nn
@@ -20,7 +20,9 @@ def count_parameters(model: nn.Module) -> int:
 
 
 def layer_table(model: nn.Module, spec: ArchitectureSpec) -> list[dict[str, Any]]:
-    """Per decoder layer: heads, KV heads, head_dim, intermediate size, and which projections carry a bias."""
+    """Per decoder layer: heads, KV heads, head_dim, intermediate size, and which projections carry a bias; for a
+    layer whose head dimensions were pruned (SPP) also `qk_head_dim`, `vo_head_dim`, the softmax scale and, on
+    rotary models, the kept `rope_pairs` (`modeling.pair_attention`)."""
     rows = []
     for i, layer in enumerate(get_layers(model, spec)):
         v = layer_view(layer, i, spec, model.config)
@@ -35,6 +37,11 @@ def layer_table(model: nn.Module, spec: ArchitectureSpec) -> list[dict[str, Any]
                 ),
             }
         )
+        if v.pair_shaped:
+            attn = v.attn
+            rows[-1].update(qk_head_dim=v.qk_head_dim, vo_head_dim=v.vo_head_dim, attn_scaling=float(attn.scaling))
+            if getattr(attn, "rope_pairs", None) is not None:
+                rows[-1]["rope_pairs"] = list(attn.rope_pairs)
     return rows
 
 
@@ -66,6 +73,8 @@ class PruningReport:
         info (`dict`): method diagnostics.
         sections (`list[dict]`): for a recipe, one entry per config (method, config, target, measured, per-target
             sparsity, seconds, per-layer diagnostics); empty for a single config.
+        artifacts (`dict`): objects the method made besides the pruned model, not serialised (SPP: its
+            `"solution_path"`, a `SolutionPath`).
     """
 
     method: str
@@ -82,13 +91,15 @@ class PruningReport:
     calibration: dict | None = None
     info: dict = field(default_factory=dict)
     sections: list[dict] = field(default_factory=list)
+    artifacts: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def whole_model_ratio(self) -> float:
         return 1 - self.params_after / max(self.params_before, 1)
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = asdict(replace(self, artifacts={}))
+        del out["artifacts"]
         out["whole_model_ratio"] = self.whole_model_ratio
         return out
 

@@ -2,7 +2,9 @@
 
 - Uniform per-layer shapes (and biases a stock config can express): config.json is rewritten (explicit `head_dim`,
   head counts, intermediate size, bias flags) so plain `transformers.AutoModelForCausalLM` loads it.
-- Otherwise: `model_type = "optimum_pruned_<base>"` with the per-layer shapes in `pruned_layers`; the classes in
+- Otherwise (also whenever head dimensions were pruned: q/k and v/o widths, kept rotary pairs and the softmax scale
+  are per-layer fields no stock config has): `model_type = "optimum_pruned_<base>"` with the per-layer shapes in
+  `pruned_layers`; the classes in
   `modeling.auto_classes` rebuild the skeleton and load it exactly (plain `AutoModelForCausalLM` too, once
   `optimum_prune` is imported).
 Writes go to a temporary directory next to the target, renamed into place at the end (or, for an existing empty
@@ -120,7 +122,8 @@ def export_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> tup
     data["model_type"] = base_type
     sd = dict(model.state_dict().items())
     first = shapes[0]
-    if all(s == first for s in shapes):
+    pair_shaped = any("qk_head_dim" in s for s in shapes)  # pruned head dims: a stock config cannot express them
+    if all(s == first for s in shapes) and not pair_shaped:
         keys = spec.config_keys
         stock = dict(data)
         stock[keys["heads"]] = first["num_attention_heads"]
@@ -219,6 +222,20 @@ def _move_into(tmp: Path, target: Path) -> None:
         raise
 
 
+def publish_directory(tmp: Path, target: Path, where: Path) -> None:
+    """Put the finished temporary directory `tmp` (made in `where`, see `_check_target`) in place as `target`:
+    moved into an existing empty `target`, or renamed over it (an old `target` is moved aside first)."""
+    if where == target:  # an existing empty directory: keep it, move the files in
+        _move_into(tmp, target)
+    elif target.exists():
+        backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=where))
+        os.rename(target, backup / "d")
+        os.rename(tmp, target)
+        shutil.rmtree(backup, ignore_errors=True)
+    else:
+        os.rename(tmp, target)
+
+
 def save_pruned(
     model: nn.Module,
     save_directory: str | os.PathLike,
@@ -296,15 +313,7 @@ def _save(model, target, where, tokenizer, max_shard_size, model_card, peft_mode
             make_card(model, side_car, config, **(model_card if isinstance(model_card, dict) else {})).save(
                 tmp / "README.md"
             )
-        if where == target:  # an existing empty directory: keep it, move the files in
-            _move_into(tmp, target)
-        elif target.exists():
-            backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=where))
-            os.rename(target, backup / "d")
-            os.rename(tmp, target)
-            shutil.rmtree(backup, ignore_errors=True)
-        else:
-            os.rename(tmp, target)
+        publish_directory(tmp, target, where)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -135,6 +135,7 @@ def test_data_free_method_needs_no_calibration(model_dir, tmp_path, capsys):
         (["--method", "numerical"], "needs calibration text"),
         (["--method", "numerical", "--calib", "/no/such/dir"], "neither an existing file"),
         (["--method", "magnitude", "--report", "/no/such/dir/report.json"], "does not exist"),
+        (["--method", "spp", "--ratio", "0.2", "--solution-path", "/no/such/path"], "not a saved solution path"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(model_dir, tmp_path, capsys, extra, message):
@@ -253,3 +254,19 @@ def test_prune_amp_and_a_recipe_file(model_dir, calib_file, tmp_path, capsys):
     )
     assert "both target 'q_proj'" in capsys.readouterr().err
     assert not (tmp_path / "y").exists()
+
+
+def test_spp_search_then_extract_without_calibration(model_dir, calib_file, tmp_path, capsys):
+    search = ["--steps", "10", "--set", "lr=0.08", "--set", "lambda_=0.7", "--set", "betas=[0.5, 0.9]"]
+    assert main(["search", str(model_dir), *_calib_args(calib_file), *search, "-o", str(tmp_path / "path")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 10 and (tmp_path / "path" / "solution_path.safetensors").is_file()
+    for ratio in ("0.2", "0.3"):
+        argv = ["prune", str(model_dir), "--method", "spp", "--ratio", ratio, "--solution-path", str(tmp_path / "path"),
+                "--round-to", "1", "--set", "head_dim_multiple=2", "-o", str(tmp_path / ratio)]  # fmt: skip
+        assert main(argv) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert abs(report["measured"] - float(ratio)) < 0.03
+        AutoPrunedModelForCausalLM.from_pretrained(tmp_path / ratio)
+    assert main(["search", str(model_dir), *_calib_args(calib_file), "--set", "lr=-1", "-o", str(tmp_path / "x")]) == 2
+    assert "lr" in capsys.readouterr().err and not (tmp_path / "x").exists()

@@ -19,6 +19,8 @@ from optimum_prune import (
     PruningConfig,
     RIAConfig,
     SparseGPTConfig,
+    SPPConfig,
+    SPPRIAConfig,
     WandaConfig,
     available_methods,
     compute_plan,
@@ -66,6 +68,22 @@ METHOD_CASES = [
     # AMP with a few steps keeps the suite fast; the paper settings run in benchmarks/attention.py.
     (AMPConfig, {"sparsity": 0.5, "steps": 3}, 0.01),
     (AMPConfig, {"sparsity": 0.5, "pattern": "2:4", "steps": 3, "targets": ["k_proj"]}, 0.01),
+    # SPP with a 10-step search whose units enter over several steps (tests/methods/test_spp.py: FAST).
+    (
+        SPPConfig,
+        {
+            "pruning_ratio": 0.3,
+            "steps": 10,
+            "lr": 0.08,
+            "lambda_": 0.7,
+            "betas": (0.5, 0.9),
+            "round_to": 1,
+            "head_dim_multiple": 1,
+        },
+        0.03,
+    ),  # fmt: skip
+    (SPPRIAConfig, {"sparsity": 0.5, "steps": 4, "lr": 0.08, "lambda_": 0.7}, 0.01),
+    (SPPRIAConfig, {"sparsity": 0.5, "pattern": "2:4", "steps": 4, "combine": "support", "targets": ["mlp"]}, 0.01),
 ]
 CASE_IDS = [f"{c.method}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for c, kw, _ in METHOD_CASES]
 

@@ -168,6 +168,9 @@ def test_command_line_examples_run_as_written(readme_world, capsys):
             continue  # needs the Hub; tests/test_hub.py covers it with the network call replaced
         if argv[0] == "finetune":  # as written, two steps
             argv += ["--steps", "2"]
+        if argv[0] == "search":  # as written, but a 10-step search sized for the tiny model (the later flags win)
+            argv += ["--steps", "10", "--num-samples", "8", "--seq-len", "64"]
+            argv += ["--set", "lr=0.08", "--set", "lambda_=0.7", "--set", "betas=[0.5, 0.9]"]
         if argv[0] == "eval" and "--tasks" in argv:  # as written, on a few documents
             argv += ["--limit", "5"]
         assert main(argv) == 0, command

@@ -92,6 +92,15 @@ def gguf_layout(model: nn.Module) -> dict[str, Any]:
             "save_pretrained and convert it with llama.cpp's convert_hf_to_gguf.py if llama.cpp supports it."
         )
     layers = layer_table(model, spec)
+    pruned_dims = [i for i, row in enumerate(layers) if "qk_head_dim" in row]
+    if pruned_dims:
+        raise GGUFExportError(
+            f"Layers {pruned_dims[:5]}{'...' if len(pruned_dims) > 5 else ''} have pruned q/k or v/o head dimensions "
+            "(SPP): llama.cpp's graphs take one key/value width for the whole model, rotate every q/k dimension with "
+            "frequencies derived from that width and scale attention by it, so they cannot run these layers exactly. "
+            "Keep the model in transformers (save_pretrained), or prune with SPPConfig(prune_attention=False) for a "
+            "GGUF export."
+        )
     uniform = all(row == layers[0] for row in layers)
     hidden = config.hidden_size
     for i, row in enumerate(layers):

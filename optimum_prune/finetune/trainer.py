@@ -140,6 +140,22 @@ def _teacher_device(model: nn.Module, teacher: nn.Module, requested: str | None)
     return device
 
 
+def build_training_arguments(kwargs: dict[str, Any], extra: dict[str, Any], owner: str) -> TrainingArguments:
+    """`TrainingArguments` from a loop's own `kwargs` plus the user's `extra` ones (which win), on the library's
+    fixed base: no checkpoints, no reporting integrations, every dataset column kept, no dataloader workers."""
+    base = {
+        "save_strategy": "no",
+        "report_to": [],
+        "remove_unused_columns": False,
+        "dataloader_num_workers": 0,
+        "dataloader_pin_memory": torch.cuda.is_available(),
+    }
+    try:
+        return TrainingArguments(**{**base, **kwargs, **extra})
+    except TypeError as e:
+        raise ValueError(f"{owner}.training_args: {e}") from e
+
+
 def _training_arguments(config: FinetuneConfig, output_dir: str) -> TrainingArguments:
     kwargs = {
         "output_dir": output_dir,
@@ -151,19 +167,10 @@ def _training_arguments(config: FinetuneConfig, output_dir: str) -> TrainingArgu
         "warmup_steps": config.warmup_steps,
         "weight_decay": config.weight_decay,
         "logging_steps": max(1, min(10, config.max_steps // 10)),
-        "save_strategy": "no",
-        "report_to": [],
         "seed": config.seed,
         "data_seed": config.seed,
-        "remove_unused_columns": False,
-        "dataloader_num_workers": 0,
-        "dataloader_pin_memory": torch.cuda.is_available(),
     }
-    kwargs.update(config.training_args)
-    try:
-        return TrainingArguments(**kwargs)
-    except TypeError as e:
-        raise ValueError(f"FinetuneConfig.training_args: {e}") from e
+    return build_training_arguments(kwargs, config.training_args, "FinetuneConfig")
 
 
 def _prepare(model, config, dataset, tokenizer, teacher):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["soft_threshold"]
+__all__ = ["soft_threshold", "nonnegative_soft_threshold"]
 
 
 def soft_threshold(x: torch.Tensor, tau: float | torch.Tensor) -> torch.Tensor:
@@ -25,3 +25,11 @@ def soft_threshold(x: torch.Tensor, tau: float | torch.Tensor) -> torch.Tensor:
     if tau < 0:
         raise ValueError(f"soft_threshold needs tau >= 0, got {tau}.")
     return F.softshrink(x, float(tau))  # same shape as x
+
+
+def nonnegative_soft_threshold(x: torch.Tensor, tau: float) -> torch.Tensor:
+    """One-sided soft-thresholding `max(x - tau, 0)`: the proximal map of `tau * ||x||_1` plus the indicator of
+    `x >= 0` (non-negative variables such as masks)."""
+    if tau < 0:
+        raise ValueError(f"nonnegative_soft_threshold needs tau >= 0, got {tau}.")
+    return torch.clamp(x - tau, min=0)  # same shape as x

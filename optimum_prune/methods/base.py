@@ -20,9 +20,23 @@ from ..config import PruningConfig
 from ..modeling.architectures import ArchitectureSpec, get_layers, weight_oi
 from ..plan import PruningPlan
 
-__all__ = ["BasePruner", "RunnerFactory"]
+__all__ = ["BasePruner", "RunnerFactory", "refuse_pruned_head_dims"]
 
 RunnerFactory = Callable[[], LayerwiseRunner]
+
+
+def refuse_pruned_head_dims(model: nn.Module, spec: ArchitectureSpec, what: str) -> None:
+    """Raise, before anything changes, if a layer's q/k or v/o head dimensions were pruned (by SPP): `what` (e.g.
+    "removing attention heads") assumes heads of the original width."""
+    from ..modeling.architectures import layer_view
+
+    for i, layer in enumerate(get_layers(model, spec)):
+        if layer_view(layer, i, spec, model.config).pair_shaped:
+            raise ValueError(
+                f"Layer {i} has pruned q/k or v/o head dimensions (SPP), and {what} needs heads of the original width. "
+                "Run it before SPP, or leave the attention to SPP (e.g. prune_attention=False, or targets without "
+                "the attention projections). Nothing was changed."
+            )
 
 
 class BasePruner:
@@ -49,6 +63,11 @@ class BasePruner:
     @property
     def is_structured(self) -> bool:
         return self.structured
+
+    def attach_calibration(self, data, description: dict | None = None, source=None) -> None:
+        """Called by the framework, before `compute_plan`, with the calibration data itself (token ids of shape
+        `(num_samples, seq_len)`), its description and the `calibration` argument it came from. Methods that train
+        on whole-model batches (SPP) keep them; layer-wise methods use the runner instead. Default: nothing."""
 
     def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
         """Reject unusable models before anything is changed. The default checks weights are finite."""

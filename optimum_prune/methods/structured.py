@@ -30,7 +30,7 @@ from ..functional.allocation import (
 )
 from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
 from ..plan import LayerPlan, PruningPlan
-from .base import BasePruner, RunnerFactory
+from .base import BasePruner, RunnerFactory, refuse_pruned_head_dims
 
 __all__ = [
     "StructuredPruner",
@@ -153,6 +153,8 @@ class StructuredPruner(BasePruner):
         bad = [i for i in self.config.skip_layers if not 0 <= i < n]
         if bad:
             raise ValueError(f"skip_layers {bad} out of range: the model has {n} layers (0..{n - 1}).")
+        if self.config.prune_attention:
+            refuse_pruned_head_dims(model, spec, "removing attention heads")
         for view in self._views(model, spec):
             mode = resolve_gqa_mode(self.config.gqa_mode, view)
             if mode == "query" and spec.fused_qkv:

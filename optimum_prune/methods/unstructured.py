@@ -37,7 +37,7 @@ from ..modeling.architectures import (
     weight_oi,
 )
 from ..plan import LayerPlan, PruningPlan
-from .base import BasePruner, RunnerFactory
+from .base import BasePruner, RunnerFactory, refuse_pruned_head_dims
 
 __all__ = [
     "UnstructuredConfigMixin",
@@ -160,6 +160,11 @@ class SequentialPruner(BasePruner):
         """The new `(out, in)` weight of one projection."""
         raise NotImplementedError
 
+    def prune_target(self, view: LayerView, target: Target, W: torch.Tensor, stats: Any) -> torch.Tensor:
+        """The new weight of one target of layer `view.index` (default: `prune_weight`; override to know which layer
+        and which slice of a fused projection it is)."""
+        return self.prune_weight(W, stats, target.path)
+
     def resolve(self, model: nn.Module, spec: ArchitectureSpec) -> list[Target]:
         """The targets of this config on `model` (raises for roles the architecture lacks)."""
         return resolve_targets(spec, getattr(self.config, "targets", None), getattr(model.config, "model_type", ""))
@@ -168,6 +173,8 @@ class SequentialPruner(BasePruner):
         super().validate(model, spec)
         nm = self.config.nm
         targets = self.resolve(model, spec)
+        if any(t.part is not None for t in targets):  # thirds of a fused q|k|v: equal-width heads only
+            refuse_pruned_head_dims(model, spec, "targeting part of a fused q|k|v projection")
         for i, layer in enumerate(get_layers(model, spec)):
             for t in targets:
                 check_pattern_fits(weight_oi(layer.get_submodule(t.path)).shape[1], nm, f"layers.{i}.{t.key}")
@@ -197,7 +204,7 @@ class SequentialPruner(BasePruner):
                 )
         for g, ts in by_group.items():
             for t in ts:
-                write_target(view, t, self.prune_weight(read_target(view, t), stats.get(g), t.path))
+                write_target(view, t, self.prune_target(view, t, read_target(view, t), stats.get(g)))
         return {}
 
     def compute_plan(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory | None) -> PruningPlan:

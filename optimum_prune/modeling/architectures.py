@@ -54,6 +54,9 @@ class ArchitectureSpec:
             `"up_proj"`; OPT's `fc1` and GPT-2's `c_fc` are `"up_proj"`).
         modality (`str`, defaults to `"text"`): `"text"` (causal LMs, calibrated on token ids) or `"image"`
             (encoder-only vision transformers: non-causal attention, calibrated on pixel values).
+        pair_attention (`str | None`): which forward of `modeling.pair_attention` runs the attention once its q/k and
+            v/o head dimensions differ (SPP): `"rope"` (Llama-style, rotary `rotate_half` pairs (j, j + d/2)),
+            `"opt"`, `"gpt2"`, `"vit"` (encoder-only, non-causal); `None`: head dimensions cannot be pruned here.
     """
 
     layers: str
@@ -79,6 +82,12 @@ class ArchitectureSpec:
 
     mlp_in_roles: tuple[str, ...] = ("gate_proj", "up_proj")
     modality: str = "text"
+    pair_attention: str | None = None
+
+    @property
+    def rotary(self) -> bool:
+        """Whether q and k carry rotary embeddings in the `rotate_half` layout (dims j and j + d/2 rotate together)."""
+        return self.pair_attention == "rope"
 
     def attn_path(self, name: str) -> str:
         return f"{self.attn}.{name}"
@@ -227,6 +236,7 @@ _LLAMA_LIKE = ArchitectureSpec(
     mlp="mlp",
     mlp_in=("gate_proj", "up_proj"),
     mlp_out="down_proj",
+    pair_attention="rope",
 )
 
 ARCHITECTURES: dict[str, ArchitectureSpec] = {
@@ -245,6 +255,7 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
         mlp_in_roles=("up_proj",),
         heads_attr="num_heads",
         config_keys={"heads": "num_attention_heads", "intermediate": "ffn_dim"},
+        pair_attention="opt",
     ),
     "gpt2": ArchitectureSpec(
         layers="transformer.h",
@@ -261,6 +272,7 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
         heads_attr="num_heads",
         split_attr="split_size",
         config_keys={"heads": "n_head", "intermediate": "n_inner"},
+        pair_attention="gpt2",
     ),
 }
 
@@ -387,7 +399,11 @@ def weight_oi(module: nn.Module) -> torch.Tensor:
 
 @dataclass
 class LayerView:
-    """Modules and head geometry of one decoder layer."""
+    """Modules and head geometry of one decoder layer.
+
+    `head_dim` is the attention's original head dimension (its softmax scale); `qk_head_dim` / `vo_head_dim` are the
+    per-head widths of q/k and of v/o, smaller than `head_dim` once SPP pruned them (see `modeling.pair_attention`).
+    """
 
     index: int
     layer: nn.Module
@@ -396,6 +412,17 @@ class LayerView:
     num_heads: int
     num_kv_heads: int
     intermediate_size: int
+    qk_head_dim: int | None = None
+    vo_head_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        self.qk_head_dim = self.qk_head_dim or self.head_dim
+        self.vo_head_dim = self.vo_head_dim or self.head_dim
+
+    @property
+    def pair_shaped(self) -> bool:
+        """Whether this layer's q/k or v/o head dimensions were pruned (SPP)."""
+        return hasattr(self.attn, "qk_head_dim")
 
     @property
     def attn(self) -> nn.Module:
@@ -424,11 +451,12 @@ def layer_view(layer: nn.Module, index: int, spec: ArchitectureSpec, config) -> 
     """Read the current (possibly already pruned) geometry of a decoder layer from its modules."""
     attn = layer.get_submodule(spec.attn)
     head_dim = getattr(attn, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    qk_dim, vo_dim = getattr(attn, "qk_head_dim", head_dim), getattr(attn, "vo_head_dim", head_dim)
     o_in = weight_oi(layer.get_submodule(spec.o_path)).shape[1]
-    num_heads = o_in // head_dim
+    num_heads = o_in // vo_dim
     if spec.fused_qkv:
         num_kv_heads = num_heads
     else:
-        num_kv_heads = weight_oi(layer.get_submodule(spec.attn_path(spec.k))).shape[0] // head_dim
+        num_kv_heads = weight_oi(layer.get_submodule(spec.attn_path(spec.k))).shape[0] // qk_dim
     intermediate = weight_oi(layer.get_submodule(spec.mlp_out_path)).shape[1]
-    return LayerView(index, layer, spec, head_dim, num_heads, num_kv_heads, intermediate)
+    return LayerView(index, layer, spec, head_dim, num_heads, num_kv_heads, intermediate, qk_dim, vo_dim)

@@ -13,6 +13,7 @@ from transformers.pytorch_utils import Conv1D
 
 from ..plan import LayerPlan
 from .architectures import LayerView, weight_oi
+from .pair_attention import set_pair_geometry_
 
 __all__ = [
     "new_projection",
@@ -22,6 +23,7 @@ __all__ = [
     "apply_layer_plan_",
     "set_attention_geometry_",
     "reshape_layer_",
+    "dim_rows",
 ]
 
 
@@ -129,6 +131,71 @@ def _zero_cols_(mod: nn.Module, cols: torch.Tensor) -> None:
         weight_oi(mod)[:, cols.to(mod.weight.device)] = 0
 
 
+def dim_rows(num_heads: int, width: int, keep: Sequence[int] | torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """Row indices of dimensions `keep` of every head, in a projection laid out head by head with `width` rows each."""
+    keep_t = torch.as_tensor(list(keep) if not isinstance(keep, torch.Tensor) else keep, dtype=torch.long)
+    return (offset + torch.arange(num_heads)[:, None] * width + keep_t[None, :]).reshape(-1)
+
+
+def _pair_rows(view: LayerView, keep_qk, keep_vo) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Rows of q/k/v (or of the fused q|k|v) and o_proj columns holding the dimensions `keep_qk` / `keep_vo`."""
+    spec, qk, vo, h, kv = view.spec, view.qk_head_dim, view.vo_head_dim, view.num_heads, view.num_kv_heads
+    if spec.fused_qkv:  # q | k | v blocks of h * qk, h * qk, h * vo rows (no GQA in fused layouts)
+        rows = torch.cat(
+            [dim_rows(h, qk, keep_qk), dim_rows(h, qk, keep_qk, h * qk), dim_rows(h, vo, keep_vo, 2 * h * qk)]
+        )
+        return {spec.qkv_paths[0]: rows}, dim_rows(h, vo, keep_vo)
+    q, k, v = spec.qkv_paths
+    rows = {q: dim_rows(h, qk, keep_qk), k: dim_rows(kv, qk, keep_qk), v: dim_rows(kv, vo, keep_vo)}
+    return rows, dim_rows(h, vo, keep_vo)
+
+
+def _kept_rope_pairs(view: LayerView, keep_qk: list[int]) -> list[int] | None:
+    """The original rotary pairs the kept q/k dimensions hold; raises unless they are whole `rotate_half` pairs."""
+    if not view.spec.rotary:
+        return None
+    half = view.qk_head_dim // 2
+    sel = sorted(j for j in keep_qk if j < half)
+    if list(keep_qk) != sel + [j + half for j in sel]:
+        raise ValueError(
+            "Rotary q/k dimensions must be kept in whole rotate_half pairs (j, j + d/2), listed as [pairs, pairs + d/2]."
+        )
+    old = getattr(view.attn, "rope_pairs", None) or list(range(view.head_dim // 2))
+    return [old[j] for j in sel]
+
+
+def _slice_norms_(view: LayerView, keep: list[int]) -> None:
+    """Per-head q/k norms (Qwen 3, Gemma 3) keep the weights of the kept dimensions."""
+    for name in ("q_norm", "k_norm"):
+        norm = getattr(view.attn, name, None)
+        if norm is not None:
+            idx = torch.as_tensor(keep, dtype=torch.long, device=norm.weight.device)
+            norm.weight = nn.Parameter(norm.weight.detach().index_select(0, idx), norm.weight.requires_grad)
+
+
+def _apply_pair_plan_(view: LayerView, plan: LayerPlan, mode: str) -> None:
+    keep_qk = list(range(view.qk_head_dim)) if plan.keep_qk is None else list(plan.keep_qk)
+    keep_vo = list(range(view.vo_head_dim)) if plan.keep_vo is None else list(plan.keep_vo)
+    if mode == "remove":
+        pairs = _kept_rope_pairs(view, keep_qk)
+        rows, o_cols = _pair_rows(view, keep_qk, keep_vo)
+        for path, r in rows.items():
+            set_submodule(view.layer, path, slice_projection(view.module(path), out_idx=r))
+        set_submodule(view.layer, view.spec.o_path, slice_projection(view.o_proj, in_idx=o_cols))
+        _slice_norms_(view, keep_qk)
+        set_pair_geometry_(view.attn, view.spec.pair_attention, len(keep_qk), len(keep_vo), pairs, plan.scaling)
+        view.qk_head_dim, view.vo_head_dim = len(keep_qk), len(keep_vo)
+        return
+    drop_qk = sorted(set(range(view.qk_head_dim)) - set(keep_qk))
+    drop_vo = sorted(set(range(view.vo_head_dim)) - set(keep_vo))
+    rows, o_cols = _pair_rows(view, drop_qk, drop_vo)
+    for path, r in rows.items():
+        _zero_rows_(view.module(path), r)
+    _zero_cols_(view.o_proj, o_cols)
+    if plan.scaling is not None:
+        view.attn.scaling = float(plan.scaling)
+
+
 def apply_layer_plan_(view: LayerView, plan: LayerPlan, mode: str = "remove") -> None:
     """Execute a `LayerPlan` in place.
 
@@ -142,6 +209,10 @@ def apply_layer_plan_(view: LayerView, plan: LayerPlan, mode: str = "remove") ->
         raise ValueError(f"mode must be 'remove' or 'zero', got {mode!r}")
     _write_weights_(view, plan)
     d = view.head_dim
+    if plan.keep_qk is not None or plan.keep_vo is not None:
+        if plan.keep_heads is not None:
+            raise ValueError("A layer plan removes either heads or head dimensions, not both.")
+        _apply_pair_plan_(view, plan, mode)
     if plan.keep_heads is not None:
         keep_kv = plan.keep_kv_heads if plan.keep_kv_heads is not None else list(range(view.num_kv_heads))
         if mode == "remove":
@@ -179,19 +250,21 @@ def reshape_layer_(view: LayerView, shapes: dict) -> None:
     Args:
         view (`LayerView`): the layer, at its configured (unpruned) shape.
         shapes (`dict`): `num_attention_heads`, `num_key_value_heads`, `intermediate_size` and `biases` (the
-            layer-relative paths of every projection that has a bias).
+            layer-relative paths of every projection that has a bias); for layers whose head dimensions were pruned
+            (SPP) also `qk_head_dim`, `vo_head_dim`, `attn_scaling` and, on rotary models, `rope_pairs`.
     """
     spec, d = view.spec, view.head_dim
     heads, kv = shapes["num_attention_heads"], shapes["num_key_value_heads"]
+    qk, vo = shapes.get("qk_head_dim", d), shapes.get("vo_head_dim", d)
     biases = set(shapes.get("biases", []))
     hidden = weight_oi(view.o_proj).shape[0]
     outs = {}
     if spec.fused_qkv:
-        outs[spec.qkv_paths[0]] = (hidden, 3 * heads * d)
+        outs[spec.qkv_paths[0]] = (hidden, heads * (2 * qk + vo))
     else:
         q, k, v = spec.qkv_paths
-        outs.update({q: (hidden, heads * d), k: (hidden, kv * d), v: (hidden, kv * d)})
-    outs[spec.o_path] = (heads * d, hidden)
+        outs.update({q: (hidden, heads * qk), k: (hidden, kv * qk), v: (hidden, kv * vo)})
+    outs[spec.o_path] = (heads * vo, hidden)
     for path in spec.mlp_in_paths:
         outs[path] = (hidden, shapes["intermediate_size"])
     outs[spec.mlp_out_path] = (shapes["intermediate_size"], hidden)
@@ -199,3 +272,12 @@ def reshape_layer_(view: LayerView, shapes: dict) -> None:
         set_submodule(view.layer, path, new_projection(view.module(path), fan_in, fan_out, path in biases))
     set_attention_geometry_(view, heads, kv)
     view.intermediate_size = shapes["intermediate_size"]
+    if "qk_head_dim" in shapes:
+        for name in ("q_norm", "k_norm"):
+            norm = getattr(view.attn, name, None)
+            if norm is not None:
+                norm.weight = nn.Parameter(torch.empty(qk, dtype=norm.weight.dtype, device=norm.weight.device))
+        set_pair_geometry_(
+            view.attn, spec.pair_attention, qk, vo, shapes.get("rope_pairs"), shapes.get("attn_scaling")
+        )
+        view.qk_head_dim, view.vo_head_dim = qk, vo

@@ -178,3 +178,21 @@ def test_teacher_with_another_vocabulary_is_refused(make_tiny, smollm2_tokenizer
     teacher = make_tiny(vocab_size=len(smollm2_tokenizer) + 8)
     with pytest.raises(ValueError, match="vocabulary"):
         finetune_(model, FinetuneConfig(distill="kl", **FAST), docs, smollm2_tokenizer, teacher=teacher)
+
+
+def test_lora_on_pruned_head_dimensions(make_tiny, smollm2_tokenizer, docs, tmp_path):
+    """SPP leaves q/k and v/o head widths of their own in every layer: LoRA trains and merges on them, reload is exact."""
+    from testing_utils import calibration_ids
+
+    from optimum_prune import SPPConfig
+
+    model = make_tiny()
+    spp = {"steps": 6, "lr": 0.08, "lambda_": 0.5, "betas": (0.5, 0.9), "round_to": 1, "head_dim_multiple": 2}
+    prune_(model, SPPConfig(pruning_ratio=0.3, extrapolate=True, **spp), calibration_ids())
+    assert model.model.layers[0].self_attn.qk_head_dim < 16 or model.model.layers[0].self_attn.vo_head_dim < 16
+    pruner = AutoPruner(model, smollm2_tokenizer, keep_teacher=False)
+    report = pruner.finetune(FinetuneConfig(method="lora", learning_rate=1e-2, **FAST), docs)
+    assert report.merged and report.perplexity_after > 0
+    out = pruner.save_pretrained(tmp_path / "out")
+    ids = _ids(smollm2_tokenizer)
+    torch.testing.assert_close(logits(AutoPrunedModelForCausalLM.from_pretrained(out), ids), logits(pruner.model, ids))

@@ -7,6 +7,7 @@ import logging
 from torch import nn
 
 from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
+from ..base import refuse_pruned_head_dims
 from ..unstructured import SequentialPruner, write_target
 from .config import AMPConfig
 from .functional import AttentionInputs, amp_masks, binarize, relative_attention_error
@@ -45,6 +46,7 @@ class AMPPruner(SequentialPruner):
 
     def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
         super().validate(model, spec)
+        refuse_pruned_head_dims(model, spec, "AMP's attention recomputation")
         for i, layer in enumerate(get_layers(model, spec)):
             view = layer_view(layer, i, spec, model.config)
             if spec.fused_qkv:

@@ -1,0 +1,224 @@
+"""Configuration of Solution Path Pruning (Ding et al., ICLR 2025, arXiv 2501.03289), structured and + RIA."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...config import StructuredPruningConfig, _choice
+from ..unstructured import UnstructuredConfigMixin
+
+__all__ = ["SPPConfig", "SPPRIAConfig", "SEARCH_FIELDS"]
+
+
+@dataclass
+class _SearchFields:
+    """Fields of the search (SPEC §D.2 / §D.6); documented in `SPPConfig`."""
+
+    faithful_to: str = "code"
+    steps: int = 300
+    epochs: float | None = None
+    batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    lr: float = 1e-2
+    lambda_: float = 2.0
+    kappa: float = 1.0
+    nu: float = 100.0
+    coupling: bool = False
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-4
+    interval: int = 20
+    stop_at_density: float | None = None
+    dropout: bool = False
+    training_args: dict[str, Any] = field(default_factory=dict)
+
+    def _validate_search(self) -> None:
+        _choice("faithful_to", self.faithful_to, ("code", "paper"))
+        for name in ("steps", "batch_size", "gradient_accumulation_steps", "interval"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
+        for name in ("lr", "kappa", "nu", "eps"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                raise ValueError(f"`{name}` must be a positive number, got {value!r}.")
+        if not isinstance(self.lambda_, (int, float)) or not math.isfinite(self.lambda_) or self.lambda_ < 0:
+            raise ValueError(f"`lambda_` (the soft threshold) must be a number >= 0, got {self.lambda_!r}.")
+        if self.epochs is not None and (not isinstance(self.epochs, (int, float)) or self.epochs <= 0):
+            raise ValueError(f"`epochs` must be a positive number or None (use `steps`), got {self.epochs!r}.")
+        self.betas = tuple(float(b) for b in self.betas)
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"`betas` must be two numbers in [0, 1), got {self.betas!r}.")
+        if not isinstance(self.coupling, bool):
+            raise ValueError(f"`coupling` must be a bool, got {self.coupling!r}.")
+        if self.stop_at_density is not None and not 0 < self.stop_at_density <= 1:
+            raise ValueError(f"`stop_at_density` must be in (0, 1] or None, got {self.stop_at_density!r}.")
+        if not isinstance(self.training_args, dict):
+            raise ValueError(f"`training_args` must be a dict of TrainingArguments, got {self.training_args!r}.")
+
+    def search_settings(self) -> dict[str, Any]:
+        """The fields that shape the search (what a saved path records and checks)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(_SearchFields)}
+
+
+SEARCH_FIELDS = tuple(f.name for f in dataclasses.fields(_SearchFields))
+
+
+@dataclass
+class SPPConfig(StructuredPruningConfig, _SearchFields):
+    """Solution Path Pruning: one search gives the whole family of structures from dense to sparse; any
+    `pruning_ratio` is then extracted from the path in seconds (https://arxiv.org/abs/2501.03289, SPEC §D).
+
+    Masks on the inner dimensions of coupled pairs (QK: head dimensions of q and k, shared by every head of a layer,
+    rotary `rotate_half` pairs (j, j + d/2) tied; VO: head dimensions of v and the matching o_proj inputs; MLP:
+    channels, gate/up rows + down columns or fc1 rows + fc2 columns) are the only trainable parameters; the weights
+    are frozen. A `transformers.Trainer` loop minimises the model's own loss (LM loss for causal LMs) and our
+    optimizer runs the Linearized-Bregman dynamics: the mask `M`, its sparse companion `Γ` and the dual `Z`. A unit
+    enters the path when `Γ` becomes non-zero; important units enter first. A model at ratio `r` keeps the units that
+    entered first (ties broken by `Z`, or `|Γ|`) until the kept parameters make `1 − r` of the attention + MLP ones.
+    Removed dimensions are physically sliced; the softmax scale stays that of the original head dimension.
+
+    Inherits `pruning_ratio`, `allocation` (`"global"`: the threshold over all layers; `"uniform"`: the same fraction
+    in every layer), `prune_attention`, `prune_mlp`, `min_mlp_channels_per_layer`, `round_to` (MLP channels) and
+    `skip_layers` from `StructuredPruningConfig`; `gqa_mode` and `min_heads_per_layer` do not apply (no head is
+    removed, so GQA groups stay intact).
+
+    Args:
+        solution_path (`str | None`, defaults to `None`): a directory written by `SolutionPath.save_pretrained`: the
+            ratio is extracted from it, no calibration and no search (the path must come from this model and these
+            settings). `None`: search first (needs calibration).
+        pools (`str`, defaults to `"separate"`): `"separate"` (the authors' code: attention units (QK + VO) and MLP
+            channels are thresholded separately, each losing the same fraction of its parameters) or
+            `"cost_weighted"` (one pool: all units by entry, cut where the removed parameters reach the ratio).
+        statistic (`str`, defaults to `"entry_time"`): what units are ranked by: `"entry_time"` (the step at which
+            `Γ` first became non-zero) or `"step_record"` (the code's count of `interval`s spent in the support).
+        tie_break (`str`, defaults to `"z"`): orders units with the same statistic (and units that never entered):
+            `"z"` (larger dual `Z` = closer to entering = kept first) or `"gamma"` (larger `|Γ|`).
+        extrapolate (`bool`, defaults to `False`): allow ratios the path did not reach (the kept units then include
+            some that never entered, ranked by `tie_break`); otherwise such a ratio is an error.
+        head_dim_multiple (`int`, defaults to `8`): keep a multiple of this many q/k and v/o dimensions per head
+            (rotary pairs count 2), for GEMM-friendly shapes; `1` keeps the exact widths.
+        attention_scale (`str`, defaults to `"original"`): `"original"` keeps `1/√d_h` (SPEC §D.6.7; exact for
+            post-training use) or `"reduced"` (`1/√d_qk`, what the authors' `compress_model` does before fine-tuning).
+        fold_masks (`bool`, defaults to `False`): multiply the searched mask values of the kept units into the
+            weights (q/k rows, v rows, down columns or fc1 rows), so the extracted model computes what the masked
+            model did at the end of the search; the authors' `compress_model` keeps the weights as they were.
+        faithful_to (`str`, defaults to `"code"`): the dynamics, SPEC §D.2. `"code"` (the released optimizer): an
+            AdamW step on `M` on the task loss only (weight decay 0, `eps`, `betas`), then
+            `Z ← Z + s_t·κ·(M_{k+1} − Γ)` with `s_t = lr/(1 − β1^t)` and the one-sided `Γ = max(Z − λ, 0)`. `"paper"`
+            (Eq. 10): `M ← M − κ·lr·(∇L + (M − Γ)/ν)`, `Z ← Z + (lr/ν)(M_k − Γ)`, `Γ = κ·sign(Z)·max(|Z| − λ, 0)`.
+        steps (`int`, defaults to `300`): optimizer steps of the search (`epochs` overrides it).
+        epochs (`float | None`, defaults to `None`): passes over the calibration data instead of `steps`.
+        batch_size (`int`, defaults to `1`) / gradient_accumulation_steps (`int`, defaults to `1`): sequences per
+            step (per device), and accumulation.
+        lr (`float`, defaults to `1e-2`): step size (Adam's lr in `"code"`, α in `"paper"`).
+        lambda_ (`float`, defaults to `2.0`): the soft threshold λ (the code: 3; paper Table 8: 15 or 3). With `lr`
+            it sets how many steps the path takes: a unit whose mask stays near 1 enters after about `λ / lr` steps
+            (on SmolLM2-135M the default path runs from step ~140 to ~260 of 300, every unit entering).
+        kappa (`float`, defaults to `1`) / nu (`float`, defaults to `100`): damping factor κ and coupling ν.
+        coupling (`bool`, defaults to `False`): in `"code"`, step AdamW on `∇L + (M − Γ)/ν` (the gradient of the
+            paper's coupled loss, which pulls masks towards `Γ`) instead of `∇L` alone (the code adds the coupling
+            to the loss only after `backward()`, for logging). `"paper"` always couples.
+        betas / eps: Adam's (`"code"`; eps 1e-4 as in the code).
+        interval (`int`, defaults to `20`): steps between `step_record` updates (the code's default; 10 in its
+            script).
+        stop_at_density (`float | None`, defaults to `None`): stop the search once this fraction of the units has
+            entered (early stopping; `None`: run every step).
+        dropout (`bool`, defaults to `False`): run the search in train mode (dropout on); by default the model runs in
+            eval mode, as post-training pruning should.
+        training_args (`dict`, defaults to `{}`): more `TrainingArguments` for the search loop (`bf16`,
+            `gradient_checkpointing`, `logging_steps`, ...).
+
+    `SPPConfig.code()` and `SPPConfig.paper()` give the authors' literal settings.
+    """
+
+    method = "spp"
+
+    solution_path: str | None = None
+    pools: str = "separate"
+    statistic: str = "entry_time"
+    tie_break: str = "z"
+    extrapolate: bool = False
+    head_dim_multiple: int = 8
+    attention_scale: str = "original"
+    fold_masks: bool = False
+
+    @classmethod
+    def code(cls, pruning_ratio: float = 0.2, **kwargs: Any) -> SPPConfig:
+        """The authors' released code (SPEC §D.2 [C]): AdamW dynamics, λ = 3, lr 1e-3 (their search script),
+        `step_record` ranking every 20 steps, separate pools and the reduced softmax scale of `compress_model` (their
+        pipeline fine-tunes afterwards). Ties are still broken by `Z` (the code keeps every tied unit)."""
+        settings = {"faithful_to": "code", "lambda_": 3.0, "lr": 1e-3, "interval": 20, "statistic": "step_record",
+                    "pools": "separate", "attention_scale": "reduced"}  # fmt: skip
+        return cls(pruning_ratio=pruning_ratio, **{**settings, **kwargs})
+
+    @classmethod
+    def paper(cls, pruning_ratio: float = 0.2, **kwargs: Any) -> SPPConfig:
+        """The paper's Eq. 10 with its Table 8 values for DeiT (κ = 1, λ = 15, lr 8e-4) and the canonical ν = 100;
+        entry-time ranking."""
+        settings = {"faithful_to": "paper", "kappa": 1.0, "lambda_": 15.0, "lr": 8e-4, "nu": 100.0,
+                    "statistic": "entry_time"}  # fmt: skip
+        return cls(pruning_ratio=pruning_ratio, **{**settings, **kwargs})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._validate_search()
+        _choice("pools", self.pools, ("separate", "cost_weighted"))
+        _choice("statistic", self.statistic, ("entry_time", "step_record"))
+        _choice("tie_break", self.tie_break, ("z", "gamma"))
+        _choice("attention_scale", self.attention_scale, ("original", "reduced"))
+        if isinstance(self.head_dim_multiple, bool) or not isinstance(self.head_dim_multiple, int):
+            raise ValueError(f"`head_dim_multiple` must be a positive int, got {self.head_dim_multiple!r}.")
+        if self.head_dim_multiple < 1:
+            raise ValueError(f"`head_dim_multiple` must be >= 1, got {self.head_dim_multiple}.")
+        if self.solution_path is not None:
+            if not isinstance(self.solution_path, (str, os.PathLike)):
+                raise ValueError(f"`solution_path` must be a directory path, got {self.solution_path!r}.")
+            self.solution_path = os.fspath(self.solution_path)
+
+
+@dataclass
+class SPPRIAConfig(UnstructuredConfigMixin, _SearchFields):
+    """**Experimental.** SPP combined with RIA for unstructured / N:M LLM pruning (the paper's Table 5; its
+    "Algorithm 2" and LLM code were never published, so this is SPEC §D.4's reconstruction).
+
+    One search (as `SPPConfig`'s, same fields) with an elementwise mask on every targeted weight and the LM loss;
+    then RIA's layer-by-layer pass (pruned outputs feed the next layer) prunes each matrix's lowest-scoring
+    `sparsity` (per matrix, or N:M) with the score chosen by `combine`. The masks cost about six float32 copies of the
+    targeted weights in memory during the search (mask, Adam moments, Z, Γ, entry step).
+
+    Args:
+        sparsity (`float`, defaults to `0.5`) / pattern (`str`, defaults to `"unstructured"`) / targets: see
+            `UnstructuredConfigMixin`.
+        combine (`str`, defaults to `"masked"`): how the path enters the score: `"masked"` (RIA of the mask-scaled
+            weights `W∘M`, SPEC §D.4 (a)), `"scaled"` (RIA(W) times the path's order normalised to [0, 1] per matrix,
+            (b)) or `"support"` (the units in the path's support at the matching density first, RIA within, (c)).
+        a (`float`, defaults to `0.5`) / per (`str`, defaults to `"matrix"`): RIA's activation exponent and comparison
+            group.
+        statistic / tie_break: the path statistic (as in `SPPConfig`).
+        Search fields: as in `SPPConfig` (`faithful_to`, `steps`, `lr`, `lambda_`, ...).
+    """
+
+    method = "spp_ria"
+
+    combine: str = "masked"
+    a: float = 0.5
+    per: str = "matrix"
+    statistic: str = "entry_time"
+    tie_break: str = "z"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._validate_search()
+        _choice("combine", self.combine, ("masked", "scaled", "support"))
+        _choice("per", self.per, ("row", "matrix"))
+        _choice("statistic", self.statistic, ("entry_time", "step_record"))
+        _choice("tie_break", self.tie_break, ("z", "gamma"))

@@ -1,0 +1,162 @@
+"""SPP math (SPEC §D.2), pure tensor code: one Linearized-Bregman step on a mask vector, the importance order a
+solution path defines, and the cost-weighted selection of the units to remove.
+
+Notation: `M` the mask (initialised to 1), `Γ` its sparse companion, `Z` the dual variable (both initialised to 0).
+A unit *enters* the path when `Γ` becomes non-zero; the support of `Γ` grows from empty to dense, important units
+first (inverse scale space).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from ...functional.proximal import nonnegative_soft_threshold, soft_threshold
+
+__all__ = ["init_state", "bregman_step_", "removal_order", "select_removed"]
+
+
+def init_state(mask: torch.Tensor, faithful_to: str) -> dict:
+    """The per-mask state: `z`, `gamma`, `entry` (first step with `Γ ≠ 0`, −1 = never), `record` (the code's
+    `step_record`), `step`, and Adam's moments in `"code"` mode."""
+    state = {
+        "step": 0,
+        "z": torch.zeros_like(mask),
+        "gamma": torch.zeros_like(mask),
+        "entry": torch.full(mask.shape, -1, dtype=torch.int32, device=mask.device),
+        "record": torch.zeros(mask.shape, dtype=torch.int32, device=mask.device),
+    }
+    if faithful_to == "code":
+        state["exp_avg"] = torch.zeros_like(mask)
+        state["exp_avg_sq"] = torch.zeros_like(mask)
+    return state
+
+
+@torch.no_grad()
+def bregman_step_(
+    mask: torch.Tensor,
+    grad: torch.Tensor,
+    state: dict,
+    *,
+    faithful_to: str,
+    lr: float,
+    lambda_: float,
+    kappa: float = 1.0,
+    nu: float = 100.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-4,
+    interval: int = 20,
+    coupling: bool = False,
+) -> None:
+    """One step of the search on one mask vector, in place (`mask` and `state`).
+
+    `"code"` (the authors' `adamw_spp.py`): AdamW on `M` with the task-loss gradient only (weight decay 0), then
+    `Z ← Z + s_t·κ·(M_{k+1} − Γ_k)` with Adam's bias-corrected step `s_t = lr / (1 − β1^t)`, and the one-sided
+    `Γ = max(Z − λ, 0)`; with `coupling`, AdamW steps on `∇L + (M − Γ)/ν` instead (the gradient of the paper's
+    coupled loss, Eq. 9, which the code only logs). `"paper"` (Eq. 10): `M_{k+1} = M_k − κ·lr·(∇L + (M_k − Γ_k)/ν)`,
+    `Z_{k+1} = Z_k + (lr/ν)(M_k − Γ_k)`, `Γ_{k+1} = κ·sign(Z)·max(|Z| − λ, 0)`.
+    Then the path record: `entry` gets the step number where `Γ` first turns non-zero, and every `interval` steps
+    `record += 1[Γ ≠ 0]`.
+
+    Args:
+        mask (`torch.Tensor` of shape `(n,)`): the mask `M`.
+        grad (`torch.Tensor` of shape `(n,)`): `∇_M` of the task loss.
+        state (`dict`): from [`init_state`].
+        faithful_to (`str`): `"code"` or `"paper"`.
+        lr / lambda_ / kappa / nu / betas / eps / interval / coupling: see `SPPConfig`.
+    """
+    state["step"] += 1
+    t = state["step"]
+    z, gamma = state["z"], state["gamma"]
+    if faithful_to == "code":
+        b1, b2 = betas
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        if coupling:
+            grad = grad + (mask - gamma) / nu
+        m.mul_(b1).add_(grad, alpha=1 - b1)
+        v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        step_size = lr / (1 - b1**t)
+        denom = (v.sqrt() / math.sqrt(1 - b2**t)).add_(eps)
+        mask.addcdiv_(m, denom, value=-step_size)
+        z.add_(mask - gamma, alpha=step_size * kappa)
+        gamma.copy_(nonnegative_soft_threshold(z, lambda_))
+    elif faithful_to == "paper":
+        coupling = mask - gamma  # M_k − Γ_k
+        mask.add_(grad + coupling / nu, alpha=-kappa * lr)
+        z.add_(coupling, alpha=lr / nu)
+        gamma.copy_(kappa * soft_threshold(z, lambda_))
+    else:
+        raise ValueError(f"faithful_to must be 'code' or 'paper', got {faithful_to!r}")
+    entered = gamma != 0
+    state["entry"][entered & (state["entry"] < 0)] = t
+    if t % interval == 0:
+        state["record"] += entered.to(state["record"].dtype)
+
+
+def removal_order(
+    entry: torch.Tensor,
+    record: torch.Tensor,
+    z: torch.Tensor,
+    gamma: torch.Tensor,
+    statistic: str = "entry_time",
+    tie_break: str = "z",
+) -> torch.Tensor:
+    """Units from the least to the most important along a solution path.
+
+    `"entry_time"`: later entry = less important, never entered = least; `"step_record"`: fewer recorded intervals
+    in the support = less important. Ties (and units that never entered) are ordered by `Z` (`"z"`: smaller = less
+    important) or `|Γ|` (`"gamma"`); remaining exact ties keep the input order (deterministic).
+
+    Args:
+        entry / record / z / gamma (`torch.Tensor` of shape `(n,)`): the path statistics of every unit of a pool.
+
+    Returns:
+        `torch.LongTensor` of shape `(n,)`: indices, least important first.
+    """
+    tie = z if tie_break == "z" else gamma.abs()
+    if statistic == "entry_time":
+        never = int(entry.max().clamp_min(0)) + 1
+        primary = torch.where(entry >= 0, entry, torch.full_like(entry, never))  # larger = less important
+    elif statistic == "step_record":
+        primary = -record
+    else:
+        raise ValueError(f"statistic must be 'entry_time' or 'step_record', got {statistic!r}")
+    order = torch.sort(tie.double().cpu(), stable=True).indices  # smallest Z first
+    return order[torch.sort(primary.cpu()[order], descending=True, stable=True).indices]
+
+
+def select_removed(
+    order: torch.Tensor, costs: torch.Tensor, groups: torch.Tensor, caps: Sequence[int], target: float
+) -> torch.Tensor:
+    """Walk `order` (least important first) and remove units until the removed cost is closest to `target`.
+
+    A unit whose group (a layer's QK pairs, VO dimensions or MLP channels) has reached its cap is skipped (the guards:
+    every layer keeps a minimum); the walk stops before the first unit that would overshoot the target by more than
+    half its cost, so the achieved cost matches the target to within half a unit.
+
+    Args:
+        order (`torch.LongTensor` of shape `(n,)`): from [`removal_order`].
+        costs (`torch.Tensor` of shape `(n,)`): parameters removed with each unit.
+        groups (`torch.LongTensor` of shape `(n,)`): group id of each unit.
+        caps (`Sequence[int]`): per group id, how many units may go at most.
+        target (`float`): parameters to remove.
+
+    Returns:
+        `torch.BoolTensor` of shape `(n,)`: the removed units.
+    """
+    removed = torch.zeros(costs.numel(), dtype=torch.bool)
+    taken = [0] * len(caps)
+    done = 0.0
+    cost_list, group_list = costs.double().tolist(), groups.tolist()
+    for j in order.tolist():
+        g, c = group_list[j], cost_list[j]
+        if taken[g] >= caps[g]:
+            continue
+        if done + c / 2 > target:
+            break
+        removed[j] = True
+        taken[g] += 1
+        done += c
+    return removed

@@ -1,0 +1,115 @@
+"""SPP pruner: orchestration only (dynamics in `functional.py`, search loop in `search.py`, the path and its cut in
+`path.py` / `extract.py`, shapes in `modeling.surgery` / `modeling.pair_attention`)."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from torch import nn
+
+from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view
+from ...plan import LayerPlan, PruningPlan
+from ..base import BasePruner, RunnerFactory
+from .config import SPPConfig
+from .extract import extract_keep
+from .masks import folded_weights
+from .path import SolutionPath
+from .search import run_search
+
+__all__ = ["SPPPruner", "check_pair_support"]
+
+
+def check_pair_support(model: nn.Module, spec: ArchitectureSpec, prune_attention: bool) -> None:
+    """Refuse, before anything changes, a model whose attention head dimensions cannot be pruned."""
+    if not prune_attention:
+        return
+    if spec.pair_attention is None:
+        raise ValueError(
+            f"SPP cannot prune the QK / VO pairs of {model.config.model_type} models yet (no per-layer head-dimension "
+            "attention for this architecture); use prune_attention=False to prune the MLP channels only."
+        )
+    if spec.rotary and getattr(model.config, "partial_rotary_factor", 1.0) not in (None, 1.0):
+        raise ValueError("SPP ties rotary pairs over the whole head; partial rotary embeddings are not supported.")
+
+
+class SPPPruner(BasePruner):
+    """Solution Path Pruning (https://arxiv.org/abs/2501.03289).
+
+    Lifecycle:
+      - validate: the architecture has the pairs; a given `solution_path` loads and belongs to this model / config;
+      - compute_plan: search (unless a path is given: `run_search`, a Trainer loop on the masks), then cut the path at
+        `pruning_ratio` (`extract_keep`) into per-layer kept q/k, v/o dimensions and MLP channels.
+    The path of the last search or load is `self.solution_path`.
+    """
+
+    config_cls = SPPConfig
+    requires_calibration = True
+    structured = True
+    config: SPPConfig
+
+    def __init__(self, config: SPPConfig) -> None:
+        super().__init__(config)
+        self.solution_path: SolutionPath | None = None
+        self._data: Any = None
+        self._calibration: dict | None = None
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.config.solution_path is None
+
+    def attach_calibration(self, data: Any, description: dict | None = None, source: Any = None) -> None:
+        self._data, self._calibration = data, description
+
+    def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
+        super().validate(model, spec)
+        cfg = self.config
+        n = len(get_layers(model, spec))
+        bad = [i for i in cfg.skip_layers if not 0 <= i < n]
+        if bad:
+            raise ValueError(f"skip_layers {bad} out of range: the model has {n} layers (0..{n - 1}).")
+        check_pair_support(model, spec, cfg.prune_attention)
+        if cfg.solution_path is not None:
+            path = SolutionPath.from_pretrained(cfg.solution_path)
+            path.check_config(cfg)
+            path.check_model(model, spec)
+            self.solution_path = path
+
+    def search(self, model: nn.Module, spec: ArchitectureSpec) -> SolutionPath:
+        """Run the search on the attached calibration data (the model is unchanged)."""
+        if self._data is None:
+            raise ValueError("The SPP search needs calibration data: pass `calibration=CalibrationConfig(...)`.")
+        self.solution_path = run_search(model, spec, self.config, self._data, self._calibration)
+        return self.solution_path
+
+    def compute_plan(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory | None) -> PruningPlan:
+        cfg = self.config
+        t0 = time.perf_counter()
+        if self.solution_path is None:
+            self.search(model, spec)
+        t1 = time.perf_counter()
+        keep, info = extract_keep(self.solution_path, model, spec, cfg)
+        plan = PruningPlan(
+            info={**info, "solution_path": self.solution_path.summary(), "search_s": t1 - t0,
+                  "extract_s": time.perf_counter() - t1, "searched": cfg.solution_path is None},
+        )  # fmt: skip
+        layers = get_layers(model, spec)
+        folded = {i for i, _ in self.solution_path.stats} if cfg.fold_masks else set()
+        for i in sorted(set(keep) | folded):
+            per = keep.get(i, {})
+            view = layer_view(layers[i], i, spec, model.config)
+            lp = LayerPlan(keep_vo=per.get("vo"), keep_channels=per.get("mlp"))
+            if i in folded:
+                masks = {k: st["mask"] for (j, k), st in self.solution_path.stats.items() if j == i}
+                lp.weights, lp.biases = folded_weights(view, masks)
+            if "qk" in per:
+                sel = per["qk"]
+                half = view.qk_head_dim // 2
+                lp.keep_qk = sel + [j + half for j in sel] if spec.rotary else list(sel)
+                if cfg.attention_scale == "reduced":
+                    lp.scaling = float(view.attn.scaling) * math.sqrt(view.qk_head_dim / len(lp.keep_qk))
+            plan.layers[i] = lp
+        plan.info["extract_s"] = time.perf_counter() - t1
+        plan.artifacts["solution_path"] = self.solution_path
+        return plan

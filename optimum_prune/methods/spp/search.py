@@ -1,0 +1,276 @@
+"""The SPP search: a `transformers.Trainer` loop whose only trainable parameters are the masks, with our optimizer
+for the Linearized-Bregman steps (`functional.bregman_step_`), recording when every unit enters the path.
+
+Mixed precision, gradient accumulation, devices and progress come from `Trainer` (pass `TrainingArguments` through
+`SPPConfig.training_args`). The model is left as it was: hooks, the masks module, frozen flags, training mode, device
+and `use_cache` are restored whatever happens; a NaN loss stops the search with `SPPSearchError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
+
+from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view
+from .functional import bregman_step_, init_state
+from .masks import MaskSet, SearchMasks, attach_masks, layer_units
+from .path import SolutionPath, model_identity
+
+__all__ = ["SPPSearchError", "BregmanOptimizer", "run_search", "search_views", "train_masks"]
+
+logger = logging.getLogger(__name__)
+
+_MASKS_ATTR = "spp_search_masks"
+
+
+class SPPSearchError(FloatingPointError, ValueError):
+    """The search diverged (a NaN / Inf loss or mask gradient); the model is left unchanged."""
+
+
+class BregmanOptimizer(torch.optim.Optimizer):
+    """Runs `bregman_step_` on every mask; keeps, per step, how many units of each kind are in the support."""
+
+    def __init__(self, masks: MaskSet, settings: dict[str, Any]) -> None:
+        self.keys = [(i, kind) for i, kind, _ in masks.items()]
+        super().__init__([p for _, _, p in masks.items()], {"lr": settings["lr"]})
+        self.settings = {k: settings[k] for k in ("faithful_to", "lambda_", "kappa", "nu", "eps", "interval")}
+        self.settings["coupling"] = bool(settings.get("coupling"))
+        self.settings["betas"] = tuple(settings["betas"])
+        self.support: dict[str, list[int]] = {kind: [] for _, kind in self.keys}
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        counts = dict.fromkeys(self.support, 0)
+        params = [p for g in self.param_groups for p in g["params"]]
+        for (layer, kind), p in zip(self.keys, params):
+            grad = p.grad if p.grad is not None else torch.zeros_like(p)
+            if not torch.isfinite(grad).all():
+                raise SPPSearchError(
+                    f"The mask gradient of layer {layer} ({kind}) is NaN/Inf at step {self.steps + 1}; the search "
+                    "stopped and the model was left unchanged. Lower `lr`, or search in float32."
+                )
+            state = self.state[p]
+            if not state:
+                state.update(init_state(p, self.settings["faithful_to"]))
+            bregman_step_(p, grad.to(p.dtype), state, lr=self.param_groups[0]["lr"], **self.settings)
+            counts[kind] += int((state["gamma"] != 0).sum())
+        for kind, n in counts.items():
+            self.support[kind].append(n)
+        return loss
+
+    @property
+    def steps(self) -> int:
+        return len(next(iter(self.support.values()), []))
+
+    def density(self) -> float:
+        """Fraction of all units currently in the support."""
+        total = sum(p.numel() for g in self.param_groups for p in g["params"])
+        return sum(v[-1] for v in self.support.values() if v) / max(total, 1)
+
+    def statistics(self) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
+        params = [p for g in self.param_groups for p in g["params"]]
+        out = {}
+        for key, p in zip(self.keys, params):
+            st = self.state.get(p) or init_state(p.detach(), self.settings["faithful_to"])
+            out[key] = {
+                "entry": st["entry"].cpu(), "record": st["record"].cpu(), "z": st["z"].float().cpu(),
+                "gamma": st["gamma"].float().cpu(), "mask": p.detach().float().cpu(),
+            }  # fmt: skip
+        return out
+
+
+class _Windows(torch.utils.data.Dataset):
+    """Calibration token windows as causal-LM examples (the model shifts the labels)."""
+
+    def __init__(self, ids: torch.Tensor) -> None:
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class _SearchTrainer(Trainer):
+    """`Trainer` that runs the model in eval mode (unless dropout is wanted) and stops on a non-finite loss."""
+
+    def __init__(self, *args: Any, dropout: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._dropout = dropout
+        free_memory = self.accelerator.free_memory
+
+        def reset_without_gc(*objects):
+            """The loop's opening `free_memory()` runs a full `gc.collect()` (seconds in a large process) to drop
+            references this fresh accelerator does not hold yet; reset its lists without it."""
+            if objects or getattr(self.accelerator, "deepspeed_engine_wrapped", None) is not None:
+                return free_memory(*objects)
+            acc = self.accelerator
+            acc._schedulers, acc._optimizers, acc._models, acc._dataloaders, acc.step = [], [], [], [], 0
+            return ()
+
+        self.accelerator.free_memory = reset_without_gc
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if not self._dropout:
+            model.eval()
+        out = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        loss = out[0] if return_outputs else out
+        if not torch.isfinite(loss.detach()).all():
+            raise SPPSearchError(
+                f"The search loss became {float(loss.detach().float().mean())} at step {self.state.global_step + 1}; "
+                "the search stopped and the model was left unchanged. Lower `lr`, check the calibration data, or "
+                "search in float32 (no fp16/bf16 in `training_args`)."
+            )
+        return out
+
+
+class _PathCallback(TrainerCallback):
+    def __init__(self, optimizer: BregmanOptimizer, stop_at: float | None) -> None:
+        self.optimizer, self.stop_at = optimizer, stop_at
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.stop_at is not None and self.optimizer.density() >= self.stop_at:
+            logger.info("support density %.3f >= %.3f at step %d: stopping", self.optimizer.density(), self.stop_at,
+                        state.global_step)  # fmt: skip
+            control.should_training_stop = True
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is not None:
+            logs["support_density"] = round(self.optimizer.density(), 4)
+
+
+def search_views(model: nn.Module, spec: ArchitectureSpec, config) -> tuple[list, dict[int, dict[str, int]]]:
+    """The layer views and the units the search puts masks on (skipped layers excluded)."""
+    views = [layer_view(layer, i, spec, model.config) for i, layer in enumerate(get_layers(model, spec))]
+    units = {
+        v.index: layer_units(v, config.prune_attention, config.prune_mlp)
+        for v in views
+        if v.index not in config.skip_layers
+    }
+    return views, {i: u for i, u in units.items() if u}
+
+
+def _training_arguments(config, output_dir: str) -> TrainingArguments:
+    from ...finetune.trainer import build_training_arguments
+
+    kwargs = {
+        "output_dir": output_dir,
+        "max_steps": config.steps if config.epochs is None else -1,
+        "num_train_epochs": config.epochs or 1.0,
+        "per_device_train_batch_size": config.batch_size,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "learning_rate": config.lr,
+        "lr_scheduler_type": "constant",
+        "weight_decay": 0.0,
+        "max_grad_norm": 0.0,
+        "logging_steps": max(1, min(50, config.steps // 10)),
+        "seed": config.seed,
+        "data_seed": config.seed,
+    }
+    return build_training_arguments(kwargs, config.training_args, type(config).__name__)
+
+
+@contextlib.contextmanager
+def _search_session(model: nn.Module, masks: nn.Module):
+    """Freeze the weights and register the masks as the model's only trainable parameters; undo it all after."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    was_training, device = model.training, next(model.parameters()).device
+    had_forward = "forward" in model.__dict__
+    checkpointing = getattr(model, "is_activation_checkpointing", False)
+    use_cache = getattr(model.config, "use_cache", None)
+    for p, _ in flags:
+        p.requires_grad_(False)
+    model.add_module(_MASKS_ATTR, masks.to(device))
+    if use_cache is not None:
+        model.config.use_cache = False
+    try:
+        yield
+    finally:
+        model._modules.pop(_MASKS_ATTR, None)
+        for p, flag in flags:
+            p.requires_grad_(flag)
+        if not had_forward and "forward" in model.__dict__:  # accelerate's mixed-precision wrapper
+            del model.forward
+        if getattr(model, "is_activation_checkpointing", False) and not checkpointing:
+            model.activation_checkpointing_disable()
+        if use_cache is not None:
+            model.config.use_cache = use_cache
+        if next(model.parameters()).device != device:
+            model.to(device)
+        model.train(was_training)
+
+
+def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> dict[str, Any]:
+    """Train `masks` (attached to the model by the context manager `attach`) with the Bregman dynamics of `config`
+    on `data`; returns the optimizer's statistics, the support history, steps, seconds and the loss log."""
+    from ...finetune.trainer import _quiet
+
+    dataset = _Windows(data) if isinstance(data, torch.Tensor) else data
+    if len(dataset) == 0:
+        raise ValueError("The calibration data is empty.")
+    optimizer = BregmanOptimizer(masks, config.search_settings())
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="optimum_prune_spp_") as tmp, _search_session(model, masks):
+        args = _training_arguments(config, tmp)
+        with attach, torch.enable_grad():
+            trainer = _SearchTrainer(
+                model=model, args=args, train_dataset=dataset, data_collator=default_data_collator,
+                optimizers=(optimizer, None), callbacks=[_PathCallback(optimizer, config.stop_at_density)],
+                dropout=config.dropout,
+            )  # fmt: skip
+            _quiet(trainer)
+            trainer.train()
+        losses = [{"step": h["step"], "loss": h["loss"]} for h in trainer.state.log_history if "loss" in h]
+        del trainer
+    seconds = time.perf_counter() - t0
+    logger.info("SPP search: %d steps in %.1f s, final support density %.3f", optimizer.steps, seconds,
+                optimizer.density())  # fmt: skip
+    return {
+        "stats": optimizer.statistics(),
+        "support": {k: torch.tensor(v) for k, v in optimizer.support.items()},
+        "steps": optimizer.steps,
+        "seconds": seconds,
+        "losses": losses,
+    }
+
+
+def run_search(
+    model: nn.Module, spec: ArchitectureSpec, config, data: Any, calibration: dict | None = None
+) -> SolutionPath:
+    """Run the search of `config` (an `SPPConfig`) on `data` and return its `SolutionPath`.
+
+    Args:
+        model (`PreTrainedModel`): the model (unchanged on return, also on error).
+        spec (`ArchitectureSpec`): its architecture entry.
+        config (`SPPConfig`): search settings and the units to search over.
+        data (`torch.LongTensor` of shape `(N, L)` | `torch.utils.data.Dataset` | `list[dict]`): calibration token
+            windows (causal LM: the LM loss on them), or examples the model computes its loss on (with `labels`).
+        calibration (`dict | None`): description recorded in the path.
+    """
+    views, units = search_views(model, spec, config)
+    if not units:
+        raise ValueError("Nothing to search: every layer is skipped or neither attention nor MLP is pruned.")
+    identity = model_identity(model, spec)
+    masks = SearchMasks(units)
+    out = train_masks(model, config, data, masks, attach_masks(views, spec, masks))
+    meta = {
+        "model": identity,
+        "search": config.search_settings(),
+        "units": {str(i): u for i, u in units.items()},
+        "rotary": spec.rotary,
+        "steps": out["steps"],
+        "search_seconds": out["seconds"],
+        "seed": config.seed,
+        "calibration": calibration,
+        "loss_history": out["losses"],
+    }
+    return SolutionPath(out["stats"], meta, out["support"])

@@ -1,0 +1,285 @@
+"""Solution Path Pruning: the Bregman dynamics against a float64 reference, the path's order and cut, masked ≡
+removed on every architecture, one search → a family of exactly reloadable models, and the bad-input contract."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+from testing_utils import ARCHS, calibration_ids, logits, tiny_model
+
+from optimum_prune import AutoPrunedModelForCausalLM, AutoPruner, NumericalPruningConfig, prune_, save_pruned
+from optimum_prune.methods.spp import SolutionPath, SolutionPathError, SPPConfig, SPPSearchError
+from optimum_prune.methods.spp.functional import bregman_step_, init_state, removal_order, select_removed
+from optimum_prune.methods.spp.masks import SearchMasks, attach_masks
+from optimum_prune.methods.spp.search import search_views
+from optimum_prune.modeling.architectures import get_spec
+
+# A short search on the tiny models whose units enter over several steps (a few never): a real path, in 10 steps.
+FAST = {"steps": 10, "lr": 0.08, "lambda_": 0.7, "betas": (0.5, 0.9), "round_to": 1, "head_dim_multiple": 1}
+
+
+def _state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _reference_code(grads, lr, lam, kappa, betas, eps, interval, nu=None):
+    """SPEC §D.2 "code", written out with Python floats: AdamW on M, Z += s_t κ (M_{k+1} − Γ), Γ = max(Z − λ, 0);
+    with `nu`, AdamW on ∇L + (M − Γ)/ν (the coupled loss's gradient)."""
+    n = len(grads[0])
+    M, Z, G, m, v = [1.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
+    entry, record = [-1] * n, [0] * n
+    b1, b2 = betas
+    for t, g in enumerate(grads, start=1):
+        for i in range(n):
+            gi = g[i] + ((M[i] - G[i]) / nu if nu else 0.0)
+            m[i] = b1 * m[i] + (1 - b1) * gi
+            v[i] = b2 * v[i] + (1 - b2) * gi**2
+            s = lr / (1 - b1**t)
+            M[i] -= s * m[i] / (math.sqrt(v[i]) / math.sqrt(1 - b2**t) + eps)
+            Z[i] += s * kappa * (M[i] - G[i])
+            G[i] = max(Z[i] - lam, 0.0)
+            if G[i] != 0 and entry[i] < 0:
+                entry[i] = t
+            if t % interval == 0:
+                record[i] += G[i] != 0
+    return M, Z, G, entry, record
+
+
+def _reference_paper(grads, lr, lam, kappa, nu):
+    """Eq. 10: M ← M − κα(∇L + (M − Γ)/ν), Z ← Z + (α/ν)(M_k − Γ), Γ = κ·sign(Z)·max(|Z| − λ, 0)."""
+    n = len(grads[0])
+    M, Z, G, entry = [1.0] * n, [0.0] * n, [0.0] * n, [-1] * n
+    for t, g in enumerate(grads, start=1):
+        for i in range(n):
+            c = M[i] - G[i]
+            M[i] -= kappa * lr * (g[i] + c / nu)
+            Z[i] += lr / nu * c
+            G[i] = kappa * math.copysign(max(abs(Z[i]) - lam, 0.0), Z[i])
+            if G[i] != 0 and entry[i] < 0:
+                entry[i] = t
+    return M, Z, G, entry
+
+
+@pytest.mark.parametrize("faithful_to", ["code", "code+coupling", "paper"])
+def test_bregman_step_matches_float64_reference(faithful_to):
+    coupling = faithful_to == "code+coupling"
+    faithful_to = faithful_to.split("+")[0]
+    g = torch.Generator().manual_seed(0)
+    grads = (torch.randn(40, 6, generator=g, dtype=torch.float64) * 0.3 + torch.linspace(-1, 1, 6)).tolist()
+    kw = {"lr": 0.05, "lambda_": 2.0, "kappa": 1.3, "betas": (0.9, 0.99), "eps": 1e-4, "interval": 5, "nu": 20.0}
+    if faithful_to == "paper":
+        kw.update(lr=0.5, lambda_=0.5)
+    mask = torch.ones(6, dtype=torch.float64)
+    state = init_state(mask, faithful_to)
+    for grad in grads:
+        g = torch.tensor(grad, dtype=torch.float64)
+        bregman_step_(mask, g, state, faithful_to=faithful_to, coupling=coupling, **kw)
+    if faithful_to == "code":
+        nu = kw["nu"] if coupling else None
+        M, Z, G, entry, record = _reference_code(
+            grads, kw["lr"], kw["lambda_"], kw["kappa"], kw["betas"], kw["eps"], 5, nu
+        )
+        assert state["record"].tolist() == record
+    else:
+        M, Z, G, entry = _reference_paper(grads, kw["lr"], kw["lambda_"], kw["kappa"], kw["nu"])
+    torch.testing.assert_close(mask, torch.tensor(M, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(state["z"], torch.tensor(Z, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(state["gamma"], torch.tensor(G, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    assert state["entry"].tolist() == entry
+    assert len(set(entry)) >= 3  # units enter at different steps (or never): the recorded order is exercised
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"lr": 0}, {"faithful_to": "both"}, {"pools": "x"}, {"head_dim_multiple": 0}, {"steps": 0},
+     {"stop_at_density": 2}, {"statistic": "rank"}, {"attention_scale": "x"}, {"betas": (1.0, 0.9)}],
+)  # fmt: skip
+def test_bad_config_values_are_refused(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        SPPConfig(**kwargs)
+
+
+def test_removal_order_entry_then_tie_break_then_never():
+    entry = torch.tensor([5, 3, 3, -1, -1, 9])
+    z = torch.tensor([9.0, 1.0, 2.0, 0.5, 0.7, 3.0])
+    gamma = torch.tensor([1.0, 3.0, 0.1, 0.0, 0.0, 0.2])
+    record = torch.tensor([1, 4, 4, 0, 0, 0])
+    assert removal_order(entry, record, z, gamma).tolist() == [3, 4, 5, 0, 1, 2]
+    assert removal_order(entry, record, z, gamma, tie_break="gamma").tolist()[-2:] == [2, 1]
+    assert removal_order(entry, record, z, gamma, statistic="step_record").tolist() == [3, 4, 5, 0, 1, 2]
+
+
+def test_select_removed_matches_the_target_through_ties_and_guards():
+    order = torch.arange(10)
+    costs = torch.tensor([3.0] * 10)
+    groups = torch.tensor([0] * 5 + [1] * 5)
+    removed = select_removed(order, costs, groups, caps=[2, 5], target=5 * 3.0)
+    assert removed.tolist() == [True, True] + [False] * 3 + [True] * 3 + [False] * 2  # group 0 capped at 2
+    assert select_removed(order, costs, groups, [5, 5], 7.0).sum() == 2  # 6 is closer to 7 than 9
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_binary_masks_are_the_extracted_model(arch):
+    """The search masks at 0/1 (hooks on the stock model) give the logits of the physically sliced model."""
+    model = tiny_model(arch)
+    pruner = AutoPruner(copy.deepcopy(model), keep_teacher=False)
+    report = pruner.prune(SPPConfig(pruning_ratio=0.3, **FAST), calibration=calibration_ids())
+    assert report.info["pools"] and report.params_after < report.params_before
+    config = SPPConfig(pruning_ratio=0.3, **FAST)
+    spec = get_spec(model)
+    from optimum_prune.methods.spp.extract import extract_keep
+
+    keep, _ = extract_keep(pruner.solution_path, model, spec, config)
+    views, units = search_views(model, spec, config)
+    masks = SearchMasks(units)
+    masks.set_binary_(keep)
+    with attach_masks(views, spec, masks):
+        masked = logits(model)
+    torch.testing.assert_close(logits(pruner.model), masked, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama_gqa", "qwen3", "opt", "gpt2"])
+def test_folded_masks_are_the_masked_model(arch):
+    """fold_masks=True: the extracted model computes what the search's masks (times 0/1 keep) computed."""
+    from optimum_prune.methods.spp.extract import extract_keep
+
+    model = tiny_model(arch)
+    pruner = AutoPruner(copy.deepcopy(model), keep_teacher=False)
+    pruner.prune(SPPConfig(pruning_ratio=0.3, fold_masks=True, **FAST), calibration=calibration_ids())
+    spec, config = get_spec(model), SPPConfig(pruning_ratio=0.3, **FAST)
+    keep, _ = extract_keep(pruner.solution_path, model, spec, config)
+    views, units = search_views(model, spec, config)
+    masks = SearchMasks(units)
+    masks.set_binary_(keep)
+    with torch.no_grad():
+        for i, kind, p in masks.items():
+            p.mul_(pruner.solution_path.stats[(i, kind)]["mask"])
+    assert any(not torch.all(p == p.round()) for _, _, p in masks.items())  # real mask values, not 0/1
+    with attach_masks(views, spec, masks):
+        masked = logits(model)
+    torch.testing.assert_close(logits(pruner.model), masked, rtol=1e-4, atol=1e-4)  # products in another order
+
+
+def test_one_search_a_family_that_reloads_exactly(tmp_path):
+    model = tiny_model("llama_gqa")
+    dense = logits(model)
+    pruner = AutoPruner(model, keep_teacher=False)
+    path = pruner.search(SPPConfig(**FAST), calibration=calibration_ids())
+    torch.testing.assert_close(logits(model), dense, rtol=0, atol=0)  # the search changed nothing
+    assert not any(p.requires_grad is False for p in model.parameters())
+    saved = path.save_pretrained(tmp_path / "path")
+    assert sorted(p.name for p in saved.iterdir()) == ["solution_path.json", "solution_path.safetensors"]
+    assert sum(p.stat().st_size for p in saved.iterdir()) < 64_000  # statistics, not weights
+    loaded = SolutionPath.from_pretrained(saved)
+    assert loaded.steps == FAST["steps"] and loaded.entered_fraction() == path.entered_fraction() > 0.9
+    entries = torch.cat([s["entry"] for s in loaded.stats.values()])
+    assert len(entries.unique()) > 3  # units entered at different steps
+    params = []
+    for ratio in (0.1, 0.2, 0.3):
+        member = copy.deepcopy(model)
+        rep = prune_(member, SPPConfig(pruning_ratio=ratio, solution_path=str(saved), **FAST))  # no calibration
+        assert abs(rep.measured - ratio) < 0.03 and rep.calibration is None and not rep.info["searched"]
+        params.append(rep.params_after)
+        save_pruned(member, tmp_path / f"out{ratio}")
+        cfg = json.loads((tmp_path / f"out{ratio}" / "config.json").read_text())
+        assert cfg["model_type"] == "optimum_pruned_llama" and any("qk_head_dim" in x for x in cfg["pruned_layers"])
+        for impl in ("eager", "sdpa"):
+            reloaded = AutoPrunedModelForCausalLM.from_pretrained(tmp_path / f"out{ratio}", attn_implementation=impl)
+            torch.testing.assert_close(logits(reloaded), logits(member), rtol=0 if impl == "eager" else 1e-5,
+                                       atol=0 if impl == "eager" else 1e-5)  # fmt: skip
+    assert params[0] > params[1] > params[2]
+    # search + extract in one call picks the same structure as extraction from the saved path
+    once = copy.deepcopy(model)
+    prune_(once, SPPConfig(pruning_ratio=0.2, **FAST), calibration_ids())
+    torch.testing.assert_close(logits(once), logits(AutoPrunedModelForCausalLM.from_pretrained(tmp_path / "out0.2")))
+
+
+def test_generation_with_cache_and_reduced_scale(tmp_path):
+    model = tiny_model("qwen3")  # per-head q/k norms
+    prune_(model, SPPConfig(pruning_ratio=0.3, attention_scale="reduced", **FAST), calibration_ids())
+    attn = model.model.layers[0].self_attn
+    assert attn.scaling == pytest.approx(attn.qk_head_dim**-0.5)
+    ids = calibration_ids(1, 6, seed=5)
+    out = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        assert int(model(out[:, :-1], use_cache=False).logits[0, -1].argmax()) == int(out[0, -1])
+    save_pruned(model, tmp_path / "out")
+    reloaded = AutoPrunedModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager")
+    assert reloaded.model.layers[0].self_attn.scaling == attn.scaling
+    torch.testing.assert_close(logits(reloaded), logits(model), rtol=0, atol=0)
+
+
+def test_mlp_only_uniform_family_member_loads_with_stock_transformers(tmp_path):
+    model = tiny_model("llama")
+    prune_(model, SPPConfig(pruning_ratio=0.2, prune_attention=False, allocation="uniform", **FAST), calibration_ids())
+    save_pruned(model, tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "llama"
+
+
+def test_bad_paths_ratios_and_configs_fail_before_anything_changes(tmp_path):
+    model = tiny_model("llama")
+    short_cfg = {**FAST, "steps": 4}
+    short = AutoPruner(model, keep_teacher=False).search(SPPConfig(**short_cfg), calibration_ids())
+    assert short.entered_fraction() < 0.5
+    where = str(short.save_pretrained(tmp_path / "short"))
+    files = {p.name: p.read_bytes() for p in (tmp_path / "short").iterdir()}
+    snap = _state(model)
+    cases = [
+        (SPPConfig(pruning_ratio=0.1, solution_path=where, **short_cfg), "below what this solution path covers"),
+        (SPPConfig(pruning_ratio=0.1, solution_path=where, **FAST), "steps=10 but the solution path was searched"),
+        (SPPConfig(pruning_ratio=0.95, solution_path=where, **short_cfg, extrapolate=True), "cannot be reached"),
+        (SPPConfig(solution_path=str(tmp_path / "nowhere")), "not a saved solution path"),
+        (SPPConfig(solution_path=where, prune_attention=False, prune_mlp=True, skip_layers=(0,)), None),
+    ]
+    for config, message in cases[:-1]:
+        with pytest.raises((SolutionPathError, FileNotFoundError), match=message):
+            prune_(model, config)
+    with pytest.raises(SolutionPathError, match="other weights"):
+        prune_(tiny_model("llama", seed=1), SPPConfig(pruning_ratio=0.5, solution_path=where))
+    with pytest.raises(SolutionPathError, match="llama model with 3 layers"):
+        prune_(tiny_model("opt"), SPPConfig(pruning_ratio=0.5, solution_path=where))
+    mlp_path = AutoPruner(model, keep_teacher=False).search(
+        SPPConfig(prune_attention=False, **FAST), calibration_ids()
+    )
+    with pytest.raises(SolutionPathError, match="no attention units"):
+        prune_(model, SPPConfig(solution_path=str(mlp_path.save_pretrained(tmp_path / "mlp")), **FAST))
+    assert all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
+    rep = prune_(model, SPPConfig(pruning_ratio=0.1, solution_path=where, extrapolate=True, **short_cfg))
+    assert abs(rep.measured - 0.1) < 0.03  # units that never entered, ranked by Z
+    assert {p.name: p.read_bytes() for p in (tmp_path / "short").iterdir()} == files
+
+
+def test_nan_loss_stops_the_search_and_leaves_the_model_as_it_was():
+    model = tiny_model("llama")
+    with torch.no_grad():
+        model.model.embed_tokens.weight[calibration_ids()[0, 0]] = float("nan")
+    snap = _state(model)
+    with pytest.raises(SPPSearchError, match="NaN|nan"):
+        prune_(model, SPPConfig(pruning_ratio=0.3, **FAST), calibration_ids())
+    state = model.state_dict()
+    assert state.keys() == snap.keys() and all(
+        torch.equal(
+            state[k],
+            v,
+        )
+        or torch.isnan(v).any()
+        for k, v in snap.items()
+    )
+    assert all(p.requires_grad for p in model.parameters()) and not model.training
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def test_pruned_head_dims_refused_by_head_pruning_and_gguf_export():
+    from optimum_prune.export.gguf import GGUFExportError, gguf_layout
+
+    model = tiny_model("llama")
+    prune_(model, SPPConfig(pruning_ratio=0.3, **FAST), calibration_ids())
+    with pytest.raises(ValueError, match="pruned q/k or v/o head dimensions"):
+        prune_(model, NumericalPruningConfig(pruning_ratio=0.2, round_to=1), calibration_ids())
+    prune_(model, NumericalPruningConfig(pruning_ratio=0.1, round_to=1, prune_attention=False), calibration_ids())
+    with pytest.raises(GGUFExportError, match="head dimensions"):
+        gguf_layout(model)  # what export_gguf checks before it writes anything
