@@ -11,7 +11,7 @@ from torch import nn
 
 from .modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
 
-__all__ = ["PruningReport", "layer_table", "count_parameters", "linear_sparsity"]
+__all__ = ["PruningReport", "layer_table", "layer_row", "count_parameters", "linear_sparsity"]
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -19,23 +19,21 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
+def layer_row(layer: nn.Module, index: int, spec: ArchitectureSpec, config) -> dict[str, Any]:
+    """One decoder layer's heads, KV heads, head_dim, intermediate size, and which projections carry a bias."""
+    v = layer_view(layer, index, spec, config)
+    return {
+        "num_attention_heads": v.num_heads,
+        "num_key_value_heads": v.num_kv_heads,
+        "head_dim": v.head_dim,
+        "intermediate_size": v.intermediate_size,
+        "biases": sorted(p for p in spec.linear_paths if getattr(layer.get_submodule(p), "bias", None) is not None),
+    }
+
+
 def layer_table(model: nn.Module, spec: ArchitectureSpec) -> list[dict[str, Any]]:
-    """Per decoder layer: heads, KV heads, head_dim, intermediate size, and which projections carry a bias."""
-    rows = []
-    for i, layer in enumerate(get_layers(model, spec)):
-        v = layer_view(layer, i, spec, model.config)
-        rows.append(
-            {
-                "num_attention_heads": v.num_heads,
-                "num_key_value_heads": v.num_kv_heads,
-                "head_dim": v.head_dim,
-                "intermediate_size": v.intermediate_size,
-                "biases": sorted(
-                    p for p in spec.linear_paths if getattr(layer.get_submodule(p), "bias", None) is not None
-                ),
-            }
-        )
-    return rows
+    """`layer_row` of every decoder layer."""
+    return [layer_row(layer, i, spec, model.config) for i, layer in enumerate(get_layers(model, spec))]
 
 
 def linear_sparsity(model: nn.Module, spec: ArchitectureSpec) -> dict[str, float]:

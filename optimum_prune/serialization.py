@@ -33,6 +33,7 @@ from .modeling.architectures import ArchitectureSpec, get_spec
 from .modeling.auto_classes import pruned_classes
 from .prune import HISTORY_ATTR
 from .report import layer_table
+from .streaming import get_store
 from .version import __version__
 
 __all__ = ["save_pruned", "load_pruned_model", "export_config", "strip_gguf_quantizer_"]
@@ -239,13 +240,18 @@ def _save(model, target, where, tokenizer, max_shard_size, model_card, peft_mode
     config, extra = export_config(model, spec)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=where))
     try:
-        state = {**model.state_dict(), **extra}
-        quantizer = getattr(model, "hf_quantizer", None)
-        model.hf_quantizer = None  # GGUF-loaded weights are already dequantized tensors
-        try:
-            model.save_pretrained(tmp, state_dict=state, max_shard_size=max_shard_size)
-        finally:
-            model.hf_quantizer = quantizer
+        if get_store(model) is not None:  # low-memory model: its blocks are on disk, written shard by shard
+            from .sharded import save_streamed_
+
+            save_streamed_(model, spec, tmp, extra)
+        else:
+            state = {**model.state_dict(), **extra}
+            quantizer = getattr(model, "hf_quantizer", None)
+            model.hf_quantizer = None  # GGUF-loaded weights are already dequantized tensors
+            try:
+                model.save_pretrained(tmp, state_dict=state, max_shard_size=max_shard_size)
+            finally:
+                model.hf_quantizer = quantizer
         config.save_pretrained(tmp)  # replaces config.json with the exported config
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
