@@ -24,8 +24,10 @@ __all__ = [
     "local_samples",
     "all_reduce_sum_",
     "all_gather_objects",
+    "gather_chunks",
     "barrier",
     "broadcast_object",
+    "shutdown",
 ]
 
 logger = logging.getLogger(__name__)
@@ -33,6 +35,7 @@ logger = logging.getLogger(__name__)
 # How long a rank waits for the others in a collective before failing (a rank that died: the launcher normally
 # stops every rank at once; this bounds the wait when it does not). OPTIMUM_PRUNE_DIST_TIMEOUT overrides it.
 DEFAULT_TIMEOUT_S = 1800
+_OWNED = False  # the process group was created by `init_from_env`
 
 
 def _dist():
@@ -78,6 +81,8 @@ def init_from_env() -> bool:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     timeout = timedelta(seconds=float(os.environ.get("OPTIMUM_PRUNE_DIST_TIMEOUT", DEFAULT_TIMEOUT_S)))
     dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=timeout)
+    global _OWNED
+    _OWNED = True
     logger.info("rank %d of %d joined the process group (%s)", rank(), world_size(), dist.get_backend())
     return world_size() > 1
 
@@ -125,6 +130,27 @@ def all_gather_objects(obj: Any) -> list[Any]:
     return out
 
 
+def gather_chunks(chunks: list) -> list:
+    """Every rank's list of per-chunk items (tensors, tuples of tensors, `None`), concatenated in rank order: the
+    inputs of all calibration samples on every rank, for a method that needs them all (AMP's descent). Identity in
+    one process."""
+    if world_size() == 1:
+        return chunks
+    from .calibration.sequential import move_to
+
+    device = next((t.device for t in _tensors(chunks)), torch.device("cpu"))
+    gathered = all_gather_objects(move_to(chunks, "cpu"))
+    return [move_to(item, device) for part in gathered for item in part]
+
+
+def _tensors(obj: Any):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _tensors(o)
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank `src`'s `obj` on every rank."""
     d = _dist()
@@ -133,6 +159,15 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     box = [obj]
     d.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def shutdown() -> None:
+    """Leave the process group joined by `init_from_env` (one the caller created is left alone)."""
+    global _OWNED
+    d = _dist()
+    if d is not None and _OWNED:
+        d.destroy_process_group()
+        _OWNED = False
 
 
 def barrier() -> None:

@@ -29,6 +29,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from .constants import FINETUNE_ATTR, FORMAT_VERSION, PRUNED_MODEL_TYPE_PREFIX, PRUNING_CONFIG_NAME
+from .distributed import barrier, is_main_process
 from .modeling.architectures import ArchitectureSpec, get_spec
 from .modeling.auto_classes import pruned_classes
 from .prune import HISTORY_ATTR
@@ -222,6 +223,16 @@ def save_pruned(
     `adapter/`.
     """
     target = Path(save_directory).absolute()
+    if not is_main_process():  # data-parallel run: every rank holds the same model, rank 0 writes it
+        barrier()
+        return target
+    try:
+        return _save_checked(model, target, tokenizer, overwrite, max_shard_size, model_card)
+    finally:
+        barrier()
+
+
+def _save_checked(model, target: Path, tokenizer, overwrite, max_shard_size, model_card) -> Path:
     where = _check_target(target, overwrite)
     with contextlib.ExitStack() as stack:
         peft_model, adapter = None, None
