@@ -92,8 +92,8 @@ class RunCheckpoint:
 
     Args:
         directory (`str | os.PathLike`): created if absent; an existing one must hold the same run.
-        fingerprint (`dict`): `{"model": ..., "run": ...}` of this run; any difference with the recorded one is an
-            error that says what differs.
+        fingerprint (`dict`): `{"model": ..., "run": ..., "processes": ...}` of this run; a difference in `model` or
+            `run` with the recorded one is an error that says what differs (in `processes`: a warning).
     """
 
     def __init__(self, directory: str | os.PathLike, fingerprint: dict) -> None:
@@ -137,10 +137,15 @@ class RunCheckpoint:
             ) from e
         diffs = [
             f"{part}.{key}: recorded {recorded.get(part, {}).get(key)!r}, now {value!r}"
-            for part in ("model", "run")
+            for part in ("model", "run", "processes")
             for key, value in self.fingerprint.get(part, {}).items()
             if recorded.get(part, {}).get(key) != value
         ]
+        soft = [d for d in diffs if d.startswith("processes.")]
+        if soft:  # e.g. resumed with fewer processes after a node died: same result to float tolerance
+            logger.warning("checkpoint %s was started with other processes (%s); the blocks finished then are kept "
+                           "(the result equals a single run's to float tolerance).", self.directory, "; ".join(soft))  # fmt: skip
+        diffs = [d for d in diffs if d not in soft]
         if diffs:
             what = "model" if any(d.startswith("model.") for d in diffs) else "configuration or calibration data"
             raise ValueError(

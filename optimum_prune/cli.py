@@ -321,7 +321,9 @@ def add_prune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", "-o", required=True, help="output directory")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     p.add_argument("--report", help="write the full PruningReport JSON here")
-    scale = p.add_argument_group("large models (also under `torchrun` / `accelerate launch`: data-parallel calibration)")
+    scale = p.add_argument_group(
+        "large models (also under `torchrun` / `accelerate launch`: data-parallel calibration)"
+    )
     scale.add_argument(
         "--low-memory",
         action="store_true",
@@ -428,13 +430,15 @@ def run_command(command: str, args: argparse.Namespace, prog: str = PROG) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .distributed import initialized, shutdown
+
     args = build_parser().parse_args(argv)
+    joined = not initialized()  # a process group the command joins (torchrun, accelerate launch) is left at the end
     try:
         return run_command(args.command, args)
     finally:
-        from .distributed import shutdown
-
-        shutdown()
+        if joined:
+            shutdown()
 
 
 if __name__ == "__main__":

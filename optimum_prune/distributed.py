@@ -28,6 +28,7 @@ __all__ = [
     "barrier",
     "broadcast_object",
     "shutdown",
+    "initialized",
 ]
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,6 @@ logger = logging.getLogger(__name__)
 # How long a rank waits for the others in a collective before failing (a rank that died: the launcher normally
 # stops every rank at once; this bounds the wait when it does not). OPTIMUM_PRUNE_DIST_TIMEOUT overrides it.
 DEFAULT_TIMEOUT_S = 1800
-_OWNED = False  # the process group was created by `init_from_env`
 
 
 def _dist():
@@ -81,8 +81,6 @@ def init_from_env() -> bool:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     timeout = timedelta(seconds=float(os.environ.get("OPTIMUM_PRUNE_DIST_TIMEOUT", DEFAULT_TIMEOUT_S)))
     dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=timeout)
-    global _OWNED
-    _OWNED = True
     logger.info("rank %d of %d joined the process group (%s)", rank(), world_size(), dist.get_backend())
     return world_size() > 1
 
@@ -161,13 +159,15 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
+def initialized() -> bool:
+    return _dist() is not None
+
+
 def shutdown() -> None:
-    """Leave the process group joined by `init_from_env` (one the caller created is left alone)."""
-    global _OWNED
+    """Leave the process group (no-op when none)."""
     d = _dist()
-    if d is not None and _OWNED:
+    if d is not None:
         d.destroy_process_group()
-        _OWNED = False
 
 
 def barrier() -> None:

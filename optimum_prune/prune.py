@@ -109,7 +109,9 @@ def compute_plan(model: nn.Module, config: PruningConfig, calibration: Any = Non
     device = kwargs.get("device")
     with torch.no_grad(), open_session(model, spec, configs=[config], ids=ids, batch_size=bs, device=device) as sess:
         with sess.stage(0):
-            return spec, pruner.compute_plan(model, spec, runner_factory(model, spec, ids, bs, device, sess.activations))
+            return spec, pruner.compute_plan(
+                model, spec, runner_factory(model, spec, ids, bs, device, sess.activations)
+            )
 
 
 def prune_(
@@ -163,8 +165,16 @@ def prune_(
     model.eval()
     with (
         torch.no_grad(),
-        open_session(model, spec, configs=[config], ids=ids, batch_size=bs, device=device,
-                     checkpoint_dir=checkpoint_dir, activation_memory=activation_memory) as sess,  # fmt: skip
+        open_session(
+            model,
+            spec,
+            configs=[config],
+            ids=ids,
+            batch_size=bs,
+            device=device,
+            checkpoint_dir=checkpoint_dir,
+            activation_memory=activation_memory,
+        ) as sess,  # fmt: skip
     ):
         with sess.stage(0):
             plan = sess.completed_plan()

@@ -118,8 +118,16 @@ def prune_recipe_(
     model.eval()
     with (
         torch.no_grad(),
-        open_session(model, spec, configs=list(configs), ids=ids, batch_size=bs, device=device,
-                     checkpoint_dir=checkpoint_dir, activation_memory=activation_memory) as sess,  # fmt: skip
+        open_session(
+            model,
+            spec,
+            configs=list(configs),
+            ids=ids,
+            batch_size=bs,
+            device=device,
+            checkpoint_dir=checkpoint_dir,
+            activation_memory=activation_memory,
+        ) as sess,  # fmt: skip
     ):
         runner = runner_factory(model, spec, ids, bs, device, sess.activations)
         structured = [k for k, p in enumerate(pruners) if p.is_structured]

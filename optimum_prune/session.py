@@ -314,10 +314,9 @@ def _fingerprint(model, spec, configs, ids, batch_size, device) -> dict:
         "calibration_sha256": None if ids is None else hashlib.sha256(ids.numpy().tobytes()).hexdigest(),
         "calibration_shape": None if ids is None else list(ids.shape),
         "batch_size": None if ids is None else batch_size,
-        "world_size": world_size(),
-        "device": None if device is None else torch.device(device).type,
     }
-    return {"model": model_fp, "run": run}
+    processes = {"world_size": world_size(), "device": None if device is None else torch.device(device).type}
+    return {"model": model_fp, "run": run, "processes": processes}
 
 
 @contextlib.contextmanager

@@ -77,8 +77,9 @@ class SafetensorsSource:
             with open(d / _INDEX, encoding="utf-8") as f:
                 self.files = {k: d / v for k, v in json.load(f)["weight_map"].items()}
         elif (d / "model.safetensors").is_file():
-            with safe_open(str(d / "model.safetensors"), "pt") as f:
-                self.files = dict.fromkeys(f.keys(), d / "model.safetensors")
+            self.files = dict.fromkeys(
+                _open(d / "model.safetensors", lambda f: list(f.keys())), d / "model.safetensors"
+            )
         elif any(d.glob("*.gguf")):
             raise _gguf_error(next(d.glob("*.gguf")))
         else:
@@ -90,12 +91,13 @@ class SafetensorsSource:
             )
         missing = sorted({str(p.name) for p in self.files.values() if not p.is_file()})
         if missing:
-            raise FileNotFoundError(f"{d} is incomplete: shard(s) {', '.join(missing)} listed in its index are missing.")
+            raise FileNotFoundError(
+                f"{d} is incomplete: shard(s) {', '.join(missing)} listed in its index are missing."
+            )
 
     def header(self, name: str) -> tuple[torch.dtype | None, list[int]]:
-        with safe_open(str(self.files[name]), "pt") as f:
-            s = f.get_slice(name)
-            return _DTYPES.get(s.get_dtype()), list(s.get_shape())
+        s = _open(self.files[name], lambda f: f.get_slice(name))
+        return _DTYPES.get(s.get_dtype()), list(s.get_shape())
 
     def float_dtype(self) -> torch.dtype | None:
         """The dtype of the first floating-point tensor (what `from_pretrained(dtype="auto")` would load)."""
@@ -116,13 +118,18 @@ class SafetensorsSource:
         return out
 
 
-def read_tensors(file: Path, names: list[str] | None = None) -> dict[str, torch.Tensor]:
-    """Tensors of one safetensors file (memory-mapped); a truncated or corrupt file raises a clear error."""
+def _open(file: Path, read):
+    """`read(handle)` on an open safetensors file; a truncated or corrupt file raises a clear `OSError`."""
     try:
         with safe_open(str(file), "pt") as f:
-            return {n: f.get_tensor(n) for n in (names if names is not None else f.keys())}
+            return read(f)
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for damaged files
         raise OSError(f"Cannot read {file}: {e}. The file is damaged or incomplete.") from e
+
+
+def read_tensors(file: Path, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """Tensors of one safetensors file (memory-mapped)."""
+    return _open(file, lambda f: {n: f.get_tensor(n) for n in (names if names is not None else f.keys())})
 
 
 def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
@@ -390,7 +397,9 @@ def memory_needed(model: nn.Module, spec: ArchitectureSpec, calibrated: bool) ->
         if id(t) not in seen and t.device.type != "meta":
             seen.add(id(t))
             resident += t.numel() * t.element_size()
-    widest = max(max(layer.get_submodule(p).weight.shape) for layer in get_layers(model, spec) for p in spec.linear_paths)
+    widest = max(
+        max(layer.get_submodule(p).weight.shape) for layer in get_layers(model, spec) for p in spec.linear_paths
+    )
     return {
         "resident": resident,
         "blocks": 2 * store.block_bytes(),

@@ -239,7 +239,9 @@ def layerwise_pass(
                 view = layer_view(layer, i, spec, model.config)
                 paths = {t.path for p in pruners for t in p.targets}
                 if not sess.streaming:  # a low-memory block is written elsewhere: its source needs no undo
-                    backup += [(view.module(path), view.module(path).weight.detach().clone()) for path in sorted(paths)]
+                    backup += [
+                        (view.module(path), view.module(path).weight.detach().clone()) for path in sorted(paths)
+                    ]
                 dense = copy.deepcopy(layer) if (want_copy and run is not None) else None
                 info: dict = {}
                 for k, p in enumerate(pruners):
