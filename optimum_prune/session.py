@@ -140,6 +140,9 @@ class PruneSession(NullSession):
         self.streaming = self.store is not None
         self.num_layers = len(get_layers(model, spec))
         self.stage_index = -1
+        # low-memory: versions of the blocks are numbered across `prune_` calls on the same model (a second call
+        # starts from the blocks the first one wrote); the checkpoint numbers the stages of this call
+        self._base = 1 + max((max(v) for v in self.store.versions), default=-1) if self.streaming else 0
         self.records: dict[int, dict] = {}
         self._pending: set[int] = set()  # in memory: finished blocks restored from the checkpoint at the stage's end
 
@@ -149,13 +152,13 @@ class PruneSession(NullSession):
         """One pruning stage (one config of a recipe): its finished blocks are read from the checkpoint; on success,
         in memory, they are restored into the model at the end; on failure, a low-memory model's blocks go back to
         their version before the stage (the checkpoint keeps what was finished, for a rerun)."""
-        self.stage_index = k
+        self.stage_index, self.version = k, self._base + k
         records = self.checkpoint.finished(k, self.num_layers) if self.checkpoint is not None else {}
         self.records = broadcast_object(records)
         changed = {i for i, rec in self.records.items() if rec.get("bytes") is not None}
         if self.streaming:
             for i in changed:
-                self.store.record(i, k, self.checkpoint.block_file(k, i), self.records[i]["shapes"])
+                self.store.record(i, self.version, self.checkpoint.block_file(k, i), self.records[i]["shapes"])
         else:
             self._pending = changed
         if self.records:
@@ -165,7 +168,7 @@ class PruneSession(NullSession):
             yield self
         except BaseException:
             if self.streaming:
-                self.store.forget(k)
+                self.store.forget(self.version)
             raise
         for i in sorted(self._pending):
             self._restore(get_layers(self.model, self.spec)[i], i)
@@ -195,6 +198,7 @@ class PruneSession(NullSession):
         out = super().summary()
         if self.streaming:
             out["low_memory"] = True
+            out["block_io"] = dict(self.store.io)
         if self.checkpoint is not None:
             out["checkpoint_dir"] = str(self.checkpoint.directory)
         return out
@@ -215,7 +219,7 @@ class PruneSession(NullSession):
         if not self.streaming:
             yield
             return
-        self.store.load(i, self.stage_index - 1 if which == "input" else self.stage_index)
+        self.store.load(i, self.version - 1 if which == "input" else self.version)
         try:
             yield
         finally:
@@ -265,9 +269,10 @@ class PruneSession(NullSession):
                 path = None
         if self.streaming and tensors is not None:
             if path is None:
-                path = self.store.work_dir() / f"stage{self.stage_index}_block{i:05d}.safetensors"
+                path = self.store.work_dir() / f"version{self.version}_block{i:05d}.safetensors"
                 write_safetensors(tensors, path)
-            self.store.record(i, self.stage_index, path, shapes)
+            self.store.record(i, self.version, path, shapes)
+            self.store.io["bytes_written"] += sum(t.numel() * t.element_size() for t in tensors.values())
 
     # ------------------------------------------------------------------------------------- structured stages
     def cached_scores(self, i: int) -> tuple | None:

@@ -207,6 +207,7 @@ class LayerStore:
             {SOURCE: (None, layer_row(layer, i, spec, model.config))} for i, layer in enumerate(layers)
         ]
         self.loaded: dict[int, int] = {}  # resident block -> the stage of its version
+        self.io = {"blocks_loaded": 0, "bytes_read": 0, "bytes_written": 0}  # logical traffic of the blocks
         self.checked: set[int] = set()  # source blocks whose weights were checked finite
         self._work: Path | None = None
         self.work_parent: Path | None = None
@@ -267,6 +268,8 @@ class LayerStore:
         else:
             load_block_(layer, i, self.spec, self.model.config, path, shapes, self.device, self.dtype)
         self.loaded[i] = version
+        self.io["blocks_loaded"] += 1
+        self.io["bytes_read"] += sum(t.numel() * t.element_size() for t in layer.state_dict().values())
         if path is None and i not in self.checked:
             _check_finite(layer, i, self.spec)
             self.checked.add(i)

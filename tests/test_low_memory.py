@@ -133,3 +133,17 @@ def test_a_model_too_large_even_for_low_memory_fails_before_any_work(tmp_path, m
         pruner.prune(SparseGPTConfig(), calibration=calibration_ids(4, 8))
     with pytest.raises(RuntimeError, match="low_memory=True"):  # and it says why it cannot run a forward
         pruner.model(input_ids=calibration_ids(1, 4))
+
+
+def test_two_prune_calls_on_one_low_memory_model(tmp_path):
+    """The second call starts from the blocks the first one wrote, as it would in memory."""
+    src = write_checkpoint(tmp_path / "src")
+    ids = calibration_ids(8, 16)
+    states = []
+    for low in (False, True):
+        pruner = AutoPruner.from_pretrained(src, low_memory=low)
+        pruner.prune(FLAPConfig(**NP), calibration=ids)
+        pruner.prune(WandaConfig(sparsity=0.5), calibration=ids)
+        pruner.save_pretrained(tmp_path / str(low), model_card=False)
+        states.append(saved_state(tmp_path / str(low)))
+    assert_same_state(*states)
