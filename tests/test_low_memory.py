@@ -147,3 +147,13 @@ def test_two_prune_calls_on_one_low_memory_model(tmp_path):
         pruner.save_pretrained(tmp_path / str(low), model_card=False)
         states.append(saved_state(tmp_path / str(low)))
     assert_same_state(*states)
+
+
+def test_cli_low_memory_on_a_gguf_file_says_how_to_convert(tmp_path, capsys):
+    from optimum_prune.cli import main
+
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    argv = ["prune", str(tmp_path / "m.gguf"), "--method", "magnitude", "--ratio", "0.2", "--low-memory", "-o"]
+    assert main([*argv, str(tmp_path / "out")]) == 2
+    assert "Convert it once to safetensors" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
