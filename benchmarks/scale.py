@@ -254,7 +254,10 @@ def calibration_ids(work: Path, model: str) -> Path:
     return path
 
 
-def run_one(name: str, work: Path, models: dict[str, Path]) -> dict:
+def run_one(name: str, work: Path, models: dict[str, Path]) -> dict | None:
+    """One measured run in a fresh process (or `torchrun`), holding the timing lock; `None` when skipped."""
+    from optimum_prune.memory import available_memory
+
     model, low, config, procs = RUNS[name]
     out = work / "out" / name
     spec = {"model": str(models[model]), "low_memory": low, "config": config, "ids": str(calibration_ids(work, model)),
@@ -266,12 +269,17 @@ def run_one(name: str, work: Path, models: dict[str, Path]) -> dict:
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs), "--master_port", "29617", *me]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": str(2 // procs)}
     with timing_lock():
+        need = (2 * sum(f.stat().st_size for f in models[model].glob("*.safetensors")) + 2e9) * (not low) + 2e9
+        free = available_memory()
+        if free is not None and free < need:  # this machine is shared: never risk the OOM killer
+            print(f"   skipped: {free / 1e9:.1f} GB available, {need / 1e9:.1f} GB wanted", file=sys.stderr)
+            return None
         load = os.getloadavg()
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
     if proc.returncode:
-        raise RuntimeError(f"{name} failed:\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"{name} failed (exit status {proc.returncode}):\n{proc.stderr[-4000:]}")
     ranks = [json.loads((work / f"{name}.rank{r}.json").read_text()) for r in range(procs)]
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
     shutil.rmtree(out, ignore_errors=True)
@@ -315,7 +323,83 @@ def markdown(results: dict) -> str:
             f"| {_gb(anon)} | {_gb(loaded)} | {prune:.1f} | {save:.1f} | {r['wall_seconds']:.1f} | {_gb(written)} "
             f"| {_gb(bio.get('bytes_read', 0))} | {_gb(spilled)} | {r['loadavg_before'][0]:.1f} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + estimates(results)) + "\n"
+
+
+# Shapes for the estimates: hidden, MLP width, blocks, query heads, KV heads, vocabulary, tied embeddings
+TARGETS = {
+    "Llama-2-7B": (4096, 11008, 32, 32, 32, 32000, False),
+    "Llama-2-13B": (5120, 13824, 40, 40, 40, 32000, False),
+    "Llama-3-70B": (8192, 28672, 80, 64, 8, 128256, False),
+}
+EST_TOKENS = (128, 2048)  # calibration windows x tokens of the estimates (the papers' setting)
+
+
+def _shape_bytes(hidden, mlp, layers, heads, kv, vocab, tied, elsize=2) -> dict[str, int]:
+    d = hidden // heads
+    block = 2 * hidden * hidden + 2 * hidden * kv * d + 3 * hidden * mlp + 2 * hidden  # projections + norms
+    return {"block": block * elsize, "embeddings": vocab * hidden * elsize, "gram": 4 * max(hidden, mlp) ** 2,
+            "params": layers * block + vocab * hidden * (1 if tied else 2), "hidden": hidden}  # fmt: skip
+
+
+def per_block_factors(results: dict) -> dict[str, dict]:
+    """From the big model's low-memory runs: peak − (memory after loading) − activations, in blocks (Wanda: no
+    matrices) and, beyond that, in input Grams of the widest projection (Numerical Pruning's statistics)."""
+    r = results["runs"]
+    big = _shape_bytes(*[BIG[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                          "num_attention_heads", "num_key_value_heads")], 49152, False)  # fmt: skip
+    n, seq = CALIB["big"]
+    acts = 2 * n * seq * big["hidden"] * 2  # two bf16 copies between blocks
+
+    def overhead(name: str) -> float:
+        x = r[name]["ranks"][0]
+        return x["peak_rss_bytes"] - x["rss_after_load_bytes"]["VmRSS"] - acts
+
+    out = {}
+    if "big-low-wanda" in r:
+        out["wanda"] = {"blocks": overhead("big-low-wanda") / big["block"], "grams": 0.0}
+    if "big-low-np" in r and "wanda" in out:
+        grams = (overhead("big-low-np") - out["wanda"]["blocks"] * big["block"]) / big["gram"]
+        out["numerical"] = {"blocks": out["wanda"]["blocks"], "grams": grams}
+    return out
+
+
+def estimates(results: dict) -> list[str]:
+    factors = per_block_factors(results)
+    if not factors:
+        return []
+    base = results["runs"]["big-low-wanda"]["ranks"][0]["rss_after_import_bytes"]
+    lines = [
+        "",
+        "## Estimated peak memory of a low-memory run (bf16 checkpoints)",
+        "",
+        f"Derived from the big model's runs above: after loading, a run holds the resident tensors (embeddings) plus "
+        f"{factors['wanda']['blocks']:.1f} block(s) (Wanda; the block, its unpruned copy, temporaries)"
+        + (
+            f" and, for Numerical Pruning, {factors['numerical']['grams']:.1f}× the fp32 Gram of the widest input "
+            "(its float64 solves)"
+            if "numerical" in factors
+            else ""
+        )
+        + f", plus two copies of the calibration activations ({EST_TOKENS[0]} × {EST_TOKENS[1]} tokens here; beyond "
+        f"`activation_memory` they go to disk instead), on top of the process itself ({_gb(base)} GB: Python, torch, "
+        "transformers). The output head of an untied model stays on disk.",
+        "",
+        "| model | parameters | checkpoint GB | one block GB | embeddings GB | activations GB | "
+        + " | ".join(f"{m} peak GB (without activations)" for m in factors)
+        + " |",
+        "|---|---:|---:|---:|---:|---:|" + "---:|" * len(factors),
+    ]
+    for name, shape in TARGETS.items():
+        b = _shape_bytes(*shape)
+        acts = 2 * EST_TOKENS[0] * EST_TOKENS[1] * b["hidden"] * 2
+        cells = []
+        for f in factors.values():
+            fixed = base + b["embeddings"] + f["blocks"] * b["block"] + f["grams"] * b["gram"]
+            cells.append(f"{_gb(fixed + acts)} ({_gb(fixed)})")
+        lines.append(f"| {name} | {b['params'] / 1e9:.1f} B | {_gb(2 * b['params'])} | {_gb(b['block'])} | "
+                     f"{_gb(b['embeddings'])} | {_gb(acts)} | " + " | ".join(cells) + " |")  # fmt: skip
+    return lines
 
 
 def main() -> None:
@@ -325,9 +409,14 @@ def main() -> None:
     parser.add_argument("--work-dir", default="/tmp/optimum_prune_scale", help="models and outputs (~5 GB)")
     parser.add_argument("--output", default=str(RESULTS), help="results prefix (.json / .md)")
     parser.add_argument("--force", action="store_true", help="re-run runs already in the results")
+    parser.add_argument("--markdown-only", action="store_true", help="rewrite the .md from the .json; run nothing")
     args = parser.parse_args()
     if args.child:
         return child(json.loads(Path(args.child).read_text()))
+    if args.markdown_only:
+        out = Path(args.output)
+        out.with_suffix(".md").write_text(markdown(json.loads(out.with_suffix(".json").read_text())))
+        return None
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     models = {m: (make_big if m == "big" else make_smollm2)(work / m) for m in {RUNS[r][0] for r in args.runs}}
@@ -341,7 +430,10 @@ def main() -> None:
         if name in results["runs"] and not args.force:
             continue
         print(f"== {name}", file=sys.stderr, flush=True)
-        results["runs"][name] = run_one(name, work, models)
+        result = run_one(name, work, models)
+        if result is None:
+            continue
+        results["runs"][name] = result
         results["date"] = datetime.datetime.now().isoformat(timespec="seconds")
         out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
         out.with_suffix(".md").write_text(markdown(results))

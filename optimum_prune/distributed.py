@@ -58,29 +58,31 @@ def is_main_process() -> bool:
     return rank() == 0
 
 
-def init_from_env() -> bool:
-    """Join the process group described by the launcher's environment (`torchrun`, `accelerate launch`), once.
+_SIZE_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")  # torchrun, MPI flavours
 
-    Returns whether this process is part of a group of several. The backend is nccl when CUDA is available (each
-    rank on GPU `LOCAL_RANK`), else gloo.
+
+def init_from_env() -> bool:
+    """Join the process group described by the launcher's environment, once: `torchrun`, `accelerate launch`
+    (torchrun underneath on GPUs, `mpirun` for several CPU processes), or `mpirun`, through accelerate's
+    `PartialState`. Returns whether this process is part of a group of several.
+
+    The backend is nccl on GPUs (each rank on GPU `LOCAL_RANK`), gloo on CPU.
     """
     import torch.distributed as dist
 
     if _dist() is not None:
         return world_size() > 1
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not dist.is_available():
+    if max(int(os.environ.get(k, "1")) for k in _SIZE_VARS) <= 1 or not dist.is_available():
         return False
-    missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
-    if missing:
-        raise RuntimeError(
-            f"WORLD_SIZE={os.environ['WORLD_SIZE']} but {', '.join(missing)} is not set: start the processes with "
-            "`torchrun --nproc_per_node N ...` or `accelerate launch --num_processes N ...`."
-        )
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    from accelerate import PartialState
+
     timeout = timedelta(seconds=float(os.environ.get("OPTIMUM_PRUNE_DIST_TIMEOUT", DEFAULT_TIMEOUT_S)))
-    dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=timeout)
+    PartialState(timeout=timeout)
+    if _dist() is None:
+        raise RuntimeError(
+            "Several processes were launched but no torch.distributed group could be joined; start them with "
+            "`torchrun --nproc_per_node N ...` (or `accelerate launch` / `mpirun` with MASTER_ADDR and MASTER_PORT)."
+        )
     logger.info("rank %d of %d joined the process group (%s)", rank(), world_size(), dist.get_backend())
     return world_size() > 1
 

@@ -37,11 +37,12 @@ from torch import nn
 from .calibration.offload import ActivationBudget, parse_bytes
 from .checkpoint import RunCheckpoint, fingerprint_model
 from .distributed import broadcast_object, world_size
+from .memory import check_memory
 from .modeling.architectures import ArchitectureSpec, get_layers, layer_view
 from .modeling.surgery import apply_layer_plan_
 from .plan import LayerPlan, PruningPlan
 from .report import layer_row, layer_table
-from .streaming import check_memory, get_store, layer_prefix, load_block_, write_safetensors
+from .streaming import get_store, layer_prefix, load_block_, write_safetensors
 
 __all__ = ["NULL_SESSION", "PruneSession", "current_session", "open_session", "resident_blocks"]
 
