@@ -7,6 +7,7 @@ import copy
 import logging
 import os
 import types
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -116,6 +117,8 @@ class AutoPruner:
         tokenizer: Any = None,
         gguf_file: str | None = None,
         torch_dtype: Any = None,
+        low_memory: bool = False,
+        offload_dir: str | os.PathLike | None = None,
         **kwargs: Any,
     ) -> AutoPruner:
         """From a local path (or GGUF file in it) or an already loaded `PreTrainedModel`.
@@ -129,11 +132,20 @@ class AutoPruner:
                 processor for image models).
             gguf_file (`str | None`): GGUF file name inside the directory (dequantized on load).
             torch_dtype (`torch.dtype | str | None`): dtype to load in.
-            kwargs: passed to the Auto class's `from_pretrained`.
+            low_memory (`bool`, defaults to `False`): keep the decoder blocks on disk (a safetensors checkpoint,
+                memory-mapped) and bring one at a time into memory while pruning; `save_pretrained` then writes the
+                result shard by shard. For models larger than memory (see `optimum_prune.streaming`).
+            offload_dir (`str | os.PathLike | None`): low-memory: where pruned blocks (and spilled activations) are
+                written until the save (default: the `checkpoint_dir` of `prune`, else the system temporary
+                directory; it needs about the size of the pruned model, on the same file system as the output
+                to avoid copies).
+            kwargs: passed to the Auto class's `from_pretrained` (low-memory: to `from_config`).
         """
         if isinstance(model_or_path, nn.Module):
             strip_gguf_quantizer_(model_or_path)
             return cls(model_or_path, tokenizer)
+        if low_memory:
+            return cls._low_memory(model_or_path, tokenizer, gguf_file, torch_dtype, offload_dir, kwargs)
         model, tok = load_model_and_tokenizer(
             model_or_path, gguf_file=gguf_file, torch_dtype=torch_dtype, tokenizer=tokenizer, **kwargs
         )
@@ -142,12 +154,35 @@ class AutoPruner:
                           "kwargs": kwargs}  # fmt: skip
         return pruner
 
+    @classmethod
+    def _low_memory(cls, path, tokenizer, gguf_file, torch_dtype, offload_dir, kwargs) -> AutoPruner:
+        from transformers import AutoTokenizer
+
+        from .streaming import _gguf_error, get_store, load_low_memory
+
+        if gguf_file is not None:
+            raise _gguf_error(Path(path) / gguf_file)
+        model = load_low_memory(path, torch_dtype=_dtype(torch_dtype), **kwargs)
+        get_store(model).work_parent = Path(offload_dir) if offload_dir is not None else None
+        if tokenizer is None:
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(path)
+            except (OSError, ValueError) as e:
+                logger.warning("No tokenizer found at %s (%s); pass `tokenizer=` to use text calibration.", path, e)
+        pruner = cls(model, tokenizer)
+        pruner._source = {"path": os.fspath(path), "gguf_file": None, "torch_dtype": torch_dtype, "kwargs": kwargs}
+        return pruner
+
     def prune(
         self, config: PruningConfig | list[PruningConfig], calibration: Any = None, **kwargs: Any
     ) -> PruningReport:
-        """Run `prune_` on the model (a config, or a recipe: a list of configs); see `optimum_prune.prune_`."""
+        """Run `prune_` on the model (a config, or a recipe: a list of configs); see `optimum_prune.prune_` (e.g.
+        `checkpoint_dir=` to make the run resumable, `device=`, `activation_memory=`)."""
         if self.keep_teacher and self._source is None and self._teacher is None and not self.reports:
             self._keep_teacher_copy()
+        store = getattr(self.model, "_optimum_prune_store", None)
+        if store is not None and store.work_parent is None and kwargs.get("checkpoint_dir") is not None:
+            store.work_parent = Path(kwargs["checkpoint_dir"]).absolute().parent
         report = prune_(self.model, config, calibration, self.tokenizer, **kwargs)
         self.reports.append(report)
         self.solution_path = report.artifacts.get("solution_path", self.solution_path)

@@ -173,6 +173,7 @@ def _build_config(args: argparse.Namespace):
 def cmd_prune(args: argparse.Namespace) -> int:
     from .auto import AutoPruner
     from .config import CalibrationConfig
+    from .distributed import init_from_env, is_main_process
     from .registry import get_pruner_class
     from .serialization import check_output_dir
 
@@ -194,10 +195,19 @@ def cmd_prune(args: argparse.Namespace) -> int:
             seed=args.seed,
             batch_size=args.batch_size,
         )
-    model, tokenizer = _load(args.model, args.gguf_file, args.dtype)
-    pruner = AutoPruner(model, tokenizer)
-    report = pruner.prune(config, calibration=calibration)
+    distributed = init_from_env()
+    if args.low_memory:
+        location, gguf = _model_location(args.model, args.gguf_file)
+        pruner = AutoPruner.from_pretrained(location, gguf_file=gguf, torch_dtype=args.dtype, low_memory=True,
+                                            offload_dir=args.offload_dir)  # fmt: skip
+    else:
+        model, tokenizer = _load(args.model, args.gguf_file, args.dtype)
+        pruner = AutoPruner(model, tokenizer)
+    run = {k: getattr(args, k) for k in ("checkpoint_dir", "device", "activation_memory") if getattr(args, k)}
+    report = pruner.prune(config, calibration=calibration, **run)
     saved = pruner.save_pretrained(out, overwrite=args.overwrite)
+    if distributed and not is_main_process():
+        return 0  # rank 0 writes the report and prints the summary
     if args.report:
         report.to_json_file(args.report)
     drop = ("layers", "sparsity", "info", "calibration", "sections")
@@ -338,6 +348,23 @@ def add_prune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", "-o", required=True, help="output directory")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     p.add_argument("--report", help="write the full PruningReport JSON here")
+    scale = p.add_argument_group(
+        "large models (also under `torchrun` / `accelerate launch`: data-parallel calibration)"
+    )
+    scale.add_argument(
+        "--low-memory",
+        action="store_true",
+        help="keep the decoder blocks on disk (safetensors, memory-mapped) and prune one at a time; the output is "
+        "written shard by shard",
+    )
+    scale.add_argument(
+        "--checkpoint-dir", help="record finished blocks here; rerun the same command after a crash to resume"
+    )
+    scale.add_argument("--offload-dir", help="--low-memory: where pruned blocks wait for the save (default: temp dir)")
+    scale.add_argument("--device", help="where each block runs, e.g. cuda (default: where the model is)")
+    scale.add_argument(
+        "--activation-memory", help="memory for calibration activations between blocks, e.g. 4GB (beyond: disk)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -433,8 +460,15 @@ def run_command(command: str, args: argparse.Namespace, prog: str = PROG) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .distributed import initialized, shutdown
+
     args = build_parser().parse_args(argv)
-    return run_command(args.command, args)
+    joined = not initialized()  # a process group the command joins (torchrun, accelerate launch) is left at the end
+    try:
+        return run_command(args.command, args)
+    finally:
+        if joined:
+            shutdown()
 
 
 if __name__ == "__main__":

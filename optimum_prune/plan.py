@@ -26,6 +26,8 @@ class LayerPlan:
             relative to the layer (e.g. `"self_attn.o_proj"`); written before any removal.
         biases (`dict[str, torch.Tensor]`): new bias vectors (a bias is created where the module had none).
         info (`dict`): per-layer diagnostics for the report (e.g. the compensation residual).
+        applied (`bool`): already executed on the block (a low-memory or resumed run writes each block as soon as it
+            is decided; its `weights` / `biases` are then dropped).
     """
 
     keep_heads: list[int] | None = None
@@ -37,6 +39,7 @@ class LayerPlan:
     weights: dict[str, torch.Tensor] = field(default_factory=dict)
     biases: dict[str, torch.Tensor] = field(default_factory=dict)
     info: dict = field(default_factory=dict)
+    applied: bool = False
 
     @property
     def structured(self) -> bool:

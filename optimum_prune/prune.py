@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -13,15 +14,27 @@ from torch import nn
 
 from .calibration.sequential import LayerwiseRunner
 from .config import CalibrationConfig, PruningConfig
+from .distributed import init_from_env
 from .methods.structured import attention_mlp_params
 from .methods.unstructured import target_sparsity
 from .modeling.architectures import get_layers, get_spec, is_image_model, layer_view
 from .modeling.surgery import apply_layer_plan_
 from .registry import get_pruner_class
 from .report import PruningReport, count_parameters, layer_table
+from .session import open_session, resident_blocks
+from .streaming import get_store
 from .version import __version__
 
-__all__ = ["prune_", "compute_plan", "calibration_inputs", "HISTORY_ATTR", "record_history", "zero_fraction"]
+__all__ = [
+    "prune_",
+    "compute_plan",
+    "apply_plan_",
+    "calibration_inputs",
+    "runner_factory",
+    "HISTORY_ATTR",
+    "record_history",
+    "zero_fraction",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -78,25 +91,28 @@ def calibration_inputs(
     return ids, desc
 
 
-def _prepare(
-    model: nn.Module, config: PruningConfig, calibration: Any, tokenizer: Any, batch_size: int | None, device
-):
+def runner_factory(model: nn.Module, spec, ids, batch_size: int, device, activations=None):
+    """A factory of `LayerwiseRunner`s over `ids` (`None` without calibration data)."""
+    if ids is None:
+        return None
+
+    def factory():
+        return LayerwiseRunner(model, spec, ids, batch_size=batch_size, device=device, activations=activations)
+
+    return factory
+
+
+def _prepare(model: nn.Module, config: PruningConfig, calibration: Any, tokenizer: Any):
     """Validate everything and build what the pruner needs; touches no weight."""
     if not isinstance(config, PruningConfig):
         raise TypeError(f"`config` must be a PruningConfig subclass instance, got {type(config).__name__}.")
     spec = get_spec(model)
     pruner = get_pruner_class(config.method)(config)
     pruner.validate(model, spec)
-    runner_factory = None
     ids, calib_desc = calibration_inputs(model, calibration, tokenizer, [config.method] * pruner.needs_calibration)
     if ids is not None:
-        bs = batch_size or getattr(calibration, "batch_size", 8)
         pruner.attach_calibration(ids, calib_desc, source=calibration)
-
-        def runner_factory():
-            return LayerwiseRunner(model, spec, ids, batch_size=bs, device=device)
-
-    return spec, pruner, runner_factory, calib_desc
+    return spec, pruner, ids, calib_desc
 
 
 def compute_plan(model: nn.Module, config: PruningConfig, calibration: Any = None, tokenizer: Any = None, **kwargs):
@@ -104,11 +120,14 @@ def compute_plan(model: nn.Module, config: PruningConfig, calibration: Any = Non
 
     Unstructured methods write their new weights while deciding (later layers must see them).
     """
-    spec, pruner, runner, _ = _prepare(
-        model, config, calibration, tokenizer, kwargs.get("batch_size"), kwargs.get("device")
-    )
-    with torch.no_grad():
-        return spec, pruner.compute_plan(model, spec, runner)
+    spec, pruner, ids, _ = _prepare(model, config, calibration, tokenizer)
+    bs = kwargs.get("batch_size") or getattr(calibration, "batch_size", 8)
+    device = kwargs.get("device")
+    with torch.no_grad(), open_session(model, spec, configs=[config], ids=ids, batch_size=bs, device=device) as sess:
+        with sess.stage(0):
+            return spec, pruner.compute_plan(
+                model, spec, runner_factory(model, spec, ids, bs, device, sess.activations)
+            )
 
 
 def prune_(
@@ -119,12 +138,15 @@ def prune_(
     *,
     batch_size: int | None = None,
     device: torch.device | str | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    activation_memory: int | str | None = None,
 ) -> PruningReport:
     """Prune `model` in place with the method chosen by `config`.
 
     Args:
         model (`PreTrainedModel`): a supported `*ForCausalLM` model, or image model (ViT / DeiT / Dinov2
-            classifier or backbone; see `supported_model_types()`).
+            classifier or backbone; see `supported_model_types()`), in memory or loaded with
+            `AutoPruner.from_pretrained(path, low_memory=True)` (blocks on disk, one in memory at a time).
         config (`PruningConfig | list[PruningConfig]`): e.g. `NumericalPruningConfig(pruning_ratio=0.2)`, or a
             recipe: a list of configs (see `optimum_prune.recipe`), e.g. AMP on q/k and Wanda on the rest, run in
             one layer-wise calibration pass.
@@ -133,40 +155,65 @@ def prune_(
             of `{"pixel_values", "labels"}` examples, an `(N, C, H, W)` tensor, or a `CalibrationConfig` around one.
         tokenizer (`PreTrainedTokenizerBase | None`): tokenizes the calibration text.
         batch_size (`int | None`): sequences per block forward (default: `calibration.batch_size`).
-        device (`torch.device | str | None`): where each block runs during calibration (default: the model's).
+        device (`torch.device | str | None`): where each block runs during calibration (default: the model's); with
+            a low-memory model, where each block is loaded while the rest stays on disk.
+        checkpoint_dir (`str | os.PathLike | None`): record every finished block there, atomically; running the
+            same call again after a crash continues at the first unfinished block and gives the same model (a
+            different model or config in the directory is an error). See `optimum_prune.checkpoint`.
+        activation_memory (`int | str | None`): memory for the calibration activations between blocks (e.g.
+            `"4GB"`); beyond it they go to disk. Default: unlimited in memory; low-memory, half of what is free
+            after the block and its statistics.
 
     Returns:
         `PruningReport` with measured ratios and per-layer shapes. All validation happens before any weight is
-        touched; a failure then leaves the model unchanged.
+        touched; a failure then leaves the model unchanged. In a `torch.distributed` process group (`torchrun`,
+        `accelerate launch`), the ranks split the calibration samples and all-reduce the statistics.
     """
+    init_from_env()
     if isinstance(config, (list, tuple)):
         from .recipe import prune_recipe_
 
-        return prune_recipe_(model, list(config), calibration, tokenizer, batch_size=batch_size, device=device)
+        return prune_recipe_(model, list(config), calibration, tokenizer, batch_size=batch_size, device=device,
+                             checkpoint_dir=checkpoint_dir, activation_memory=activation_memory)  # fmt: skip
     t0 = time.perf_counter()
-    spec, pruner, runner, calib_desc = _prepare(model, config, calibration, tokenizer, batch_size, device)
+    spec, pruner, ids, calib_desc = _prepare(model, config, calibration, tokenizer)
+    bs = batch_size or getattr(calibration, "batch_size", 8)
     params_before, prunable_before = count_parameters(model), attention_mlp_params(model, spec)
     was_training = model.training
     model.eval()
-    with torch.no_grad():
-        plan = pruner.compute_plan(model, spec, runner)
-        t1 = time.perf_counter()
-        layers = get_layers(model, spec)
-        for idx, lp in plan.layers.items():
-            apply_layer_plan_(layer_view(layers[idx], idx, spec, model.config), lp, mode="remove")
-    model.train(was_training)
-    t2 = time.perf_counter()
-    prunable_after = attention_mlp_params(model, spec)
-    sparsity = {}
-    if pruner.is_structured:
-        measured = 1 - prunable_after / prunable_before
-        target = config.pruning_ratio
-    else:
-        per_target = target_sparsity(model, spec, pruner.resolve(model, spec))
-        sparsity = {k: s for k, (s, _) in per_target.items()}
-        measured = sum(s * n for s, n in per_target.values()) / max(sum(n for _, n in per_target.values()), 1)
-        target = config.sparsity
-        plan.info["whole_model_sparsity"] = zero_fraction(model, params_before)
+    with (
+        torch.no_grad(),
+        open_session(
+            model,
+            spec,
+            configs=[config],
+            ids=ids,
+            batch_size=bs,
+            device=device,
+            checkpoint_dir=checkpoint_dir,
+            activation_memory=activation_memory,
+        ) as sess,  # fmt: skip
+    ):
+        with sess.stage(0):
+            plan = sess.completed_plan()
+            if plan is None:
+                plan = pruner.compute_plan(model, spec, runner_factory(model, spec, ids, bs, device, sess.activations))
+            t1 = time.perf_counter()
+            apply_plan_(model, spec, plan)
+        t2 = time.perf_counter()
+        model.train(was_training)
+        prunable_after = attention_mlp_params(model, spec)
+        sparsity = {}
+        if pruner.is_structured:
+            measured = 1 - prunable_after / prunable_before
+            target = config.pruning_ratio
+        else:
+            per_target = target_sparsity(model, spec, pruner.resolve(model, spec))
+            sparsity = {k: s for k, (s, _) in per_target.items()}
+            measured = sum(s * n for s, n in per_target.values()) / max(sum(n for _, n in per_target.values()), 1)
+            target = config.sparsity
+            plan.info["whole_model_sparsity"] = zero_fraction(model, params_before)
+        sess.mark_complete(0, plan)
     report = PruningReport(
         method=config.method,
         config=config.to_dict(),
@@ -180,7 +227,7 @@ def prune_(
         sparsity=sparsity,
         timings={"decide_s": t1 - t0, "apply_s": t2 - t1, "total_s": t2 - t0},
         calibration=calib_desc,
-        info={**plan.info, "layers": {i: lp.info for i, lp in plan.layers.items() if lp.info}},
+        info={**plan.info, **sess.summary(), "layers": {i: lp.info for i, lp in plan.layers.items() if lp.info}},
         artifacts=plan.artifacts,
     )
     record_history(model, config.method, config.config_version, config.to_dict(), calib_desc, report)
@@ -188,10 +235,28 @@ def prune_(
     return report
 
 
+def apply_plan_(model: nn.Module, spec, plan) -> None:
+    """Execute a plan's layer decisions in place (those a low-memory or resumed run has already written are
+    restored by the session instead)."""
+    layers = get_layers(model, spec)
+    for idx, lp in plan.layers.items():
+        if not lp.applied:
+            apply_layer_plan_(layer_view(layers[idx], idx, spec, model.config), lp, mode="remove")
+
+
 def zero_fraction(model: nn.Module, params: int) -> float:
-    """Exact zeros among all parameters (tied weights once), relative to `params`."""
-    unique = {id(p): p for p in model.parameters()}.values()
-    return sum(float((p == 0).sum()) for p in unique) / max(params, 1)
+    """Exact zeros among all parameters (tied weights once), relative to `params` (blocks of a low-memory model
+    are read one at a time; tensors it keeps on disk are read from there)."""
+    spec = get_spec(model)
+    in_blocks = {id(p) for layer in get_layers(model, spec) for p in layer.parameters()}
+    unique = {id(p): (n, p) for n, p in model.named_parameters() if id(p) not in in_blocks}.values()
+    on_disk = [n for n, p in unique if p.device.type == "meta"]
+    zeros = sum(float((p == 0).sum()) for _, p in unique if p.device.type != "meta")
+    if on_disk:
+        zeros += sum(float((t == 0).sum()) for t in get_store(model).source.read(on_disk).values())
+    for _, layer in resident_blocks(model, spec):
+        zeros += sum(float((p == 0).sum()) for p in layer.parameters())
+    return zeros / max(params, 1)
 
 
 def record_history(model: nn.Module, method: str, version: int, config: Any, calib_desc, report) -> None:

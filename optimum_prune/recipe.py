@@ -19,14 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .calibration.sequential import LayerwiseRunner
 from .config import PruningConfig
 from .methods.structured import attention_mlp_params
 from .methods.unstructured import layerwise_pass, target_sparsity
-from .modeling.architectures import ArchitectureSpec, get_layers, get_spec, layer_view
-from .modeling.surgery import apply_layer_plan_
+from .modeling.architectures import ArchitectureSpec, get_spec
 from .registry import get_pruner_class
 from .report import PruningReport, count_parameters, layer_table
+from .session import open_session, resident_blocks
 
 __all__ = ["prune_recipe_", "check_recipe", "RECIPE_METHOD"]
 
@@ -99,38 +98,49 @@ def prune_recipe_(
     *,
     batch_size: int | None = None,
     device: torch.device | str | None = None,
+    checkpoint_dir: Any = None,
+    activation_memory: int | str | None = None,
 ) -> PruningReport:
-    """Run a recipe (see the module docstring); called by `prune_` when it is given a list of configs."""
-    from .prune import calibration_inputs, record_history, zero_fraction
+    """Run a recipe (see the module docstring); called by `prune_` when it is given a list of configs. Each structured
+    config is one stage of a low-memory or checkpointed run, the unstructured pass the last one."""
+    from .prune import apply_plan_, calibration_inputs, record_history, runner_factory, zero_fraction
 
     t0 = time.perf_counter()
     spec = get_spec(model)
     pruners = check_recipe(configs, model, spec)
-    runner_factory = None
-    needing = [p.config.method for p in pruners if p.needs_calibration]
-    ids, calib_desc = calibration_inputs(model, calibration, tokenizer, needing)
+    ids, calib_desc = calibration_inputs(model, calibration, tokenizer,
+                                         [p.config.method for p in pruners if p.needs_calibration])  # fmt: skip
     if ids is not None:
-        bs = batch_size or getattr(calibration, "batch_size", 8)
         for p in pruners:
             p.attach_calibration(ids, calib_desc, source=calibration)
-
-        def runner_factory():
-            return LayerwiseRunner(model, spec, ids, batch_size=bs, device=device)
-
+    bs = batch_size or getattr(calibration, "batch_size", 8)
     params_before, prunable_before = count_parameters(model), attention_mlp_params(model, spec)
     sections: list[dict] = [{} for _ in pruners]
     expected = 0.0
     was_training = model.training
     model.eval()
-    with torch.no_grad():
-        for k, p in enumerate(pruners):
-            if not p.is_structured:
-                continue
+    with (
+        torch.no_grad(),
+        open_session(
+            model,
+            spec,
+            configs=list(configs),
+            ids=ids,
+            batch_size=bs,
+            device=device,
+            checkpoint_dir=checkpoint_dir,
+            activation_memory=activation_memory,
+        ) as sess,  # fmt: skip
+    ):
+        runner = runner_factory(model, spec, ids, bs, device, sess.activations)
+        structured = [k for k, p in enumerate(pruners) if p.is_structured]
+        for stage, k in enumerate(structured):
+            p = pruners[k]
             ts, before = time.perf_counter(), attention_mlp_params(model, spec)
-            plan = p.compute_plan(model, spec, runner_factory)
-            layers = get_layers(model, spec)
-            for idx, lp in plan.layers.items():
-                apply_layer_plan_(layer_view(layers[idx], idx, spec, model.config), lp, mode="remove")
+            with sess.stage(stage):
+                plan = sess.completed_plan() or p.compute_plan(model, spec, runner)
+                apply_plan_(model, spec, plan)
+            sess.mark_complete(stage, plan)
             expected += p.config.pruning_ratio * prunable_before
             sections[k] = {
                 "target": p.config.pruning_ratio,
@@ -143,7 +153,9 @@ def prune_recipe_(
             if len(flat) < len(pruners):
                 for k in flat:  # shapes changed: N:M widths are checked again before the pass
                     pruners[k].validate(model, spec)
-            plan = layerwise_pass([pruners[k] for k in flat], model, spec, runner_factory)
+            with sess.stage(len(structured)):
+                plan = sess.completed_plan() or layerwise_pass([pruners[k] for k in flat], model, spec, runner)
+            sess.mark_complete(len(structured), plan)
             for j, k in enumerate(flat):
                 per = target_sparsity(model, spec, pruners[k].resolve(model, spec))
                 numel = sum(n for _, n in per.values())
@@ -158,11 +170,13 @@ def prune_recipe_(
                         i: (lp.info.get(key, {}) if key else lp.info) for i, lp in plan.layers.items() if lp.info
                     },
                 }
-    model.train(was_training)
+        model.train(was_training)
+        zeros_prunable = _zero_or_removed(model, spec, prunable_before)
+        whole = zero_fraction(model, params_before)
+        extra = sess.summary()
     for k, p in enumerate(pruners):
         sections[k] = {"method": p.config.method, "config": p.config.to_dict(), **sections[k]}
     sparsity = {name: s for sec in sections for name, s in sec.get("sparsity", {}).items()}
-    zeros_prunable = _zero_or_removed(model, spec, prunable_before)
     total = time.perf_counter() - t0
     report = PruningReport(
         method=RECIPE_METHOD,
@@ -177,7 +191,7 @@ def prune_recipe_(
         sparsity=sparsity,
         timings={"total_s": total, **{f"section_{k}_s": s["seconds"] for k, s in enumerate(sections)}},
         calibration=calib_desc,
-        info={"whole_model_sparsity": zero_fraction(model, params_before)},
+        info={"whole_model_sparsity": whole, **extra},
         sections=sections,
     )
     record_history(model, RECIPE_METHOD, 1, [c.to_dict() for c in configs], calib_desc, report)
@@ -188,7 +202,7 @@ def prune_recipe_(
 def _zero_or_removed(model: nn.Module, spec: ArchitectureSpec, prunable_before: int) -> float:
     """Fraction of the original attention + MLP parameters that are now removed or exactly zero."""
     nonzero = 0
-    for layer in get_layers(model, spec):
+    for _, layer in resident_blocks(model, spec):
         for path in spec.linear_paths:
             nonzero += sum(int((p != 0).sum()) for p in layer.get_submodule(path).parameters(recurse=False))
     return 1 - nonzero / max(prunable_before, 1)

@@ -11,7 +11,7 @@ from torch import nn
 
 from .modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
 
-__all__ = ["PruningReport", "layer_table", "count_parameters", "linear_sparsity"]
+__all__ = ["PruningReport", "layer_table", "layer_row", "count_parameters", "linear_sparsity"]
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -19,30 +19,29 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-def layer_table(model: nn.Module, spec: ArchitectureSpec) -> list[dict[str, Any]]:
-    """Per decoder layer: heads, KV heads, head_dim, intermediate size, and which projections carry a bias; for a
+def layer_row(layer: nn.Module, index: int, spec: ArchitectureSpec, config) -> dict[str, Any]:
+    """One decoder layer's heads, KV heads, head_dim, intermediate size, and which projections carry a bias; for a
     layer whose head dimensions were pruned (SPP) also `qk_head_dim`, `vo_head_dim`, the softmax scale and, on
     rotary models, the kept `rope_pairs` (`modeling.pair_attention`)."""
-    rows = []
-    for i, layer in enumerate(get_layers(model, spec)):
-        v = layer_view(layer, i, spec, model.config)
-        rows.append(
-            {
-                "num_attention_heads": v.num_heads,
-                "num_key_value_heads": v.num_kv_heads,
-                "head_dim": v.head_dim,
-                "intermediate_size": v.intermediate_size,
-                "biases": sorted(
-                    p for p in spec.linear_paths if getattr(layer.get_submodule(p), "bias", None) is not None
-                ),
-            }
-        )
-        if v.pair_shaped:
-            attn = v.attn
-            rows[-1].update(qk_head_dim=v.qk_head_dim, vo_head_dim=v.vo_head_dim, attn_scaling=float(attn.scaling))
-            if getattr(attn, "rope_pairs", None) is not None:
-                rows[-1]["rope_pairs"] = list(attn.rope_pairs)
-    return rows
+    v = layer_view(layer, index, spec, config)
+    row = {
+        "num_attention_heads": v.num_heads,
+        "num_key_value_heads": v.num_kv_heads,
+        "head_dim": v.head_dim,
+        "intermediate_size": v.intermediate_size,
+        "biases": sorted(p for p in spec.linear_paths if getattr(layer.get_submodule(p), "bias", None) is not None),
+    }
+    if v.pair_shaped:
+        attn = v.attn
+        row.update(qk_head_dim=v.qk_head_dim, vo_head_dim=v.vo_head_dim, attn_scaling=float(attn.scaling))
+        if getattr(attn, "rope_pairs", None) is not None:
+            row["rope_pairs"] = list(attn.rope_pairs)
+    return row
+
+
+def layer_table(model: nn.Module, spec: ArchitectureSpec) -> list[dict[str, Any]]:
+    """`layer_row` of every decoder layer."""
+    return [layer_row(layer, i, spec, model.config) for i, layer in enumerate(get_layers(model, spec))]
 
 
 def linear_sparsity(model: nn.Module, spec: ArchitectureSpec) -> dict[str, float]:

@@ -30,10 +30,12 @@ from transformers import AutoConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from .constants import FINETUNE_ATTR, FORMAT_VERSION, PRUNED_MODEL_TYPE_PREFIX, PRUNING_CONFIG_NAME
+from .distributed import barrier, is_main_process
 from .modeling.architectures import ArchitectureSpec, get_spec
 from .modeling.auto_classes import auto_class_for_config, model_task, pruned_classes
 from .prune import HISTORY_ATTR
 from .report import layer_table
+from .streaming import get_store
 from .version import __version__
 
 __all__ = ["save_pruned", "load_pruned_model", "export_config", "strip_gguf_quantizer_"]
@@ -261,6 +263,16 @@ def save_pruned(
     `adapter/`.
     """
     target = Path(save_directory).absolute()
+    if not is_main_process():  # data-parallel run: every rank holds the same model, rank 0 writes it
+        barrier()
+        return target
+    try:
+        return _save_checked(model, target, tokenizer, overwrite, max_shard_size, model_card)
+    finally:
+        barrier()
+
+
+def _save_checked(model, target: Path, tokenizer, overwrite, max_shard_size, model_card) -> Path:
     where = _check_target(target, overwrite)
     with contextlib.ExitStack() as stack:
         peft_model, adapter = None, None
@@ -279,13 +291,18 @@ def _save(model, target, where, tokenizer, max_shard_size, model_card, peft_mode
     config, extra = export_config(model, spec)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=where))
     try:
-        state = {**model.state_dict(), **extra}
-        quantizer = getattr(model, "hf_quantizer", None)
-        model.hf_quantizer = None  # GGUF-loaded weights are already dequantized tensors
-        try:
-            model.save_pretrained(tmp, state_dict=state, max_shard_size=max_shard_size)
-        finally:
-            model.hf_quantizer = quantizer
+        if get_store(model) is not None:  # low-memory model: its blocks are on disk, written shard by shard
+            from .sharded import save_streamed_
+
+            save_streamed_(model, spec, tmp, extra)
+        else:
+            state = {**model.state_dict(), **extra}
+            quantizer = getattr(model, "hf_quantizer", None)
+            model.hf_quantizer = None  # GGUF-loaded weights are already dequantized tensors
+            try:
+                model.save_pretrained(tmp, state_dict=state, max_shard_size=max_shard_size)
+            finally:
+                model.hf_quantizer = quantizer
         config.save_pretrained(tmp)  # replaces config.json with the exported config
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)

@@ -70,7 +70,9 @@ def test_inline_code_names_exist_and_calls_construct():
     configs = [get_config_class(m) for m in optimum_prune.available_methods()]
     configs += [optimum_prune.FinetuneConfig, optimum_prune.CalibrationConfig]
     api = {
-        p for f in (AutoPruner.from_pretrained, AutoPruner.save_pretrained) for p in inspect.signature(f).parameters
+        p
+        for f in (AutoPruner.from_pretrained, AutoPruner.save_pretrained, optimum_prune.prune_)
+        for p in inspect.signature(f).parameters
     }
     for span in spans:  # e.g. `standardize_per_layer=True`, `solver="newton", lambda_=10`
         if not re.match(r"\w+=[^=]", span):

@@ -3,20 +3,24 @@
 Block-0 inputs (and the keyword arguments every layer receives: masks, rotary embeddings, which can differ per
 layer, e.g. Gemma-3 sliding-window layers) are captured once by a forward in which every decoder layer is
 temporarily an identity. Then one block at a time runs on the working device; only one block's activations are
-ever held besides the inputs of the current layer.
+ever held besides the inputs of the current layer; those go to disk beyond an `ActivationBudget`
+(`calibration.offload`). In a `torch.distributed` process group, each rank runs its own share of the samples
+(`distributed.local_samples`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..distributed import local_samples
 from ..modeling.architectures import ArchitectureSpec, get_layers
 from .hooks import capture_inputs
+from .offload import ActivationBudget, ChunkList
 
 __all__ = ["LayerwiseRunner", "move_to"]
 
@@ -47,6 +51,7 @@ class LayerwiseRunner:
         batch_size (`int`): sequences per forward pass.
         device (`torch.device | str | None`): where each block runs (default: where the model's weights are).
         offload_device (`str`, defaults to `"cpu"`): where activations between blocks are kept.
+        activations (`ActivationBudget | None`): in-memory budget of those activations (beyond it: on disk).
     """
 
     def __init__(
@@ -57,14 +62,20 @@ class LayerwiseRunner:
         batch_size: int = 8,
         device: torch.device | str | None = None,
         offload_device: torch.device | str = "cpu",
+        activations: ActivationBudget | None = None,
     ) -> None:
         self.model, self.spec = model, spec
         self.layers = get_layers(model, spec)
-        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.device = torch.device(device) if device is not None else model.get_input_embeddings().weight.device
         self.offload = torch.device(offload_device)
-        self.hidden: list[torch.Tensor] = []
+        self.activations = activations
+        self.hidden: Sequence[torch.Tensor] = self._chunk_list()
         self.layer_args: list[list[tuple[tuple, dict]]] = []  # [chunk][layer] -> (extra args, kwargs)
-        self._capture(input_ids, batch_size)
+        self._capture(local_samples(input_ids), batch_size)
+
+    def _chunk_list(self):
+        """Per-chunk activations: a plain list, or one that spills to disk beyond the activation budget."""
+        return [] if self.activations is None else ChunkList(self.activations)
 
     @property
     def num_layers(self) -> int:
@@ -109,13 +120,13 @@ class LayerwiseRunner:
     def run_layer(
         self,
         index: int,
-        inputs: list[torch.Tensor] | None = None,
+        inputs: Sequence[torch.Tensor] | None = None,
         observe: dict[str, nn.Module] | None = None,
         callback: Callable[[str, torch.Tensor], None] | None = None,
         layer: nn.Module | None = None,
         keep_outputs: bool = True,
         chunks: list[int] | None = None,
-    ) -> list[torch.Tensor]:
+    ) -> Sequence[torch.Tensor]:
         """Run layer `index` (or `layer`, e.g. a dense copy) over every chunk.
 
         Args:
@@ -127,10 +138,11 @@ class LayerwiseRunner:
             chunks (`list[int] | None`): run only these chunks (`inputs` then holds just their hidden states).
         """
         layer = self.layers[index] if layer is None else layer
-        chunks = list(range(len(self.layer_args))) if chunks is None else chunks
-        if inputs is None:
-            inputs = [self.hidden[c] for c in chunks]
-        outputs = []
+        every = chunks is None
+        chunks = list(range(len(self.layer_args))) if every else chunks
+        if inputs is None:  # read lazily: spilled chunks come back from disk one at a time
+            inputs = self.hidden if every else [self.hidden[c] for c in chunks]
+        outputs = self._chunk_list()
         home = next(layer.parameters()).device
         if home != self.device:  # offloaded model: only this block visits the working device
             layer.to(self.device)
@@ -157,8 +169,8 @@ class LayerwiseRunner:
         path: str,
         dense: nn.Module,
         pruned: nn.Module | None,
-        dense_inputs: list[torch.Tensor] | None = None,
-        pruned_inputs: list[torch.Tensor] | None = None,
+        dense_inputs: Sequence[torch.Tensor] | None = None,
+        pruned_inputs: Sequence[torch.Tensor] | None = None,
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Per chunk, the input `x` of submodule `path` in the `dense` copy of layer `index` and the input `x*` of the
         same submodule in the partially `pruned` layer, on the same tokens (for cross Grams `X X*ᵀ`).
@@ -182,7 +194,7 @@ class LayerwiseRunner:
                 )
             yield seen["x"], seen.get("xs", seen["x"])
 
-    def advance(self, outputs: list[torch.Tensor]) -> None:
+    def advance(self, outputs: Sequence[torch.Tensor]) -> None:
         """Make `outputs` the inputs of the next layer."""
         self.hidden = outputs
 

@@ -1,26 +1,93 @@
-"""Running statistics of layer inputs, always accumulated in fp32 or fp64 whatever the model dtype."""
+"""Running statistics of layer inputs, always accumulated in fp32 or fp64 whatever the model dtype.
+
+Every statistic is a set of raw sums over tokens (plus the token count), so that it adds across calibration chunks
+and across data-parallel ranks: in a `torch.distributed` process group, the first read of any statistic sums the
+raw sums over the ranks (`distributed.all_reduce_sum_`), once. Every rank runs the same code and reads the same
+statistics in the same order, so the collectives match; the methods never see the difference. The sums live on the
+device of the first update (the block's working device), whatever `device` they were created with.
+"""
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["GramStats", "CrossGramStats", "MomentStats", "SquaredNormStats"]
+from ..distributed import all_reduce_sum_, world_size
+
+__all__ = ["GramStats", "CrossGramStats", "MomentStats", "SquaredNormStats", "RunningSums"]
 
 
-class GramStats:
+class RunningSums:
+    """Base of the statistics: `_fields` names the tensor attributes (sums over tokens), `count` the token count.
+
+    Reading a statistic (`sum`, `gram`, `count`, ...) first sums the fields over the ranks of a process group
+    (a no-op in one process); updating after that read is an error in a process group (it would be counted twice).
+    """
+
+    _fields: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._synced = False
+
+    def _add(self, x: torch.Tensor) -> torch.Tensor:
+        """Bookkeeping of one update; returns `x` flattened to `(N, D)` on the sums' device."""
+        if self._synced and world_size() > 1:
+            raise RuntimeError("internal error: a statistic was updated after it was read (and summed over ranks).")
+        self._synced = False
+        first = getattr(self, self._fields[0])
+        if first.device != x.device:
+            if self._count == 0:
+                self.to(x.device)  # follow the block's working device
+            else:
+                x = x.to(first.device)
+        x = x.reshape(-1, x.shape[-1])
+        self._count += x.shape[0]
+        return x
+
+    def _sync(self) -> None:
+        if self._synced:
+            return
+        if world_size() > 1:
+            for name in self._fields:
+                all_reduce_sum_(getattr(self, name))
+            count = torch.tensor([self._count], dtype=torch.float64)
+            self._count = int(all_reduce_sum_(count).item())
+        self._synced = True
+
+    @property
+    def count(self) -> int:
+        self._sync()
+        return self._count
+
+    def _get(self, name: str) -> torch.Tensor:
+        self._sync()
+        return getattr(self, name)
+
+    def to(self, device: torch.device | str):
+        for name in self._fields:
+            setattr(self, name, getattr(self, name).to(device))
+        return self
+
+
+class GramStats(RunningSums):
     """Running `H = Σ_t x_t x_tᵀ` over tokens; `.gram` is normalised by the token count (SPEC §1.5), `.mean` is the
     per-channel mean (for refits with an intercept)."""
 
+    _fields = ("_sum", "_vsum")
+
     def __init__(self, dim: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
-        self.sum = torch.zeros(dim, dim, dtype=dtype, device=device)  # (D, D)
-        self.vsum = torch.zeros(dim, dtype=torch.float64, device=device)  # (D,)
-        self.count = 0
+        super().__init__()
+        self._sum = torch.zeros(dim, dim, dtype=dtype, device=device)  # (D, D)
+        self._vsum = torch.zeros(dim, dtype=torch.float64, device=device)  # (D,)
 
     def update(self, x: torch.Tensor) -> None:
-        x = x.reshape(-1, x.shape[-1]).to(self.sum.dtype)  # (N, D)
-        self.sum.addmm_(x.T, x)
-        self.vsum += x.sum(0, dtype=torch.float64)
-        self.count += x.shape[0]
+        x = self._add(x).to(self._sum.dtype)  # (N, D)
+        self._sum.addmm_(x.T, x)
+        self._vsum += x.sum(0, dtype=torch.float64)
+
+    @property
+    def sum(self) -> torch.Tensor:
+        return self._get("_sum")  # (D, D)
 
     @property
     def gram(self) -> torch.Tensor:
@@ -28,26 +95,31 @@ class GramStats:
 
     @property
     def mean(self) -> torch.Tensor:
-        return self.vsum / max(self.count, 1)  # (D,) float64
-
-    def to(self, device: torch.device | str) -> GramStats:
-        self.sum, self.vsum = self.sum.to(device), self.vsum.to(device)
-        return self
+        return self._get("_vsum") / max(self.count, 1)  # (D,) float64
 
 
-class MomentStats:
+class MomentStats(RunningSums):
     """Running per-channel mean and variance (FLAP's fluctuation), accumulated in fp64."""
 
+    _fields = ("_sum", "_sumsq")
+
     def __init__(self, dim: int, device: torch.device | str = "cpu") -> None:
-        self.sum = torch.zeros(dim, dtype=torch.float64, device=device)  # (D,)
-        self.sumsq = torch.zeros(dim, dtype=torch.float64, device=device)  # (D,)
-        self.count = 0
+        super().__init__()
+        self._sum = torch.zeros(dim, dtype=torch.float64, device=device)  # (D,)
+        self._sumsq = torch.zeros(dim, dtype=torch.float64, device=device)  # (D,)
 
     def update(self, x: torch.Tensor) -> None:
-        x = x.reshape(-1, x.shape[-1]).to(torch.float64)  # (N, D)
-        self.sum += x.sum(0)
-        self.sumsq += (x * x).sum(0)
-        self.count += x.shape[0]
+        x = self._add(x).to(torch.float64)  # (N, D)
+        self._sum += x.sum(0)
+        self._sumsq += (x * x).sum(0)
+
+    @property
+    def sum(self) -> torch.Tensor:
+        return self._get("_sum")
+
+    @property
+    def sumsq(self) -> torch.Tensor:
+        return self._get("_sumsq")
 
     @property
     def mean(self) -> torch.Tensor:
@@ -58,44 +130,46 @@ class MomentStats:
         n = max(self.count, 2)
         return ((self.sumsq - self.sum * self.sum / n) / (n - 1)).clamp_min(0)  # (D,) unbiased
 
-    def to(self, device: torch.device | str) -> MomentStats:
-        self.sum, self.sumsq = self.sum.to(device), self.sumsq.to(device)
-        return self
 
-
-class SquaredNormStats:
+class SquaredNormStats(RunningSums):
     """Running `Σ_t x_{t,j}²` per input channel (Wanda / RIA `scaler_row` numerator)."""
 
+    _fields = ("_sumsq",)
+
     def __init__(self, dim: int, device: torch.device | str = "cpu") -> None:
-        self.sumsq = torch.zeros(dim, dtype=torch.float32, device=device)  # (D,)
-        self.count = 0
+        super().__init__()
+        self._sumsq = torch.zeros(dim, dtype=torch.float32, device=device)  # (D,)
 
     def update(self, x: torch.Tensor) -> None:
-        x = x.reshape(-1, x.shape[-1]).float()  # (N, D)
-        self.sumsq += (x * x).sum(0)
-        self.count += x.shape[0]
+        x = self._add(x).float()  # (N, D)
+        self._sumsq += (x * x).sum(0)
 
-    def to(self, device: torch.device | str) -> SquaredNormStats:
-        self.sumsq = self.sumsq.to(device)
-        return self
+    @property
+    def sumsq(self) -> torch.Tensor:
+        return self._get("_sumsq")
 
 
-class CrossGramStats:
+class CrossGramStats(RunningSums):
     """Running `C = Σ_t x_t x*_tᵀ` between dense inputs `x` and pruned-network inputs `x*` (FISTA, SPEC §1.3)."""
 
+    _fields = ("_sum", "_xsum", "_xssum")
+
     def __init__(self, dim: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
-        self.sum = torch.zeros(dim, dim, dtype=dtype, device=device)  # (D, D)
-        self.xsum = torch.zeros(dim, dtype=torch.float64, device=device)  # (D,) Σ x
-        self.xssum = torch.zeros(dim, dtype=torch.float64, device=device)  # (D,) Σ x*
-        self.count = 0
+        super().__init__()
+        self._sum = torch.zeros(dim, dim, dtype=dtype, device=device)  # (D, D)
+        self._xsum = torch.zeros(dim, dtype=torch.float64, device=device)  # (D,) Σ x
+        self._xssum = torch.zeros(dim, dtype=torch.float64, device=device)  # (D,) Σ x*
 
     def update(self, x: torch.Tensor, x_star: torch.Tensor) -> None:
-        x = x.reshape(-1, x.shape[-1]).to(self.sum.dtype)  # (N, D)
-        x_star = x_star.reshape(-1, x_star.shape[-1]).to(self.sum.dtype)  # (N, D)
-        self.sum.addmm_(x.T, x_star)
-        self.xsum += x.sum(0, dtype=torch.float64)
-        self.xssum += x_star.sum(0, dtype=torch.float64)
-        self.count += x.shape[0]
+        x = self._add(x).to(self._sum.dtype)  # (N, D)
+        x_star = x_star.reshape(-1, x_star.shape[-1]).to(device=x.device, dtype=self._sum.dtype)  # (N, D)
+        self._sum.addmm_(x.T, x_star)
+        self._xsum += x.sum(0, dtype=torch.float64)
+        self._xssum += x_star.sum(0, dtype=torch.float64)
+
+    @property
+    def sum(self) -> torch.Tensor:
+        return self._get("_sum")
 
     @property
     def gram(self) -> torch.Tensor:
@@ -105,4 +179,4 @@ class CrossGramStats:
     def means(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-channel means of `x` and of `x*` (float64)."""
         n = max(self.count, 1)
-        return self.xsum / n, self.xssum / n
+        return self._get("_xsum") / n, self._get("_xssum") / n

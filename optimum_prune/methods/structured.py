@@ -30,6 +30,7 @@ from ..functional.allocation import (
 )
 from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
 from ..plan import LayerPlan, PruningPlan
+from ..session import current_session
 from .base import BasePruner, RunnerFactory, refuse_pruned_head_dims
 
 __all__ = [
@@ -163,38 +164,62 @@ class StructuredPruner(BasePruner):
     def _views(self, model: nn.Module, spec: ArchitectureSpec) -> list[LayerView]:
         return [layer_view(layer, i, spec, model.config) for i, layer in enumerate(get_layers(model, spec))]
 
+    def refits_after_plan(self) -> bool:
+        """Whether `compute_plan` revisits every block after the allocation pass to refit it (then that pass, not
+        the allocation pass, finishes the blocks of a low-memory or checkpointed run)."""
+        return False
+
+    def _observe(self, run, view: LayerView, owl: bool = False) -> tuple[dict[str, Any], Any]:
+        """Run block `view.index` once, feeding `layer_stats` (and, with `owl`, the per-channel input norms of every
+        projection, as `"owl:<input>"`); returns the accumulators and the block's outputs."""
+        layer_stats = self.layer_stats(view)
+        if owl:
+            for name, (mod, _) in owl_inputs(view).items():
+                layer_stats["owl:" + name] = (mod, SquaredNormStats(weight_oi(mod).shape[1]))
+        outputs = None
+        if run is not None:
+            observe = {name: mod for name, (mod, _) in layer_stats.items()}
+            outputs = run.run_layer(
+                view.index,
+                observe=observe,
+                callback=lambda name, x: layer_stats[name][1].update(x),
+            )
+        return {name: a for name, (_, a) in layer_stats.items()}, outputs
+
     def _collect(self, views: list[LayerView], runner: RunnerFactory | None):
-        """One dense pass: each layer's statistics and scores, and (OWL) its outlier fraction."""
+        """One dense pass: every block's scores (and its statistics where `keep_stats`) and, for OWL, its outlier
+        fraction, on the dense model's inputs. A resumed run reads the finished blocks' scores from the checkpoint."""
+        sess = current_session()
         stats, scores, outliers = {}, {}, {}
         owl = self.config.allocation == "owl"
-        run = runner() if (runner is not None and self.needs_calibration) else None
+        cached = {v.index: c for v in views if (c := sess.cached_scores(v.index)) is not None}
+        todo = [v.index for v in views if v.index not in cached and v.index not in self.config.skip_layers]
+        run = runner() if (runner is not None and self.needs_calibration and todo) else None
         for view in tqdm(views, desc=f"{self.config.method}: scoring layers", leave=False):
-            if view.index in self.config.skip_layers:
-                if run is not None:
-                    run.advance(run.run_layer(view.index))
+            i = view.index
+            if i not in todo:
+                if i in cached:
+                    head, chan, outlier = cached[i]
+                    scores[i] = (head, chan)
+                    if outlier is not None:
+                        outliers[i] = outlier
+                if run is not None and i < todo[-1]:
+                    run.advance(sess.forward(run, i, "input"))
                 continue
-            layer_stats = self.layer_stats(view)
-            if owl:  # per-channel input norms of every projection
-                for name, (mod, _) in owl_inputs(view).items():
-                    layer_stats["owl:" + name] = (mod, SquaredNormStats(weight_oi(mod).shape[1]))
-            if run is not None:
-                observe = {name: mod for name, (mod, _) in layer_stats.items()}
-                outputs = run.run_layer(
-                    view.index,
-                    observe=observe,
-                    callback=lambda name, x: layer_stats[name][1].update(x),  # noqa: B023
-                )
+            with sess.resident(i, "input"):
+                acc, outputs = self._observe(run, view, owl)
+                if owl:
+                    norms = {}
+                    for name in owl_inputs(view):
+                        a = acc.pop("owl:" + name)
+                        norms[name] = (a.sumsq / max(a.count, 1)).sqrt()
+                    outliers[i] = layer_outlier_fraction(view, norms, self.config.owl_threshold)
+                scores[i] = self.score_layer(view, acc)
+            if outputs is not None:
                 run.advance(outputs)
-            if owl:
-                norms = {}
-                for name in owl_inputs(view):
-                    acc = layer_stats.pop("owl:" + name)[1]
-                    norms[name] = (acc.sumsq / max(acc.count, 1)).sqrt()
-                outliers[view.index] = layer_outlier_fraction(view, norms, self.config.owl_threshold)
-            acc = {name: a for name, (_, a) in layer_stats.items()}
-            scores[view.index] = self.score_layer(view, acc)
-            if self.keep_stats():
-                stats[view.index] = {k: (a.to("cpu") if hasattr(a, "to") else a) for k, a in acc.items()}
+            sess.save_scores(i, *scores[i], outlier=outliers.get(i))
+            if self.keep_stats() and sess.keep_stats(acc):
+                stats[i] = {k: (a.to("cpu") if hasattr(a, "to") else a) for k, a in acc.items()}
         return stats, scores, outliers
 
     def _head_units(self, view: LayerView, head_scores: torch.Tensor):
@@ -224,6 +249,26 @@ class StructuredPruner(BasePruner):
         info["layer_ratios"], info["outlier_fractions"] = ratios, [outliers.get(v.index) for v in views]
         logger.info("OWL layer ratios: %s", [round(r, 3) for r in ratios])
         return allocate_per_layer(units, ratios, sizes)
+
+    def _layer_plan(self, view: LayerView, units: LayerUnits, members, removed_heads, removed_channels) -> LayerPlan:
+        """The kept heads / KV heads / channels of one block, from the allocation (no weights read)."""
+        lp, i = LayerPlan(), view.index
+        if members is not None and removed_heads[i]:
+            gone = {h for u in removed_heads[i] for h in members[u]}
+            lp.keep_heads = [h for h in range(view.num_heads) if h not in gone]
+            kv_alive = sorted({h // view.group_size for h in lp.keep_heads})
+            groups_intact = all(
+                all(h in lp.keep_heads for h in range(j * view.group_size, (j + 1) * view.group_size))
+                for j in kv_alive
+            )
+            lp.keep_kv_heads = kv_alive if (groups_intact and len(kv_alive) < view.num_kv_heads) else None
+            if lp.keep_kv_heads is None and len(lp.keep_heads) % view.num_kv_heads:
+                raise RuntimeError("internal error: uneven query heads per KV group")
+        if units.channel_scores is not None and removed_channels[i]:
+            drop = set(round_kept_channels(units.channel_scores, removed_channels[i], self.config.round_to,
+                                           units.max_channels))  # fmt: skip
+            lp.keep_channels = [c for c in range(view.intermediate_size) if c not in drop]
+        return lp
 
     def compute_plan(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory | None) -> PruningPlan:
         cfg = self.config
@@ -263,30 +308,37 @@ class StructuredPruner(BasePruner):
                 units, cfg.pruning_ratio, total, mode=mode, head_weight=head_weight
             )
         plan = PruningPlan(info=info)
+        sess = current_session()
+        deferred = sess.active and self.refits_after_plan()  # the refit pass decides the weights and finishes
+        decided = {
+            v.index: self._layer_plan(v, units[v.index], members.get(v.index), removed_heads, removed_channels)
+            for v in views
+            if not sess.done(v.index)
+        }
+        recompute = set()  # statistics not kept after the first pass (low-memory Grams, a resumed first pass)
+        if self.keep_stats() and not deferred:
+            recompute = {i for i, lp in decided.items() if lp.structured and i not in stats}
+        run = runner() if (runner is not None and recompute) else None
+        last = max(recompute, default=-1)
         for view in tqdm(views, desc=f"{cfg.method}: compensating", leave=False):
-            if view.index not in scores:
-                continue
-            lp = LayerPlan()
-            if view.index in members and removed_heads[view.index]:
-                gone = {h for u in removed_heads[view.index] for h in members[view.index][u]}
-                lp.keep_heads = [h for h in range(view.num_heads) if h not in gone]
-                kv_alive = sorted({h // view.group_size for h in lp.keep_heads})
-                groups_intact = all(
-                    all(h in lp.keep_heads for h in range(j * view.group_size, (j + 1) * view.group_size))
-                    for j in kv_alive
-                )
-                lp.keep_kv_heads = kv_alive if (groups_intact and len(kv_alive) < view.num_kv_heads) else None
-                if lp.keep_kv_heads is None and len(lp.keep_heads) % view.num_kv_heads:
-                    raise RuntimeError("internal error: uneven query heads per KV group")
-            chan_s = units[view.index].channel_scores
-            if chan_s is not None and removed_channels[view.index]:
-                drop = round_kept_channels(
-                    chan_s, removed_channels[view.index], cfg.round_to, units[view.index].max_channels
-                )
-                drop_set = set(drop)
-                lp.keep_channels = [c for c in range(view.intermediate_size) if c not in drop_set]
+            i = view.index
+            lp = decided.get(i) or sess.restored_plan(i)
             if lp.structured:
-                self.finalize_layer(view, stats.get(view.index, {}), lp)
-                plan.layers[view.index] = lp
-            stats.pop(view.index, None)
+                plan.layers[i] = lp
+            if i not in decided or deferred:
+                if run is not None and i < last:
+                    run.advance(sess.forward(run, i, "input"))
+                continue
+            with sess.resident(i, "input"):
+                layer_stats, outputs = stats.pop(i, {}), None
+                if run is not None and i <= last:
+                    if i in recompute:
+                        layer_stats, outputs = self._observe(run, view)
+                    else:
+                        outputs = run.run_layer(i)
+                if lp.structured:
+                    self.finalize_layer(view, layer_stats, lp)
+                sess.finish(i, lp)
+            if outputs is not None:
+                run.advance(outputs)
         return plan

@@ -37,6 +37,7 @@ from ..modeling.architectures import (
     weight_oi,
 )
 from ..plan import LayerPlan, PruningPlan
+from ..session import current_session, resident_blocks
 from .base import BasePruner, RunnerFactory, refuse_pruned_head_dims
 
 __all__ = [
@@ -128,7 +129,7 @@ def write_target(view: LayerView, t: Target, W: torch.Tensor) -> None:
 def target_sparsity(model: nn.Module, spec: ArchitectureSpec, targets: Sequence[Target]) -> dict[str, tuple]:
     """`layers.<i>.<key>` → (fraction of zeros, numel) of every target of every layer."""
     out = {}
-    for i, layer in enumerate(get_layers(model, spec)):
+    for i, layer in resident_blocks(model, spec):
         view = layer_view(layer, i, spec, model.config)
         for t in targets:
             w = read_target(view, t)
@@ -222,8 +223,10 @@ def layerwise_pass(
     `plan.layers[i].info` holds each pruner's per-layer entries (keyed by its position when there are several);
     `plan.info["seconds"]` the time each pruner spent.
     """
+    sess = current_session()
     needs_data = any(p.needs_calibration for p in pruners)
-    run = runner() if (runner is not None and needs_data) else None
+    todo = [i for i in range(len(get_layers(model, spec))) if not sess.done(i)]
+    run = runner() if (runner is not None and needs_data and todo) else None
     for p in pruners:
         p.begin(model, spec)
     dense_next = all(p.dense_inter_layer for p in pruners)
@@ -234,23 +237,33 @@ def layerwise_pass(
     backup: list[tuple[nn.Module, torch.Tensor]] = []  # original weights of what was written, to undo a failure
     try:
         for i, layer in enumerate(tqdm(get_layers(model, spec), desc=f"{desc}: layers", leave=False)):
-            view = layer_view(layer, i, spec, model.config)
-            paths = {t.path for p in pruners for t in p.targets}
-            backup += [(view.module(path), view.module(path).weight.detach().clone()) for path in sorted(paths)]
-            dense = copy.deepcopy(layer) if (want_copy and run is not None) else None
-            info: dict = {}
-            for k, p in enumerate(pruners):
-                t0 = time.perf_counter()
-                entry = p.prune_layer(run, view, dense)
-                seconds[k] += time.perf_counter() - t0
-                if len(pruners) == 1:
-                    info = entry
-                elif entry:
-                    info[str(k)] = entry
-            plan.layers[i] = LayerPlan(info=info)
-            if run is not None:
-                run.advance(run.run_layer(i, layer=dense if dense_next else None))  # outputs feed the next layer
-            del dense
+            if sess.done(i):  # finished by an earlier run: only its outputs are needed
+                plan.layers[i] = sess.restored_plan(i)
+                if run is not None and i < todo[-1]:
+                    run.advance(sess.forward(run, i, "input" if dense_next else "current"))
+                continue
+            with sess.resident(i, "input"):
+                view = layer_view(layer, i, spec, model.config)
+                paths = {t.path for p in pruners for t in p.targets}
+                if not sess.streaming:  # a low-memory block is written elsewhere: its source needs no undo
+                    backup += [
+                        (view.module(path), view.module(path).weight.detach().clone()) for path in sorted(paths)
+                    ]
+                dense = copy.deepcopy(layer) if (want_copy and run is not None) else None
+                info: dict = {}
+                for k, p in enumerate(pruners):
+                    t0 = time.perf_counter()
+                    entry = p.prune_layer(run, view, dense)
+                    seconds[k] += time.perf_counter() - t0
+                    if len(pruners) == 1:
+                        info = entry
+                    elif entry:
+                        info[str(k)] = entry
+                plan.layers[i] = LayerPlan(info=info)
+                if run is not None:
+                    run.advance(run.run_layer(i, layer=dense if dense_next else None))  # outputs feed the next layer
+                del dense
+                sess.finish(i, info=info)
     except BaseException:
         with torch.no_grad():
             for module, weight in backup:

@@ -6,6 +6,7 @@ import logging
 
 from torch import nn
 
+from ...distributed import gather_chunks
 from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
 from ..base import refuse_pruned_head_dims
 from ..unstructured import SequentialPruner, write_target
@@ -72,6 +73,7 @@ class AMPPruner(SequentialPruner):
             run.run_layer(view.index, keep_outputs=False)
         finally:
             handle.remove()
+        xs, rope = gather_chunks(xs), gather_chunks(rope)  # data-parallel: every rank descends on all samples
         return AttentionInputs.from_module(view.attn, xs, rope, view.num_heads, view.num_kv_heads, view.head_dim)
 
     def masks(self, inp: AttentionInputs, Wq, Wk, bq=None, bk=None, roles=("q_proj", "k_proj"), desc="amp: steps"):

@@ -11,6 +11,7 @@ from ...calibration.stats import CrossGramStats, GramStats
 from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
 from ...modeling.surgery import apply_layer_plan_, head_rows
 from ...plan import LayerPlan, PruningPlan
+from ...session import current_session
 from ..base import RunnerFactory
 from ..structured import StructuredPruner, head_costs, mlp_channel_cost, resolve_gqa_mode
 from .config import NumericalPruningConfig
@@ -170,41 +171,56 @@ class NumericalPruner(StructuredPruner):
             self._sequential_refit(model, spec, runner, plan)
         return plan
 
+    def refits_after_plan(self) -> bool:
+        return self.config.compensate and self.config.compensation_inputs == "sequential"
+
     def _sequential_refit(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory, plan: PruningPlan):
-        """Refit o_proj / down_proj layer by layer on the pruned network's inputs; the model is restored after."""
-        run = runner()
-        dense_h, pruned_h = list(run.hidden), list(run.hidden)
+        """Refit o_proj / down_proj layer by layer on the pruned network's inputs; the model is restored after (a
+        low-memory or checkpointed run finishes each block here instead: see `session`)."""
+        run, sess = runner(), current_session()
+        dense_h, pruned_h = run.hidden, run.hidden
         for i, layer in enumerate(get_layers(model, spec)):
-            dense = copy.deepcopy(layer)
-            lp = plan.layers.get(i)
-            if lp is not None:
-                view = layer_view(layer, i, spec, model.config)
-                removal = LayerPlan(
-                    keep_heads=lp.keep_heads, keep_kv_heads=lp.keep_kv_heads, keep_channels=lp.keep_channels
-                )
-                apply_layer_plan_(view, removal, mode="zero")
-                targets = []
-                if lp.keep_heads is not None:
-                    targets.append((spec.o_path, head_rows(lp.keep_heads, view.head_dim)))
-                if lp.keep_channels is not None:
-                    targets.append((spec.mlp_out_path, torch.as_tensor(lp.keep_channels)))
-                for path, keep in targets:  # attention first: the MLP refit sees the refitted attention
-                    W_new, b = self._refit(run, i, dense, layer, path, keep, dense_h, pruned_h)
-                    lp.weights[path] = W_new
-                    mod = layer.get_submodule(path)
-                    with torch.no_grad():
-                        weight_oi(mod).copy_(W_new)
-                        if b is not None:
-                            lp.biases[path] = _plus_bias(b, dense.get_submodule(path))
-                            if getattr(mod, "bias", None) is None:
-                                mod.bias = nn.Parameter(torch.zeros_like(b))
-                            mod.bias.copy_(lp.biases[path])
-            dense_h = run.run_layer(i, inputs=dense_h, layer=dense)
-            pruned_h = run.run_layer(i, inputs=pruned_h)
-            for path in spec.linear_paths:  # deciding changes nothing: prune_ applies the plan
-                if getattr(dense.get_submodule(path), "bias", None) is None:
-                    layer.get_submodule(path).bias = None
-            layer.load_state_dict(dense.state_dict())
+            if sess.done(i):
+                dense_h = sess.forward(run, i, "input", dense_h)
+                pruned_h = sess.forward(run, i, "current", pruned_h)
+                continue
+            with sess.resident(i, "input"):
+                dense_h, pruned_h = self._refit_layer(run, i, layer, spec, model.config, plan, dense_h, pruned_h)
+                sess.finish(i, plan.layers.get(i) or LayerPlan())
+
+    def _refit_layer(self, run, i, layer, spec, config, plan, dense_h, pruned_h):
+        """`_sequential_refit` of block `i`: its plan gets the refitted weights; returns the next inputs."""
+        dense = copy.deepcopy(layer)
+        lp = plan.layers.get(i)
+        if lp is not None:
+            view = layer_view(layer, i, spec, config)
+            removal = LayerPlan(
+                keep_heads=lp.keep_heads, keep_kv_heads=lp.keep_kv_heads, keep_channels=lp.keep_channels
+            )
+            apply_layer_plan_(view, removal, mode="zero")
+            targets = []
+            if lp.keep_heads is not None:
+                targets.append((spec.o_path, head_rows(lp.keep_heads, view.head_dim)))
+            if lp.keep_channels is not None:
+                targets.append((spec.mlp_out_path, torch.as_tensor(lp.keep_channels)))
+            for path, keep in targets:  # attention first: the MLP refit sees the refitted attention
+                W_new, b = self._refit(run, i, dense, layer, path, keep, dense_h, pruned_h)
+                lp.weights[path] = W_new
+                mod = layer.get_submodule(path)
+                with torch.no_grad():
+                    weight_oi(mod).copy_(W_new)
+                    if b is not None:
+                        lp.biases[path] = _plus_bias(b, dense.get_submodule(path))
+                        if getattr(mod, "bias", None) is None:
+                            mod.bias = nn.Parameter(torch.zeros_like(b))
+                        mod.bias.copy_(lp.biases[path])
+        dense_h = run.run_layer(i, inputs=dense_h, layer=dense)
+        pruned_h = run.run_layer(i, inputs=pruned_h)
+        for path in spec.linear_paths:  # deciding changes nothing: prune_ applies the plan
+            if getattr(dense.get_submodule(path), "bias", None) is None:
+                layer.get_submodule(path).bias = None
+        layer.load_state_dict(dense.state_dict())
+        return dense_h, pruned_h
 
     def _refit(self, run, i, dense, layer, path, keep, dense_h, pruned_h) -> tuple[torch.Tensor, torch.Tensor | None]:
         W = weight_oi(dense.get_submodule(path)).detach()  # (d_out, D) dense weight

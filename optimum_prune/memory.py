@@ -1,0 +1,89 @@
+"""Memory a low-memory run needs, checked before any work (`streaming.load_low_memory` models)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .modeling.architectures import ArchitectureSpec, get_layers
+from .streaming import get_store
+
+__all__ = ["InsufficientMemoryError", "available_memory", "memory_needed", "check_memory"]
+
+logger = logging.getLogger(__name__)
+
+
+class InsufficientMemoryError(MemoryError, ValueError):
+    """The model does not fit even one block at a time (raised before anything is read or written)."""
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still allocate: `MemAvailable`, capped by a cgroup (container) limit; `None` when
+    unknown (not Linux)."""
+    avail = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if limit != "max":
+            avail = min(avail if avail is not None else 1 << 62, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+def memory_needed(model: nn.Module, spec: ArchitectureSpec, calibrated: bool) -> dict[str, int]:
+    """What a low-memory run holds at least, in bytes: the resident tensors (embeddings, norms), one block and the
+    dense copy some methods keep, and the largest input Gram a method may accumulate (fp32)."""
+    store = get_store(model)
+    seen, resident = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in seen and t.device.type != "meta":
+            seen.add(id(t))
+            resident += t.numel() * t.element_size()
+    widest = max(
+        max(layer.get_submodule(p).weight.shape) for layer in get_layers(model, spec) for p in spec.linear_paths
+    )
+    return {
+        "resident": resident,
+        "blocks": 2 * store.block_bytes(),
+        "statistics": 4 * widest * widest if calibrated else 0,
+    }
+
+
+def check_memory(model: nn.Module, spec: ArchitectureSpec, calibrated: bool, device: torch.device) -> int | None:
+    """Raise `InsufficientMemoryError` when even one block cannot be held; returns the bytes left over (`None`:
+    unknown)."""
+    need = memory_needed(model, spec, calibrated)
+    host = need["resident"] + (0 if device.type == "cuda" else need["blocks"] + need["statistics"])
+    free = available_memory()
+    procs = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    free = None if free is None else free // procs
+    parts = ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in need.items())
+    if free is not None and host > free:
+        raise InsufficientMemoryError(
+            f"This model needs at least {host / 1e9:.1f} GB of memory per process even with low_memory=True ({parts}); "
+            f"{free / 1e9:.1f} GB are available. It would fit on a machine (or under a process limit) with "
+            f"{host / 1e9 * 1.2:.0f} GB or more, or with device='cuda' on a GPU holding the block and its statistics "
+            f"({(need['blocks'] + need['statistics']) / 1e9:.1f} GB). Nothing was read or written."
+        )
+    if device.type == "cuda":
+        gpu_free, _ = torch.cuda.mem_get_info(device)
+        if need["blocks"] + need["statistics"] > gpu_free:
+            raise InsufficientMemoryError(
+                f"One block and its statistics need {(need['blocks'] + need['statistics']) / 1e9:.1f} GB on {device}, "
+                f"which has {gpu_free / 1e9:.1f} GB free. Use a larger GPU, or device='cpu'."
+            )
+    logger.info("low-memory run: needs at least %s (%s); %s available", f"{host / 1e9:.2f} GB", parts,
+                "unknown" if free is None else f"{free / 1e9:.2f} GB")  # fmt: skip
+    return None if free is None else free - host

@@ -1,0 +1,388 @@
+"""Low-memory models: the decoder blocks stay on disk and visit memory one at a time.
+
+`load_low_memory(path)` builds the model's skeleton on the meta device (accelerate's `init_empty_weights`), then
+loads only what calibration needs besides the blocks (embeddings, final norm, positional tables) from the
+memory-mapped safetensors checkpoint; the output head (when not tied) stays on disk until the save. A `LayerStore`
+attached to the model knows where every version of every block lives: the source checkpoint, then the file written
+when a pruning stage finished the block. The pruning loops make a block resident through the prune session
+(`optimum_prune.session`), which loads it (the version they ask for), and puts it back on the meta device afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from .modeling.architectures import ArchitectureSpec, get_layers, get_spec, layer_view, spec_for_config
+from .modeling.surgery import reshape_layer_
+from .report import layer_row
+
+__all__ = [
+    "STORE_ATTR",
+    "SafetensorsSource",
+    "LayerStore",
+    "load_low_memory",
+    "get_store",
+    "set_tensor_",
+    "write_safetensors",
+    "layer_prefix",
+    "fill_block_",
+    "load_block_",
+    "read_tensors",
+]
+
+logger = logging.getLogger(__name__)
+
+STORE_ATTR = "_optimum_prune_store"
+SOURCE = -1  # version of a block as it is in the source checkpoint
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+_INDEX = "model.safetensors.index.json"
+
+
+def _gguf_error(path: Any) -> ValueError:
+    return ValueError(
+        f"{path} is a GGUF checkpoint: its quantized blocks must be dequantized in memory, so it cannot be memory-mapped "
+        "for low_memory=True. Convert it once to safetensors (this needs the model in memory once): "
+        "`AutoPruner.from_pretrained(dir, gguf_file=NAME).save_pretrained(dir_st)`, then "
+        "`AutoPruner.from_pretrained(dir_st, low_memory=True)`."
+    )
+
+
+class SafetensorsSource:
+    """Tensor name → file of a (sharded) safetensors checkpoint; tensors are read memory-mapped, without copies."""
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.directory = Path(directory)
+        d = self.directory
+        if d.is_file() and d.suffix == ".gguf":
+            raise _gguf_error(d)
+        if not d.is_dir():
+            raise FileNotFoundError(f"{d} is not a model directory.")
+        self.files: dict[str, Path] = {}
+        if (d / _INDEX).is_file():
+            with open(d / _INDEX, encoding="utf-8") as f:
+                self.files = {k: d / v for k, v in json.load(f)["weight_map"].items()}
+        elif (d / "model.safetensors").is_file():
+            self.files = dict.fromkeys(
+                _open(d / "model.safetensors", lambda f: list(f.keys())), d / "model.safetensors"
+            )
+        elif any(d.glob("*.gguf")):
+            raise _gguf_error(next(d.glob("*.gguf")))
+        else:
+            found = ", ".join(sorted(p.name for p in d.iterdir())[:6]) or "nothing"
+            raise FileNotFoundError(
+                f"low_memory=True reads safetensors checkpoints (model.safetensors or a sharded index), and {d} has "
+                f"none ({found}). A PyTorch .bin checkpoint cannot be memory-mapped safely: load it normally once and "
+                "save it with save_pretrained (safetensors)."
+            )
+        missing = sorted({str(p.name) for p in self.files.values() if not p.is_file()})
+        if missing:
+            raise FileNotFoundError(
+                f"{d} is incomplete: shard(s) {', '.join(missing)} listed in its index are missing."
+            )
+
+    def header(self, name: str) -> tuple[torch.dtype | None, list[int]]:
+        s = _open(self.files[name], lambda f: f.get_slice(name))
+        return _DTYPES.get(s.get_dtype()), list(s.get_shape())
+
+    def float_dtype(self) -> torch.dtype | None:
+        """The dtype of the first floating-point tensor (what `from_pretrained(dtype="auto")` would load)."""
+        for name in self.files:
+            dtype, _ = self.header(name)
+            if dtype is not None:
+                return dtype
+        return None
+
+    def read(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """Memory-mapped tensors (file-backed pages: copy them before changing them)."""
+        out: dict[str, torch.Tensor] = {}
+        by_file: dict[Path, list[str]] = {}
+        for n in names:
+            by_file.setdefault(self.files[n], []).append(n)
+        for file, ns in by_file.items():
+            out.update(read_tensors(file, ns))
+        return out
+
+
+def _open(file: Path, read):
+    """`read(handle)` on an open safetensors file; a truncated or corrupt file raises a clear `OSError`."""
+    try:
+        with safe_open(str(file), "pt") as f:
+            return read(f)
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for damaged files
+        raise OSError(f"Cannot read {file}: {e}. The file is damaged or incomplete.") from e
+
+
+def read_tensors(file: Path, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """Tensors of one safetensors file (memory-mapped)."""
+    return _open(file, lambda f: {n: f.get_tensor(n) for n in (names if names is not None else f.keys())})
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Write atomically: a temporary file in the same directory, flushed to disk, then renamed over `path`."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def set_tensor_(root: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Replace parameter or buffer `name` of `root` by `value` (a parameter keeps its `requires_grad`)."""
+    mod_path, _, leaf = name.rpartition(".")
+    mod = root.get_submodule(mod_path) if mod_path else root
+    if leaf in mod._parameters:
+        old = mod._parameters[leaf]
+        mod._parameters[leaf] = nn.Parameter(value, requires_grad=bool(old is not None and old.requires_grad))
+    elif leaf in mod._buffers:
+        mod._buffers[leaf] = value
+    else:
+        raise KeyError(f"{name} is not a parameter or buffer")
+
+
+def layer_prefix(spec: ArchitectureSpec, index: int) -> str:
+    return f"{spec.layers}.{index}."
+
+
+def fill_block_(
+    layer: nn.Module,
+    i: int,
+    spec: ArchitectureSpec,
+    config: Any,
+    tensors: dict[str, torch.Tensor],
+    shapes: dict | None,
+    device: torch.device | str,
+    dtype: torch.dtype | None = None,
+) -> None:
+    """Give decoder layer `i` the recorded `shapes` (when they differ) and the values of `tensors` (full names), as
+    private copies on `device` (floating-point ones in `dtype`, default: as stored)."""
+    if shapes is not None and layer_row(layer, i, spec, config) != shapes:
+        reshape_layer_(layer_view(layer, i, spec, config), shapes)
+    prefix = layer_prefix(spec, i)
+    for n in list(layer.state_dict().keys()):
+        t = tensors[prefix + n]
+        to = dtype if (dtype is not None and t.is_floating_point()) else t.dtype
+        set_tensor_(layer, n, t.to(device=device, dtype=to, copy=True))
+
+
+def load_block_(layer, i, spec, config, path: Path, shapes: dict, device, dtype=None) -> None:
+    """`fill_block_` from a block file written by `write_safetensors`."""
+    fill_block_(layer, i, spec, config, read_tensors(path), shapes, device, dtype)
+
+
+def get_store(model: nn.Module) -> LayerStore | None:
+    return getattr(model, STORE_ATTR, None)
+
+
+class LayerStore:
+    """Where each version of each decoder block lives, and which block is in memory.
+
+    `versions[i]` maps a stage number (`SOURCE` = -1 for the source checkpoint) to `(file or None, shapes)`;
+    `load(i, stage)` makes the latest version at or before `stage` resident on `device`.
+    """
+
+    def __init__(self, model: nn.Module, spec: ArchitectureSpec, source: SafetensorsSource, dtype: torch.dtype):
+        self.model, self.spec, self.source, self.dtype = model, spec, source, dtype
+        self.device = torch.device("cpu")
+        layers = get_layers(model, spec)
+        self.versions: list[dict[int, tuple[Path | None, dict]]] = [
+            {SOURCE: (None, layer_row(layer, i, spec, model.config))} for i, layer in enumerate(layers)
+        ]
+        self.loaded: dict[int, int] = {}  # resident block -> the stage of its version
+        self.io = {"blocks_loaded": 0, "bytes_read": 0, "bytes_written": 0}  # logical traffic of the blocks
+        self.checked: set[int] = set()  # source blocks whose weights were checked finite
+        self._work: Path | None = None
+        self.work_parent: Path | None = None
+
+    # ------------------------------------------------------------------------------------------------- versions
+    def latest(self, i: int, stage: int | None = None) -> int:
+        return max(s for s in self.versions[i] if stage is None or s <= stage)
+
+    def record(self, i: int, stage: int, path: Path, shapes: dict) -> None:
+        self.versions[i][stage] = (path, shapes)
+
+    def forget(self, stage: int) -> None:
+        """Drop every version of `stage` (a failed stage): blocks go back to their previous version."""
+        for i, v in enumerate(self.versions):
+            if v.pop(stage, None) is not None:
+                self.offload(i)
+                self._reshape(i, v[self.latest(i)][1])
+
+    def work_dir(self) -> Path:
+        """A private directory for block files written without a checkpoint directory (deleted with the store)."""
+        if self._work is None:
+            parent = self.work_parent
+            if parent is not None:
+                parent.mkdir(parents=True, exist_ok=True)
+            self._work = Path(tempfile.mkdtemp(prefix="optimum_prune_blocks.", dir=parent))
+            weakref.finalize(self, shutil.rmtree, str(self._work), True)
+            logger.info("Low-memory mode: pruned blocks are written to %s until the model is saved", self._work)
+        return self._work
+
+    def tensor_files(self, i: int) -> dict[str, Path]:
+        """Full tensor name → file of the latest version of block `i`."""
+        path, _ = self.versions[i][self.latest(i)]
+        names = get_layers(self.model, self.spec)[i].state_dict().keys()
+        prefix = layer_prefix(self.spec, i)
+        if path is None:
+            return {prefix + n: self.source.files[prefix + n] for n in names}
+        return dict.fromkeys((prefix + n for n in names), path)
+
+    # ---------------------------------------------------------------------------------------------- residency
+    def _reshape(self, i: int, shapes: dict) -> None:
+        layer = get_layers(self.model, self.spec)[i]
+        if layer_row(layer, i, self.spec, self.model.config) != shapes:
+            reshape_layer_(layer_view(layer, i, self.spec, self.model.config), shapes)
+
+    def load(self, i: int, stage: int | None = None) -> None:
+        """Make version `latest(i, stage)` of block `i` resident on `self.device`."""
+        version = self.latest(i, stage)
+        if self.loaded.get(i) == version:
+            return
+        self.offload(i)
+        path, shapes = self.versions[i][version]
+        layer = get_layers(self.model, self.spec)[i]
+        if path is None:
+            self._reshape(i, shapes)
+            prefix = layer_prefix(self.spec, i)
+            tensors = self.source.read([prefix + n for n in layer.state_dict()])
+            fill_block_(layer, i, self.spec, self.model.config, tensors, None, self.device, self.dtype)
+        else:
+            load_block_(layer, i, self.spec, self.model.config, path, shapes, self.device, self.dtype)
+        self.loaded[i] = version
+        self.io["blocks_loaded"] += 1
+        self.io["bytes_read"] += sum(t.numel() * t.element_size() for t in layer.state_dict().values())
+        if path is None and i not in self.checked:
+            _check_finite(layer, i, self.spec)
+            self.checked.add(i)
+
+    def offload(self, i: int) -> None:
+        """Put block `i` back on the meta device (its weights are on disk)."""
+        if self.loaded.pop(i, None) is None:
+            return
+        layer = get_layers(self.model, self.spec)[i]
+        for n, t in layer.state_dict(keep_vars=True).items():
+            set_tensor_(layer, n, torch.empty_like(t, device="meta"))
+        _trim_heap()
+
+    def block_bytes(self) -> int:
+        """Bytes of the largest block in the working dtype."""
+        size = torch.finfo(self.dtype).bits // 8
+        layers = get_layers(self.model, self.spec)
+        return max(sum(t.numel() for t in layer.state_dict().values()) * size for layer in layers)
+
+
+_LIBC: list = []
+
+
+def _trim_heap() -> None:
+    """Return the heap memory freed with a block to the system (glibc `malloc_trim`; a no-op elsewhere). A block's
+    tensors and temporaries are mostly below glibc's mmap threshold, so without this the freed space piles up
+    from block to block as fragmentation (measured: 2.0 GB instead of 1.3 GB peak on a 1.1 B-parameter model)."""
+    if not _LIBC:
+        try:
+            import ctypes
+
+            _LIBC.append(ctypes.CDLL("libc.so.6").malloc_trim)
+        except (OSError, AttributeError):
+            _LIBC.append(None)
+    if _LIBC[0] is not None:
+        _LIBC[0](0)
+
+
+def _check_finite(layer: nn.Module, i: int, spec: ArchitectureSpec) -> None:
+    for path in spec.linear_paths:
+        w = layer.get_submodule(path).weight
+        if not torch.isfinite(w).all():
+            raise ValueError(
+                f"Layer {i} `{path}` has NaN/Inf weights in the source checkpoint; pruning would spread them. Fix the "
+                "checkpoint first. Nothing was written."
+            )
+
+
+def _output_param_names(model: nn.Module) -> set[str]:
+    out = model.get_output_embeddings()
+    if out is None:
+        return set()
+    emb = model.get_input_embeddings()
+    if getattr(out, "weight", None) is getattr(emb, "weight", object()):
+        return set()
+    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+    return {names[id(p)] for p in out.parameters() if id(p) in names}
+
+
+def load_low_memory(path: str | os.PathLike, *, torch_dtype: Any = None, **kwargs: Any) -> nn.Module:
+    """A model whose decoder blocks stay on disk (see the module docstring); `kwargs` go to `from_config`
+    (e.g. `attn_implementation`)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from .modeling.auto_classes import register_pruned_architectures
+
+    register_pruned_architectures()
+    source = SafetensorsSource(path)
+    config = AutoConfig.from_pretrained(path)
+    arch = spec_for_config(config)
+    if arch is not None and arch.modality != "text":
+        raise ValueError(
+            f"{path} holds an image model ({config.model_type}): low_memory=True streams the blocks of causal LMs only. "
+            "Vision transformers fit in memory: load it without low_memory."
+        )
+    dtype = torch_dtype if isinstance(torch_dtype, torch.dtype) else None
+    dtype = dtype or getattr(config, "dtype", None) or source.float_dtype() or torch.float32
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
+    model.eval()
+    spec = get_spec(model)
+    state = model.state_dict(keep_vars=True)
+    layers_prefix = spec.layers + "."
+    tied = {n for n in state if n not in source.files and n in _tied_names(model)}
+    missing = sorted(n for n in state if n not in source.files and n not in tied)
+    unexpected = sorted(set(source.files) - set(state))
+    if missing or unexpected:
+        raise ValueError(
+            f"{path} does not match its config.json: missing {missing[:4]}, unexpected {unexpected[:4]}. low_memory=True "
+            "needs a checkpoint saved by transformers / optimum_prune for this architecture."
+        )
+    lazy = _output_param_names(model)
+    eager = [n for n in state if not n.startswith(layers_prefix) and n not in lazy and n not in tied]
+    for name, t in source.read(eager).items():
+        set_tensor_(model, name, t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t)
+    if tied:
+        model.tie_weights()
+    setattr(model, STORE_ATTR, LayerStore(model, spec, source, dtype))
+    model.register_forward_pre_hook(_refuse_forward)
+    logger.info("Loaded %s with low_memory=True: %d blocks stay on disk", path, len(get_layers(model, spec)))
+    return model
+
+
+def _tied_names(model: nn.Module) -> set[str]:
+    keys = getattr(model, "_tied_weights_keys", None) or {}
+    names = set(keys) if isinstance(keys, (dict, list, tuple, set)) else set()
+    if getattr(model.config, "tie_word_embeddings", False):
+        names |= {n for n, _ in model.named_parameters(remove_duplicate=False) if n.endswith("lm_head.weight")}
+    return names
+
+
+def _refuse_forward(model: nn.Module, args: tuple) -> None:
+    raise RuntimeError(
+        "This model was loaded with low_memory=True: its decoder blocks are on disk, not in memory, so it cannot run "
+        "a forward pass. Save it (`pruner.save_pretrained(dir)`) and load the result with "
+        "`AutoPrunedModelForCausalLM.from_pretrained(dir)` where it fits in memory."
+    )
