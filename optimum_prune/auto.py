@@ -188,7 +188,7 @@ class AutoPruner:
         self.solution_path = report.artifacts.get("solution_path", self.solution_path)
         return report
 
-    def search(self, config: PruningConfig, calibration: Any, **kwargs: Any):
+    def search(self, config: PruningConfig, calibration: Any):
         """Run Solution Path Pruning's search (`SPPConfig`) and return the `SolutionPath`; the model is unchanged.
 
         Any ratio is then extracted without searching again: save the path (`path.save_pretrained(dir)`) and prune
@@ -196,7 +196,7 @@ class AutoPruner:
         """
         from .methods.spp import search_solution_path
 
-        self.solution_path = search_solution_path(self.model, config, calibration, self.tokenizer, **kwargs)
+        self.solution_path = search_solution_path(self.model, config, calibration, self.tokenizer)
         return self.solution_path
 
     def _keep_teacher_copy(self) -> None:

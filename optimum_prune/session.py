@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from .calibration.offload import ActivationBudget, parse_bytes
+from .calibration.sequential import input_embedding_weight
 from .checkpoint import RunCheckpoint, fingerprint_model
 from .distributed import broadcast_object, world_size
 from .memory import check_memory
@@ -317,7 +318,7 @@ def _fingerprint(model, spec, configs, ids, batch_size, device) -> dict:
     if store is not None:
         store.load(0)
     try:
-        sample = {"embeddings": model.get_input_embeddings().weight, "block0": layer.get_submodule(name).weight}
+        sample = {"embeddings": input_embedding_weight(model), "block0": layer.get_submodule(name).weight}
         model_fp = fingerprint_model(model, {k: v.detach().clone() for k, v in sample.items()})
         model_fp["layers_sha256"] = hashlib.sha256(json.dumps(layer_table(model, spec)).encode()).hexdigest()
     finally:

@@ -97,13 +97,17 @@ def test_rerun_after_a_crash_continues_and_gives_the_same_model(config, cls, nam
         prune_and_save(src, config, tmp_path / "resumed", low_memory, calibration=IDS, batch_size=3,
                        checkpoint_dir=ckpt)  # fmt: skip
     assert seen and min(seen) == FAIL_AT, seen  # the finished blocks were not redone
-    assert_same_state(saved_state(ref), saved_state(tmp_path / "resumed"))
+    # The sequential refit of the blocks after the crash reads the finished blocks as saved (heads and KV groups
+    # removed), where the uninterrupted run computed them with those units zeroed: the same function, other float
+    # rounding (matmuls of other shapes). Everything else resumes bit for bit.
+    atol = 1e-5 if name == "_refit_layer" else 0.0
+    assert_same_state(saved_state(ref), saved_state(tmp_path / "resumed"), atol=atol)
     with monkeypatch.context() as m:  # a finished run: everything comes from the checkpoint
         seen = _instrument(m, cls, name)
         prune_and_save(src, config, tmp_path / "again", low_memory, calibration=IDS, batch_size=3,
                        checkpoint_dir=ckpt)  # fmt: skip
     assert not seen
-    assert_same_state(saved_state(ref), saved_state(tmp_path / "again"))
+    assert_same_state(saved_state(tmp_path / "resumed"), saved_state(tmp_path / "again"))
 
 
 KILLED = """

@@ -66,7 +66,7 @@ class LayerwiseRunner:
     ) -> None:
         self.model, self.spec = model, spec
         self.layers = get_layers(model, spec)
-        self.device = torch.device(device) if device is not None else model.get_input_embeddings().weight.device
+        self.device = torch.device(device) if device is not None else input_embedding_weight(model).device
         self.offload = torch.device(offload_device)
         self.activations = activations
         self.hidden: Sequence[torch.Tensor] = self._chunk_list()
@@ -199,11 +199,17 @@ class LayerwiseRunner:
         self.hidden = outputs
 
 
+def input_embedding_weight(model: nn.Module) -> torch.Tensor:
+    """The input embedding's weight (token embeddings), or its first parameter (an image model's patch embedding);
+    in memory even in a low-memory model, whose blocks may sit on the meta device."""
+    embeddings = model.get_input_embeddings()
+    weight = getattr(embeddings, "weight", None)
+    return weight if isinstance(weight, torch.Tensor) else next(embeddings.parameters())
+
+
 def _embed_forward(base: nn.Module, chunk: torch.Tensor) -> None:
     """The base model's forward on one chunk (its layers are stubs): token ids, or pixel values for image models."""
-    embeddings = base.get_input_embeddings()
-    weight = getattr(embeddings, "weight", None)
-    device = weight.device if weight is not None else next(embeddings.parameters()).device
+    device = input_embedding_weight(base).device
     if chunk.is_floating_point():  # pixel values: encoder-only image models take no cache
         base(pixel_values=chunk.to(device))
     else:

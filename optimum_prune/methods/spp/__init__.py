@@ -28,9 +28,7 @@ register_pruning_method("spp", config_cls=SPPConfig, pruner_cls=SPPPruner)
 register_pruning_method("spp_ria", config_cls=SPPRIAConfig, pruner_cls=SPPRIAPruner)
 
 
-def search_solution_path(
-    model: nn.Module, config: SPPConfig, calibration: Any, tokenizer: Any = None, *, batch_size: int | None = None
-) -> SolutionPath:
+def search_solution_path(model: nn.Module, config: SPPConfig, calibration: Any, tokenizer: Any = None) -> SolutionPath:
     """Run SPP's search on `model` (left unchanged) and return its `SolutionPath` (`AutoPruner.search` calls this).
 
     Args:
@@ -47,7 +45,7 @@ def search_solution_path(
         raise ValueError("This config already names a `solution_path`; drop it to search.")
     if calibration is None:
         raise ValueError("The SPP search needs calibration data: pass `calibration=CalibrationConfig(dataset=...)`.")
-    spec, pruner, _, _ = _prepare(model, config, calibration, tokenizer, batch_size, None)
+    spec, pruner, _, _ = _prepare(model, config, calibration, tokenizer)
     was_training = model.training
     model.eval()
     try:

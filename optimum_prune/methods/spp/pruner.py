@@ -23,6 +23,11 @@ __all__ = ["SPPPruner", "check_pair_support"]
 
 def check_pair_support(model: nn.Module, spec: ArchitectureSpec, prune_attention: bool) -> None:
     """Refuse, before anything changes, a model whose attention head dimensions cannot be pruned."""
+    if spec.modality != "text":
+        raise ValueError(
+            f"SPP's search runs on causal LMs only for now; {model.config.model_type} is an image model. Prune it with "
+            "NumericalPruningConfig / FLAPConfig (structured) or an unstructured method."
+        )
     if not prune_attention:
         return
     if spec.pair_attention is None:

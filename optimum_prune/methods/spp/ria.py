@@ -27,6 +27,7 @@ from ..unstructured import SequentialPruner
 from .config import SPPRIAConfig
 from .functional import removal_order
 from .masks import MaskSet
+from .pruner import check_pair_support
 from .search import train_masks
 
 __all__ = ["SPPRIAPruner", "path_scores"]
@@ -87,6 +88,10 @@ class SPPRIAPruner(SequentialPruner):
 
     def make_stats(self, dim: int):
         return SquaredNormStats(dim)
+
+    def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
+        super().validate(model, spec)
+        check_pair_support(model, spec, prune_attention=False)
 
     def begin(self, model: nn.Module, spec: ArchitectureSpec) -> None:
         super().begin(model, spec)
