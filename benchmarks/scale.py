@@ -311,8 +311,9 @@ def markdown(results: dict) -> str:
         "logical traffic.",
         "",
         "| run | model (params, on disk) | mode | procs | peak RSS GB | peak anon GB | RSS after load GB "
-        "| prune s | save s | wall s | disk written GB | blocks read GB | activations spilled GB | load avg |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| prune s | FISTA solves s | save s | wall s | disk written GB | blocks read GB | activations spilled GB "
+        "| load avg |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in results["runs"].items():
         rk = r["ranks"]
@@ -325,10 +326,11 @@ def markdown(results: dict) -> str:
         bio = rk[0]["block_io"] or {}
         spilled = (rk[0]["activations"] or {}).get("spilled_bytes", 0)
         method = r["config"]["method"]
+        solves = f"{max(x['fista_solve_seconds'] for x in rk):.1f}" if method == "fista" else ""
         lines.append(
             f"| {name} | {r['model']} ({rk[0]['params_before'] / 1e9:.2f} B, {_gb(results['models'][r['model']])} GB) "
             f"| {'low-memory' if r['low_memory'] else 'in memory'}, {method} | {r['processes']} | {_gb(peak)} "
-            f"| {_gb(anon)} | {_gb(loaded)} | {prune:.1f} | {save:.1f} | {r['wall_seconds']:.1f} | {_gb(written)} "
+            f"| {_gb(anon)} | {_gb(loaded)} | {prune:.1f} | {solves} | {save:.1f} | {r['wall_seconds']:.1f} | {_gb(written)} "
             f"| {_gb(bio.get('bytes_read', 0))} | {_gb(spilled)} | {r['loadavg_before'][0]:.1f} |"
         )
     return "\n".join(lines + estimates(results)) + "\n"
