@@ -36,6 +36,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _size(directory: Path) -> int:
+    """Bytes of the files under `directory` (0 for those another process removes meanwhile)."""
+    total = 0
+    for f in directory.rglob("*"):
+        try:
+            total += f.stat().st_size if f.is_file() else 0
+        except OSError:
+            pass
+    return total
+
+
 def remove_stale(where: str | os.PathLike, name: str, suffix: str = "") -> list[Path]:
     """Remove the directories `<name>.<this host>-<pid>.*<suffix>` in `where` whose process is gone; returns them."""
     where = Path(where)
@@ -46,7 +57,7 @@ def remove_stale(where: str | os.PathLike, name: str, suffix: str = "") -> list[
     for entry in where.iterdir():
         m = pattern.match(entry.name)
         if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))) and entry.is_dir():
-            size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+            size = _size(entry)
             shutil.rmtree(entry, ignore_errors=True)
             logger.warning("Removed %s (%.2f GB): left by an interrupted run (process %s).", entry, size / 1e9,
                            m.group(1))  # fmt: skip
