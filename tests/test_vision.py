@@ -10,7 +10,7 @@ import json
 import datasets
 import pytest
 import torch
-from testing_utils import calibration_ids, calibration_pixels, logits, tiny_model
+from testing_utils import calibration_for, calibration_ids, calibration_pixels, logits, tiny_model
 from transformers import AutoModel, AutoModelForImageClassification
 
 from optimum_prune import (
@@ -103,7 +103,7 @@ def test_deit_prunes_and_reloads_exactly(method, tmp_path):
     model = tiny_model("deit")
     if method == "spp":  # per-layer q/k and v/o head dims, searched on the classifier's cross-entropy
         config = SPPConfig(pruning_ratio=0.3, steps=6, lr=0.08, lambda_=0.7, round_to=1, head_dim_multiple=1)
-        report = prune_(model, config, [{"pixel_values": p, "labels": i % 5} for i, p in enumerate(calibration_pixels())])
+        report = prune_(model, config, calibration_for("deit", labelled=True))
         assert any("qk_head_dim" in layer for layer in report.layers)
     else:
         prune_(model, FLAPConfig(pruning_ratio=0.3, round_to=1), calibration_pixels())
