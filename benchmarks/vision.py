@@ -79,7 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ft-steps", type=int, default=30)
     p.add_argument("--ft-batch", type=int, default=16)
     p.add_argument("--ft-lr", type=float, default=5e-5)
-    p.add_argument("--spp-steps", type=int, default=200, help="SPP search steps")
+    p.add_argument("--spp-steps", type=int, default=300, help="SPP search steps")
     p.add_argument("--spp-batch", type=int, default=8, help="SPP search batch (images)")
     p.add_argument("--spp-lr", type=float, default=None, help="SPP search lr (default: SPPConfig's)")
     p.add_argument("--spp-lambda", type=float, default=None, help="SPP soft threshold (default: SPPConfig's)")
@@ -138,7 +138,8 @@ def _config(args, res: dict, method: str, ratio: float, dense, calibration):
     path = SolutionPath.from_pretrained(where)
     res["spp_search"] = {**path.summary(), "settings": path.meta["search"], "loss_history": path.meta["loss_history"],
                          "path_bytes": sum(f.stat().st_size for f in where.iterdir())}  # fmt: skip
-    return SPPConfig(pruning_ratio=ratio, solution_path=str(where), **search)
+    # extrapolate: units that never entered the path (if the search was too short for a ratio) are ranked by their Z
+    return SPPConfig(pruning_ratio=ratio, solution_path=str(where), extrapolate=True, **search)
 
 
 def quality(args, res: dict) -> None:
