@@ -62,6 +62,7 @@ def _state(obj) -> dict[str, Any]:
 def _restore(state: dict[str, Any]):
     cls = _CLASSES[state["class"]]
     obj = cls.__new__(cls)
+    obj._synced = False  # caches written before the statistics learned to sum over ranks lack it
     obj.__dict__.update({k: v for k, v in state.items() if k != "class"})
     return obj
 

@@ -27,6 +27,8 @@ __all__ = [
     "gather_chunks",
     "barrier",
     "broadcast_object",
+    "broadcast_",
+    "assign_ranks",
     "shutdown",
     "initialized",
 ]
@@ -159,6 +161,31 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     box = [obj]
     d.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def broadcast_(t: torch.Tensor, src: int = 0) -> torch.Tensor:
+    """Rank `src`'s values of `t` on every rank, in place (`t` has the same shape and dtype everywhere; a no-op in
+    one process)."""
+    d = _dist()
+    if d is None or d.get_world_size() == 1:
+        return t
+    dev = _comm_device(t)
+    buf = t.contiguous() if t.device == dev else t.to(dev)
+    d.broadcast(buf, src=src)
+    if buf is not t:
+        t.copy_(buf)
+    return t
+
+
+def assign_ranks(costs: list[float]) -> list[int]:
+    """The rank that does each of several independent jobs of the given `costs`: longest first, each to the least
+    loaded rank (ties: the lowest rank), the same on every rank; all 0 in one process."""
+    loads = [0.0] * world_size()
+    owners = [0] * len(costs)
+    for k in sorted(range(len(costs)), key=lambda k: -costs[k]):
+        owners[k] = min(range(len(loads)), key=lambda r: loads[r])
+        loads[owners[k]] += costs[k]
+    return owners
 
 
 def initialized() -> bool:

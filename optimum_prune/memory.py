@@ -1,4 +1,4 @@
-"""Memory a low-memory run needs, checked before any work (`streaming.load_low_memory` models)."""
+"""Memory a low-memory run needs, and the device a run asks for, checked before any work."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from torch import nn
 from .modeling.architectures import ArchitectureSpec, get_layers
 from .streaming import get_store
 
-__all__ = ["InsufficientMemoryError", "available_memory", "memory_needed", "check_memory"]
+__all__ = ["InsufficientMemoryError", "available_memory", "memory_needed", "check_memory", "check_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,33 @@ def available_memory() -> int | None:
     except (OSError, ValueError):
         pass
     return avail
+
+
+def check_device(device: torch.device | str | None) -> torch.device | None:
+    """`device` as a `torch.device`; a device this process cannot use (no GPU visible, a CPU-only torch build, an
+    index beyond the GPU count) is a clear `ValueError` before anything is read or written."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device={device!r} is not a torch device ({e}). Use e.g. 'cpu', 'cuda' or 'cuda:1'.") from e
+    if dev.type == "cpu":
+        return dev
+    backend = getattr(torch, dev.type, None)
+    count = backend.device_count() if backend is not None and backend.is_available() else 0
+    if count == 0:
+        build = f"torch {torch.__version__}" + (
+            ", built without CUDA" if dev.type == "cuda" and not torch.version.cuda else ""
+        )
+        raise ValueError(
+            f"device={device!r}, but this process sees no {dev.type} device ({build}). Run on a machine with one (and "
+            "a torch build for it), or leave `device` unset / pass 'cpu'. Nothing was read or written."
+        )
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(f"device={device!r}, but this process sees {count} {dev.type} device(s) (indices 0 to "
+                         f"{count - 1}; CUDA_VISIBLE_DEVICES may hide others). Nothing was read or written.")  # fmt: skip
+    return dev
 
 
 def memory_needed(model: nn.Module, spec: ArchitectureSpec, calibrated: bool) -> dict[str, int]:

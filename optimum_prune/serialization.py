@@ -35,6 +35,7 @@ from .modeling.architectures import ArchitectureSpec, get_spec
 from .modeling.auto_classes import auto_class_for_config, model_task, pruned_classes
 from .prune import HISTORY_ATTR
 from .report import layer_table
+from .scratch import make_scratch_dir, remove_stale
 from .streaming import get_store
 from .version import __version__
 
@@ -190,6 +191,7 @@ def _check_target(target: Path, overwrite: bool) -> Path:
     existing empty directory (its files are then moved up into it, so the directory itself, e.g. a mount point or a
     scheduler's scratch directory in a read-only parent, is kept), else its parent (the copy is renamed into place).
     """
+    remove_stale(target, f".{target.name}", ".tmp")  # what a killed save into this empty directory left
     check_output_dir(target, overwrite)
     if target.is_dir() and not any(target.iterdir()):
         where = target
@@ -289,7 +291,7 @@ def _save_checked(model, target: Path, tokenizer, overwrite, max_shard_size, mod
 def _save(model, target, where, tokenizer, max_shard_size, model_card, peft_model, adapter) -> Path:
     spec = get_spec(model)
     config, extra = export_config(model, spec)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=where))
+    tmp = make_scratch_dir(where, f".{target.name}", ".tmp")  # a killed save's is removed by the next one
     try:
         if get_store(model) is not None:  # low-memory model: its blocks are on disk, written shard by shard
             from .sharded import save_streamed_

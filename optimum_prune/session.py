@@ -38,7 +38,7 @@ from .calibration.offload import ActivationBudget, parse_bytes
 from .calibration.sequential import input_embedding_weight
 from .checkpoint import RunCheckpoint, fingerprint_model
 from .distributed import broadcast_object, world_size
-from .memory import check_memory
+from .memory import check_device, check_memory
 from .modeling.architectures import ArchitectureSpec, get_layers, layer_view
 from .modeling.surgery import apply_layer_plan_
 from .plan import LayerPlan, PruningPlan
@@ -348,10 +348,11 @@ def open_session(
 ) -> Iterator[NullSession]:
     """What a `prune_` call needs around its stages: the activation budget, the checkpoint, and the session made
     current for the duration (a plain `NullSession` when neither low-memory nor checkpointing: nothing changes)."""
+    device = check_device(device)
     store = get_store(model)
     limit = parse_bytes(activation_memory)
     if store is not None:
-        store.device = torch.device(device) if device is not None else torch.device("cpu")
+        store.device = device if device is not None else torch.device("cpu")
         spare = check_memory(model, spec, ids is not None, store.device)
         if limit is None and spare is not None and ids is not None:
             limit = max(spare // 2, 0)

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import weakref
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from torch import nn
 from .modeling.architectures import ArchitectureSpec, get_layers, get_spec, layer_view, spec_for_config
 from .modeling.surgery import reshape_layer_
 from .report import layer_row
+from .scratch import make_scratch_dir
 
 __all__ = [
     "STORE_ATTR",
@@ -229,7 +229,7 @@ class LayerStore:
             parent = self.work_parent
             if parent is not None:
                 parent.mkdir(parents=True, exist_ok=True)
-            self._work = Path(tempfile.mkdtemp(prefix="optimum_prune_blocks.", dir=parent))
+            self._work = make_scratch_dir(parent, "optimum_prune_blocks")
             weakref.finalize(self, shutil.rmtree, str(self._work), True)
             logger.info("Low-memory mode: pruned blocks are written to %s until the model is saved", self._work)
         return self._work

@@ -108,3 +108,15 @@ def test_two_processes_give_the_single_process_result(tmp_path, smollm2_tokenize
     prune_and_save(src, cfg, tmp_path / "resumed", low_memory=True, calibration=ids, batch_size=3, checkpoint_dir=ckpt)
     assert seen == list(range(len(finished), 4))
     assert_same_state(saved_state(tmp_path / "single" / "sparsegpt"), saved_state(tmp_path / "resumed"), atol=ATOL)
+
+
+def test_jobs_are_balanced_over_the_ranks(monkeypatch):
+    """FISTA's projections of one input group go to the ranks longest first, each to the least loaded one."""
+    from optimum_prune import distributed
+
+    assert distributed.assign_ranks([576, 192, 192]) == [0, 0, 0]  # one process does everything
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    assert distributed.assign_ranks([576, 192, 192]) == [0, 1, 1]  # q | k, v
+    assert distributed.assign_ranks([1536, 1536]) == [0, 1]  # gate | up
+    assert distributed.assign_ranks([100, 300, 200, 200]) == [0, 0, 1, 1]  # 300 + 100 | 200 + 200
+    assert distributed.assign_ranks([576]) == [0]

@@ -91,7 +91,8 @@ def test_push_uploads_exactly_the_saved_folder(pruned, fake_hub, tmp_path):
             assert _config(upload["files"][name]) == _config(data)
         else:
             assert upload["files"][name] == data, name
-    assert set(Path(tempfile.gettempdir()).iterdir()) == before  # the staging folder is gone
+    # the staging folder is gone (other processes may remove their own entries meanwhile: only new ones count)
+    assert not set(Path(tempfile.gettempdir()).iterdir()) - before
 
 
 def test_push_a_loaded_pruned_model(pruned, fake_hub, tmp_path):

@@ -158,3 +158,24 @@ def test_cli_low_memory_on_a_gguf_file_says_how_to_convert(tmp_path, capsys):
     assert main([*argv, str(tmp_path / "out")]) == 2
     assert "Convert it once to safetensors" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_image_models_are_refused_in_low_memory_mode(tmp_path):
+    src = write_checkpoint(tmp_path / "vit", arch="vit")
+    with pytest.raises(ValueError, match=r"image model \(vit\).* load it without low_memory"):
+        AutoPruner.from_pretrained(src, low_memory=True)
+
+
+@pytest.mark.parametrize("low_memory", [False, True], ids=["in_memory", "low_memory"])
+def test_a_device_this_machine_lacks_is_refused_before_any_work(tmp_path, low_memory, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # (this machine has no GPU; so would CI)
+    src = write_checkpoint(tmp_path / "src")
+    pruner = AutoPruner.from_pretrained(src, low_memory=low_memory)
+    ckpt = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"device='cuda', but this process sees no cuda device .* Nothing was"):
+        pruner.prune(WandaConfig(sparsity=0.5), calibration=calibration_ids(4, 8), device="cuda", checkpoint_dir=ckpt)
+    with pytest.raises(ValueError, match="is not a torch device"):
+        pruner.prune(WandaConfig(sparsity=0.5), calibration=calibration_ids(4, 8), device="gpu0")
+    assert not ckpt.exists()
+    pruner.save_pretrained(tmp_path / "out", model_card=False)  # untouched: it saves the source's weights
+    assert_same_state(saved_state(src), saved_state(tmp_path / "out"))

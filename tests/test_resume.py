@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shutil
 import subprocess
@@ -229,3 +230,56 @@ def test_a_truncated_source_shard_is_a_clear_error(tmp_path):
     shard.write_bytes(data[: len(data) // 2])
     with pytest.raises(OSError, match="damaged or incomplete"):
         AutoPruner.from_pretrained(src, low_memory=True).prune(WandaConfig(sparsity=0.5), calibration=IDS)
+
+
+KILLED_SAVE = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from testing_utils import calibration_ids
+import optimum_prune.sharded as sharded
+from optimum_prune import AutoPruner, WandaConfig
+
+pruner = AutoPruner.from_pretrained({src!r}, low_memory=True, offload_dir={scratch!r})
+pruner.prune(WandaConfig(sparsity=0.5), calibration=calibration_ids(8, 16), activation_memory=1)  # spills
+link = sharded._link_or_copy
+def killing_link(*a):
+    link(*a)
+    os.kill(os.getpid(), signal.SIGKILL)  # mid-save: one shard in the temporary directory
+sharded._link_or_copy = killing_link
+pruner.save_pretrained({out!r})
+"""
+
+
+def test_a_save_killed_midway_leaves_no_model_and_its_remains_are_removed_by_the_next_run(tmp_path, caplog):
+    src, scratch, out = write_checkpoint(tmp_path / "src"), tmp_path / "scratch", tmp_path / "out"
+    code = KILLED_SAVE.format(tests=str(Path(__file__).parent), src=str(src), scratch=str(scratch), out=str(out))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert not out.exists()
+    killed = [*tmp_path.glob(".out.*.tmp"), *scratch.iterdir()]
+    left = sorted(p.name.lstrip(".").split(".")[0] for p in killed)
+    assert left == ["optimum_prune_blocks", "out"], left  # a kill cannot clean up (the spilled activations were)
+    caplog.set_level(logging.WARNING, logger="optimum_prune.scratch")
+    prune_and_save(src, WandaConfig(sparsity=0.5), tmp_path / "ref", calibration=calibration_ids(8, 16))
+    pruner = AutoPruner.from_pretrained(src, low_memory=True, offload_dir=scratch)
+    pruner.prune(WandaConfig(sparsity=0.5), calibration=calibration_ids(8, 16), activation_memory=1)
+    pruner.save_pretrained(out, model_card=False)
+    assert_same_state(saved_state(tmp_path / "ref"), saved_state(out))
+    assert not [p for p in killed if p.exists()]
+    assert caplog.text.count("left by an interrupted run") == 2, caplog.text
+
+
+def test_scratch_directories_of_live_processes_are_kept(tmp_path):
+    from optimum_prune.scratch import make_scratch_dir
+
+    mine = make_scratch_dir(tmp_path, "optimum_prune_blocks")
+    live = tmp_path / mine.name.replace(f"-{os.getpid()}.", "-1.")  # process 1 (init) is alive
+    live.mkdir()
+    other_host = tmp_path / "optimum_prune_blocks.elsewhere-999999999.abcdefgh"  # cannot be checked from here
+    other_host.mkdir()
+    second = make_scratch_dir(tmp_path, "optimum_prune_blocks")
+    assert mine.is_dir() and live.is_dir() and other_host.is_dir() and second != mine

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from ..scratch import make_scratch_dir
 
 __all__ = ["ActivationBudget", "ChunkList", "parse_bytes"]
 
@@ -76,7 +77,7 @@ class ActivationBudget:
         if self._dir is None:
             if self.directory is not None:
                 self.directory.mkdir(parents=True, exist_ok=True)
-            self._dir = Path(tempfile.mkdtemp(prefix=".optimum_prune_activations.", dir=self.directory))
+            self._dir = make_scratch_dir(self.directory, ".optimum_prune_activations")
             weakref.finalize(self, shutil.rmtree, str(self._dir), True)
             logger.warning(
                 "Calibration activations exceed the in-memory budget of %s (%s held): further chunks are written to "

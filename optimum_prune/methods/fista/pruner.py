@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ...calibration.stats import CrossGramStats, GramStats
+from ...distributed import assign_ranks, broadcast_, broadcast_object, rank
 from ...functional.masks import keep_mask
 from ...modeling.architectures import LayerView, weight_oi
 from ..sparsegpt.functional import sparsegpt_prune
@@ -139,19 +140,30 @@ class FistaPruner(SequentialPruner):
             L = lipschitz_constant(Gs, dtype=torch.float32)  # shared by the projections of the group
             eig = functools.cache(lambda Gs=Gs: spectral_gram(Gs))  # computed once, on the first spectral step
             stats_s = time.perf_counter() - t0 + dense_s / len(groups)
+            dense_w = []
             for t in targets:
-                t0 = time.perf_counter()
                 W = weight_oi(dense.get_submodule(t.path)).detach()
-                W = W[t.rows(W.shape[0])].to(G.device, torch.float32)  # (out, in) dense target
+                dense_w.append(W[t.rows(W.shape[0])].to(G.device, torch.float32))  # (out, in) dense target
+            # the group's projections are independent given its statistics: with several processes, each solves
+            # some of them (balanced by rows) and sends its results to the others
+            owners = assign_ranks([W.shape[0] for W in dense_w])
+            solved = []
+            for W, owner in zip(dense_w, owners, strict=True):
+                if owner != rank():
+                    solved.append((torch.empty_like(W), None))
+                    continue
+                t0 = time.perf_counter()
                 W0 = self._warm_start(W, Gs)
                 W_best, res = fista_prune(
                     W, G, Gs, C, W0, cfg.sparsity if cfg.nm is None else None, cfg.nm, L=L, eig=eig, **opts
                 )
-                write_target(view, t, W_best)
                 rec = {k: res[k] for k in ("error_init", "error_best", "stop_reason", "outer_iterations")}
                 rec.update(spectral_steps=sum(res["spectral"]), seconds=time.perf_counter() - t0)
                 rec.update(input_group=gname, stats_seconds=stats_s)
-                info[t.key] = rec
+                solved.append((W_best.to(torch.float32).contiguous(), rec))
+            for t, (W_best, rec), owner in zip(targets, solved, owners, strict=True):
+                write_target(view, t, broadcast_(W_best, owner))
+                info[t.key] = broadcast_object(rec, owner)
         return info
 
 
