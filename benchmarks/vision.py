@@ -11,6 +11,8 @@ Two phases, so that the timed one is short and can hold the shared timing lock:
   (full fine-tuning, cross-entropy, on images of the `train` split the probe was not fitted on) and measured again.
   The pruned (not fine-tuned) models are saved under the cache for the timing phase. Results are written after
   every run; a re-run skips the runs already in the JSON (resumable).
+- SPP (`--methods spp`): one search on the calibration images (the classifier's cross-entropy; `--spp-*` settings;
+  the path is cached under the cache dir and reused), then every ratio is extracted from the saved path in seconds.
 - `--timing`: forward latency of a batch of images, the dense model and every saved pruned model interleaved round
   by round (warm-up, medians); run it as `flock /tmp/optimum_prune_timing.lock python benchmarks/vision.py --timing`.
 
@@ -51,15 +53,19 @@ from optimum_prune import (  # noqa: E402
     FLAPConfig,
     MagnitudePruningConfig,
     NumericalPruningConfig,
+    SolutionPath,
+    SPPConfig,
     finetune_,
     prune_,
     save_pruned,
 )
+from optimum_prune.methods.spp import search_solution_path  # noqa: E402
 
 logger = logging.getLogger("benchmarks.vision")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "vision_dinov2s_cifar10.json"
-METHODS = {"magnitude": MagnitudePruningConfig, "numerical": NumericalPruningConfig, "flap": FLAPConfig}
+METHODS = {"magnitude": MagnitudePruningConfig, "numerical": NumericalPruningConfig, "flap": FLAPConfig,
+           "spp": SPPConfig}  # SPP: one search (cached under the cache dir), every ratio extracted from its path  # fmt: skip
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -73,6 +79,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ft-steps", type=int, default=30)
     p.add_argument("--ft-batch", type=int, default=16)
     p.add_argument("--ft-lr", type=float, default=5e-5)
+    p.add_argument("--spp-steps", type=int, default=300, help="SPP search steps")
+    p.add_argument("--spp-batch", type=int, default=8, help="SPP search batch (images)")
+    p.add_argument("--spp-lr", type=float, default=None, help="SPP search lr (default: SPPConfig's)")
+    p.add_argument("--spp-lambda", type=float, default=None, help="SPP soft threshold (default: SPPConfig's)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--timing", action="store_true", help="run the latency phase (hold the timing lock)")
     p.add_argument("--timing-batch", type=int, default=16)
@@ -107,6 +117,31 @@ def _settings(args) -> dict:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("timing", "output")}
 
 
+def _spp_search(args) -> dict:
+    """SPPConfig fields of the search (what the saved path is checked against)."""
+    search = {"steps": args.spp_steps, "batch_size": args.spp_batch}
+    if args.spp_lr is not None:
+        search["lr"] = args.spp_lr
+    if args.spp_lambda is not None:
+        search["lambda_"] = args.spp_lambda
+    return search
+
+
+def _config(args, res: dict, method: str, ratio: float, dense, calibration):
+    """The config of one run; SPP's path is searched once (on the calibration images) and reused by every ratio."""
+    if method != "spp":
+        return METHODS[method](pruning_ratio=ratio)
+    search = _spp_search(args)
+    where = data.CACHE / "spp_path" / (f"{args.size}px_" + "_".join(f"{k}{v}" for k, v in sorted(search.items())))
+    if not (where / "solution_path.json").is_file():
+        search_solution_path(dense, SPPConfig(**search), calibration).save_pretrained(where, overwrite=True)
+    path = SolutionPath.from_pretrained(where)
+    res["spp_search"] = {**path.summary(), "settings": path.meta["search"], "loss_history": path.meta["loss_history"],
+                         "path_bytes": sum(f.stat().st_size for f in where.iterdir())}  # fmt: skip
+    # extrapolate: units that never entered the path (if the search was too short for a ratio) are ranked by their Z
+    return SPPConfig(pruning_ratio=ratio, solution_path=str(where), extrapolate=True, **search)
+
+
 def quality(args, res: dict) -> None:
     torch.set_num_threads(args.threads)
     dense = Dinov2ForImageClassification.from_pretrained(data.probe_classifier_dir(args.size)).eval()
@@ -131,7 +166,8 @@ def quality(args, res: dict) -> None:
                 continue
             logger.info("%s", name)
             model = copy.deepcopy(dense)
-            report = prune_(model, METHODS[method](pruning_ratio=ratio), calibration)
+            config = _config(args, res, method, ratio, dense, calibration)
+            report = prune_(model, config, None if method == "spp" else calibration)
             save_pruned(model, _saved_dir(args, name), overwrite=True, model_card=False)
             acc = data.accuracy(model, test_x, test_y)
             cfg = FinetuneConfig(method="full", max_steps=args.ft_steps, batch_size=args.ft_batch,
@@ -143,8 +179,11 @@ def quality(args, res: dict) -> None:
                 "accuracy_after_ft": data.accuracy(model, test_x, test_y),
                 "ft_heldout_accuracy": [ft_report.accuracy_before, ft_report.accuracy_after],
                 "ft_runtime_s": ft_report.train_runtime_s, "ft_loss": ft_report.loss_history,
-                "layers": [(r["num_attention_heads"], r["intermediate_size"]) for r in report.layers],
+                "layers": [(r["num_attention_heads"], r.get("qk_head_dim", r["head_dim"]),
+                            r.get("vo_head_dim", r["head_dim"]), r["intermediate_size"]) for r in report.layers],
             }  # fmt: skip
+            if method == "spp":
+                res["runs"][name]["extract_s"] = report.info["extract_s"]
             res["host_loadavg"] = os.getloadavg()
             _write(args, res)
             logger.info("%s: %s", name, {k: v for k, v in res["runs"][name].items() if k not in ("ft_loss", "layers")})
@@ -215,6 +254,18 @@ def markdown(res: dict) -> str:
         cpu = ", ".join(f"{n} {v:.2f}×" for n, v in timing["cpu_speedup"].items() if n != "dense")
         lines += ["", f"Speedup in process CPU time (same runs): {cpu}. Load average during the timing: "
                   f"{timing['loadavg_start'][0]:.1f} at the start, {timing['loadavg_end'][0]:.1f} at the end."]  # fmt: skip
+    spp = res.get("spp_search")
+    if spp:
+        extract = [f"{r['extract_s']:.2f}" for r in runs.values() if "extract_s" in r]
+        lines += ["", f"SPP: one search of {spp['steps']} steps (batch {spp['settings'].get('batch_size')}, "
+                  f"{spp['settings'].get('faithful_to')} dynamics, lr {spp['settings'].get('lr')}, λ "
+                  f"{spp['settings'].get('lambda_')}) on the calibration images, classifier cross-entropy, in "
+                  f"{spp['search_seconds']:.0f} s; units entered: {spp['entered']}; saved path "
+                  f"{spp['path_bytes'] / 1e3:.0f} kB. Each ratio extracted from it in {', '.join(extract)} s (no "
+                  "calibration). Mean widths kept (q/k dim, v/o dim of 64; MLP of 1536): "
+                  + "; ".join(f"{n}: " + ", ".join(f"{sum(x[k] for x in r['layers']) / len(r['layers']):.0f}"
+                                                   for k in (1, 2, 3))
+                              for n, r in runs.items() if "extract_s" in r) + "."]  # fmt: skip
     probe = res.get("probe", {})
     conv = res.get("conversion", {})
     lines += ["", f"Linear probe: {probe.get('train')} train images, train accuracy {probe.get('train_accuracy', 0):.4f}. "

@@ -110,28 +110,19 @@ def _projections(model, targets=None):
                 yield f"layers.{i}.{path}", weight_oi(layer.get_submodule(path))
 
 
-TEXT_ONLY = {"spp", "spp_ria"}  # SPP's search trains on causal-LM windows; image models are refused (tested below)
+SEARCHES = {"spp", "spp_ria"}  # they train on the model's task loss: an image classifier's needs labelled images
 
 
-def _vision_refuses(arch, config) -> bool:
-    if not (is_vision(arch) and config.method in TEXT_ONLY):
-        return False
-    model = tiny_model(arch)
-    before = copy.deepcopy(model.state_dict())
-    with pytest.raises(ValueError, match="causal LMs only"):
-        prune_(model, config, calibration_for(arch))
-    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
-    return True
+def _calibration(arch, config):
+    return calibration_for(arch, labelled=config.method in SEARCHES)
 
 
 @pytest.mark.parametrize("arch", ARCHS + VISION_ARCHS)
 @pytest.mark.parametrize(("cfg_cls", "kwargs", "tol"), METHOD_CASES, ids=CASE_IDS)
 def test_contract(arch, cfg_cls, kwargs, tol, tmp_path):
     config = cfg_cls(**kwargs)
-    if _vision_refuses(arch, config):
-        return
     model = tiny_model(arch)
-    ids = calibration_for(arch)
+    ids = _calibration(arch, config)
     report = prune_(model, config, ids)
     out = logits(model)
     assert torch.isfinite(out).all()
@@ -170,10 +161,8 @@ def test_contract(arch, cfg_cls, kwargs, tol, tmp_path):
 @pytest.mark.parametrize(("cfg_cls", "kwargs", "tol"), [c for c in METHOD_CASES if _is_structured(c[0], c[1])])
 def test_removed_equals_zeroed_and_plan_is_deterministic(arch, cfg_cls, kwargs, tol):
     config = cfg_cls(**kwargs)
-    if _vision_refuses(arch, config):
-        return
     model = tiny_model(arch)
-    ids = calibration_for(arch)
+    ids = _calibration(arch, config)
     spec, plan = compute_plan(model, config, ids)
     _, plan2 = compute_plan(tiny_model(arch), cfg_cls(**kwargs), ids)
     assert plan.summary() == plan2.summary()

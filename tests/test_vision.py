@@ -10,7 +10,7 @@ import json
 import datasets
 import pytest
 import torch
-from testing_utils import calibration_ids, calibration_pixels, logits, tiny_model
+from testing_utils import calibration_for, calibration_ids, calibration_pixels, logits, tiny_model
 from transformers import AutoModel, AutoModelForImageClassification
 
 from optimum_prune import (
@@ -23,6 +23,7 @@ from optimum_prune import (
     FLAPConfig,
     MagnitudePruningConfig,
     NumericalPruningConfig,
+    SPPConfig,
     WandaConfig,
     compute_plan,
     export_gguf,
@@ -97,9 +98,15 @@ def test_recipe_on_vision_transformer():
     assert abs(report.measured - 0.5) < 0.02 and torch.isfinite(logits(model)).all()
 
 
-def test_deit_prunes_and_reloads_exactly(tmp_path):
+@pytest.mark.parametrize("method", ["flap", "spp"])
+def test_deit_prunes_and_reloads_exactly(method, tmp_path):
     model = tiny_model("deit")
-    prune_(model, FLAPConfig(pruning_ratio=0.3, round_to=1), calibration_pixels())
+    if method == "spp":  # per-layer q/k and v/o head dims, searched on the classifier's cross-entropy
+        config = SPPConfig(pruning_ratio=0.3, steps=6, lr=0.08, lambda_=0.7, round_to=1, head_dim_multiple=1)
+        report = prune_(model, config, calibration_for("deit", labelled=True))
+        assert any("qk_head_dim" in layer for layer in report.layers)
+    else:
+        prune_(model, FLAPConfig(pruning_ratio=0.3, round_to=1), calibration_pixels())
     save_pruned(model, tmp_path / "out")
     for loader in (AutoPrunedModelForImageClassification, AutoModelForImageClassification):
         reloaded = loader.from_pretrained(tmp_path / "out", attn_implementation="eager")

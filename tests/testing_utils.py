@@ -133,9 +133,13 @@ def calibration_pixels(num_samples: int = 8, seed: int = 0, size: int = IMAGE_SI
     return torch.randn(num_samples, 3, size, size, generator=g)
 
 
-def calibration_for(arch: str, num_samples: int = 8, seed: int = 0) -> torch.Tensor:
-    """Calibration inputs of a tiny model: token ids, or pixel values for the vision architectures."""
-    return calibration_pixels(num_samples, seed) if is_vision(arch) else calibration_ids(num_samples, 16, seed)
+def calibration_for(arch: str, num_samples: int = 8, seed: int = 0, labelled: bool = False):
+    """Calibration inputs of a tiny model: token ids, or pixel values for the vision architectures (`labelled`: as
+    `{"pixel_values", "labels"}` examples of the 5 tiny classes, what a search on an image classifier trains on)."""
+    if not is_vision(arch):
+        return calibration_ids(num_samples, 16, seed)
+    px = calibration_pixels(num_samples, seed)
+    return [{"pixel_values": p, "labels": i % 5} for i, p in enumerate(px)] if labelled else px
 
 
 def model_inputs(arch: str, n: int = 2, seq_len: int = 16, seed: int = 0) -> dict:

@@ -17,7 +17,16 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["IMAGE_COLUMN", "load_image_examples", "looks_like_images", "image_calibration", "check_images_fit"]
+__all__ = [
+    "IMAGE_COLUMN",
+    "load_image_examples",
+    "looks_like_images",
+    "image_calibration",
+    "calibration_labels",
+    "check_images_fit",
+    "check_labels",
+    "require_classifier",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -174,18 +183,53 @@ def _describe(source: Any, pixel_values: torch.Tensor, num_samples: int | None, 
             "image_shape": list(pixel_values.shape[1:]), "requested_samples": num_samples, "seed": seed}  # fmt: skip
 
 
+def _unpack(calibration: Any) -> tuple[Any, int | None, int, str]:
+    """`(source, num_samples, seed, split)` of an image source or a `CalibrationConfig` holding one."""
+    from ..config import CalibrationConfig
+
+    if isinstance(calibration, CalibrationConfig):
+        return calibration.dataset, calibration.num_samples, calibration.seed, calibration.split
+    return calibration, None, 0, "train"
+
+
+def require_classifier(model: nn.Module, what: str) -> None:
+    """Raise a `ValueError` unless `model` is an image classifier: `what` (e.g. "fine-tuning", "SPP's search")
+    trains on its cross-entropy."""
+    if not hasattr(model, "classifier") or getattr(model.config, "num_labels", 0) < 1:
+        raise ValueError(
+            f"{type(model).__name__} has no classification head: {what} trains an image classifier with "
+            "cross-entropy on labels. Load the `*ForImageClassification` model (a backbone such as `Dinov2Model` "
+            "has no labels to learn)."
+        )
+
+
+def check_labels(model: nn.Module, labels: torch.Tensor | None, what: str) -> None:
+    """Raise a `ValueError` unless `model` is an image classifier and `labels` are class indices of it."""
+    require_classifier(model, what)
+    num_labels = model.config.num_labels
+    if labels is None:
+        raise ValueError(
+            f"The images have no labels: {what} trains on the cross-entropy of an image classifier and needs a "
+            "`labels` (or `label`) class index per example (a Dataset column or a key of every example dict)."
+        )
+    bad = labels[(labels < 0) | (labels >= num_labels)]
+    if bad.numel():
+        raise ValueError(f"Labels {sorted(set(bad.tolist()))[:5]} are outside the model's {num_labels} classes.")
+
+
+def calibration_labels(calibration: Any) -> torch.Tensor | None:
+    """The labels of the images `image_calibration` picks from `calibration` (same subset, same order), or `None`."""
+    source, num_samples, seed, split = _unpack(calibration)
+    return load_image_examples(source, num_samples=num_samples, seed=seed, split=split)[1]
+
+
 def image_calibration(model: nn.Module, calibration: Any) -> tuple[torch.Tensor, dict[str, Any]]:
     """Validated calibration pixel values `(N, C, H, W)` of an image model, and their description.
 
     `calibration` is an image source or a `CalibrationConfig` whose `dataset` is one (`num_samples`, `seed` and
     `split` apply; `seq_len` does not). Text or token ids are refused with a message saying what to pass.
     """
-    from ..config import CalibrationConfig
-
-    source, num_samples, seed, split = calibration, None, 0, "train"
-    if isinstance(calibration, CalibrationConfig):
-        source, num_samples, seed = calibration.dataset, calibration.num_samples, calibration.seed
-        split = calibration.split
+    source, num_samples, seed, split = _unpack(calibration)
     if calibration is None or not looks_like_images(source):
         what = "token ids" if isinstance(source, torch.Tensor) else (
             "text" if isinstance(source, (str, os.PathLike, list, tuple)) or _is_dataset(source) else type(source).__name__

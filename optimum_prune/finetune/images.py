@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..calibration.data import split_documents
-from ..calibration.images import check_images_fit, load_image_examples
+from ..calibration.images import check_images_fit, check_labels, load_image_examples, require_classifier
 from .config import FINETUNE_ATTR, FinetuneConfig, FinetuneReport
 from .sparsity import sparsity_masks
 
@@ -59,24 +59,12 @@ def _prepare(model, config, dataset, teacher):
         raise TypeError(f"`config` must be a FinetuneConfig, got {type(config).__name__}.")
     if hasattr(model, "peft_config"):
         raise ValueError("The model already carries a PEFT adapter; merge it first (`model.merge_and_unload()`).")
-    num_labels = getattr(model.config, "num_labels", 0)
-    if not hasattr(model, "classifier") or num_labels < 1:
-        raise ValueError(
-            f"{type(model).__name__} has no classification head: fine-tuning trains an image classifier with "
-            "cross-entropy on labels. Load the `*ForImageClassification` model (a backbone such as `Dinov2Model` "
-            "has no labels to learn)."
-        )
+    require_classifier(model, "fine-tuning")
     if dataset is None:
         raise ValueError("Pass `dataset=`: labelled images (a Dataset with `pixel_values` and `labels`, or examples).")
     pixels, labels = load_image_examples(dataset)
-    if labels is None:
-        raise ValueError(
-            "The images have no labels: fine-tuning an image classifier needs a `labels` (or `label`) class index "
-            "per example."
-        )
-    bad = labels[(labels < 0) | (labels >= num_labels)]
-    if bad.numel():
-        raise ValueError(f"Labels {sorted(set(bad.tolist()))[:5]} are outside the model's {num_labels} classes.")
+    check_labels(model, labels, "fine-tuning")
+    num_labels = model.config.num_labels
     if len(labels) < 2:
         raise ValueError(f"Fine-tuning needs at least 2 labelled images (some are held out), got {len(labels)}.")
     check_images_fit(model, pixels)

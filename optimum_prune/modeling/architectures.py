@@ -297,6 +297,7 @@ def _vit_like(layers: str, keys: dict[str, str], swiglu: bool = False) -> Archit
         heads_attr="num_attention_heads",
         config_keys=keys,
         modality="image",
+        pair_attention="vit",
     )
 
 

@@ -283,3 +283,31 @@ def test_pruned_head_dims_refused_by_head_pruning_and_gguf_export():
     prune_(model, NumericalPruningConfig(pruning_ratio=0.1, round_to=1, prune_attention=False), calibration_ids())
     with pytest.raises(GGUFExportError, match="head dimensions"):
         gguf_layout(model)  # what export_gguf checks before it writes anything
+
+
+def test_image_search_needs_a_classifier_and_labels():
+    """The search trains on an image classifier's cross-entropy: labelled images (also a seeded subset of a
+    `CalibrationConfig`, labels matched to the images it picks); unlabelled images or a backbone are refused first."""
+    from testing_utils import calibration_for
+
+    from optimum_prune import CalibrationConfig, SPPRIAConfig
+    from optimum_prune.calibration.images import calibration_labels, image_calibration
+
+    model = tiny_model("vit")
+    examples = calibration_for("vit", labelled=True)
+    subset = CalibrationConfig(dataset=examples, num_samples=4, seed=3)
+    pixels, _ = image_calibration(model, subset)
+    by_image = {p.sum().item(): e["labels"] for p, e in zip(calibration_for("vit"), examples)}
+    assert calibration_labels(subset).tolist() == [by_image[p.sum().item()] for p in pixels]
+    path = AutoPruner(model, keep_teacher=False).search(SPPConfig(**{**FAST, "steps": 3}), calibration=subset)
+    assert path.steps == 3
+    snap = _state(model)
+    for config in (SPPConfig(pruning_ratio=0.3, **FAST), SPPRIAConfig(sparsity=0.5, steps=2)):
+        with pytest.raises(ValueError, match="The images have no labels"):
+            prune_(model, config, calibration_for("vit"))
+    backbone = tiny_model("dinov2_backbone")
+    backbone_snap = _state(backbone)
+    with pytest.raises(ValueError, match="Dinov2Model has no classification head"):
+        AutoPruner(backbone, keep_teacher=False).search(SPPConfig(**FAST), calibration=examples)
+    assert all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
+    assert all(torch.equal(v, backbone_snap[k]) for k, v in backbone.state_dict().items())

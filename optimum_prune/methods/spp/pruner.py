@@ -9,6 +9,7 @@ from typing import Any
 
 from torch import nn
 
+from ...calibration.images import require_classifier
 from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view
 from ...plan import LayerPlan, PruningPlan
 from ..base import BasePruner, RunnerFactory
@@ -16,18 +17,16 @@ from .config import SPPConfig
 from .extract import extract_keep
 from .masks import folded_weights
 from .path import SolutionPath
-from .search import run_search
+from .search import run_search, search_dataset
 
 __all__ = ["SPPPruner", "check_pair_support"]
 
 
-def check_pair_support(model: nn.Module, spec: ArchitectureSpec, prune_attention: bool) -> None:
-    """Refuse, before anything changes, a model whose attention head dimensions cannot be pruned."""
-    if spec.modality != "text":
-        raise ValueError(
-            f"SPP's search runs on causal LMs only for now; {model.config.model_type} is an image model. Prune it with "
-            "NumericalPruningConfig / FLAPConfig (structured) or an unstructured method."
-        )
+def check_pair_support(model: nn.Module, spec: ArchitectureSpec, prune_attention: bool, search: bool = True) -> None:
+    """Refuse, before anything changes, a model whose attention head dimensions cannot be pruned, or (`search`) an
+    image model without a classification head (the search trains on its cross-entropy)."""
+    if search and spec.modality == "image":
+        require_classifier(model, "SPP's search")
     if not prune_attention:
         return
     if spec.pair_attention is None:
@@ -58,6 +57,7 @@ class SPPPruner(BasePruner):
         super().__init__(config)
         self.solution_path: SolutionPath | None = None
         self._data: Any = None
+        self._source: Any = None
         self._calibration: dict | None = None
 
     @property
@@ -65,7 +65,7 @@ class SPPPruner(BasePruner):
         return self.config.solution_path is None
 
     def attach_calibration(self, data: Any, description: dict | None = None, source: Any = None) -> None:
-        self._data, self._calibration = data, description
+        self._data, self._calibration, self._source = data, description, source
 
     def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
         super().validate(model, spec)
@@ -74,7 +74,7 @@ class SPPPruner(BasePruner):
         bad = [i for i in cfg.skip_layers if not 0 <= i < n]
         if bad:
             raise ValueError(f"skip_layers {bad} out of range: the model has {n} layers (0..{n - 1}).")
-        check_pair_support(model, spec, cfg.prune_attention)
+        check_pair_support(model, spec, cfg.prune_attention, search=cfg.solution_path is None)
         if cfg.solution_path is not None:
             path = SolutionPath.from_pretrained(cfg.solution_path)
             path.check_config(cfg)
@@ -85,7 +85,8 @@ class SPPPruner(BasePruner):
         """Run the search on the attached calibration data (the model is unchanged)."""
         if self._data is None:
             raise ValueError("The SPP search needs calibration data: pass `calibration=CalibrationConfig(...)`.")
-        self.solution_path = run_search(model, spec, self.config, self._data, self._calibration)
+        data = search_dataset(model, self._data, self._source)
+        self.solution_path = run_search(model, spec, self.config, data, self._calibration)
         return self.solution_path
 
     def compute_plan(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory | None) -> PruningPlan:

@@ -28,7 +28,7 @@ from .config import SPPRIAConfig
 from .functional import removal_order
 from .masks import MaskSet
 from .pruner import check_pair_support
-from .search import train_masks
+from .search import search_dataset, train_masks
 
 __all__ = ["SPPRIAPruner", "path_scores"]
 
@@ -80,11 +80,12 @@ class SPPRIAPruner(SequentialPruner):
     def __init__(self, config: SPPRIAConfig) -> None:
         super().__init__(config)
         self._data: Any = None
+        self._source: Any = None
         self.path_stats: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
         self.search_info: dict[str, Any] = {}
 
     def attach_calibration(self, data: Any, description: dict | None = None, source: Any = None) -> None:
-        self._data = data
+        self._data, self._source = data, source
 
     def make_stats(self, dim: int):
         return SquaredNormStats(dim)
@@ -102,7 +103,8 @@ class SPPRIAPruner(SequentialPruner):
             for path in sorted({t.path for t in self.targets}):
                 modules[(i, path)] = layer.get_submodule(path)
         masks = MaskSet({key: tuple(m.weight.shape) for key, m in modules.items()})
-        out = train_masks(model, self.config, self._data, masks, _parametrized(modules, masks))
+        data = search_dataset(model, self._data, self._source, "SPP + RIA's search")
+        out = train_masks(model, self.config, data, masks, _parametrized(modules, masks))
         entered = sum(int((s["entry"] >= 0).sum()) for s in out["stats"].values())
         total = sum(s["entry"].numel() for s in out["stats"].values())
         self.search_info = {"steps": out["steps"], "search_s": out["seconds"], "entered": entered / max(total, 1)}

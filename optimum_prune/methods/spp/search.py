@@ -18,12 +18,14 @@ import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
-from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view
+from ...calibration.images import calibration_labels, check_labels
+from ...finetune.images import _Examples
+from ...modeling.architectures import ArchitectureSpec, get_layers, is_image_model, layer_view
 from .functional import bregman_step_, init_state
 from .masks import MaskSet, SearchMasks, attach_masks, layer_units
 from .path import SolutionPath, model_identity
 
-__all__ = ["SPPSearchError", "BregmanOptimizer", "run_search", "search_views", "train_masks"]
+__all__ = ["SPPSearchError", "BregmanOptimizer", "run_search", "search_dataset", "search_views", "train_masks"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +87,22 @@ class BregmanOptimizer(torch.optim.Optimizer):
                 "gamma": st["gamma"].float().cpu(), "mask": p.detach().float().cpu(),
             }  # fmt: skip
         return out
+
+
+def search_dataset(model: nn.Module, data: Any, source: Any = None, what: str = "SPP's search") -> Any:
+    """What a search trains the masks on: causal-LM windows of the token ids `data` (the model shifts the labels),
+    or, for an image classifier, the calibration images `data` with the labels of `source` (the `calibration`
+    argument they came from) for its cross-entropy. A dataset / list of examples is passed through. Raises a
+    `ValueError` for an image model without a classification head or images without labels."""
+    if not isinstance(data, torch.Tensor):
+        return data
+    if not is_image_model(model):
+        return _Windows(data)
+    labels = calibration_labels(source) if source is not None else None
+    check_labels(model, labels, what)
+    if len(labels) != len(data):
+        raise ValueError(f"{len(labels)} labels for {len(data)} calibration images.")
+    return _Examples(data, labels)
 
 
 class _Windows(torch.utils.data.Dataset):
@@ -214,7 +232,7 @@ def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> 
     on `data`; returns the optimizer's statistics, the support history, steps, seconds and the loss log."""
     from ...finetune.trainer import _quiet
 
-    dataset = _Windows(data) if isinstance(data, torch.Tensor) else data
+    dataset = _Windows(data) if isinstance(data, torch.Tensor) else data  # (image models: see `search_dataset`)
     if len(dataset) == 0:
         raise ValueError("The calibration data is empty.")
     optimizer = BregmanOptimizer(masks, config.search_settings())
@@ -253,7 +271,8 @@ def run_search(
         spec (`ArchitectureSpec`): its architecture entry.
         config (`SPPConfig`): search settings and the units to search over.
         data (`torch.LongTensor` of shape `(N, L)` | `torch.utils.data.Dataset` | `list[dict]`): calibration token
-            windows (causal LM: the LM loss on them), or examples the model computes its loss on (with `labels`).
+            windows (causal LM: the LM loss on them), or examples the model computes its loss on (with `labels`:
+            labelled images for an image classifier, see `search_dataset`).
         calibration (`dict | None`): description recorded in the path.
     """
     views, units = search_views(model, spec, config)
