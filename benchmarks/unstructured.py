@@ -1,7 +1,9 @@
 """Unstructured / N:M pruning benchmark on SmolLM2-135M: calibrated on BBC news, scored in and out of domain.
 
 Methods: magnitude, Wanda, SparseGPT, RIA, FISTAPruner at its defaults (`fista`) and at the paper's setting
-(`fista_paper`, `FistaConfig.paper()`), at 50% unstructured and at 2:4, then an optional sparsity sweep. Every method
+(`fista_paper`, `FistaConfig.paper()`), FISTA candidates (`fista:ridge=0.1+eps=0.01`: `FistaConfig` with those
+options; labelled "= default" when they are today's defaults), at 50% unstructured and at 2:4, then an optional
+sparsity sweep. Every method
 gets the *same* calibration token ids (`--num-samples` x `--seq-len`, built once from the calibration half of the BBC
 corpus, `split_documents(docs, 0.5, seed=0)`) and is scored by perplexity on the *same* first `--eval-tokens` tokens
 of the held-out BBC half *and* of a corpus of another kind never used for calibration (`--ood`: the Python 3.11
@@ -90,7 +92,25 @@ def make_config(method: str, sparsity: float, pattern: str, fista_opts: dict[str
         return FistaConfig(sparsity=sparsity, pattern=pattern, **fista_opts)
     if method == "fista_paper":
         return FistaConfig.paper(sparsity=sparsity, pattern=pattern)
-    raise ValueError(f"unknown method {method!r}; choose from {sorted(LABELS)}")
+    if method.startswith("fista:"):
+        return FistaConfig(sparsity=sparsity, pattern=pattern, **variant_opts(method))
+    raise ValueError(f"unknown method {method!r}; choose from {sorted(LABELS)} or fista:KEY=VALUE[+KEY=VALUE...]")
+
+
+def variant_opts(method: str) -> dict[str, Any]:
+    """`fista:ridge=0.1+eps=0.01` -> {"ridge": 0.1, "eps": 0.01}: a FISTA candidate run beside the default."""
+    return parse_fista_opts(method.partition(":")[2].split("+"))
+
+
+def label(method: str) -> str:
+    """Table label of a method; a FISTA candidate whose options are today's `FistaConfig` defaults says so."""
+    if not method.startswith("fista:"):
+        return LABELS[method]
+    opts = variant_opts(method)
+    is_default = all(getattr(FistaConfig(), k) == v for k, v in opts.items())
+    return f"FISTA ({', '.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v}' for k, v in opts.items())})" + (
+        " = default" if is_default else ""
+    )
 
 
 def parse_fista_opts(items: list[str]) -> dict[str, Any]:
@@ -210,7 +230,7 @@ def _load_note(result: dict[str, Any]) -> str:
 
 
 def _fista_table(result: dict[str, Any]) -> list[str]:
-    fs = [(LABELS[r["method"]], _label(r), r["fista"]) for r in result["runs"] if r.get("fista")]
+    fs = [(label(r["method"]), _label(r), r["fista"]) for r in result["runs"] if r.get("fista")]
     if not fs:
         return []
     lines = ["", "## FISTA per-projection reconstruction error: kept solution vs warm start", "",
@@ -270,7 +290,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         if not u and not nm:
             continue
         lines.append(
-            f"| {LABELS[m]} | {_num(u, 'ppl', '.2f')} | {_num(u, 'ppl_ood', '.2f')} | {_num(nm, 'ppl', '.2f')} | "
+            f"| {label(m)} | {_num(u, 'ppl', '.2f')} | {_num(u, 'ppl_ood', '.2f')} | {_num(nm, 'ppl', '.2f')} | "
             f"{_num(nm, 'ppl_ood', '.2f')} | {_num(u, 'time_s', '.1f')} | {_num(nm, 'time_s', '.1f')} | "
             f"{_num(u, 'measured_sparsity', '.4f')} / {_num(nm, 'measured_sparsity', '.4f')} |"
         )
@@ -287,7 +307,7 @@ def render_markdown(result: dict[str, Any]) -> str:
                     "—" if not r else f"{_num(r, 'ppl', '.2f')} / {_num(r, 'ppl_ood', '.2f')} ({r['time_s']:.0f})"
                 )
             if any(c != "—" for c in cells):
-                lines.append(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
+                lines.append(f"| {label(m)} | " + " | ".join(cells) + " |")
     ratios = result.get("fista_over_sparsegpt_time", {})
     if ratios:
         lines += ["", "## FISTA pruning time relative to SparseGPT (same calibration ids)", "",
@@ -318,8 +338,8 @@ def add_time_ratios(result: dict[str, Any]) -> None:
     runs = {r["key"]: r for r in result["runs"]}
     for r in result["runs"]:
         sg = runs.get(run_key("sparsegpt", r["sparsity"], r["pattern"]))
-        if r["method"] in ("fista", "fista_paper") and sg:
-            rec = result["fista_over_sparsegpt_time"][f"{LABELS[r['method']]}, {_label(r)}"] = {
+        if r["method"].startswith("fista") and sg:
+            rec = result["fista_over_sparsegpt_time"][f"{label(r['method'])}, {_label(r)}"] = {
                 "fista_s": r["time_s"], "sparsegpt_s": sg["time_s"], "ratio": r["time_s"] / sg["time_s"],
                 "same_process": r.get("process") == sg.get("process"),
             }  # fmt: skip
@@ -342,7 +362,7 @@ def merge_results(paths: list[Path], out_dir: Path, name: str) -> None:
                 seen.add(r["key"])
                 runs.append({**r, "process": r.get("process", path.stem)})
     base["runs"] = runs
-    base["setup"]["methods"] = [m for m in LABELS if any(r["method"] == m for r in runs)]
+    base["setup"]["methods"] = list(dict.fromkeys(r["method"] for r in runs))
     base["setup"]["threads"] = "/".join(str(p["setup"]["threads"]) for p in parts)
     base["setup"]["parts"] = [{"file": p.name, "command": part["setup"]["command"], "threads": part["setup"]["threads"],
                                "status": part["status"], "dense_ppl": part["dense_ppl"]}
@@ -365,7 +385,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calib-batch-size", type=int, default=8)
     p.add_argument("--eval-tokens", type=int, default=16384, help="held-out tokens scored (same for every model)")
     p.add_argument("--eval-seq-len", type=int, default=512)
-    p.add_argument("--methods", default="magnitude,wanda,ria,sparsegpt,fista,fista_paper")
+    p.add_argument(
+        "--methods",
+        default="magnitude,wanda,ria,sparsegpt,fista,fista_paper",
+        help="comma list; fista:KEY=VALUE[+KEY=VALUE] runs a FISTA candidate beside the default",
+    )
     p.add_argument("--patterns", default="unstructured,2:4", help="comma list, run at sparsity 0.5")
     p.add_argument("--sweep", default="", help="extra unstructured sparsities, in run order (e.g. 0.3,0.7,0.4,0.6)")
     p.add_argument("--sweep-methods", default="wanda,sparsegpt,fista")

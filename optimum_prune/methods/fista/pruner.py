@@ -90,7 +90,7 @@ class FistaPruner(SequentialPruner):
             logger.warning(
                 "FISTA: %d calibration tokens for the %d inputs of %s (fewer than %d per input): FISTA will run more "
                 "outer steps, not fewer, and fit these tokens at the expense of held-out text. Use more calibration "
-                "tokens (e.g. 32 x 512), or eps=1e-2 (see FistaConfig.eps).",
+                "tokens (e.g. 32 x 512), and keep the default eps=1e-2 rather than the paper's 1e-3 (see FistaConfig.eps).",
                 count, n, path, MIN_TOKENS_PER_FEATURE,
             )  # fmt: skip
 
