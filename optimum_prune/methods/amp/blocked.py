@@ -89,7 +89,17 @@ class CausalBlocks:
             self.blocks.append(_Block(a, e, k0, k1, c0, c1, masked))
 
     def logits(self, qs: torch.Tensor, k: torch.Tensor, blk: _Block) -> torch.Tensor:
-        s = qs[:, :, blk.a * self.gs : blk.e * self.gs] @ k[:, :, blk.k0 : blk.k1].transpose(-1, -2)
+        """Scaled, masked (and soft-capped) logits `(b, G, rows·g, keys)` of block `blk`, one matmul per sequence and
+        KV group: the very products `loss_and_grads` computes, so both paths round alike."""
+        b, G = qs.shape[:2]
+        r0, r1, k0, k1 = blk.a * self.gs, blk.e * self.gs, blk.k0, blk.k1
+        if torch.is_grad_enabled() and (qs.requires_grad or k.requires_grad):
+            s = torch.stack([torch.stack([qs[i, g, r0:r1] @ k[i, g, k0:k1].T for g in range(G)]) for i in range(b)])
+        else:
+            s = qs.new_empty(b, G, r1 - r0, k1 - k0)
+            for i in range(b):
+                for g in range(G):
+                    torch.mm(qs[i, g, r0:r1], k[i, g, k0:k1].T, out=s[i, g])
         if self.softcap is not None:
             s = torch.tanh(s / self.softcap) * self.softcap
         if blk.masked is not None:
@@ -115,20 +125,38 @@ class CausalBlocks:
         self, qs: torch.Tensor, k: torch.Tensor, dense: list[torch.Tensor], literal: bool = False
     ) -> tuple[float, torch.Tensor, torch.Tensor]:
         """`Σ ½‖f̃ − f‖²` over every block (f = `dense`, from `probs`) and its gradients w.r.t. `qs` and `k`
-        (no soft-capping). `literal` uses the dense f in `p1` (Algorithm 1, line 12) instead of f̃."""
+        (no soft-capping). `literal` uses the dense f in `p1` (Algorithm 1, line 12) instead of f̃.
+
+        One tile (query block × one sequence × one KV group, `rows·g × keys` floats: 0.8 MB at g = 3, 128 rows,
+        512 keys) at a time, in three preallocated buffers that stay in cache; the matmuls write into their
+        destination (`out=`, `addmm_`), the softmax backward is done in place."""
+        b, G = qs.shape[:2]
+        gs = self.gs
         dk = torch.zeros_like(k)
-        dqs, loss = [], 0.0
+        dqs = torch.empty_like(qs)
+        size = max((blk.e - blk.a) * gs * (blk.k1 - blk.k0) for blk in self.blocks)
+        s_buf, ft_buf, c_buf = (qs.new_empty(size) for _ in range(3))
+        loss = 0.0
         for blk, f in zip(self.blocks, dense):
-            ft = torch.softmax(self.logits(qs, k, blk), dim=-1)
-            c = torch.sub(ft, f)
-            cv = c.view(-1)
-            loss += 0.5 * float(torch.dot(cv, cv))
-            p1 = c.mul_(f if literal else ft)
-            dS = p1.addcmul_(ft, p1.sum(-1, keepdim=True), value=-1.0)
-            del ft
-            dqs.append(dS @ k[:, :, blk.k0 : blk.k1])
-            dk[:, :, blk.k0 : blk.k1] += dS.transpose(-1, -2) @ qs[:, :, blk.a * self.gs : blk.e * self.gs]
-        return loss, torch.cat(dqs, dim=2), dk
+            r0, r1, shape = blk.a * gs, blk.e * gs, ((blk.e - blk.a) * gs, blk.k1 - blk.k0)
+            numel = shape[0] * shape[1]
+            s, ft, c = (t[:numel].view(shape) for t in (s_buf, ft_buf, c_buf))
+            for i in range(b):
+                for g in range(G):
+                    q_t, k_t = qs[i, g, r0:r1], k[i, g, blk.k0 : blk.k1]
+                    torch.mm(q_t, k_t.T, out=s)
+                    if blk.masked is not None:
+                        s[:, blk.c0 : blk.c1].masked_fill_(blk.masked, float("-inf"))
+                    torch.ops.aten._softmax.out(s, -1, False, out=ft)
+                    f_t = f[i, g]
+                    torch.sub(ft, f_t, out=c)
+                    cv = c.view(-1)
+                    loss += float(torch.dot(cv, cv))
+                    p1 = c.mul_(f_t if literal else ft)
+                    dS = p1.addcmul_(ft, p1.sum(-1, keepdim=True), value=-1.0)
+                    torch.mm(dS, k_t, out=dqs[i, g, r0:r1])
+                    dk[i, g, blk.k0 : blk.k1].addmm_(dS.T, q_t)
+        return 0.5 * loss, dqs, dk
 
     def assemble(self, blocks: list[torch.Tensor], n: int) -> torch.Tensor:
         """The full `(b, G, g, n, n)` probabilities (per KV group, per head) from `probs`' blocks."""
