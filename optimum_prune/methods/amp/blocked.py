@@ -14,7 +14,7 @@ dense probabilities come from the same code and the step-0 loss is exactly zero.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -56,6 +56,7 @@ class _Block:
     c0: int  # block columns [c0, c1) hold the masked entries (`masked`, rows × (c1 − c0), True = masked)
     c1: int
     masked: torch.Tensor | None
+    bias: dict = field(default_factory=dict)  # per dtype: `masked` as 0 / -inf, added to the logits
 
 
 class CausalBlocks:
@@ -102,8 +103,17 @@ class CausalBlocks:
                     torch.mm(qs[i, g, r0:r1], k[i, g, k0:k1].T, out=s[i, g])
         if self.softcap is not None:
             s = torch.tanh(s / self.softcap) * self.softcap
+        return self.mask_(s, blk)
+
+    @staticmethod
+    def mask_(s: torch.Tensor, blk: _Block) -> torch.Tensor:
+        """`-inf` on the masked entries of the logits `s` of block `blk`, in place: adding a 0 / -inf tile (the same
+        as filling on finite logits, and ~3x faster than `masked_fill_` on a column slice)."""
         if blk.masked is not None:
-            s[..., blk.c0 : blk.c1].masked_fill_(blk.masked, float("-inf"))
+            bias = blk.bias.get(s.dtype)
+            if bias is None:
+                bias = blk.bias[s.dtype] = s.new_zeros(blk.masked.shape).masked_fill_(blk.masked, float("-inf"))
+            s[..., blk.c0 : blk.c1].add_(bias)
         return s
 
     def probs(
@@ -135,27 +145,28 @@ class CausalBlocks:
         dk = torch.zeros_like(k)
         dqs = torch.empty_like(qs)
         size = max((blk.e - blk.a) * gs * (blk.k1 - blk.k0) for blk in self.blocks)
-        s_buf, ft_buf, c_buf = (qs.new_empty(size) for _ in range(3))
-        loss = 0.0
+        bufs = [qs.new_empty(size) for _ in range(3)]
+        tiles = []  # per block: rows, keys, the three buffers viewed as rows × keys, dense probabilities per (i, g)
         for blk, f in zip(self.blocks, dense):
-            r0, r1, shape = blk.a * gs, blk.e * gs, ((blk.e - blk.a) * gs, blk.k1 - blk.k0)
-            numel = shape[0] * shape[1]
-            s, ft, c = (t[:numel].view(shape) for t in (s_buf, ft_buf, c_buf))
-            for i in range(b):
-                for g in range(G):
-                    q_t, k_t = qs[i, g, r0:r1], k[i, g, blk.k0 : blk.k1]
-                    torch.mm(q_t, k_t.T, out=s)
-                    if blk.masked is not None:
-                        s[:, blk.c0 : blk.c1].masked_fill_(blk.masked, float("-inf"))
-                    torch.ops.aten._softmax.out(s, -1, False, out=ft)
-                    f_t = f[i, g]
-                    torch.sub(ft, f_t, out=c)
-                    cv = c.view(-1)
-                    loss += float(torch.dot(cv, cv))
-                    p1 = c.mul_(f_t if literal else ft)
-                    dS = p1.addcmul_(ft, p1.sum(-1, keepdim=True), value=-1.0)
-                    torch.mm(dS, k_t, out=dqs[i, g, r0:r1])
-                    dk[i, g, blk.k0 : blk.k1].addmm_(dS.T, q_t)
+            rows, keys = slice(blk.a * gs, blk.e * gs), slice(blk.k0, blk.k1)
+            shape = ((blk.e - blk.a) * gs, blk.k1 - blk.k0)
+            tiles.append((blk, rows, keys, *(t[: shape[0] * shape[1]].view(shape) for t in bufs), f.flatten(0, 1)))
+        loss = 0.0
+        for j in range(b * G):  # one sequence and KV group at a time: its q, k, dq, dk stay in cache
+            i, g = divmod(j, G)
+            q_j, k_j, dq_j, dk_j = qs[i, g], k[i, g], dqs[i, g], dk[i, g]
+            for blk, rows, keys, s, ft, c, f in tiles:
+                q_t, k_t, f_t = q_j[rows], k_j[keys], f[j]
+                torch.mm(q_t, k_t.T, out=s)
+                self.mask_(s, blk)
+                torch.ops.aten._softmax.out(s, -1, False, out=ft)
+                torch.sub(ft, f_t, out=c)
+                cv = c.view(-1)
+                loss += float(torch.dot(cv, cv))
+                p1 = c.mul_(f_t if literal else ft)
+                dS = p1.addcmul_(ft, p1.sum(-1, keepdim=True), value=-1.0)
+                torch.mm(dS, k_t, out=dq_j[rows])
+                dk_j[keys].addmm_(dS.T, q_t)
         return 0.5 * loss, dqs, dk
 
     def assemble(self, blocks: list[torch.Tensor], n: int) -> torch.Tensor:

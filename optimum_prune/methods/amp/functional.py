@@ -170,6 +170,8 @@ class _DataTerm:
         self.fast = fast and inp.softcap is None
         self.dense_w = (Wq, Wk)
         self.units = _plan_chunks(inp, max_chunk_mb)
+        if self.fast:  # one sequence at a time: its q/k, tiles and gradients stay in cache
+            self.units = [(c, slice(i, i + 1), g) for c, s, g in self.units for i in range(*s.indices(len(inp.xs[c])))]
         self.cache: dict[int, list[torch.Tensor]] | None = {} if cache_dense else None
 
     def _qk(self, u, Wq, Wk):
