@@ -5,11 +5,15 @@ without autograd on the n×n tensors.
 - Layout: a KV group's query heads are interleaved per position, `(b, G, n·g, d_h)` (row `i·g + h` = position i,
   head h), so that a block of query positions is one contiguous slice and one matmul against the group's keys.
 - Causality: the block of positions `[a, e)` only meets the keys it can see (`[0, e)`, or the sliding window);
-  only the columns where some entry is masked are filled with `-inf`, with a mask built once per sequence length.
-- Backward in closed form (SPEC §C.2): `c = f̃ − f`, `p1 = c∘f̃` (`c∘f` for Algorithm 1's printed variant),
-  `dS = p1 − rowsum(p1)·f̃`, `dq = dS·k`, `dk = dSᵀ·q`: five passes over each block instead of autograd's ten.
-The forward is the one `attention.attention_probs` uses (and autograd differentiates, the reference path), so the
-dense probabilities come from the same code and the step-0 loss is exactly zero.
+  only the columns where some entry is masked get `-inf` (a 0 / -inf tile, built once per sequence length, added).
+- Tiles: the logits are one matmul per (query block, sequence, KV group); the fast path goes through those tiles one
+  at a time in three preallocated buffers (`rows·g × keys` floats, 0.8 MB at SmolLM2's g = 3, 128 rows, 512 keys)
+  that stay in cache, and writes its matmuls into their destinations (`out=`, `addmm_`).
+- Backward in closed form (SPEC §C.2), in place on each tile: `c = f̃ − f`, `p1 = c∘f̃` (`c∘f` for Algorithm 1's
+  printed variant), `dS = p1 − rowsum(p1)·f̃`, `dq = dS·k`, `dk += dSᵀ·q`.
+The logits are the same per-tile products in the reference path (`probs`, which `attention.attention_probs` uses
+and autograd differentiates) and in the fast path, so both round alike, the dense probabilities come from the same
+code and the step-0 loss is exactly zero.
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ mask and the sliding window. Everything runs in float32 (or float64 for float64 
 Memory of `amp_masks` (float32, k calibration sequences of n tokens, H query heads, query blocks of B positions):
   - dense probabilities cached for the whole run, causal blocks only: 4·k·H·n·(n + B)/2 bytes (SmolLM2-135M,
     k=8, n=512, B=128: 47 MB per layer; `cache_dense=False` recomputes them per step instead);
-  - one chunk of samples × KV groups at a time, kept under `max_chunk_mb` (the chunk shrinks to one KV group of
-    one sample when needed); the fast path holds ~3 tensors of one query block (b·H·B·n floats), the autograd
-    reference path every block of the chunk; gradients are accumulated over chunks;
+  - the autograd reference path: one chunk of samples × KV groups at a time, kept under `max_chunk_mb` (the chunk
+    shrinks to one KV group of one sample when needed), every block of the chunk; the fast path: one sequence (of
+    those chunks) at a time, its queries, keys and their gradients plus three tiles of B·g × n floats; gradients
+    are accumulated over chunks;
   - the masks, their momentum and the masked weights: 4 copies of W_Q and W_K.
 Speed: see `blocked.py` (SmolLM2-135M, 8 × 512 tokens: ~0.12 s per step per layer on 2 idle cores).
 """
