@@ -11,11 +11,13 @@ from optimum_prune.methods.amp.blocked import causal_blocks
 from optimum_prune.methods.amp.config import AMPConfig
 from optimum_prune.methods.amp.functional import (
     AttentionInputs,
+    _DataTerm,
     amp_masks,
     attention_probs,
     binarize,
     fused_amp_masks,
     fused_mask_gradient,
+    rope_adjoint_is_negated_sin,
     separate_mask_gradients,
     softmax_causal,
 )
@@ -270,3 +272,36 @@ def test_fused_backward_gives_the_autograd_iterates(arch):
         assert (fast[0] - 1).abs().max() > 0.1  # the masks moved
         torch.testing.assert_close(fast[0], slow[0], rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(fast[1], slow[1], rtol=1e-10, atol=1e-10)
+
+
+def test_rope_adjoint_probe_decides_the_backward_by_hand():
+    """The fast path takes the gradient back through RoPE by hand (RoPE by −sin) only where that is RoPE's adjoint:
+    the rotate-half RoPE with equal cos/sin halves, not one whose sin halves differ (there the hand-made backward
+    would be wrong); either way the iterates are autograd's."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    g = torch.Generator().manual_seed(0)
+    n, hd = 12, 8
+    angles = torch.arange(n, dtype=D)[:, None] * torch.rand(hd // 2, generator=g, dtype=D)
+    emb = torch.cat([angles, angles], -1)[None]
+    xs = [torch.randn(2, n, 16, generator=g, dtype=D)]
+    Wq, Wk = torch.randn(16, 16, generator=g, dtype=D), torch.randn(8, 16, generator=g, dtype=D)
+    for rope, by_hand in (
+        ((emb.cos(), emb.sin()), True),
+        ((emb.cos(), torch.rand(1, n, hd, generator=g, dtype=D)), False),
+    ):
+        inp = AttentionInputs(xs=xs, rope=[rope], num_heads=2, num_kv_heads=1, head_dim=hd, scaling=hd**-0.5,
+                              apply_rope=apply_rotary_pos_emb, block_size=5)  # fmt: skip
+        assert rope_adjoint_is_negated_sin(inp) is by_hand
+        fast, slow = (
+            amp_masks(inp, Wq, Wk, steps=3, lr=50.0, momentum=0.5, fused_backward=fb, progress=False)
+            for fb in (True, False)
+        )
+        assert (fast[0] - 1).abs().max() > 0.1
+        torch.testing.assert_close(fast[0], slow[0], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(fast[1], slow[1], rtol=1e-10, atol=1e-10)
+        if not by_hand:  # forcing the hand-made backward here gives another gradient
+            terms = [_DataTerm(inp, Wq, Wk, None, None, 256.0, True, fb, False) for fb in (True, False)]
+            terms[0].by_hand = True
+            (_, gq, _), (_, ref, _) = (t(Wq * 1.1, Wk * 0.9) for t in terms)
+            assert not torch.allclose(gq, ref, rtol=1e-3)

@@ -12,7 +12,7 @@ from torch import nn
 
 from .blocked import causal_blocks, interleave_heads
 
-__all__ = ["AttentionInputs", "attention_mask", "attention_probs", "project_qk"]
+__all__ = ["AttentionInputs", "attention_mask", "attention_probs", "project_qk", "qk_rows", "rope_of"]
 
 
 @dataclass
@@ -133,9 +133,7 @@ def project_qk(inp, chunk, Wq, Wk, bq=None, bk=None, samples=slice(None), groups
     x = x.to(dtype)
     b, n, _ = x.shape
     hd, gs = inp.head_dim, inp.group_size
-    g0, g1 = (0, inp.num_kv_heads) if groups is None else (groups.start, groups.stop)
-    q_rows = slice(g0 * gs * hd, g1 * gs * hd)
-    k_rows = slice(g0 * hd, g1 * hd)
+    q_rows, k_rows = qk_rows(inp, groups)
     q = x @ Wq[q_rows].T  # (b, n, Gq·hd)
     k = x @ Wk[k_rows].T  # (b, n, G·hd)
     if bq is not None:
@@ -148,9 +146,22 @@ def project_qk(inp, chunk, Wq, Wk, bq=None, bk=None, samples=slice(None), groups
         q = inp.q_norm(q).to(dtype)
     if inp.k_norm is not None:
         k = inp.k_norm(k).to(dtype)
-    rope = inp.rope[chunk]
+    rope = rope_of(inp, chunk, samples, dtype)
     if rope is not None:
-        cos, sin = (t[samples].to(dtype) if t.shape[0] > 1 else t.to(dtype) for t in rope)
-        q, k = inp.apply_rope(q, k, cos, sin)
-    G = g1 - g0
-    return q.view(b, G, gs, n, hd), k
+        q, k = inp.apply_rope(q, k, *rope)
+    return q.view(b, k.shape[1], gs, n, hd), k
+
+
+def qk_rows(inp: AttentionInputs, groups: slice | None = None) -> tuple[slice, slice]:
+    """Rows of W_Q and W_K (`(out, in)` layout) that make the KV groups `groups` (default all) and their queries."""
+    hd, gs = inp.head_dim, inp.group_size
+    g0, g1 = (0, inp.num_kv_heads) if groups is None else (groups.start, groups.stop)
+    return slice(g0 * gs * hd, g1 * gs * hd), slice(g0 * hd, g1 * hd)
+
+
+def rope_of(inp: AttentionInputs, chunk: int, samples: slice, dtype: torch.dtype):
+    """The `(cos, sin)` chunk `chunk` received, for the sequences `samples`, in `dtype` (None without RoPE)."""
+    rope = inp.rope[chunk]
+    if rope is None:
+        return None
+    return tuple(t[samples].to(dtype) if t.shape[0] > 1 else t.to(dtype) for t in rope)

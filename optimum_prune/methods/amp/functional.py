@@ -26,7 +26,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from .attention import AttentionInputs, attention_mask, attention_probs, project_qk
+from .attention import AttentionInputs, attention_mask, attention_probs, project_qk, qk_rows, rope_of
 from .blocked import causal_blocks, interleave_heads
 from .closed_form import fused_amp_masks, fused_mask_gradient, separate_mask_gradients, softmax_causal
 
@@ -163,8 +163,11 @@ class _DataTerm:
     `_plan_chunks` (a plain sum over samples: what a data-parallel run would all-reduce).
 
     The fast path (`CausalBlocks.loss_and_grads`: closed-form softmax backward) gives the gradient w.r.t. the
-    queries and keys; autograd takes it back through RoPE, q/k norms, biases and the projections. The reference
-    path (`fast=False`, and with logit soft-capping) is autograd through the same forward."""
+    queries and keys, one sequence at a time. Without q/k norms and with a RoPE whose adjoint is RoPE by `−sin`
+    (`rope_adjoint_is_negated_sin`: the rotate-half RoPE of Llama-like models), it is taken back to the weights
+    by hand (the adjoint rotation, then one matmul per projection); otherwise autograd takes it back through RoPE,
+    the q/k norms and the projections. The reference path (`fast=False`, and with logit soft-capping) is autograd
+    through the same forward."""
 
     def __init__(self, inp, Wq, Wk, bq, bk, max_chunk_mb, cache_dense, fast, literal):
         self.inp, self.bq, self.bk, self.literal = inp, bq, bk, literal
@@ -174,6 +177,7 @@ class _DataTerm:
         if self.fast:  # one sequence at a time: its q/k, tiles and gradients stay in cache
             self.units = [(c, slice(i, i + 1), g) for c, s, g in self.units for i in range(*s.indices(len(inp.xs[c])))]
         self.cache: dict[int, list[torch.Tensor]] | None = {} if cache_dense else None
+        self.by_hand = self.fast and inp.q_norm is None and inp.k_norm is None and rope_adjoint_is_negated_sin(inp)
 
     def _qk(self, u, Wq, Wk):
         c, s, g = self.units[u]
@@ -190,8 +194,34 @@ class _DataTerm:
             self.cache[u] = f
         return f
 
+    @torch.no_grad()
+    def _by_hand(self, u, Wq_m, Wk_m, gq, gk, inv_k) -> float:
+        """The fast path's loss of unit `u`; adds its gradients w.r.t. the masked weights to `gq` / `gk` (or None)."""
+        inp, (c, s, groups) = self.inp, self.units[u]
+        q, k = project_qk(inp, c, Wq_m, Wk_m, self.bq, self.bk, s, groups)
+        b, G, gs, n, hd = q.shape
+        blocks = causal_blocks(inp, n, q.device)
+        loss, dqs, dk = blocks.loss_and_grads(interleave_heads(q) * inp.scaling, k, self.dense(u), self.literal)
+        # back through the interleaving and the scaling (and the 1/k of the data term), then RoPE (its adjoint)
+        dq = dqs.view(b, G, n, gs, hd).transpose(2, 3).reshape(b, G * gs, n, hd).mul_(inp.scaling * inv_k)
+        dk.mul_(inv_k)
+        rope = rope_of(inp, c, s, q.dtype)
+        if rope is not None:
+            dq, dk = inp.apply_rope(dq, dk, rope[0], -rope[1])
+        x = inp.xs[c][s].to(q.dtype).reshape(b * n, -1)
+        q_rows, k_rows = qk_rows(inp, groups)
+        for grad, rows, d in ((gq, q_rows, dq), (gk, k_rows, dk)):
+            if grad is not None:  # dW = dᵀ x over the tokens, `(heads·hd, in)`
+                grad[rows].addmm_(d.transpose(1, 2).reshape(b * n, -1).T, x)
+        return loss * inv_k
+
     def __call__(self, Wq_m, Wk_m, update_q=True, update_k=True):
         inv_k = 1.0 / self.inp.num_samples
+        if self.by_hand:
+            gq = torch.zeros_like(Wq_m) if update_q else None
+            gk = torch.zeros_like(Wk_m) if update_k else None
+            data = sum(self._by_hand(u, Wq_m, Wk_m, gq, gk, inv_k) for u in range(len(self.units)))
+            return data, gq, gk
         Wq_m, Wk_m = Wq_m.requires_grad_(update_q), Wk_m.requires_grad_(update_k)
         data = 0.0
         with torch.enable_grad():
@@ -209,6 +239,31 @@ class _DataTerm:
                     loss.backward()
                     data += float(loss.detach())
         return data, Wq_m.grad, Wk_m.grad
+
+
+def rope_adjoint_is_negated_sin(inp: AttentionInputs) -> bool:
+    """Whether the module's `apply_rope(·, cos, −sin)` is the adjoint (transpose) of `apply_rope(·, cos, sin)` for
+    every chunk's cos/sin, as for the rotate-half RoPE whose cos/sin halves are equal (Llama, Mistral, Qwen 2, ...).
+    RoPE is linear in q and k, so one random probe `⟨A u, v⟩ = ⟨u, Aᵀv⟩` in float64 decides it (with probability 1);
+    without RoPE the answer is trivially yes."""
+    if inp.apply_rope is None:
+        return all(r is None for r in inp.rope)
+    gen = torch.Generator().manual_seed(0)
+    for rope in inp.rope:
+        if rope is None:
+            continue
+        cos, sin = (t.detach().to("cpu", torch.float64) for t in rope)
+        shape = (cos.shape[0], 2, cos.shape[-2], cos.shape[-1])  # (b, heads, n, hd)
+        uq, uk, vq, vk = (torch.randn(shape, generator=gen, dtype=torch.float64) for _ in range(4))
+        try:
+            aq, ak = inp.apply_rope(uq, uk, cos, sin)
+            tq, tk = inp.apply_rope(vq, vk, cos, -sin)
+        except (TypeError, ValueError, RuntimeError):  # an unusual signature or layout: autograd differentiates it
+            return False
+        lhs, rhs = float((aq * vq).sum() + (ak * vk).sum()), float((uq * tq).sum() + (uk * tk).sum())
+        if abs(lhs - rhs) > 1e-9 * (uq.norm() * vq.norm() + uk.norm() * vk.norm()):
+            return False
+    return True
 
 
 def binarize(
