@@ -56,6 +56,7 @@ from optimum_prune.calibration.sequential import LayerwiseRunner  # noqa: E402
 from optimum_prune.calibration.stats import GramStats  # noqa: E402
 from optimum_prune.evaluation.perplexity import perplexity  # noqa: E402
 from optimum_prune.functional.masks import keep_mask  # noqa: E402
+from optimum_prune.methods.amp.blocked import causal_blocks  # noqa: E402
 from optimum_prune.methods.amp.functional import amp_masks, binarize, relative_attention_error  # noqa: E402
 from optimum_prune.methods.amp.pruner import AMPPruner, _qk  # noqa: E402
 from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune  # noqa: E402
@@ -180,6 +181,15 @@ def render_markdown(result: dict[str, Any]) -> str:
                   f"the same forward (same iterates): {sp['autograd_seconds_per_step']:.3f} s per step "
                   f"({sp['autograd_over_fast']:.2f}x). Process CPU time (all {sp.get('threads', '?')} threads): "
                   f"{sp['cpu_seconds_per_step']:.3f} s per step (autograd {sp['autograd_cpu_seconds_per_step']:.3f})."]  # fmt: skip
+        if "floor_seconds_per_step" in sp:
+            lines += ["", f"Floor: one layer-step is {sp['gflop_projections'] + sp['gflop_attention']:.1f} GFLOP of "
+                      f"matmuls ({sp['gflop_projections']:.1f} in the q/k projections and their weight gradients, "
+                      f"{sp['gflop_attention']:.1f} in the logits, dq and dk of the causal blocks); at the "
+                      f"{sp['sgemm_gflops']:.0f} GFLOP/s this process's sgemm sustains on the projection's shape "
+                      f"({sp['threads']} threads, same run) that is {sp['floor_seconds_per_step']:.3f} s per step "
+                      f"(~{sp['floor_seconds_per_step'] * sp['extrapolated_min'] / sp['seconds_per_step']:.1f} min "
+                      f"for 30 x 100): the fast path runs at "
+                      f"{sp['seconds_per_step'] / sp['floor_seconds_per_step']:.2f}x the floor."]  # fmt: skip
     if "amp" in st and st["amp"].get("timed"):
         lines += [f"Whole-model AMP run (stage 1 above, {st['amp']['steps']} steps per layer, under the timing lock): "
                   f"**{st['amp']['time_s'] / 60:.1f} min** wall, {st['amp']['cpu_s'] / 60:.1f} min of process CPU time "
@@ -251,16 +261,39 @@ def error_study(model, ids, layers: list[int], rhos: list[float], steps: int, sp
     return out
 
 
+def flop_floor(inp) -> dict[str, Any]:
+    """Matmul FLOPs of one AMP layer-step (q/k projections and their weight gradients; the logits of the causal
+    blocks, dq and dk), and the sgemm rate of this process on the projection's shape: the time no implementation
+    that does these products beats."""
+    tokens, d = sum(x.shape[0] * x.shape[1] for x in inp.xs), inp.xs[0].shape[-1]
+    hd = inp.head_dim
+    proj = 2 * 2 * tokens * d * (inp.num_heads + inp.num_kv_heads) * hd
+    entries = sum(
+        x.shape[0] * sum((b.e - b.a) * (b.k1 - b.k0) for b in causal_blocks(inp, x.shape[1]).blocks) for x in inp.xs
+    )
+    attn = 3 * 2 * hd * entries * inp.num_heads
+    a, b = torch.randn(tokens, d), torch.randn(d, inp.num_heads * hd)
+    times = []
+    for _ in range(7):
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    rate = 2 * tokens * d * inp.num_heads * hd / statistics.median(times[2:])
+    return {"gflop_projections": proj / 1e9, "gflop_attention": attn / 1e9, "sgemm_gflops": rate / 1e9,
+            "floor_seconds_per_step": (proj + attn) / rate}  # fmt: skip
+
+
 def speed_probe(model, ids, layers: int, steps: int, repeats: int = 3) -> dict[str, Any]:
     """Seconds per AMP step (default config) on the first `layers` layers: fast path and autograd interleaved."""
     spec = get_spec(model)
     run = LayerwiseRunner(model, spec, ids, batch_size=ids.shape[0])
     pruner = AMPPruner(AMPConfig())
-    fast, slow, cpu, cpu_slow, load = [], [], [], [], [os.getloadavg()[0]]
+    fast, slow, cpu, cpu_slow, load, floor = [], [], [], [], [os.getloadavg()[0]], None
     for i in range(layers):
         view = layer_view(get_layers(model, spec)[i], i, spec, model.config)
         inp = pruner._capture(run, view)
         Wq, bq, Wk, bk = _qk(view)
+        floor = floor or flop_floor(inp)
         amp_masks(inp, Wq, Wk, bq, bk, steps=1, progress=False)  # warm-up
         for _ in range(repeats):
             for fb in (True, False):
@@ -275,7 +308,7 @@ def speed_probe(model, ids, layers: int, steps: int, repeats: int = 3) -> dict[s
             "autograd": slow, "autograd_seconds_per_step": statistics.median(slow),
             "autograd_over_fast": statistics.median(slow) / sps, "cpu_seconds_per_step": statistics.median(cpu),
             "autograd_cpu_seconds_per_step": statistics.median(cpu_slow), "threads": torch.get_num_threads(),
-            "extrapolated_min": sps * 100 * len(get_layers(model, spec)) / 60,
+            "extrapolated_min": sps * 100 * len(get_layers(model, spec)) / 60, **floor,
             "load": "-".join(f"{x:.1f}" for x in load)}  # fmt: skip
 
 
