@@ -66,7 +66,7 @@ def render_markdown(result: dict[str, Any]) -> str:
                   "| layer | " + " | ".join(f"{ATTN[m]} ρ={r}" for r in rhos for m in methods) + " |",
                   "|---:|" + "---:|" * (len(rhos) * len(methods))]  # fmt: skip
         for layer, rec in err["layers"].items():
-            lines.append(f"| {layer} | " + " | ".join(f"{rec[m][str(r)]:.4f}" for r in rhos for m in methods) + " |")
+            lines.append(f"| {layer} | " + " | ".join(f"{rec[m][str(r)]:.3g}" for r in rhos for m in methods) + " |")
         for a in ("amp", "amp_paper"):
             if a in methods:
                 wins = {r: sum(rec[a][str(r)] < min(rec["wanda"][str(r)], rec["sparsegpt"][str(r)])
@@ -82,6 +82,9 @@ def render_markdown(result: dict[str, Any]) -> str:
                   f"the same forward (same iterates): {sp['autograd_seconds_per_step']:.3f} s per step "
                   f"({sp['autograd_over_fast']:.2f}x). Process CPU time (all {sp.get('threads', '?')} threads): "
                   f"{sp['cpu_seconds_per_step']:.3f} s per step (autograd {sp['autograd_cpu_seconds_per_step']:.3f})."]  # fmt: skip
+        for o in result.get("speed_other_runs", []):
+            lines += ["", f"Same probe with {o['threads']} threads ({o['note']}): {o['seconds_per_step']:.3f} s per step "
+                      f"(load average {o['load']})."]  # fmt: skip
         if "floor_seconds_per_step" in sp:
             lines += ["", f"Floor: one layer-step is {sp['gflop_projections'] + sp['gflop_attention']:.1f} GFLOP of "
                       f"matmuls ({sp['gflop_projections']:.1f} in the q/k projections and their weight gradients, "

@@ -47,7 +47,7 @@ class AMPConfig(UnstructuredConfigMixin):
         max_chunk_mb (`float`, defaults to `256`): memory bound of one forward/backward chunk (samples × KV groups);
             the dense probabilities of a layer take another `4·k·H·n²` bytes (see `methods/amp/functional.py`).
         cache_dense (`bool`, defaults to `True`): keep the dense probabilities; `False` recomputes them every step
-            (less memory, ~1.3× the time).
+            (less memory, one dense forward more per step).
     """
 
     method = "amp"

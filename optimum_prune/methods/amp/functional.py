@@ -15,7 +15,8 @@ Memory of `amp_masks` (float32, k calibration sequences of n tokens, H query hea
     those chunks) at a time, its queries, keys and their gradients plus three tiles of B·g × n floats; gradients
     are accumulated over chunks;
   - the masks, their momentum and the masked weights: 4 copies of W_Q and W_K.
-Speed: see `blocked.py` (SmolLM2-135M, 8 × 512 tokens: ~0.12 s per step per layer on 2 idle cores).
+Speed: see `blocked.py` (SmolLM2-135M, 8 × 512 tokens: 0.22 s per layer-step on one core, 1.6× the matmul floor;
+`benchmarks/results/attention_smollm2.md`).
 """
 
 from __future__ import annotations
