@@ -63,7 +63,9 @@ def _restore(state: dict[str, Any]):
     cls = _CLASSES[state["class"]]
     obj = cls.__new__(cls)
     obj._synced = False  # caches written before the statistics learned to sum over ranks lack it
-    obj.__dict__.update({k: v for k, v in state.items() if k != "class"})
+    # ... and name their fields without the leading underscore (`sum`, `count` for `_sum`, `_count`)
+    private = {*getattr(cls, "_fields", ()), "_count"} if hasattr(cls, "_fields") else set()
+    obj.__dict__.update({("_" + k if "_" + k in private else k): v for k, v in state.items() if k != "class"})
     return obj
 
 

@@ -219,95 +219,6 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    from .cli_recovery import run_zero_shot
-    from .evaluation import perplexity
-    from .evaluation.zero_shot import resolve_tasks
-
-    _check_parent(args.output)
-    if args.data is None and not args.tasks:
-        raise UserError("Give --data (perplexity) and/or --tasks (zero-shot accuracy).")
-    if args.limit is not None:
-        args.limit = int(args.limit) if args.limit >= 1 else args.limit
-    if args.tasks:
-        resolve_tasks(args.tasks, args.allow_hub)  # a missing / Hub-only task fails before the model is loaded
-    texts = _texts(args.data, args.holdout_fraction, args.split_seed, part=1) if args.data else None
-    model, tokenizer = _load(args.model, args.gguf_file, args.dtype)
-    require_causal_lm(model, "`optimum-prune eval` (perplexity, lm-eval tasks)")
-    if tokenizer is None:
-        raise UserError(f"{args.model} has no tokenizer; evaluation needs one.")
-    result: dict[str, Any] = {"model": args.model}
-    if texts is not None:
-        ppl = perplexity(
-            model, tokenizer, texts, seq_len=args.seq_len, max_tokens=args.max_tokens, batch_size=args.batch_size
-        )
-        result.update(data=args.data, holdout_fraction=args.holdout_fraction, seq_len=args.seq_len)
-        result.update(max_tokens=args.max_tokens, perplexity=ppl)
-    if args.tasks:
-        result["zero_shot"] = run_zero_shot(args, model, tokenizer)
-    _write_json(result, args.output)
-    return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from .evaluation import benchmark_speed, compare_speed
-
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    kw = {"prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "batch_size": args.batch_size}
-    kw.update(warmup=args.warmup, repeats=args.repeats)
-    _check_parent(args.output)
-    if len(set(args.models)) != len(args.models):
-        raise UserError("The same model is listed twice.")
-    loaded = {m: _load(m, None, args.dtype) for m in args.models}
-    tokenizer = next((t for _, t in loaded.values() if t is not None), None)
-    if len(loaded) == 1:
-        result = {"model": args.models[0], **benchmark_speed(loaded[args.models[0]][0], tokenizer, **kw)}
-    else:
-        result = compare_speed({name: m for name, (m, _) in loaded.items()}, tokenizer, **kw)
-    _write_json(result, args.output)
-    return 0
-
-
-def cmd_export_gguf(args: argparse.Namespace) -> int:
-    from .export import export_gguf
-
-    model = Path(args.model)
-    if not (model / "config.json").is_file():
-        raise UserError(
-            f"--model {args.model!r} is not a model directory (no config.json); pass a save_pretrained output."
-        )
-    out = Path(args.output)
-    if out.exists() and not args.overwrite:
-        raise FileExistsError(f"{out} already exists; choose another --output or pass --overwrite.")
-    path = export_gguf(model, out, args.outtype, overwrite=args.overwrite)
-    _write_json({"output": str(path), "outtype": args.outtype, "bytes": path.stat().st_size}, None)
-    return 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import format_demo_table, run_demo
-
-    _check_parent(args.json)
-
-    result = run_demo(
-        output_dir=args.output_dir,
-        ratio=args.ratio,
-        num_samples=args.num_samples,
-        seq_len=args.seq_len,
-        eval_seq_len=args.eval_seq_len,
-        eval_tokens=args.eval_tokens,
-        bench_repeats=args.repeats,
-        progress=lambda line: print(f"* {line}", file=sys.stderr, flush=True),
-    )
-    print(format_demo_table(result))
-    if args.json:
-        _write_json(result, args.json)
-    return 0
-
-
 # -------------------------------------------------------------------------------------------------------- parser
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="model directory, or a .gguf file")
@@ -368,7 +279,9 @@ def add_prune_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .cli_recovery import add_eval_task_arguments, add_recovery_commands
+    from .cli_recovery import add_recovery_commands
+    from .cli_spp import add_spp_commands
+    from .cli_tools import add_tool_commands
 
     parser = argparse.ArgumentParser(prog=PROG, description="Prune Hugging Face causal LMs into smaller checkpoints.")
     parser.add_argument("-v", "--verbose", action="store_true", help="INFO logging and tracebacks on errors")
@@ -380,62 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_prune_arguments(p)
     p.set_defaults(func=cmd_prune)
 
-    p = sub.add_parser("eval", help="perplexity on a text source", description="Perplexity (non-overlapping windows).")
-    _model_args(p)
-    p.add_argument("--data", help="perplexity text: file, directory of .txt, wikitext2|c4|ptb, or 'bbc'")
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--max-tokens", type=int, help="score only the first N tokens")
-    p.add_argument("--batch-size", type=int, default=1)
-    _split_args(p, "evaluate on the held-out part")
-    add_eval_task_arguments(p)
-    p.add_argument("--output", "-o", help="write the JSON result here (default: stdout)")
-    p.set_defaults(func=cmd_eval)
-
-    p = sub.add_parser(
-        "bench",
-        help="prefill latency / decode tokens/s",
-        description="Speed of one or more models (several: interleaved, ratios against the first).",
-    )
-    p.add_argument("models", nargs="+", help="model directories or .gguf files; the first is the reference")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"])
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--threads", type=int, help="torch.set_num_threads")
-    p.add_argument("--output", "-o", help="write the JSON result here (default: stdout)")
-    p.set_defaults(func=cmd_bench)
-
-    p = sub.add_parser(
-        "export-gguf",
-        help="write a saved model as a GGUF file for llama.cpp / Ollama",
-        description="Export a save_pretrained directory (pruned or dense) to GGUF; per-layer shapes go in as llama.cpp's "
-        "deci architecture.",
-    )
-    p.add_argument("--model", required=True, help="directory written by save_pretrained / optimum-prune prune")
-    p.add_argument("--output", "-o", required=True, help="the .gguf file to write (parent directories are created)")
-    p.add_argument("--outtype", choices=["f32", "f16", "bf16", "q8_0"], default="f16", help="weight type (f16)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing file")
-    p.set_defaults(func=cmd_export_gguf)
-
-    from .demo import DEMO_DURATION
-
-    what = f"SmolLM2-135M + BBC news end to end ({DEMO_DURATION})"
-    p = sub.add_parser("demo", help=what, description=f"Prune {what}; `make demo` runs it.")
-    p.add_argument("--output-dir", default="demo_output")
-    p.add_argument("--ratio", type=float, default=0.2)
-    p.add_argument("--num-samples", type=int, default=32)
-    p.add_argument("--seq-len", type=int, default=256, help="calibration sequence length")
-    p.add_argument("--eval-seq-len", type=int, default=512)
-    p.add_argument("--eval-tokens", type=int, default=8192, help="held-out tokens scored")
-    p.add_argument("--repeats", type=int, default=5, help="speed rounds")
-    p.add_argument("--json", help="also write all results as JSON here")
-    p.set_defaults(func=cmd_demo)
-
+    add_tool_commands(sub, _model_args, _split_args)
     add_recovery_commands(sub, _model_args, _split_args)
-    from .cli_spp import add_spp_commands
-
     add_spp_commands(sub, _model_args, _split_args)
     return parser
 

@@ -123,7 +123,7 @@ def compute_plan(model: nn.Module, config: PruningConfig, calibration: Any = Non
     spec, pruner, ids, _ = _prepare(model, config, calibration, tokenizer)
     bs = kwargs.get("batch_size") or getattr(calibration, "batch_size", 8)
     device = kwargs.get("device")
-    with torch.no_grad(), open_session(model, spec, configs=[config], ids=ids, batch_size=bs, device=device) as sess:
+    with open_session(model, spec, configs=[config], ids=ids, batch_size=bs, device=device) as sess:
         with sess.stage(0):
             return spec, pruner.compute_plan(
                 model, spec, runner_factory(model, spec, ids, bs, device, sess.activations)
@@ -179,21 +179,8 @@ def prune_(
     spec, pruner, ids, calib_desc = _prepare(model, config, calibration, tokenizer)
     bs = batch_size or getattr(calibration, "batch_size", 8)
     params_before, prunable_before = count_parameters(model), attention_mlp_params(model, spec)
-    was_training = model.training
-    model.eval()
-    with (
-        torch.no_grad(),
-        open_session(
-            model,
-            spec,
-            configs=[config],
-            ids=ids,
-            batch_size=bs,
-            device=device,
-            checkpoint_dir=checkpoint_dir,
-            activation_memory=activation_memory,
-        ) as sess,  # fmt: skip
-    ):
+    session = {"ids": ids, "batch_size": bs, "device": device, "checkpoint_dir": checkpoint_dir}
+    with open_session(model, spec, configs=[config], activation_memory=activation_memory, **session) as sess:
         with sess.stage(0):
             plan = sess.completed_plan()
             if plan is None:
@@ -201,7 +188,6 @@ def prune_(
             t1 = time.perf_counter()
             apply_plan_(model, spec, plan)
         t2 = time.perf_counter()
-        model.train(was_training)
         prunable_after = attention_mlp_params(model, spec)
         sparsity = {}
         if pruner.is_structured:

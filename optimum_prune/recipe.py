@@ -117,21 +117,8 @@ def prune_recipe_(
     params_before, prunable_before = count_parameters(model), attention_mlp_params(model, spec)
     sections: list[dict] = [{} for _ in pruners]
     expected = 0.0
-    was_training = model.training
-    model.eval()
-    with (
-        torch.no_grad(),
-        open_session(
-            model,
-            spec,
-            configs=list(configs),
-            ids=ids,
-            batch_size=bs,
-            device=device,
-            checkpoint_dir=checkpoint_dir,
-            activation_memory=activation_memory,
-        ) as sess,  # fmt: skip
-    ):
+    session = {"ids": ids, "batch_size": bs, "device": device, "checkpoint_dir": checkpoint_dir}
+    with open_session(model, spec, configs=list(configs), activation_memory=activation_memory, **session) as sess:
         runner = runner_factory(model, spec, ids, bs, device, sess.activations)
         structured = [k for k, p in enumerate(pruners) if p.is_structured]
         for stage, k in enumerate(structured):
@@ -170,7 +157,6 @@ def prune_recipe_(
                         i: (lp.info.get(key, {}) if key else lp.info) for i, lp in plan.layers.items() if lp.info
                     },
                 }
-        model.train(was_training)
         zeros_prunable = _zero_or_removed(model, spec, prunable_before)
         whole = zero_fraction(model, params_before)
         extra = sess.summary()

@@ -347,7 +347,8 @@ def open_session(
     activation_memory: int | str | None = None,
 ) -> Iterator[NullSession]:
     """What a `prune_` call needs around its stages: the activation budget, the checkpoint, and the session made
-    current for the duration (a plain `NullSession` when neither low-memory nor checkpointing: nothing changes)."""
+    current for the duration (a plain `NullSession` when neither low-memory nor checkpointing: nothing changes).
+    The model runs in eval mode without gradients inside; its training flag is restored on exit, error or not."""
     device = check_device(device)
     store = get_store(model)
     limit = parse_bytes(activation_memory)
@@ -371,9 +372,13 @@ def open_session(
     else:
         sess = PruneSession(model, spec, checkpoint, activations)
     token = _CURRENT.set(sess if sess.active else None)
+    was_training = model.training
+    model.eval()
     try:
-        yield sess
+        with torch.no_grad():
+            yield sess
     finally:
+        model.train(was_training)
         _CURRENT.reset(token)
         if activations is not None:
             if activations.spilled_chunks:

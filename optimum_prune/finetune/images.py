@@ -17,14 +17,16 @@ from ..calibration.images import check_images_fit, check_labels, load_image_exam
 from .config import FINETUNE_ATTR, FinetuneConfig, FinetuneReport
 from .sparsity import sparsity_masks
 
-__all__ = ["finetune_images_", "evaluate_classifier"]
+__all__ = ["LabelledImages", "finetune_images_", "evaluate_classifier"]
 
 logger = logging.getLogger(__name__)
 
 CLASSIFIER_MODULES = ("classifier",)  # the heads of the supported image classifiers, trained fully under LoRA
 
 
-class _Examples(torch.utils.data.Dataset):
+class LabelledImages(torch.utils.data.Dataset):
+    """`{"pixel_values", "labels"}` examples for `Trainer` (fine-tuning) and SPP's search on image classifiers."""
+
     def __init__(self, pixel_values: torch.Tensor, labels: torch.Tensor) -> None:
         self.pixel_values, self.labels = pixel_values, labels
 
@@ -104,7 +106,7 @@ def finetune_images_(
     logger.info("Held-out accuracy before fine-tuning: %.4f (%d masked projections)", acc_before, len(masks))
     history = list(getattr(model, FINETUNE_ATTR, []))
     model, run = train_model(
-        model, config, _Examples(train_x, train_y), args, targets, masks, teacher, callbacks, None,
+        model, config, LabelledImages(train_x, train_y), args, targets, masks, teacher, callbacks, None,
         modules_to_save=list(CLASSIFIER_MODULES),
     )  # fmt: skip
     acc_after, loss_after = evaluate_classifier(model, eval_x, eval_y, config.batch_size)

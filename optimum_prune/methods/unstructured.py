@@ -29,13 +29,11 @@ from ..functional.masks import check_pattern_fits, parse_pattern
 from ..modeling.architectures import (
     ArchitectureSpec,
     LayerView,
-    Target,
     get_layers,
     layer_view,
-    normalize_targets,
-    resolve_targets,
     weight_oi,
 )
+from ..modeling.targets import Target, normalize_targets, resolve_targets
 from ..plan import LayerPlan, PruningPlan
 from ..session import current_session, resident_blocks
 from .base import BasePruner, RunnerFactory, refuse_pruned_head_dims

