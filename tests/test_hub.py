@@ -76,9 +76,11 @@ def test_model_card_stock_loader_for_uniform_shapes(tiny_llama, smollm2_tokenize
     assert "base_model" not in card.data.to_dict() or card.data.base_model is None
 
 
-def test_push_uploads_exactly_the_saved_folder(pruned, fake_hub, tmp_path):
+def test_push_uploads_exactly_the_saved_folder(pruned, fake_hub, tmp_path, monkeypatch):
     saved = _files(pruned.save_pretrained(tmp_path / "ref"))
-    before = set(Path(tempfile.gettempdir()).iterdir())
+    staging = tmp_path / "tmp"
+    staging.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(staging))  # the push stages here; nothing else writes to it
     assert pruned.push_to_hub("user/tiny-np30", token="hf_x", private=True, commit_message="msg") == "commit-info"
     assert fake_hub["create"] == [("user/tiny-np30", {"private": True, "exist_ok": True, "repo_type": "model"})]
     (upload,) = fake_hub["upload"]  # one commit
@@ -91,8 +93,7 @@ def test_push_uploads_exactly_the_saved_folder(pruned, fake_hub, tmp_path):
             assert _config(upload["files"][name]) == _config(data)
         else:
             assert upload["files"][name] == data, name
-    # the staging folder is gone (other processes may remove their own entries meanwhile: only new ones count)
-    assert not set(Path(tempfile.gettempdir()).iterdir()) - before
+    assert list(staging.iterdir()) == []  # the staging folder is gone
 
 
 def test_push_a_loaded_pruned_model(pruned, fake_hub, tmp_path):
