@@ -106,6 +106,8 @@ def test_eval_tasks_cli(pruned_dir, tmp_path, capsys, monkeypatch):
 
 
 def test_optimum_cli_prune_is_registered(pruned_dir, tmp_path):
+    # the `optimum` extra, which `make install` installs
+    pytest.importorskip("optimum.commands.optimum_cli", reason="needs the extra: pip install -e '.[optimum]'")
     from optimum.commands.optimum_cli import load_optimum_namespace_cli_commands
 
     names = [c.COMMAND.name for c, _ in load_optimum_namespace_cli_commands() if hasattr(c, "COMMAND")]
