@@ -150,15 +150,23 @@ class SquaredNormStats(RunningSums):
 
 
 class CrossGramStats(RunningSums):
-    """Running `C = Σ_t x_t x*_tᵀ` between dense inputs `x` and pruned-network inputs `x*` (FISTA, SPEC §1.3)."""
+    """Running `C = Σ_t x_t x*_tᵀ` between dense inputs `x` and pruned-network inputs `x*` (FISTA, SPEC §1.3);
+    `x` may have another width `dim` than `x*` (`dim_star`), e.g. dense outputs `W x` instead of inputs."""
 
     _fields = ("_sum", "_xsum", "_xssum")
 
-    def __init__(self, dim: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        dim_star: int | None = None,
+    ) -> None:
         super().__init__()
-        self._sum = torch.zeros(dim, dim, dtype=dtype, device=device)  # (D, D)
+        dim_star = dim if dim_star is None else dim_star
+        self._sum = torch.zeros(dim, dim_star, dtype=dtype, device=device)  # (D, D*)
         self._xsum = torch.zeros(dim, dtype=torch.float64, device=device)  # (D,) Σ x
-        self._xssum = torch.zeros(dim, dtype=torch.float64, device=device)  # (D,) Σ x*
+        self._xssum = torch.zeros(dim_star, dtype=torch.float64, device=device)  # (D*,) Σ x*
 
     def update(self, x: torch.Tensor, x_star: torch.Tensor) -> None:
         x = self._add(x).to(self._sum.dtype)  # (N, D)

@@ -142,14 +142,22 @@ class SequentialPruner(BasePruner):
         needs_dense_layer (`bool`): the driver hands `prune_layer` an unpruned copy of the layer.
         dense_inter_layer (`bool`): the next layer should see the *dense* outputs (honoured when every pruner of the
             pass asks for it).
+        take_dense_outputs(): the dense layer's outputs over every chunk when `prune_layer` already ran it (the driver
+            then does not run it again).
     """
 
     structured = False
     needs_dense_layer = False
+    _dense_outputs: Sequence[torch.Tensor] | None = None
 
     @property
     def dense_inter_layer(self) -> bool:
         return False
+
+    def take_dense_outputs(self) -> Sequence[torch.Tensor] | None:
+        """The outputs of this layer's dense copy that `prune_layer` kept, handed over once (`None`: none kept)."""
+        outputs, self._dense_outputs = self._dense_outputs, None
+        return outputs
 
     def make_stats(self, dim: int) -> Any:
         """An accumulator with `.update(x)` for inputs of width `dim` (`None`: data-free)."""
@@ -258,8 +266,12 @@ def layerwise_pass(
                     elif entry:
                         info[str(k)] = entry
                 plan.layers[i] = LayerPlan(info=info)
-                if run is not None:
-                    run.advance(run.run_layer(i, layer=dense if dense_next else None))  # outputs feed the next layer
+                kept = [o for p in pruners if (o := p.take_dense_outputs()) is not None]
+                if run is not None:  # the outputs feed the next layer
+                    if dense_next and kept:  # a pruner already ran the dense copy over every chunk
+                        run.advance(kept[0])
+                    else:
+                        run.advance(run.run_layer(i, layer=dense if dense_next else None))
                 del dense
                 sess.finish(i, info=info)
     except BaseException:

@@ -372,3 +372,31 @@ def test_ridge_pulls_towards_the_dense_weights():
     assert torch.linalg.norm((a - W)[a != 0]) < torch.linalg.norm((plain - W)[plain != 0])
     with pytest.raises(ValueError, match="ridge"):
         fista_prune(W, G, Gs, C, W0, nm="2:4", ridge=-1.0)
+
+
+@pytest.mark.parametrize("ridge", [0.0, 1e-3])
+def test_dense_outputs_replace_the_dense_grams(ridge):
+    # G enters only as tr(W G Wᵀ) = ||W X||² / p and C only as W C = (W X) X*ᵀ / p: passing those (from the dense
+    # outputs W X) instead gives the same run
+    X, Xs, W = (t.double() for t in _llm_like_problem(seed=15)[:3])
+    p = X.shape[1]
+    G, Gs, C = X @ X.T / p, Xs @ Xs.T / p, X @ Xs.T / p
+    W0 = _warm_start(W, X, nm=(2, 4))
+    a, info_a = fista_prune(W, G, Gs, C, W0, nm="2:4", ridge=ridge, max_outer=30)
+    assert info_a["outer_iterations"] > 3
+    Y = W @ X  # (m, p) dense outputs
+    energy, WC = float(Y.square().sum()) / p, Y @ Xs.T / p
+    b, info_b = fista_prune(W, None, Gs, C, W0, nm="2:4", ridge=ridge, max_outer=30, dense_energy=energy)
+    c, info_c = fista_prune(W, None, Gs, None, W0, nm="2:4", ridge=ridge, max_outer=30, dense_energy=energy, WC=WC)
+    for got, info in ((b, info_b), (c, info_c)):
+        torch.testing.assert_close(got, a, rtol=1e-10, atol=1e-12)
+        assert info["errors_total"] == pytest.approx(info_a["errors_total"], rel=1e-9)
+    with pytest.raises(ValueError, match="exactly one of `C` and `WC`"):
+        fista_prune(W, G, Gs, C, W0, nm="2:4", WC=WC)
+    with pytest.raises(ValueError, match="WC must have the shape of W"):
+        fista_prune(W, G, Gs, None, W0, nm="2:4", WC=WC.T)
+    _, info_wrong = fista_prune(W, None, Gs, C, W0, nm="2:4", max_outer=30, dense_energy=2 * energy)
+    assert info_wrong["error_init"] > 1.1 * info_a["error_init"]  # the constant does enter the error
+    for g, e in ((G, energy), (None, None)):
+        with pytest.raises(ValueError, match="exactly one of `G` and `dense_energy`"):
+            fista_prune(W, g, Gs, C, W0, nm="2:4", dense_energy=e)

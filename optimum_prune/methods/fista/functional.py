@@ -77,10 +77,12 @@ class _ErrorTerms(NamedTuple):
     c: float  # ||W (X* − X)||² = tr(W (G + Gs − C − Cᵀ) Wᵀ)
 
 
-def _error_terms(W: torch.Tensor, G: torch.Tensor, Gs: torch.Tensor, C: torch.Tensor, dtype: torch.dtype):
-    WC64 = _matmul64(W, C)  # (m, n) W C
+def _error_terms(W, G, Gs, C, dtype: torch.dtype, energy: float | None = None, WC: torch.Tensor | None = None):
+    """The terms, and `W C` in float64; `energy = tr(W G Wᵀ)` replaces `G`, and `WC` replaces `C`, when given."""
+    WC64 = _matmul64(W, C) if WC is None else WC.double()  # (m, n) W C
     WGs64 = _matmul64(W, Gs)  # (m, n) W Gs
-    c = _trace64(W, G, W) + float(((WGs64 - 2.0 * WC64) * W.double()).sum().item())
+    energy = _trace64(W, G, W) if energy is None else energy
+    c = energy + float(((WGs64 - 2.0 * WC64) * W.double()).sum().item())
     return _ErrorTerms(W.to(dtype), WGs64 - WC64, c), WC64
 
 
@@ -158,9 +160,9 @@ def _next_lambda(lo: float, hi: float, mode: str) -> float:
 @torch.no_grad()
 def fista_prune(
     W: torch.Tensor,
-    G: torch.Tensor,
+    G: torch.Tensor | None,
     Gs: torch.Tensor,
-    C: torch.Tensor,
+    C: torch.Tensor | None,
     W0: torch.Tensor,
     sparsity: float | None = None,
     nm: str | tuple[int, int] | None = None,
@@ -181,14 +183,18 @@ def fista_prune(
     spectral: bool = True,
     eig: SpectralGram | Callable[[], SpectralGram] | None = None,
     ridge: float = 0.0,
+    dense_energy: float | None = None,
+    WC: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """FISTAPruner outer loop (paper Algorithm 1): FISTA, rounding and adaptive `λ` until no more improvement.
 
     Args:
         W (`torch.Tensor` of shape `(m, n)`): dense weight (the target is `W X`).
-        G (`torch.Tensor` of shape `(n, n)`): `X Xᵀ / p`.
+        G (`torch.Tensor` of shape `(n, n)`, *optional*): `X Xᵀ / p`; only the constant `tr(W G Wᵀ)` of the error
+            depends on it, so `None` with `dense_energy` given instead.
         Gs (`torch.Tensor` of shape `(n, n)`): `X* X*ᵀ / p` (equal to `G` when the input is unchanged).
-        C (`torch.Tensor` of shape `(n, n)`): `X X*ᵀ / p` (equal to `G` when the input is unchanged).
+        C (`torch.Tensor` of shape `(n, n)`, *optional*): `X X*ᵀ / p` (equal to `G` when the input is unchanged); it
+            enters only as `W C`, so `None` with `WC` given instead.
         W0 (`torch.Tensor` of shape `(m, n)`): warm start (Wanda or SparseGPT result); rounded to the pattern first,
             so the result is never worse than the rounded warm start.
         sparsity (`float`, *optional*): unstructured target sparsity.
@@ -220,6 +226,10 @@ def fista_prune(
             (a pull towards the dense weights, as SparseGPT's damping of its Hessian). It is the same problem on
             the Grams `G + δI`, `Gs + δI`, `C + δI` (inputs augmented with `sqrt(δ) I` in both networks), which is
             how it is solved; the errors in `info` then include the ridge term. `0` is the paper's objective.
+        dense_energy (`float`, *optional*): `tr(W G Wᵀ) = ||W X||_F² / p`, in place of `G`.
+        WC (`torch.Tensor` of shape `(m, n)`, *optional*): `W C = (W X) X*ᵀ / p`, in place of `C`. With
+            `dense_energy`, the statistics of the dense side cost O(m·n) per token instead of O(n²): cheaper when `W`
+            has fewer rows than columns (e.g. a down projection).
 
     Returns:
         `(W_best, info)`: `W_best` in the dtype of `W`; `info` has `lambdas`, `errors_total`, `errors_round`,
@@ -233,16 +243,28 @@ def fista_prune(
     if lambda_search not in _SEARCH:
         raise ValueError(f"lambda_search must be one of {_SEARCH}, got {lambda_search!r}.")
     n = W.shape[1]
+    if (G is None) == (dense_energy is None):
+        raise ValueError("fista_prune needs exactly one of `G` and `dense_energy` (= tr(W G Wᵀ)).")
+    if (C is None) == (WC is None):
+        raise ValueError("fista_prune needs exactly one of `C` and `WC` (= W C).")
     for name, M in (("G", G), ("Gs", Gs), ("C", C)):
-        if M.shape != (n, n):
+        if M is not None and M.shape != (n, n):
             raise ValueError(f"{name} must have shape ({n}, {n}) to match W, got {tuple(M.shape)}.")
+    if WC is not None and WC.shape != W.shape:
+        raise ValueError(f"WC must have the shape of W, {tuple(W.shape)}, got {tuple(WC.shape)}.")
     dtype = torch.float64 if W.dtype == torch.float64 else torch.float32
     if ridge < 0:
         raise ValueError(f"ridge must be >= 0, got {ridge}.")
     delta = 0.0
     if ridge > 0:  # the same problem on inputs augmented with sqrt(δ) I: add δI to every Gram
         delta = ridge * float(Gs.diagonal().double().mean().item())
-        G, Gs, C = (M + delta * torch.eye(n, dtype=M.dtype, device=M.device) for M in (G, Gs, C))
+        G, Gs, C = (
+            None if M is None else M + delta * torch.eye(n, dtype=M.dtype, device=M.device) for M in (G, Gs, C)
+        )
+        if dense_energy is not None:  # tr(W (G + δI) Wᵀ)
+            dense_energy += delta * float(W.double().square().sum().item())
+        if WC is not None:  # W (C + δI)
+            WC = WC.double() + delta * W.double()
         if L is not None:  # rounded to the working dtype as `_shifted(eig).L` is: the same step either way
             L = float(torch.tensor(L + delta, dtype=torch.float64).to(dtype))
         if isinstance(eig, SpectralGram):
@@ -251,7 +273,7 @@ def fista_prune(
             eig_fn = eig
             eig = lambda: _shifted(eig_fn(), delta)  # noqa: E731 (still lazy)
     Gs_ = Gs.to(dtype)  # (n, n)
-    terms, WC64 = _error_terms(W, G, Gs, C, dtype)  # computed once per operator
+    terms, WC64 = _error_terms(W, G, Gs, C, dtype, dense_energy, WC)  # computed once per operator
     WC = WC64.to(dtype)  # (m, n)
     if L is None:
         L = eig.L if isinstance(eig, SpectralGram) else lipschitz_constant(Gs_, dtype=dtype)

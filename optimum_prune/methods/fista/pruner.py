@@ -9,7 +9,8 @@ import time
 import torch
 from torch import nn
 
-from ...calibration.stats import CrossGramStats, GramStats
+from ...calibration.hooks import capture_inputs
+from ...calibration.stats import CrossGramStats, GramStats, SquaredNormStats
 from ...distributed import assign_ranks, broadcast_, broadcast_object, rank
 from ...functional.masks import keep_mask
 from ...modeling.architectures import LayerView, weight_oi
@@ -48,27 +49,47 @@ class FistaPruner(SequentialPruner):
     config_cls = FistaConfig
     config: FistaConfig
 
-    def _dense_pass(self, run, i: int, dense: nn.Module, paths: list[str], keep: set[str]):
-        """One pass of the dense layer copy: the dense-input Gram of every input group, and the dense inputs of the
-        groups in `keep` (per chunk), kept for their cross Grams with the pruned-layer inputs."""
-        grams = {p: GramStats(weight_oi(dense.get_submodule(p)).shape[1], device=run.device) for p in paths}
+    def _dense_pass(self, run, i: int, dense: nn.Module, paths: list[str], keep: set[str], energy: dict):
+        """One pass of the dense layer copy over every chunk: the dense-input Gram of every input group, and the
+        dense inputs `x` of the groups in `keep` (per chunk), kept for their cross Grams with the pruned-layer inputs.
+        For the groups in `energy` (path -> their targets' stacked dense rows `W`), the per-row `Σ (W x)²` replaces
+        the Gram and `W x` replaces `x`: FISTA needs only `tr(W G Wᵀ)` of `G` and `W C` of `C`, and both are cheaper
+        from the outputs when `W` has fewer rows than columns. The layer's outputs are kept for the next layer when
+        it reads the dense ones."""
+        stats = {
+            p: SquaredNormStats(energy[p].shape[0]) if p in energy
+            else GramStats(weight_oi(dense.get_submodule(p)).shape[1], device=run.device)
+            for p in paths
+        }  # fmt: skip
         kept: dict[str, list[torch.Tensor]] = {p: [] for p in keep}
 
         def record(path: str, x: torch.Tensor) -> None:
             x = x.float()
-            grams[path].update(x)
+            if path in energy:
+                x = x @ energy[path].T  # (..., m) the dense outputs W x
+            stats[path].update(x)
             if path in kept:
                 kept[path].append(x)
 
-        run.run_layer(i, layer=dense, observe={p: dense.get_submodule(p) for p in paths}, callback=record,
-                      keep_outputs=False)  # fmt: skip
-        return grams, kept
+        outputs = run.run_layer(i, layer=dense, observe={p: dense.get_submodule(p) for p in paths}, callback=record,
+                                keep_outputs=self.dense_inter_layer)  # fmt: skip
+        if self.dense_inter_layer:
+            self._dense_outputs = outputs
+        return stats, kept
 
-    def _pruned_stats(self, run, i: int, layer: nn.Module, path: str, dense_x: list[torch.Tensor]):
-        """`X* X*ᵀ` and `X X*ᵀ` from the inputs of `path` in the partially pruned layer; each chunk's forward stops at
-        `path` (nothing after it is needed)."""
-        n = dense_x[0].shape[-1]
-        Gs, C = GramStats(n, device=run.device), CrossGramStats(n, device=run.device)  # on the calibration device
+    def _pruned_stats(self, run, i: int, layer: nn.Module, path: str, dense_x: list[torch.Tensor], resume, save):
+        """`X* X*ᵀ` and `X X*ᵀ` from the inputs `X*` of `path` in the partially pruned layer and the dense `X` (per
+        chunk in `dense_x`; outputs `W X` give `W X X*ᵀ`); each chunk's forward stops at `path` (nothing after it is
+        needed).
+
+        `resume = (module, inputs)` runs only `module`, a submodule of the layer, on its inputs recorded per chunk
+        by the previous group's pass (nothing before it has changed since). `save` names a submodule whose inputs
+        (args, kwargs) this pass records per chunk, returned as the next pass's `resume` (`None` when not asked, or
+        when `save` does not run before `path`)."""
+        n = weight_oi(layer.get_submodule(path)).shape[1]
+        Gs = GramStats(n, device=run.device)  # on the calibration device
+        C = CrossGramStats(dense_x[0].shape[-1], device=run.device, dim_star=n)
+        saved: list | None = [] if save is not None else None
 
         def record(_name: str, xs: torch.Tensor) -> None:
             xs = xs.float()
@@ -76,13 +97,29 @@ class FistaPruner(SequentialPruner):
             C.update(dense_x[c], xs)
             raise _StopForward
 
-        for c in range(len(dense_x)):
-            try:
-                run.run_layer(i, chunks=[c], inputs=[run.hidden[c]], observe={path: layer.get_submodule(path)},
-                              callback=record, keep_outputs=False)  # fmt: skip
-            except _StopForward:
-                pass
-        return Gs.gram, C.gram
+        def save_inputs(_module, args, kwargs) -> None:
+            if saved is not None and len(saved) == c:  # the first call of this chunk
+                saved.append((args, kwargs))
+
+        handle = layer.get_submodule(save).register_forward_pre_hook(save_inputs, with_kwargs=True) if save else None
+        try:
+            for c in range(len(dense_x)):
+                try:
+                    if resume is not None:
+                        module, inputs = resume
+                        with capture_inputs({path: layer.get_submodule(path)}, record):
+                            module(*inputs[c][0], **inputs[c][1])
+                    else:
+                        run.run_layer(i, chunks=[c], inputs=[run.hidden[c]], observe={path: layer.get_submodule(path)},
+                                      callback=record, keep_outputs=False)  # fmt: skip
+                except _StopForward:
+                    pass
+                if saved is not None and len(saved) != c + 1:  # `save` does not run before `path`: nothing to reuse
+                    saved = None
+        finally:
+            if handle is not None:
+                handle.remove()
+        return Gs.gram, C.gram, (None if saved is None else (layer.get_submodule(save), saved))
 
     def _warn_if_small(self, count: int, n: int, path: str) -> None:
         if not getattr(self, "_warned_small", False) and count < MIN_TOKENS_PER_FEATURE * n:
@@ -102,6 +139,7 @@ class FistaPruner(SequentialPruner):
         return W * keep_mask(scores, cfg.sparsity, cfg.nm, per="row")
 
     needs_dense_layer = True
+    reuse_passes = True  # a pruned pass may start from a submodule's inputs recorded by the previous one
 
     @property
     def dense_inter_layer(self) -> bool:
@@ -122,41 +160,60 @@ class FistaPruner(SequentialPruner):
             targets = [t for t in self.targets if t.path in paths]
             if targets:
                 groups.append((name, paths[0], targets))
+        dense_w = {}  # the (out, in) dense rows of every target, in float32 on the calibration device
+        for _, _, targets in groups:
+            for t in targets:
+                W = weight_oi(dense.get_submodule(t.path)).detach()
+                dense_w[t.key] = W[t.rows(W.shape[0])].to(run.device, torch.float32)
         # the first group reads the layer input itself (X* = X); later groups see the already-pruned projections
-        paired = {path for k, (_, path, _) in enumerate(groups) if k > 0 and cfg.intra_layer_correction}
+        paired = [path for k, (_, path, _) in enumerate(groups) if k > 0 and cfg.intra_layer_correction]
+        energy = {}  # paired groups with fewer target rows than inputs: tr(W G Wᵀ) from ||W X||², not from G
+        for _, path, targets in groups:
+            rows = torch.cat([dense_w[t.key] for t in targets])  # (m, n)
+            if path in paired and rows.shape[0] < rows.shape[1]:
+                energy[path] = rows
         t0 = time.perf_counter()
-        dense_grams, dense_x = self._dense_pass(run, view.index, dense, [path for _, path, _ in groups], paired)
+        dense_stats, dense_x = self._dense_pass(run, view.index, dense, [p for _, p, _ in groups], set(paired), energy)
         dense_s = time.perf_counter() - t0
-        info = {}
-        for gname, path, targets in groups:
+        info, resume = {}, None
+        for k, (gname, path, targets) in enumerate(groups):
             t0 = time.perf_counter()
-            dense_stats = dense_grams.pop(path)
-            G = dense_stats.gram  # (n, n)
+            stats = dense_stats.pop(path)
             if path in paired:
-                Gs, C = self._pruned_stats(run, view.index, view.layer, path, dense_x.pop(path))
+                # the next pass may start from the inputs of the module holding the next group when that module also
+                # holds this one (e.g. the MLP: down_proj's pass after gate/up's)
+                home = _parent(groups[k + 1][1]) if k + 1 < len(groups) else ""
+                save = home if (self.reuse_passes and home and path.startswith(home + ".")) else None
+                Gs, C, resume = self._pruned_stats(run, view.index, view.layer, path, dense_x.pop(path), resume, save)
             else:
-                Gs, C = G, G  # X* = X
-            self._warn_if_small(dense_stats.count, G.shape[0], path)
+                Gs = C = stats.gram  # X* = X
+            n = Gs.shape[0]
+            self._warn_if_small(stats.count, n, path)
             L = lipschitz_constant(Gs, dtype=torch.float32)  # shared by the projections of the group
             eig = functools.cache(lambda Gs=Gs: spectral_gram(Gs))  # computed once, on the first spectral step
             stats_s = time.perf_counter() - t0 + dense_s / len(groups)
-            dense_w = []
-            for t in targets:
-                W = weight_oi(dense.get_submodule(t.path)).detach()
-                dense_w.append(W[t.rows(W.shape[0])].to(G.device, torch.float32))  # (out, in) dense target
+            W_group = [dense_w[t.key] for t in targets]
+            if path in energy:  # per target, tr(W G Wᵀ) and W C from the dense outputs (C holds W X X*ᵀ here)
+                sizes = [W.shape[0] for W in W_group]
+                sumsq = stats.sumsq.double() / max(stats.count, 1)  # (m,) per-row Σ (W x)²
+                dense_side = [
+                    {"G": None, "C": None, "dense_energy": float(e.sum().item()), "WC": wc}
+                    for e, wc in zip(sumsq.split(sizes), C.split(sizes), strict=True)
+                ]
+            else:
+                dense_side = [{"G": stats.gram, "C": C}] * len(W_group)
             # the group's projections are independent given its statistics: with several processes, each solves
             # some of them (balanced by rows) and sends its results to the others
-            owners = assign_ranks([W.shape[0] for W in dense_w])
+            owners = assign_ranks([W.shape[0] for W in W_group])
             solved = []
-            for W, owner in zip(dense_w, owners, strict=True):
+            for W, side, owner in zip(W_group, dense_side, owners, strict=True):
                 if owner != rank():
                     solved.append((torch.empty_like(W), None))
                     continue
                 t0 = time.perf_counter()
                 W0 = self._warm_start(W, Gs)
-                W_best, res = fista_prune(
-                    W, G, Gs, C, W0, cfg.sparsity if cfg.nm is None else None, cfg.nm, L=L, eig=eig, **opts
-                )
+                sparsity = cfg.sparsity if cfg.nm is None else None
+                W_best, res = fista_prune(W, Gs=Gs, W0=W0, sparsity=sparsity, nm=cfg.nm, L=L, eig=eig, **side, **opts)
                 rec = {k: res[k] for k in ("error_init", "error_best", "stop_reason", "outer_iterations")}
                 rec.update(spectral_steps=sum(res["spectral"]), seconds=time.perf_counter() - t0)
                 rec.update(input_group=gname, stats_seconds=stats_s)
@@ -165,6 +222,11 @@ class FistaPruner(SequentialPruner):
                 write_target(view, t, broadcast_(W_best, owner))
                 info[t.key] = broadcast_object(rec, owner)
         return info
+
+
+def _parent(path: str) -> str:
+    """The submodule holding `path` (`""`: the decoder layer itself)."""
+    return path.rpartition(".")[0]
 
 
 class _StopForward(Exception):
