@@ -199,6 +199,22 @@ def save_pruned(model: torch.nn.Module, path: Path) -> None:
     tmp.replace(path)
 
 
+def score_from_weights(rec: dict[str, Any], path: Path, model0: torch.nn.Module, scores) -> None:
+    """Perplexities of a run from its saved pruned weights (`scores(model) -> (ppl, ppl_ood)`)."""
+    if not path.exists():
+        raise SystemExit(f"{path} is missing: prune {rec['key']} with --weights-dir first")
+    model = copy.deepcopy(model0)
+    unexpected = model.load_state_dict(load_file(str(path)), strict=False).unexpected_keys
+    if unexpected:
+        raise SystemExit(f"{path}: tensors this model does not have: {unexpected[:3]}")
+    t = time.perf_counter()
+    rec["ppl"], rec["ppl_ood"] = scores(model)
+    rec["eval_s"], rec["scored_from"] = time.perf_counter() - t, path.name
+    print(f"{rec['key']}: ppl {rec['ppl']:.3f} / OOD {rec['ppl_ood']:.3f} (from {path.name})", flush=True)
+    del model
+    gc.collect()
+
+
 def write_outputs(result: dict[str, Any], json_path: Path, md_path: Path) -> None:
     json_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = json_path.with_suffix(".json.tmp")
@@ -304,7 +320,9 @@ def render_markdown(result: dict[str, Any]) -> str:
             for x in sweep:
                 r = runs.get(run_key(m, x, "unstructured"))
                 cells.append(
-                    "—" if not r else f"{_num(r, 'ppl', '.2f')} / {_num(r, 'ppl_ood', '.2f')} ({r['time_s']:.0f})"
+                    "—"
+                    if not r
+                    else f"{_num(r, 'ppl', '.2f')} / {_num(r, 'ppl_ood', '.2f')} ({_num(r, 'time_s', '.0f')})"
                 )
             if any(c != "—" for c in cells):
                 lines.append(f"| {label(m)} | " + " | ".join(cells) + " |")
@@ -338,7 +356,7 @@ def add_time_ratios(result: dict[str, Any]) -> None:
     runs = {r["key"]: r for r in result["runs"]}
     for r in result["runs"]:
         sg = runs.get(run_key("sparsegpt", r["sparsity"], r["pattern"]))
-        if r["method"].startswith("fista") and sg:
+        if r["method"].startswith("fista") and sg and r["time_s"] and sg["time_s"]:
             rec = result["fista_over_sparsegpt_time"][f"{label(r['method'])}, {_label(r)}"] = {
                 "fista_s": r["time_s"], "sparsegpt_s": sg["time_s"], "ratio": r["time_s"] / sg["time_s"],
                 "same_process": r.get("process") == sg.get("process"),
@@ -407,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-eval", action="store_true", help="timing only: prune, record times, score nothing")
     p.add_argument("--weights-dir", default=None,
                    help="save each run's pruned weights here; with --resume, score unscored runs from them")  # fmt: skip
+    p.add_argument("--from-weights", action="store_true",
+                   help="score every planned run from its weights in --weights-dir (saved by an earlier run on the "
+                        "same calibration ids) instead of pruning: another evaluation of the same models")  # fmt: skip
     p.add_argument("--render-only", action="store_true", help="rewrite the markdown from the existing JSON and exit")
     p.add_argument("--merge", nargs="+", metavar="JSON", default=None,
                    help="combine the runs of several result files (same calibration ids and eval tokens, e.g. "
@@ -461,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     def ppl(model, texts) -> float:
         return perplexity(model, tok, texts, seq_len=args.eval_seq_len, max_tokens=args.eval_tokens)
 
+    def scores(model) -> tuple[float, float]:
+        return ppl(model, eval_prefix), ppl(model, ood_prefix)
+
     plan = [(m, 0.5, pat) for pat in patterns for m in methods]
     plan += [(m, x, "unstructured") for x in sweep for m in methods if m in sweep_methods and x != 0.5]
 
@@ -492,28 +516,20 @@ def main(argv: list[str] | None = None) -> int:
         result["runs"], result["dense_ppl"] = old.get("runs", []), old.get("dense_ppl")
         result["dense_ppl_ood"] = old.get("dense_ppl_ood")
     weights_dir = Path(args.weights_dir) if args.weights_dir else None
+    if args.from_weights and weights_dir is None:
+        raise SystemExit("--from-weights needs --weights-dir (where an earlier run saved the pruned weights)")
     if weights_dir is not None and not args.no_eval:  # score the runs that were pruned and timed without scoring
         for rec in result["runs"]:
             path = weights_path(weights_dir, rec["key"])
-            if rec.get("ppl") is not None or not path.exists():
-                continue
-            model = copy.deepcopy(model0)
-            unexpected = model.load_state_dict(load_file(str(path)), strict=False).unexpected_keys
-            if unexpected:
-                raise SystemExit(f"{path}: tensors this model does not have: {unexpected[:3]}")
-            t = time.perf_counter()
-            rec["ppl"], rec["ppl_ood"] = ppl(model, eval_prefix), ppl(model, ood_prefix)
-            rec["eval_s"], rec["scored_from"] = time.perf_counter() - t, path.name
-            print(f"{rec['key']}: ppl {rec['ppl']:.3f} / OOD {rec['ppl_ood']:.3f} (from {path.name})", flush=True)
-            write_outputs(result, json_path, md_path)
-            del model
-            gc.collect()
+            if rec.get("ppl") is None and path.exists():
+                score_from_weights(rec, path, model0, scores)
+                write_outputs(result, json_path, md_path)
     done = {r["key"] for r in result["runs"]}
     process = f"{os.getpid()}@{time.time():.0f}"  # runs of one process compare their timings directly
 
     if result["dense_ppl"] is None and not (args.skip_dense or args.no_eval):
         t = time.perf_counter()
-        result["dense_ppl"], result["dense_ppl_ood"] = ppl(model0, eval_prefix), ppl(model0, ood_prefix)
+        result["dense_ppl"], result["dense_ppl_ood"] = scores(model0)
         print(f"dense ppl {result['dense_ppl']:.3f} / OOD {result['dense_ppl_ood']:.3f} "
               f"({time.perf_counter() - t:.1f}s)", flush=True)  # fmt: skip
         write_outputs(result, json_path, md_path)
@@ -521,6 +537,12 @@ def main(argv: list[str] | None = None) -> int:
     for method, sparsity, pattern in plan:
         key = run_key(method, sparsity, pattern)
         if key in done:
+            continue
+        if args.from_weights:
+            rec = {"key": key, "method": method, "pattern": pattern, "sparsity": sparsity, "time_s": None}
+            result["runs"].append(rec)
+            score_from_weights(rec, weights_path(weights_dir, key), model0, scores)
+            write_outputs(result, json_path, md_path)
             continue
         model = copy.deepcopy(model0)
         config = make_config(method, sparsity, pattern, fista_opts)
@@ -530,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         if weights_dir is not None:
             save_pruned(model, weights_path(weights_dir, key))
         t = time.perf_counter()
-        value, value_ood = (None, None) if args.no_eval else (ppl(model, eval_prefix), ppl(model, ood_prefix))
+        value, value_ood = (None, None) if args.no_eval else scores(model)
         eval_s = time.perf_counter() - t
         rec = {
             "key": key, "method": method, "pattern": pattern, "sparsity": sparsity, "ppl": value,
