@@ -400,3 +400,27 @@ def test_dense_outputs_replace_the_dense_grams(ridge):
     for g, e in ((G, energy), (None, None)):
         with pytest.raises(ValueError, match="exactly one of `G` and `dense_energy`"):
             fista_prune(W, g, Gs, C, W0, nm="2:4", dense_energy=e)
+
+
+def test_rounding_by_wanda_score():
+    # Eq. 8 ranks |W*_ij|; with a scale it ranks |W*_ij| s_j (s_j = ||X*_j||: the output error of each entry alone)
+    W = torch.tensor([[1.0, 0.5, -0.1, 0.2], [0.3, -2.0, 0.4, 0.1]])
+    s = torch.tensor([0.01, 1.0, 1.0, 1.0])
+    magnitude = round_to_pattern(W, nm="2:4")
+    assert torch.equal(magnitude, torch.tensor([[1.0, 0.5, 0.0, 0.0], [0.0, -2.0, 0.4, 0.0]]))
+    wanda = round_to_pattern(W, nm="2:4", scale=s)
+    assert torch.equal(wanda, torch.tensor([[0.0, 0.5, 0.0, 0.2], [0.0, -2.0, 0.4, 0.0]]))
+    # unstructured, per matrix: the 4 largest |w| s among 8
+    keep = (W.abs() * s).flatten().argsort(descending=True)[:4]
+    expected = torch.zeros(8).index_put_((keep,), W.flatten()[keep]).reshape(2, 4)
+    assert torch.equal(round_to_pattern(W, sparsity=0.5, scale=s), expected)
+    # inside fista_prune: every rounded iterate, so the result keeps the pattern and beats its rounded warm start
+    X, Xs, Wd = (t.double() for t in _llm_like_problem(seed=15)[:3])
+    p = X.shape[1]
+    G, Gs, C = X @ X.T / p, Xs @ Xs.T / p, X @ Xs.T / p
+    scale = Gs.diagonal().sqrt()
+    W0 = _warm_start(Wd, X, nm=(2, 4))
+    got, info = fista_prune(Wd, G, Gs, C, W0, nm="2:4", max_outer=30, rounding_scale=scale)
+    plain, _ = fista_prune(Wd, G, Gs, C, W0, nm="2:4", max_outer=30)
+    assert (got.reshape(-1, 4) != 0).sum(1).eq(2).all()
+    assert info["error_best"] < info["error_init"] and not torch.equal(got != 0, plain != 0)

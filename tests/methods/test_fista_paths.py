@@ -26,7 +26,9 @@ class _ReferencePruner(FistaPruner):
             n = weight_oi(dense.get_submodule(paths[0])).shape[1]
             G, Gs, C = GramStats(n), GramStats(n), CrossGramStats(n)
             paired = cfg.intra_layer_correction and gi > 0
+            xs_all = []
             for x, xs in run.paired_inputs(view.index, paths[0], dense, view.layer if paired else None):
+                xs_all.append(xs.float().reshape(-1, n))
                 G.update(x.float())
                 Gs.update(xs.float())
                 C.update(x.float(), xs.float())
@@ -39,6 +41,8 @@ class _ReferencePruner(FistaPruner):
                 )
                 W0 = self._warm_start(W, Gs.gram)
                 nm = cfg.nm
+                if cfg.rounding_score == "wanda":  # |W*_ij| ||X*_j||
+                    opts["rounding_scale"] = torch.linalg.vector_norm(torch.cat(xs_all), dim=0)
                 W_best, _ = fista_prune(
                     W, G.gram, Gs.gram, C.gram, W0, cfg.sparsity if nm is None else None, nm, eig=eig, **opts
                 )
@@ -47,12 +51,13 @@ class _ReferencePruner(FistaPruner):
 
 
 @pytest.mark.parametrize(
-    "pattern, ridge, arch", [("unstructured", 0.0, "llama"), ("2:4", 0.0, "llama"), ("2:4", 0.1, "llama"),
-                             ("unstructured", 0.0, "gemma3"), ("unstructured", 0.0, "opt")]
+    "pattern, ridge, arch, rounding",
+    [("unstructured", 0.0, "llama", "magnitude"), ("2:4", 0.0, "llama", "magnitude"), ("2:4", 0.1, "llama", "wanda"),
+     ("unstructured", 0.0, "gemma3", "wanda"), ("unstructured", 0.0, "opt", "magnitude")],
 )  # fmt: skip
-def test_fast_path_equals_reference_path(pattern, ridge, arch, monkeypatch):
+def test_fast_path_equals_reference_path(pattern, ridge, arch, rounding, monkeypatch):
     ids = calibration_ids(4, 16)
-    cfg = FistaConfig(sparsity=0.5, pattern=pattern, K=5, max_outer=6, ridge=ridge)
+    cfg = FistaConfig(sparsity=0.5, pattern=pattern, K=5, max_outer=6, ridge=ridge, rounding_score=rounding)
     model = tiny_model(arch)
     reference = tiny_model(arch)
     report = prune_(model, cfg, ids)

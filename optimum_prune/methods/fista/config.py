@@ -19,6 +19,7 @@ _PAPER = {
     "intra_layer_correction": True,
     "inter_layer": "dense",
     "ridge": 0.0,
+    "rounding_score": "magnitude",
 }
 
 
@@ -61,6 +62,9 @@ class FistaConfig(UnstructuredConfigMixin):
             (arithmetic bisection on [0, 1e6]).
         momentum (`str`, defaults to `"standard"`): `"standard"` Beck–Teboulle or `"paper"` (the printed update).
         rounding_per (`str`, defaults to `"matrix"`): unstructured rounding threshold per matrix (paper) or per row.
+        rounding_score (`str`, defaults to `"magnitude"`): what the rounding to the pattern (Eq. 8) ranks:
+            `"magnitude"` `|W*_ij|` (paper) or `"wanda"` `|W*_ij| · ||X*_j||` (the norm of the input it multiplies, on
+            the calibration tokens, as Wanda's score: the output error each entry alone would add).
         reset_bad_counter (`bool`, defaults to `False`): reset the non-improving counter after an improvement.
         max_outer (`int`, defaults to `200`): safety cap on outer steps per projection (the paper has none; it stops
             only by `T` and `eps`, which on SmolLM2-135M takes at most ~130 steps).
@@ -93,6 +97,7 @@ class FistaConfig(UnstructuredConfigMixin):
     lambda_search: str = "log"
     momentum: str = "standard"
     rounding_per: str = "matrix"
+    rounding_score: str = "magnitude"
     reset_bad_counter: bool = False
     max_outer: int = 200
     spectral: bool = True
@@ -121,6 +126,7 @@ class FistaConfig(UnstructuredConfigMixin):
         choice("lambda_search", self.lambda_search, ("log", "paper"))
         choice("momentum", self.momentum, ("standard", "paper"))
         choice("rounding_per", self.rounding_per, ("matrix", "row"))
+        choice("rounding_score", self.rounding_score, ("magnitude", "wanda"))
         choice("inter_layer", self.inter_layer, ("dense", "sequential"))
         for name in ("K", "T", "max_outer"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:

@@ -133,6 +133,7 @@ def round_to_pattern(
     sparsity: float | None = None,
     nm: str | tuple[int, int] | None = None,
     per: str = "matrix",
+    scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Paper Eq. 8: zeros the smallest-magnitude entries to reach exact unstructured sparsity or N:M.
 
@@ -141,8 +142,11 @@ def round_to_pattern(
         sparsity (`float`, *optional*): unstructured sparsity (`round(sparsity * numel)` zeros per matrix or row).
         nm (`str` or `tuple[int, int]`, *optional*): N:M pattern (`N` kept per `M`); takes precedence.
         per (`str`, defaults to `"matrix"`): `"matrix"` (paper) or `"row"` for unstructured sparsity.
+        scale (`torch.Tensor` of shape `(n,)`, *optional*): rank the entries by `|W_ij| · scale_j` instead of `|W_ij|`
+            (e.g. `scale_j = ||X*_j||`: Wanda's score, the error each entry alone adds to the output).
     """
-    keep = keep_mask(W.abs(), sparsity=sparsity, pattern=nm, per=per)  # (m, n)
+    scores = W.abs() if scale is None else W.abs() * scale.to(W.dtype)  # (m, n)
+    keep = keep_mask(scores, sparsity=sparsity, pattern=nm, per=per)  # (m, n)
     return W.masked_fill(~keep, 0.0)  # (m, n)
 
 
@@ -185,6 +189,7 @@ def fista_prune(
     ridge: float = 0.0,
     dense_energy: float | None = None,
     WC: torch.Tensor | None = None,
+    rounding_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """FISTAPruner outer loop (paper Algorithm 1): FISTA, rounding and adaptive `λ` until no more improvement.
 
@@ -227,6 +232,8 @@ def fista_prune(
             the Grams `G + δI`, `Gs + δI`, `C + δI` (inputs augmented with `sqrt(δ) I` in both networks), which is
             how it is solved; the errors in `info` then include the ridge term. `0` is the paper's objective.
         dense_energy (`float`, *optional*): `tr(W G Wᵀ) = ||W X||_F² / p`, in place of `G`.
+        rounding_scale (`torch.Tensor` of shape `(n,)`, *optional*): the rounding (Eq. 8) ranks entries by
+            `|W*_ij| · rounding_scale_j` (see [`round_to_pattern`]); `None` is the paper's magnitude.
         WC (`torch.Tensor` of shape `(m, n)`, *optional*): `W C = (W X) X*ᵀ / p`, in place of `C`. With
             `dense_energy`, the statistics of the dense side cost O(m·n) per token instead of O(n²): cheaper when `W`
             has fewer rows than columns (e.g. a down projection).
@@ -291,7 +298,7 @@ def fista_prune(
         sq = float((D * D * d.double()).sum().item()) + 2.0 * float((PQ * D).sum().item()) + terms.c
         return math.sqrt(max(sq, 0.0))
 
-    W_best = round_to_pattern(W0.to(dtype), sparsity, nm, rounding_per)  # (m, n)
+    W_best = round_to_pattern(W0.to(dtype), sparsity, nm, rounding_per, rounding_scale)  # (m, n)
     Z_best = None  # W_best Q, when known
     E_best = err(W_best)
     info: dict[str, Any] = {"lambdas": [], "errors_total": [], "errors_round": [], "improved": [], "spectral": []}
@@ -317,12 +324,12 @@ def fista_prune(
                 W_best @ Q if Z_best is None else Z_best, B, d, L, K=K, tol=tol, momentum=momentum
             )  # (m, n)
             E_K = err_spectral(Z_K)
-            W_K1 = round_to_pattern(Z_K @ Q.T, sparsity, nm, rounding_per)  # (m, n) Eq. 8
+            W_K1 = round_to_pattern(Z_K @ Q.T, sparsity, nm, rounding_per, rounding_scale)  # (m, n) Eq. 8
             Z_K1 = W_K1 @ Q  # (m, n) also the next warm start if kept
             E_tot = err_spectral(Z_K1)
         else:
             W_K, iters = fista_inner(W_best, WC, Gs_, lam, L, K=K, tol=tol, momentum=momentum)  # (m, n)
-            W_K1 = round_to_pattern(W_K, sparsity, nm, rounding_per)  # (m, n) Eq. 8
+            W_K1 = round_to_pattern(W_K, sparsity, nm, rounding_per, rounding_scale)  # (m, n) Eq. 8
             E_tot, E_K, Z_K1 = err(W_K1), err(W_K), None
         E_rnd = E_tot - E_K  # Eq. 9
         improved = E_tot < E_best

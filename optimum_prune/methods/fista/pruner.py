@@ -190,6 +190,8 @@ class FistaPruner(SequentialPruner):
             n = Gs.shape[0]
             self._warn_if_small(stats.count, n, path)
             L = lipschitz_constant(Gs, dtype=torch.float32)  # shared by the projections of the group
+            if cfg.rounding_score == "wanda":
+                opts["rounding_scale"] = Gs.diagonal().clamp_min(0).sqrt()  # (n,) ||X*_j|| up to a common factor
             eig = functools.cache(lambda Gs=Gs: spectral_gram(Gs))  # computed once, on the first spectral step
             stats_s = time.perf_counter() - t0 + dense_s / len(groups)
             W_group = [dense_w[t.key] for t in targets]
