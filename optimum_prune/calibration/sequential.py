@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -143,16 +144,23 @@ class LayerwiseRunner:
         if inputs is None:  # read lazily: spilled chunks come back from disk one at a time
             inputs = self.hidden if every else [self.hidden[c] for c in chunks]
         outputs = self._chunk_list()
-        home = next(layer.parameters()).device
-        if home != self.device:  # offloaded model: only this block visits the working device
-            layer.to(self.device)
         hooks = capture_inputs(observe, callback) if observe else _null()
-        try:
+        with self.on_device(layer):
             self._run_chunks(layer, index, inputs, chunks, outputs, keep_outputs, hooks)
+        return outputs
+
+    @contextmanager
+    def on_device(self, module: nn.Module) -> Iterator[None]:
+        """Run `module` (a block, or part of one) on the working device: an offloaded model's block visits it only
+        for the duration, and goes back home after, error or not."""
+        home = next(module.parameters()).device
+        if home != self.device:
+            module.to(self.device)
+        try:
+            yield
         finally:
             if home != self.device:
-                layer.to(home)
-        return outputs
+                module.to(home)
 
     def _run_chunks(self, layer, index, inputs, chunks, outputs, keep_outputs, hooks) -> None:
         with hooks:

@@ -34,11 +34,16 @@ class FistaPruner(SequentialPruner):
 
     Lifecycle, per decoder layer (its input is the dense model's hidden state by default):
       - keep a dense copy of the layer and run it once over the calibration chunks: the dense-input Gram `G = XXᵀ`
-        of every input group (q/k/v, o, gate/up, down), keeping the dense inputs of the groups after the first;
+        of every input group (q/k/v, o, gate/up, down), keeping the dense inputs of the groups after the first, and
+        the layer's outputs (the next layer's inputs). A group with fewer target rows than inputs (down_proj) keeps
+        its dense outputs `W X` instead, and `Σ (W x)²` instead of `G`: the error needs only `tr(W G Wᵀ)` of `G` and
+        the gradient only `W C` of `C`, and both cost O(m·n) per token from the outputs against O(n²) from Grams;
       - for each input group in forward order: run the partially pruned layer up to the group's input (the rest of
         the forward is skipped) and accumulate `G* = X*X*ᵀ` and `C = XX*ᵀ` (all normalised by the token count), so
         that every later projection reconstructs the dense output from the inputs produced by the already-pruned
-        earlier ones (intra-layer error correction); the first group has `X* = X`;
+        earlier ones (intra-layer error correction); the first group has `X* = X`. When the next group sits in the
+        same submodule as this one (down_proj after gate/up, in the MLP), this pass records that submodule's inputs
+        and the next pass runs only the submodule;
       - per group: `L = λ_max(G*)`, and the eigendecomposition of `G*` once a projection's λ first allows spectral
         iterations (shared by the group's projections);
       - per projection: warm start (Wanda or SparseGPT on `G*`), then `fista_prune` in Gram form; its record in
@@ -107,7 +112,7 @@ class FistaPruner(SequentialPruner):
                 try:
                     if resume is not None:
                         module, inputs = resume
-                        with capture_inputs({path: layer.get_submodule(path)}, record):
+                        with run.on_device(layer), capture_inputs({path: layer.get_submodule(path)}, record):
                             module(*inputs[c][0], **inputs[c][1])
                     else:
                         run.run_layer(i, chunks=[c], inputs=[run.hidden[c]], observe={path: layer.get_submodule(path)},
