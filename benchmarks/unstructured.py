@@ -382,9 +382,12 @@ def merge_results(paths: list[Path], out_dir: Path, name: str) -> None:
     base["runs"] = runs
     base["setup"]["methods"] = list(dict.fromkeys(r["method"] for r in runs))
     base["setup"]["threads"] = "/".join(str(p["setup"]["threads"]) for p in parts)
-    base["setup"]["parts"] = [{"file": p.name, "command": part["setup"]["command"], "threads": part["setup"]["threads"],
-                               "status": part["status"], "dense_ppl": part["dense_ppl"]}
-                              for p, part in zip(paths, parts)]  # fmt: skip
+    base["setup"]["parts"] = [  # a part that is itself a merge contributes its own parts
+        q for p, part in zip(paths, parts)
+        for q in part["setup"].get("parts") or [{"file": p.name, "command": part["setup"]["command"],
+                                                 "threads": part["setup"]["threads"], "status": part["status"],
+                                                 "dense_ppl": part["dense_ppl"]}]
+    ]  # fmt: skip
     fista_opts = [part["setup"]["fista_opts"] for part in parts if any(r["method"] == "fista" for r in part["runs"])]
     if fista_opts:
         if any(o != fista_opts[0] for o in fista_opts):
