@@ -277,6 +277,7 @@ def _fista_table(result: dict[str, Any]) -> list[str]:
 def render_markdown(result: dict[str, Any]) -> str:
     s = result["setup"]
     runs = {r["key"]: r for r in result["runs"]}
+    methods = list(dict.fromkeys([*s["methods"], *(r["method"] for r in result["runs"])]))  # incl. resumed runs
     ood = s.get("ood", {})
     lines = [
         f"# Unstructured and N:M pruning: SmolLM2-135M, calibrated on {s['calibration']['num_samples']} x "
@@ -301,7 +302,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         "| method | 50%: BBC | 50%: OOD | 2:4: BBC | 2:4: OOD | time 50% (s) | time 2:4 (s) | measured sparsity |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for m in s["methods"]:
+    for m in methods:
         u, nm = runs.get(run_key(m, 0.5, "unstructured")), runs.get(run_key(m, 0.5, "2:4"))
         if not u and not nm:
             continue
@@ -315,7 +316,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         lines += ["", "## Sparsity sweep (unstructured): perplexity BBC / OOD (pruning time, s)", "",
                   "| method | " + " | ".join(f"{x:.0%}" for x in sweep) + " |",
                   "|---|" + "---:|" * len(sweep)]  # fmt: skip
-        for m in s["methods"]:
+        for m in methods:
             cells = []
             for x in sweep:
                 r = runs.get(run_key(m, x, "unstructured"))
