@@ -293,6 +293,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         + _load_note(result)
         + ").",
         "",
+        *(f"**Note.** {n}\n" for n in result.get("notes", [])),
         "FISTA (default): `FistaConfig()`"
         + (" with " + ", ".join(f"`{k}={v}`" for k, v in s["fista_opts"].items()) if s["fista_opts"] else "")
         + "; FISTA (paper): `FistaConfig.paper()`.",
@@ -436,14 +437,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--merge", nargs="+", metavar="JSON", default=None,
                    help="combine the runs of several result files (same calibration ids and eval tokens, e.g. "
                         "parts run as parallel processes) into --name, then exit")  # fmt: skip
+    p.add_argument("--note", action="append", default=None, metavar="TEXT",
+                   help="with --merge or --render-only: notes rendered under the setup (replace the stored ones)")
     args = p.parse_args(argv)
     args.name = args.name or f"unstructured_smollm2_{args.num_samples}x{args.seq_len}"
     if args.merge:
         merge_results([Path(x) for x in args.merge], Path(args.output_dir), args.name)
-        return 0
-    if args.render_only:
+    if args.merge or args.render_only:
         path = Path(args.output_dir) / f"{args.name}.json"
-        path.with_suffix(".md").write_text(render_markdown(json.loads(path.read_text())))
+        result = json.loads(path.read_text())
+        if args.note is not None:
+            result["notes"] = args.note
+        write_outputs(result, path, path.with_suffix(".md"))
         return 0
 
     if args.threads:
