@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="combine the runs of several result files (same calibration ids and eval tokens, e.g. "
                         "parts run as parallel processes) into --name, then exit")  # fmt: skip
     p.add_argument("--note", action="append", default=None, metavar="TEXT",
-                   help="with --merge or --render-only: notes rendered under the setup (replace the stored ones)")
+                   help="with --merge or --render-only: notes rendered under the setup (replace the stored ones)")  # fmt: skip
     args = p.parse_args(argv)
     args.name = args.name or f"unstructured_smollm2_{args.num_samples}x{args.seq_len}"
     if args.merge:
