@@ -15,6 +15,7 @@ from optimum_prune.methods.fista.functional import (
     prox_is_negligible,
     reconstruction_error,
     round_to_pattern,
+    shrink_refit,
     spectral_gram,
 )
 
@@ -424,3 +425,22 @@ def test_rounding_by_wanda_score():
     plain, _ = fista_prune(Wd, G, Gs, C, W0, nm="2:4", max_outer=30)
     assert (got.reshape(-1, 4) != 0).sum(1).eq(2).all()
     assert info["error_best"] < info["error_init"] and not torch.equal(got != 0, plain != 0)
+
+
+@pytest.mark.parametrize("strength", [0.0, 0.3, 1.0])
+def test_shrink_refit_against_a_direct_float64_formula(strength):
+    gen = torch.Generator().manual_seed(3)
+    W = torch.randn(6, 8, generator=gen)
+    W_fit = round_to_pattern(W + 0.5 * torch.randn(6, 8, generator=gen), nm="2:4")
+    got = shrink_refit(W, W_fit, strength)
+    expected = torch.zeros(6, 8, dtype=torch.float64)
+    for i in range(6):
+        for j in range(8):
+            if W_fit[i, j] != 0:
+                expected[i, j] = (1 - strength) * W[i, j].double() + strength * W_fit[i, j].double()
+    torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=1e-7)
+    assert torch.equal(got != 0, W_fit != 0)  # the pattern is kept
+    if strength == 1.0:
+        assert torch.equal(got, W_fit)
+    if strength == 0.0:
+        assert torch.equal(got, W * (W_fit != 0))

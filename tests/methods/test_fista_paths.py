@@ -8,7 +8,7 @@ from testing_utils import calibration_ids, tiny_model
 from optimum_prune import FistaConfig, prune_
 from optimum_prune.calibration.stats import CrossGramStats, GramStats
 from optimum_prune.methods.fista import FistaPruner
-from optimum_prune.methods.fista.functional import fista_prune, spectral_gram
+from optimum_prune.methods.fista.functional import fista_prune, shrink_refit, spectral_gram
 from optimum_prune.methods.unstructured import input_groups, write_target
 from optimum_prune.modeling.architectures import weight_oi
 
@@ -97,6 +97,33 @@ def test_reused_passes_change_nothing(arch, resumed, monkeypatch):
         assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("arch, pattern", [("llama", "unstructured"), ("opt", "2:4")])
+def test_refit_strength_shrinks_each_layer_toward_its_dense_weights(arch, pattern):
+    # every projection is solved as with the full re-fit; once the layer is done its kept weights move toward the
+    # dense ones (the layers read dense inputs, so the next layers' fits do not change either)
+    ids = calibration_ids(4, 16)
+    dense = tiny_model(arch)
+    full = tiny_model(arch)
+    prune_(full, FistaConfig(sparsity=0.5, pattern=pattern, K=5, max_outer=6), ids)
+    for strength in (0.0, 0.4):
+        model = tiny_model(arch)
+        report = prune_(
+            model, FistaConfig(sparsity=0.5, pattern=pattern, K=5, max_outer=6, refit_strength=strength), ids
+        )
+        assert report.measured == pytest.approx(0.5, abs=1e-3)
+        changed = 0
+        for (name, d), (_, f), (_, got) in zip(
+            dense.named_parameters(), full.named_parameters(), model.named_parameters(), strict=True
+        ):
+            if torch.equal(d, f):  # not a target
+                assert torch.equal(got, d), name
+                continue
+            changed += 1
+            torch.testing.assert_close(got, shrink_refit(d, f, strength), rtol=1e-5, atol=1e-6, msg=name)
+            assert torch.equal(got != 0, f != 0), name
+        assert changed > 0
+
+
 def test_paper_preset_is_one_argument_away():
     paper = FistaConfig.paper(pattern="2:4", eps=1e-2)
     assert (paper.pattern, paper.sparsity, paper.eps) == ("2:4", 0.5, 1e-2)
@@ -108,3 +135,6 @@ def test_paper_preset_is_one_argument_away():
     assert FistaConfig(eps=1e-3) == FistaConfig.paper()
     with pytest.raises(ValueError, match="ridge"):
         FistaConfig(ridge=-0.1)
+    assert paper.refit_strength == 1.0
+    with pytest.raises(ValueError, match=r"refit_strength.*\[0, 1\]"):
+        FistaConfig(refit_strength=1.5)

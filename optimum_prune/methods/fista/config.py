@@ -20,6 +20,7 @@ _PAPER = {
     "inter_layer": "dense",
     "ridge": 0.0,
     "rounding_score": "magnitude",
+    "refit_strength": 1.0,
 }
 
 
@@ -114,6 +115,7 @@ class FistaConfig(UnstructuredConfigMixin):
     intra_layer_correction: bool = True
     inter_layer: str = "dense"
     ridge: float = 0.0
+    refit_strength: float = 1.0
 
     @classmethod
     def paper(cls, sparsity: float = 0.5, pattern: str = "unstructured", **kwargs) -> FistaConfig:
@@ -143,5 +145,10 @@ class FistaConfig(UnstructuredConfigMixin):
                 raise ValueError(f"`{name}` must be a positive int, got {getattr(self, name)!r}.")
         if not (isinstance(self.ridge, (int, float)) and self.ridge >= 0):
             raise ValueError(f"`ridge` must be a number >= 0 (0: the paper's objective), got {self.ridge!r}.")
+        if not (isinstance(self.refit_strength, (int, float)) and 0 <= self.refit_strength <= 1):
+            raise ValueError(
+                f"`refit_strength` must be in [0, 1] (1: the paper's re-fitted weights, 0: the dense weights under "
+                f"FISTA's mask), got {self.refit_strength!r}."
+            )
         if not 0 < self.xi < 1:
             raise ValueError(f"`xi` must be in (0, 1), got {self.xi}.")

@@ -43,6 +43,7 @@ __all__ = [
     "reconstruction_error",
     "fista_objective",
     "round_to_pattern",
+    "shrink_refit",
     "fista_prune",
 ]
 
@@ -148,6 +149,20 @@ def round_to_pattern(
     scores = W.abs() if scale is None else W.abs() * scale.to(W.dtype)  # (m, n)
     keep = keep_mask(scores, sparsity=sparsity, pattern=nm, per=per)  # (m, n)
     return W.masked_fill(~keep, 0.0)  # (m, n)
+
+
+def shrink_refit(W: torch.Tensor, W_fit: torch.Tensor, strength: float) -> torch.Tensor:
+    """The pruned weights moved from the re-fitted `W_fit` toward the dense `W`, on `W_fit`'s support (its pattern
+    is kept): `W + s·(W_fit − W)` where `W_fit ≠ 0`, else 0. `s = 1` is `W_fit`, `s = 0` the dense weights under its
+    mask.
+
+    Args:
+        W (`torch.Tensor` of shape `(m, n)`): dense weight.
+        W_fit (`torch.Tensor` of shape `(m, n)`): pruned, re-fitted weight.
+        strength (`float`): `s`, in [0, 1].
+    """
+    W = W.to(W_fit.dtype)
+    return torch.where(W_fit != 0, torch.lerp(W, W_fit, strength), torch.zeros((), dtype=W_fit.dtype))  # (m, n)
 
 
 def _shifted(eig: SpectralGram, delta: float) -> SpectralGram:

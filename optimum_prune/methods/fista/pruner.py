@@ -18,7 +18,7 @@ from ..sparsegpt.functional import sparsegpt_prune
 from ..unstructured import SequentialPruner, input_groups, write_target
 from ..wanda.functional import wanda_scores
 from .config import FistaConfig
-from .functional import fista_prune, lipschitz_constant, spectral_gram
+from .functional import fista_prune, lipschitz_constant, shrink_refit, spectral_gram
 
 __all__ = ["FistaPruner"]
 
@@ -50,6 +50,8 @@ class FistaPruner(SequentialPruner):
         iterations (shared by the group's projections);
       - per projection: warm start (Wanda or SparseGPT on `G*`), then `fista_prune` in Gram form; its record in
         `report.info["layers"]` has the errors, steps, stop reason and time (`seconds`, `stats_seconds`);
+      - with `refit_strength < 1`, once every projection of the layer is solved, each one's kept weights are moved
+        back toward the dense ones: `W + s·(W* − W)` on W*'s support;
       - the next layer receives the dense (paper) or the pruned outputs.
     """
 
@@ -184,7 +186,7 @@ class FistaPruner(SequentialPruner):
         t0 = time.perf_counter()
         dense_stats, dense_x = self._dense_pass(run, view.index, dense, [p for _, p, _ in groups], set(paired), energy)
         dense_s = time.perf_counter() - t0
-        info, resume = {}, None
+        info, resume, fitted = {}, None, []
         for k, (gname, path, targets) in enumerate(groups):
             t0 = time.perf_counter()
             stats = dense_stats.pop(path)
@@ -230,8 +232,13 @@ class FistaPruner(SequentialPruner):
                 rec.update(input_group=gname, stats_seconds=stats_s)
                 solved.append((W_best.to(torch.float32).contiguous(), rec))
             for t, (W_best, rec), owner in zip(targets, solved, owners, strict=True):
-                write_target(view, t, broadcast_(W_best, owner))
+                W_best = broadcast_(W_best, owner)
+                write_target(view, t, W_best)
+                fitted.append((t, W_best))
                 info[t.key] = broadcast_object(rec, owner)
+        if cfg.refit_strength != 1:  # once the layer is done: every projection was fitted with the full re-fits
+            for t, W_best in fitted:
+                write_target(view, t, shrink_refit(dense_w[t.key], W_best, cfg.refit_strength))
         return info
 
 
