@@ -35,7 +35,7 @@ def heldout_ppl(model):
 results = {"dense": heldout_ppl(dense.model)}
 for name, config in {
     "wanda 2:4": WandaConfig(sparsity=0.5, pattern="2:4"),
-    "fista 2:4": FistaConfig(sparsity=0.5, pattern="2:4", warm_start="wanda"),  # paper defaults otherwise
+    "fista 2:4": FistaConfig(sparsity=0.5, pattern="2:4"),  # FistaConfig.paper(pattern="2:4"): the paper's setting
 }.items():
     pruner = AutoPruner(copy.deepcopy(dense.model), tokenizer)
     report = pruner.prune(config, calibration=calib_ids)
