@@ -65,6 +65,7 @@ from optimum_prune.calibration.data import (  # noqa: E402
     split_documents,
 )
 from optimum_prune.evaluation.perplexity import perplexity  # noqa: E402
+from optimum_prune.methods.fista.functional import shrink_refit  # noqa: E402
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -199,12 +200,21 @@ def save_pruned(model: torch.nn.Module, path: Path) -> None:
     tmp.replace(path)
 
 
-def score_from_weights(rec: dict[str, Any], path: Path, model0: torch.nn.Module, scores) -> None:
-    """Perplexities of a run from its saved pruned weights (`scores(model) -> (ppl, ppl_ood)`)."""
+def score_from_weights(
+    rec: dict[str, Any], path: Path, model0: torch.nn.Module, scores, refit_strength: float | None = None
+) -> None:
+    """Perplexities of a run from its saved pruned weights (`scores(model) -> (ppl, ppl_ood)`). With
+    `refit_strength`, the saved weights are a full FISTA re-fit (`refit_strength=1`) and are first shrunk toward
+    `model0`'s dense weights exactly as `FistaConfig(refit_strength=...)` does once a layer is solved: the layers read
+    dense inputs, so this equals pruning with that setting (tests/methods/test_fista_paths.py)."""
     if not path.exists():
-        raise SystemExit(f"{path} is missing: prune {rec['key']} with --weights-dir first")
+        raise SystemExit(f"{path} is missing: prune {rec.get('derived_from', rec['key'])} with --weights-dir first")
+    tensors = load_file(str(path))
+    if refit_strength is not None:
+        dense = model0.state_dict()
+        tensors = {k: shrink_refit(dense[k], w, refit_strength) for k, w in tensors.items()}
     model = copy.deepcopy(model0)
-    unexpected = model.load_state_dict(load_file(str(path)), strict=False).unexpected_keys
+    unexpected = model.load_state_dict(tensors, strict=False).unexpected_keys
     if unexpected:
         raise SystemExit(f"{path}: tensors this model does not have: {unexpected[:3]}")
     t = time.perf_counter()
@@ -433,6 +443,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--from-weights", action="store_true",
                    help="score every planned run from its weights in --weights-dir (saved by an earlier run on the "
                         "same calibration ids) instead of pruning: another evaluation of the same models")  # fmt: skip
+    p.add_argument("--refit-sweep", default="", metavar="S1,S2",
+                   help="FISTA refit_strength values scored from the saved weights of --refit-base (a full re-fit) "
+                        "in --weights-dir, per pattern, after the planned runs")  # fmt: skip
+    p.add_argument("--refit-base", default="fista:refit_strength=1.0", help="the run --refit-sweep shrinks")
     p.add_argument("--render-only", action="store_true", help="rewrite the markdown from the existing JSON and exit")
     p.add_argument("--merge", nargs="+", metavar="JSON", default=None,
                    help="combine the runs of several result files (same calibration ids and eval tokens, e.g. "
@@ -525,8 +539,8 @@ def main(argv: list[str] | None = None) -> int:
         result["runs"], result["dense_ppl"] = old.get("runs", []), old.get("dense_ppl")
         result["dense_ppl_ood"] = old.get("dense_ppl_ood")
     weights_dir = Path(args.weights_dir) if args.weights_dir else None
-    if args.from_weights and weights_dir is None:
-        raise SystemExit("--from-weights needs --weights-dir (where an earlier run saved the pruned weights)")
+    if (args.from_weights or args.refit_sweep) and weights_dir is None:
+        raise SystemExit("--from-weights / --refit-sweep need --weights-dir (where an earlier run saved the weights)")
     if weights_dir is not None and not args.no_eval:  # score the runs that were pruned and timed without scoring
         for rec in result["runs"]:
             path = weights_path(weights_dir, rec["key"])
@@ -583,6 +597,21 @@ def main(argv: list[str] | None = None) -> int:
         add_time_ratios(result)
         write_outputs(result, json_path, md_path)
         del model, report
+
+    base_opts = variant_opts(args.refit_base) if args.refit_base.startswith("fista:") else {}
+    for pattern in patterns:
+        for strength in [float(x) for x in args.refit_sweep.split(",") if x]:
+            opts = {**base_opts, "refit_strength": strength}
+            method = "fista:" + "+".join(f"{k}={v}" for k, v in opts.items())
+            key = run_key(method, 0.5, pattern)
+            if key in done:
+                continue
+            rec = {"key": key, "method": method, "pattern": pattern, "sparsity": 0.5, "time_s": None,
+                   "derived_from": run_key(args.refit_base, 0.5, pattern)}  # fmt: skip
+            result["runs"].append(rec)
+            path = weights_path(weights_dir, rec["derived_from"])
+            score_from_weights(rec, path, model0, scores, refit_strength=strength)
+            write_outputs(result, json_path, md_path)
         gc.collect()
 
     result["status"] = "complete"
