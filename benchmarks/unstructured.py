@@ -17,6 +17,10 @@ Timing and scoring can run as two processes on the same pruned weights: `--no-ev
 times only (hold the timing lock for that part) and saves each run's pruned projections to `DIR`; then
 `--resume --weights-dir DIR` (niced) scores every unscored run from its saved weights instead of pruning it again.
 
+`--refit-sweep 0,0.25,0.5,0.75 --weights-dir DIR` scores FISTA's `refit_strength` values without pruning again: from
+the saved weights of a full re-fit (`--refit-base`, default `fista:refit_strength=1.0`), shrunk toward the dense
+weights as the pruner does once a layer is solved.
+
 Smoke run (a minute or two):
     TQDM_DISABLE=1 python benchmarks/unstructured.py --num-samples 2 --seq-len 128 --eval-tokens 1024 \
         --eval-seq-len 256 --methods magnitude,wanda --patterns unstructured --name smoke
