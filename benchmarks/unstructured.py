@@ -601,6 +601,7 @@ def main(argv: list[str] | None = None) -> int:
         add_time_ratios(result)
         write_outputs(result, json_path, md_path)
         del model, report
+        gc.collect()
 
     base_opts = variant_opts(args.refit_base) if args.refit_base.startswith("fista:") else {}
     for pattern in patterns:
@@ -616,7 +617,6 @@ def main(argv: list[str] | None = None) -> int:
             path = weights_path(weights_dir, rec["derived_from"])
             score_from_weights(rec, path, model0, scores, refit_strength=strength)
             write_outputs(result, json_path, md_path)
-        gc.collect()
 
     result["status"] = "complete"
     result["total_wall_s"] = time.perf_counter() - t0
