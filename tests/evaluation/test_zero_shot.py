@@ -22,6 +22,28 @@ def test_bbc_task_data_is_the_held_out_half_and_mixes_topics(tmp_path):
     assert rows[0]["text"].split("\n")[0] in {d.split("\n")[0] for d in held_out}
 
 
+def test_bbc_task_built_by_two_processes_at_once(tmp_path, monkeypatch):
+    # another process builds the same task between this one's write and rename: both finish, with whole files
+    import os
+
+    from optimum_prune.evaluation import tasks
+
+    replace, nested = os.replace, []
+
+    def interleaved(src, dst):
+        if not nested:
+            nested.append(True)
+            tasks.bbc_news_topic_task(tmp_path, max_chars=50)  # the "other process", start to end
+        replace(src, dst)
+
+    monkeypatch.setattr(tasks.os, "replace", interleaved)
+    task = tasks.bbc_news_topic_task(tmp_path, max_chars=50)
+    rows = (task.parent / "test.jsonl").read_text().splitlines()
+    assert rows and all(json.loads(r)["text"] for r in rows)
+    assert "__DATA_FILE__" not in task.read_text()
+    assert sorted(p.name for p in task.parent.iterdir()) == ["bbc_news_topic.yaml", "test.jsonl"]  # no temp left
+
+
 def test_zero_shot_bbc_topic_on_a_tiny_model(tiny_llama, smollm2_tokenizer, tmp_path):
     res = zero_shot(tiny_llama, smollm2_tokenizer, ["bbc_news_topic"], limit=10, cache_dir=tmp_path)
     r = res["bbc_news_topic"]
