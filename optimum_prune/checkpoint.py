@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from .distributed import barrier, is_main_process
+from .scratch import write_text_atomic
 from .streaming import read_tensors, write_safetensors
 from .version import __version__
 
@@ -55,12 +56,7 @@ def jsonable(obj: Any) -> Any:
 
 
 def _write_json(data: Any, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def _read_json(path: Path) -> Any:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
 import shutil
 import socket
 import tempfile
 from pathlib import Path
 
-__all__ = ["make_scratch_dir", "remove_stale"]
+__all__ = ["make_scratch_dir", "remove_stale", "write_text_atomic"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,3 +72,20 @@ def make_scratch_dir(where: str | os.PathLike | None, name: str, suffix: str = "
     where = Path(where) if where is not None else Path(tempfile.gettempdir())
     remove_stale(where, name, suffix)
     return Path(tempfile.mkdtemp(prefix=f"{name}.{_host()}-{os.getpid()}.", suffix=suffix, dir=where))
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` through a temporary file of its own next to it (flushed to disk, then renamed over
+    `path`): a reader never sees a partial file, and processes or threads writing the same path at once never move
+    each other's temporary file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

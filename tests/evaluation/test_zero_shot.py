@@ -2,6 +2,7 @@
 errors for a missing YAML or one that needs the Hub."""
 
 import json
+import os
 
 import pytest
 
@@ -24,8 +25,6 @@ def test_bbc_task_data_is_the_held_out_half_and_mixes_topics(tmp_path):
 
 def test_bbc_task_built_by_two_processes_at_once(tmp_path, monkeypatch):
     # another process builds the same task between this one's write and rename: both finish, with whole files
-    import os
-
     from optimum_prune.evaluation import tasks
 
     replace, nested = os.replace, []
@@ -36,7 +35,7 @@ def test_bbc_task_built_by_two_processes_at_once(tmp_path, monkeypatch):
             tasks.bbc_news_topic_task(tmp_path, max_chars=50)  # the "other process", start to end
         replace(src, dst)
 
-    monkeypatch.setattr(tasks.os, "replace", interleaved)
+    monkeypatch.setattr(os, "replace", interleaved)
     task = tasks.bbc_news_topic_task(tmp_path, max_chars=50)
     rows = (task.parent / "test.jsonl").read_text().splitlines()
     assert rows and all(json.loads(r)["text"] for r in rows)

@@ -13,10 +13,11 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 
 import torch
+
+from ...scratch import write_text_atomic
 
 __all__ = ["BBC_LABELS", "LOCAL_TASKS", "bbc_news_topic_task", "default_cache_dir", "local_task_path"]
 
@@ -30,20 +31,6 @@ def default_cache_dir() -> Path:
     """`$OPTIMUM_PRUNE_CACHE` or `~/.cache/optimum_prune`, with `tasks/` below it."""
     root = os.environ.get("OPTIMUM_PRUNE_CACHE") or Path.home() / ".cache" / "optimum_prune"
     return Path(root) / "tasks"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temp file of its own next to `path`, then rename it over `path`: processes building the same
-    task at once (e.g. two benchmarks sharing the cache) never read a partial file or move each other's temp file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _excerpt(text: str, max_chars: int) -> str:
@@ -101,10 +88,10 @@ def bbc_news_topic_task(
     out = out / f"bbc_news_topic-{key}"
     out.mkdir(parents=True, exist_ok=True)
     data = out / "test.jsonl"
-    _write_atomic(data, "".join(json.dumps(r) + "\n" for r in records))
+    write_text_atomic(data, "".join(json.dumps(r) + "\n" for r in records))
     yaml_text = (_TEMPLATES / "bbc_news_topic.yaml").read_text(encoding="utf-8").replace("__DATA_FILE__", str(data))
     task = out / "bbc_news_topic.yaml"
-    _write_atomic(task, yaml_text)
+    write_text_atomic(task, yaml_text)
     logger.info("bbc_news_topic: %d articles -> %s", len(records), task)
     return task
 
