@@ -61,7 +61,7 @@ class FistaConfig(UnstructuredConfigMixin):
             41 vs 19 (gate_proj), 43 vs 31 (down_proj), 1.6× the time; down_proj's held-out reconstruction error ends
             at 1.34× that of its Wanda warm start with 8 × 256 tokens (0.68× with 32 × 512). Calibrate on at least
             ~40 tokens per input feature (128 × 512 for a 135M model; fewer logs a warning): 32 × 512 instead of
-            128 × 512 cost FISTA 2% (50%) and 6% (2:4) of its perplexity on the Python docs. With fewer tokens,
+            128 × 512 cost FISTA's default 1.5% (50%) and 5% (2:4) of its perplexity on the Python docs. With fewer tokens,
             `eps=1e-2` is 2-3× faster than 1e-3 and overfits less (down_proj 1.05×), while with 32 × 512 it costs
             2-5% of the layer-wise held-out error on text of the calibration kind
             (`benchmarks/results/fista_calibration_size.md`).
