@@ -14,8 +14,8 @@ BENCH_SCRIPTS := $(sort $(filter-out benchmarks/_%,$(wildcard benchmarks/*.py)))
 
 .PHONY: help install demo test style quality bench
 
-# Measured once and recorded in one place (DEMO_DURATION in optimum_prune/demo.py, also quoted by the README).
-DEMO_DURATION = $(shell sed -n 's/^DEMO_DURATION = "\(.*\)"$$/\1/p' optimum_prune/demo.py)
+# Measured once and recorded in one place (DEMO_DURATION in optimum_prune/cli/demo.py, also quoted by the README).
+DEMO_DURATION = $(shell sed -n 's/^DEMO_DURATION = "\(.*\)"$$/\1/p' optimum_prune/cli/demo.py)
 
 help:
 	@echo "make demo     install, then prune SmolLM2-135M on BBC news and print the dense-vs-pruned table ($(DEMO_DURATION))"

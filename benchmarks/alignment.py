@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     if args.llama_speed_only:
         return llama_speed_only(args, out, workdir)
-    from optimum_prune.demo import smollm2_dir
+    from optimum_prune.cli.demo import smollm2_dir
 
     pruner = AutoPruner.from_pretrained(str(smollm2_dir()), gguf_file=GGUF_FILE, torch_dtype=torch.float32)
     dense, tok = pruner.model.eval(), pruner.tokenizer
@@ -285,7 +285,7 @@ def llama_speed_only(args: argparse.Namespace, out: Path, workdir: Path) -> int:
     result["settings"].update(
         {k: getattr(args, k) for k in ("prompt_len", "new_tokens", "repeats", "threads")}, llama_speed_only=True
     )
-    from optimum_prune.demo import SMOLLM2_GGUF_FILE, smollm2_dir
+    from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
 
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir()), gguf_file=SMOLLM2_GGUF_FILE)
     _, held_out = split_documents(load_texts(str(bbc_news_dir())), args.holdout_fraction, 0)
@@ -336,7 +336,7 @@ def q8_0_megabytes(model: torch.nn.Module) -> float:
 
 
 def needs_calibration(config) -> bool:
-    from optimum_prune.registry import get_pruner_class
+    from optimum_prune.methods.registry import get_pruner_class
 
     return get_pruner_class(config.method)(config).needs_calibration
 

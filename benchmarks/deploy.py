@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     out = Path(args.output)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="deploy-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    from optimum_prune.demo import smollm2_dir
+    from optimum_prune.cli.demo import smollm2_dir
 
     pruner = AutoPruner.from_pretrained(str(smollm2_dir()), gguf_file=GGUF_FILE, torch_dtype=torch.float32)
     dense, tok = pruner.model.eval(), pruner.tokenizer

@@ -33,7 +33,7 @@ from optimum_prune.calibration.data import (  # noqa: E402
     load_texts,
     split_documents,
 )
-from optimum_prune.demo import SMOLLM2_GGUF_FILE, smollm2_dir  # noqa: E402
+from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir  # noqa: E402
 from optimum_prune.functional.masks import keep_mask  # noqa: E402
 from optimum_prune.methods.fista.solver import spectral_gram  # noqa: E402
 from optimum_prune.methods.wanda.functional import wanda_scores  # noqa: E402

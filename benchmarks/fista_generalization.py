@@ -38,7 +38,7 @@ from fista_calibration_size import PROJECTIONS, capture_grams  # noqa: E402
 
 from optimum_prune import AutoPruner, __version__  # noqa: E402
 from optimum_prune.calibration.data import bbc_news_dir, load_texts, python_docs_dir, split_documents  # noqa: E402
-from optimum_prune.demo import SMOLLM2_GGUF_FILE, smollm2_dir  # noqa: E402
+from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir  # noqa: E402
 from optimum_prune.functional.masks import keep_mask  # noqa: E402
 from optimum_prune.methods.fista.functional import fista_prune, reconstruction_error  # noqa: E402
 from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune  # noqa: E402

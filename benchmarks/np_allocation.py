@@ -178,7 +178,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ---------------------------------------------------------------------------------------------------------- model
 def load_model(name: str):
     if name == "smollm2":
-        from optimum_prune.demo import SMOLLM2_GGUF_FILE, smollm2_dir
+        from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
 
         path, gguf, label = smollm2_dir(), SMOLLM2_GGUF_FILE, "SmolLM2-135M-Instruct"
     else:

@@ -49,7 +49,7 @@ from optimum_prune.calibration.data import (  # noqa: E402
     python_docs_dir,
     split_documents,
 )
-from optimum_prune.demo import SMOLLM2_GGUF_FILE, smollm2_dir  # noqa: E402
+from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir  # noqa: E402
 from optimum_prune.evaluation import perplexity  # noqa: E402
 from optimum_prune.evaluation.zero_shot import zero_shot  # noqa: E402
 

@@ -69,7 +69,7 @@ RUNS = {
 def _tokenizer():
     from transformers import AutoTokenizer
 
-    from optimum_prune.demo import SMOLLM2_GGUF_FILE, smollm2_dir
+    from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
 
     return AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF_FILE)
 
@@ -78,7 +78,7 @@ def make_smollm2(path: Path) -> Path:
     """SmolLM2-135M-Instruct converted once from its GGUF file to fp32 safetensors (needs it in memory once)."""
     if not (path / "config.json").is_file():
         from optimum_prune import AutoPruner
-        from optimum_prune.demo import SMOLLM2_GGUF_FILE, smollm2_dir
+        from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
 
         AutoPruner.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF_FILE).save_pretrained(path, model_card=False)
     return path
@@ -92,7 +92,7 @@ def make_big(path: Path) -> Path:
     from accelerate import init_empty_weights
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from optimum_prune.streaming import write_safetensors
+    from optimum_prune.runtime.streaming import write_safetensors
 
     tok = _tokenizer()
     config = LlamaConfig(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
@@ -187,7 +187,7 @@ def child(spec: dict) -> None:
     from safetensors.torch import load_file
 
     from optimum_prune import AutoPruner, PruningConfig
-    from optimum_prune.distributed import init_from_env, rank, world_size
+    from optimum_prune.utils.distributed import init_from_env, rank, world_size
 
     torch.set_num_threads(spec["threads"])
     init_from_env()
@@ -258,7 +258,7 @@ def calibration_ids(work: Path, model: str) -> Path:
 
 def run_one(name: str, work: Path, models: dict[str, Path]) -> dict | None:
     """One measured run in a fresh process (or `torchrun`), holding the timing lock; `None` when skipped."""
-    from optimum_prune.memory import available_memory
+    from optimum_prune.runtime.memory import available_memory
 
     model, low, config, procs = RUNS[name]
     out = work / "out" / name

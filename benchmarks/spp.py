@@ -68,7 +68,7 @@ from optimum_prune.calibration.data import (  # noqa: E402
     python_docs_dir,
     split_documents,
 )
-from optimum_prune.demo import SMOLLM2_GGUF_FILE, smollm2_dir  # noqa: E402
+from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir  # noqa: E402
 from optimum_prune.evaluation import compare_speed, perplexity  # noqa: E402
 from optimum_prune.methods.spp import search_solution_path  # noqa: E402
 

@@ -9,6 +9,7 @@ from .methods.fista import FistaConfig
 from .methods.flap import FLAPConfig
 from .methods.magnitude import MagnitudePruningConfig
 from .methods.numerical import NumericalPruningConfig
+from .methods.registry import available_methods, register_pruning_method
 from .methods.ria import RIAConfig
 from .methods.sparsegpt import SparseGPTConfig
 from .methods.spp import SolutionPath, SPPConfig, SPPRIAConfig
@@ -17,7 +18,6 @@ from .modeling.architectures import UnsupportedArchitectureError, supported_mode
 from .modeling.auto_classes import register_pruned_architectures
 from .modeling.semi_structured import to_semi_structured_
 from .prune import compute_plan, prune_
-from .registry import available_methods, register_pruning_method
 from .report import PruningReport
 from .serialization import load_pruned_model, save_pruned
 from .version import __version__

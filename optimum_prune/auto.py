@@ -12,10 +12,17 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import AutoConfig, AutoImageProcessor, AutoModelForCausalLM, AutoTokenizer
 
 from .config import PruningConfig
+from .finetune import finetune_
+from .hub import push_to_hub
+from .methods.spp import search_solution_path
+from .modeling.architectures import is_image_model, spec_for_config
+from .modeling.auto_classes import auto_class_for_config, register_pruned_architectures
 from .prune import prune_
 from .report import PruningReport
+from .runtime.streaming import _gguf_error, get_store, load_low_memory
 from .serialization import load_pruned_model, save_pruned, strip_gguf_quantizer_
 
 __all__ = [
@@ -44,10 +51,6 @@ def load_model_and_tokenizer(
 ) -> tuple[nn.Module, Any]:
     """Load a causal LM (also from a GGUF file, dequantized) and its tokenizer from a local path; an image model
     (ViT, DeiT, Dinov2: the image classifier or the backbone, as saved) and its image processor, if it has one."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from .modeling.architectures import spec_for_config
-    from .modeling.auto_classes import auto_class_for_config, register_pruned_architectures
 
     register_pruned_architectures()
     if torch_dtype is not None:
@@ -70,8 +73,6 @@ def load_model_and_tokenizer(
 
 
 def _load_image_model(path, config, processor, auto_cls, kwargs) -> tuple[nn.Module, Any]:
-    from transformers import AutoImageProcessor
-
     model = auto_cls.from_pretrained(path, **kwargs)
     if processor is None:
         try:
@@ -134,7 +135,7 @@ class AutoPruner:
             torch_dtype (`torch.dtype | str | None`): dtype to load in.
             low_memory (`bool`, defaults to `False`): keep the decoder blocks on disk (a safetensors checkpoint,
                 memory-mapped) and bring one at a time into memory while pruning; `save_pretrained` then writes the
-                result shard by shard. For models larger than memory (see `optimum_prune.streaming`).
+                result shard by shard. For models larger than memory (see `optimum_prune.runtime.streaming`).
             offload_dir (`str | os.PathLike | None`): low-memory: where pruned blocks (and spilled activations) are
                 written until the save (default: the `checkpoint_dir` of `prune`, else the system temporary
                 directory; it needs about the size of the pruned model, on the same file system as the output
@@ -156,10 +157,6 @@ class AutoPruner:
 
     @classmethod
     def _low_memory(cls, path, tokenizer, gguf_file, torch_dtype, offload_dir, kwargs) -> AutoPruner:
-        from transformers import AutoTokenizer
-
-        from .streaming import _gguf_error, get_store, load_low_memory
-
         if gguf_file is not None:
             raise _gguf_error(Path(path) / gguf_file)
         model = load_low_memory(path, torch_dtype=_dtype(torch_dtype), **kwargs)
@@ -194,7 +191,6 @@ class AutoPruner:
         Any ratio is then extracted without searching again: save the path (`path.save_pretrained(dir)`) and prune
         with `SPPConfig(pruning_ratio=r, solution_path=dir)`.
         """
-        from .methods.spp import search_solution_path
 
         self.solution_path = search_solution_path(self.model, config, calibration, self.tokenizer)
         return self.solution_path
@@ -229,7 +225,6 @@ class AutoPruner:
     def finetune(self, config: Any, dataset: Any, *, teacher: nn.Module | None = None, **kwargs: Any):
         """Recovery fine-tuning (`optimum_prune.finetune_`); with `config.distill`, the teacher defaults to the model
         as it was loaded before pruning. Returns the `FinetuneReport`."""
-        from .finetune import finetune_
 
         if getattr(config, "distill", None) is not None and teacher is None:
             teacher = self.teacher()
@@ -246,7 +241,6 @@ class AutoPruner:
     def push_to_hub(self, repo_id: str, **kwargs: Any):
         """Upload exactly what `save_pretrained` writes to the Hub, in one commit (`optimum_prune.hub.push_to_hub`:
         `private`, `token`, `commit_message`, `revision`, `create_pr`, `model_card`)."""
-        from .hub import push_to_hub
 
         return push_to_hub(self.model, repo_id, self.tokenizer, **kwargs)
 
@@ -283,13 +277,8 @@ class AutoPrunedModelForImageClassification(AutoPrunedModelForCausalLM):
 def _push_loaded(model: nn.Module, repo_id: str, tokenizer: Any = None, **kwargs: Any):
     """`push_to_hub` of a model loaded by `AutoPrunedModelForCausalLM`: the same folder `save_pretrained` writes
     (checkpoint, `pruning_config.json`, model card), with the tokenizer saved beside the checkpoint by default."""
-    from .hub import push_to_hub
 
     if tokenizer is None:
-        from transformers import AutoImageProcessor, AutoTokenizer
-
-        from .modeling.architectures import is_image_model
-
         loader = AutoImageProcessor if is_image_model(model) else AutoTokenizer
         try:
             tokenizer = loader.from_pretrained(model._optimum_prune_path)

@@ -18,6 +18,17 @@ __all__ = ["PruningConfig", "StructuredPruningConfig", "CalibrationConfig", "val
 logger = logging.getLogger(__name__)
 
 
+# method name -> config class, filled by `register_pruning_method` (optimum_prune.methods.registry); `from_dict` on
+# the base class looks the `method` key up here.
+_METHOD_CONFIGS: dict[str, type] = {}
+
+
+def register_config_class(name: str, config_cls: type) -> None:
+    """Make `PruningConfig.from_dict` build `config_cls` for `{"method": name, ...}` (`register_pruning_method` calls
+    this after validating the method)."""
+    _METHOD_CONFIGS[name] = config_cls
+
+
 def validate_ratio(name: str, value: float) -> None:
     """Raise a `ValueError` unless `0 <= value < 1`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -75,9 +86,11 @@ class PruningConfig:
         if cls is PruningConfig or cls is StructuredPruningConfig:
             if method is None:
                 raise ValueError("The config dict has no `method` key; cannot tell which pruning method it is for.")
-            from .registry import get_config_class
-
-            target = get_config_class(method)
+            if method not in _METHOD_CONFIGS:
+                raise ValueError(
+                    f"Unknown pruning method {method!r}. Available: {', '.join(sorted(_METHOD_CONFIGS))}."
+                )
+            target = _METHOD_CONFIGS[method]
         elif method is not None and method != cls.method:
             raise ValueError(f"Config dict is for method {method!r}, not {cls.method!r}.")
         names = {f.name for f in dataclasses.fields(target)}

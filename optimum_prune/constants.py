@@ -1,6 +1,6 @@
 """File names and format versions shared by the serialization code."""
 
-__all__ = ["PRUNING_CONFIG_NAME", "FORMAT_VERSION", "PRUNED_MODEL_TYPE_PREFIX", "FINETUNE_ATTR"]
+__all__ = ["PRUNING_CONFIG_NAME", "FORMAT_VERSION", "PRUNED_MODEL_TYPE_PREFIX", "FINETUNE_ATTR", "HISTORY_ATTR"]
 
 PRUNING_CONFIG_NAME = "pruning_config.json"
 FORMAT_VERSION = 1
@@ -8,3 +8,5 @@ FORMAT_VERSION = 1
 PRUNED_MODEL_TYPE_PREFIX = "optimum_pruned_"
 # Model attribute holding the fine-tuning reports (`pruning_config.json` key "finetune").
 FINETUNE_ATTR = "_optimum_prune_finetune"
+# Model attribute holding the pruning history (`pruning_config.json` key "history").
+HISTORY_ATTR = "_optimum_prune_history"

@@ -9,110 +9,25 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import transformers
 from torch import nn
 
-from .calibration.sequential import LayerwiseRunner
-from .config import CalibrationConfig, PruningConfig
-from .distributed import init_from_env
+from .calibration.sequential import runner_factory
+from .config import PruningConfig
+from .methods.registry import prepare_pruner
 from .methods.structured import attention_mlp_params
 from .methods.unstructured import target_sparsity
-from .modeling.architectures import get_layers, get_spec, is_image_model, layer_view
-from .modeling.surgery import apply_layer_plan_
-from .registry import get_pruner_class
-from .report import PruningReport, count_parameters, layer_table
-from .session import open_session, resident_blocks
-from .streaming import get_store
-from .version import __version__
+from .modeling.surgery import apply_plan_
+from .recipe import prune_recipe_
+from .report import PruningReport, count_parameters, layer_table, record_history
+from .runtime.session import open_session, zero_fraction
+from .utils.distributed import init_from_env
 
 __all__ = [
     "prune_",
     "compute_plan",
-    "apply_plan_",
-    "calibration_inputs",
-    "runner_factory",
-    "HISTORY_ATTR",
-    "record_history",
-    "zero_fraction",
 ]
 
 logger = logging.getLogger(__name__)
-
-HISTORY_ATTR = "_optimum_prune_history"
-
-
-def _calibration_ids(calibration: Any, tokenizer: Any) -> tuple[torch.Tensor, dict | None]:
-    if isinstance(calibration, torch.Tensor):
-        if calibration.dim() != 2 or calibration.dtype not in (torch.long, torch.int32, torch.int64):
-            raise ValueError("Calibration token ids must be an integer tensor of shape (num_samples, seq_len).")
-        return calibration.long(), {
-            "source": "token ids",
-            "num_samples": calibration.shape[0],
-            "seq_len": calibration.shape[1],
-        }
-    if not isinstance(calibration, CalibrationConfig):
-        raise TypeError(
-            f"`calibration` must be a CalibrationConfig or a (num_samples, seq_len) LongTensor, got {type(calibration).__name__}."
-        )
-    if tokenizer is None:
-        raise ValueError("Calibration text needs a tokenizer: pass `tokenizer=` (AutoPruner loads it for you).")
-    from .calibration.data import describe_calibration, get_calibration_batches
-
-    ids = get_calibration_batches(calibration, tokenizer)
-    desc = describe_calibration(calibration)  # without the tokenizer: no second tokenization pass
-    return ids, desc
-
-
-def calibration_inputs(
-    model: nn.Module, calibration: Any, tokenizer: Any, methods: list[str] | None = None
-) -> tuple[torch.Tensor | None, dict | None]:
-    """Validated calibration inputs of `model` and their description, for the `methods` that need data (`(None,
-    None)` when none does; `None`: needed): token ids `(num_samples, seq_len)`, or for an image model pixel values
-    `(num_samples, C, H, W)` (see `optimum_prune.calibration.images`). Touches no weight."""
-    from .calibration.images import image_calibration, looks_like_images
-
-    if methods is not None and not methods:
-        return None, None
-    if calibration is None:
-        methods = methods or ["this"]
-        what = f"Method {methods[0]!r} needs" if len(methods) == 1 else f"The recipe's {sorted(set(methods))} need"
-        raise ValueError(f"{what} calibration data: pass `calibration=CalibrationConfig(dataset=...)`.")
-    if is_image_model(model):
-        return image_calibration(model, calibration)
-    if looks_like_images(calibration):
-        raise ValueError(
-            f"{type(model).__name__} is a text model: calibration takes text (`CalibrationConfig(dataset=...)`) or "
-            "token ids of shape (num_samples, seq_len), not images."
-        )
-    ids, desc = _calibration_ids(calibration, tokenizer)
-    vocab = model.get_input_embeddings().weight.shape[0]
-    if int(ids.max()) >= vocab or int(ids.min()) < 0:
-        raise ValueError(f"Calibration token ids fall outside the model's vocabulary (size {vocab}); wrong tokenizer?")
-    return ids, desc
-
-
-def runner_factory(model: nn.Module, spec, ids, batch_size: int, device, activations=None):
-    """A factory of `LayerwiseRunner`s over `ids` (`None` without calibration data)."""
-    if ids is None:
-        return None
-
-    def factory():
-        return LayerwiseRunner(model, spec, ids, batch_size=batch_size, device=device, activations=activations)
-
-    return factory
-
-
-def _prepare(model: nn.Module, config: PruningConfig, calibration: Any, tokenizer: Any):
-    """Validate everything and build what the pruner needs; touches no weight."""
-    if not isinstance(config, PruningConfig):
-        raise TypeError(f"`config` must be a PruningConfig subclass instance, got {type(config).__name__}.")
-    spec = get_spec(model)
-    pruner = get_pruner_class(config.method)(config)
-    pruner.validate(model, spec)
-    ids, calib_desc = calibration_inputs(model, calibration, tokenizer, [config.method] * pruner.needs_calibration)
-    if ids is not None:
-        pruner.attach_calibration(ids, calib_desc, source=calibration)
-    return spec, pruner, ids, calib_desc
 
 
 def compute_plan(model: nn.Module, config: PruningConfig, calibration: Any = None, tokenizer: Any = None, **kwargs):
@@ -120,7 +35,7 @@ def compute_plan(model: nn.Module, config: PruningConfig, calibration: Any = Non
 
     Unstructured methods write their new weights while deciding (later layers must see them).
     """
-    spec, pruner, ids, _ = _prepare(model, config, calibration, tokenizer)
+    spec, pruner, ids, _ = prepare_pruner(model, config, calibration, tokenizer)
     bs = kwargs.get("batch_size") or getattr(calibration, "batch_size", 8)
     device = kwargs.get("device")
     with open_session(model, spec, configs=[config], ids=ids, batch_size=bs, device=device) as sess:
@@ -159,7 +74,7 @@ def prune_(
             a low-memory model, where each block is loaded while the rest stays on disk.
         checkpoint_dir (`str | os.PathLike | None`): record every finished block there, atomically; running the
             same call again after a crash continues at the first unfinished block and gives the same model (a
-            different model or config in the directory is an error). See `optimum_prune.checkpoint`.
+            different model or config in the directory is an error). See `optimum_prune.runtime.checkpoint`.
         activation_memory (`int | str | None`): memory for the calibration activations between blocks (e.g.
             `"4GB"`); beyond it they go to disk. Default: unlimited in memory; low-memory, half of what is free
             after the block and its statistics.
@@ -171,12 +86,10 @@ def prune_(
     """
     init_from_env()
     if isinstance(config, (list, tuple)):
-        from .recipe import prune_recipe_
-
         return prune_recipe_(model, list(config), calibration, tokenizer, batch_size=batch_size, device=device,
                              checkpoint_dir=checkpoint_dir, activation_memory=activation_memory)  # fmt: skip
     t0 = time.perf_counter()
-    spec, pruner, ids, calib_desc = _prepare(model, config, calibration, tokenizer)
+    spec, pruner, ids, calib_desc = prepare_pruner(model, config, calibration, tokenizer)
     bs = batch_size or getattr(calibration, "batch_size", 8)
     params_before, prunable_before = count_parameters(model), attention_mlp_params(model, spec)
     session = {"ids": ids, "batch_size": bs, "device": device, "checkpoint_dir": checkpoint_dir}
@@ -219,48 +132,3 @@ def prune_(
     record_history(model, config.method, config.config_version, config.to_dict(), calib_desc, report)
     logger.info("%s", report)
     return report
-
-
-def apply_plan_(model: nn.Module, spec, plan) -> None:
-    """Execute a plan's layer decisions in place (those a low-memory or resumed run has already written are
-    restored by the session instead)."""
-    layers = get_layers(model, spec)
-    for idx, lp in plan.layers.items():
-        if not lp.applied:
-            apply_layer_plan_(layer_view(layers[idx], idx, spec, model.config), lp, mode="remove")
-
-
-def zero_fraction(model: nn.Module, params: int) -> float:
-    """Exact zeros among all parameters (tied weights once), relative to `params` (blocks of a low-memory model
-    are read one at a time; tensors it keeps on disk are read from there)."""
-    spec = get_spec(model)
-    in_blocks = {id(p) for layer in get_layers(model, spec) for p in layer.parameters()}
-    unique = {id(p): (n, p) for n, p in model.named_parameters() if id(p) not in in_blocks}.values()
-    on_disk = [n for n, p in unique if p.device.type == "meta"]
-    zeros = sum(float((p == 0).sum()) for _, p in unique if p.device.type != "meta")
-    if on_disk:
-        zeros += sum(float((t == 0).sum()) for t in get_store(model).source.read(on_disk).values())
-    for _, layer in resident_blocks(model, spec):
-        zeros += sum(float((p == 0).sum()) for p in layer.parameters())
-    return zeros / max(params, 1)
-
-
-def record_history(model: nn.Module, method: str, version: int, config: Any, calib_desc, report) -> None:
-    """Append one entry to the history that `save_pruned` writes into `pruning_config.json`."""
-    history = getattr(model, HISTORY_ATTR, [])
-    history.append(
-        {
-            "method": method,
-            "config_version": version,
-            "config": config,
-            "optimum_prune_version": __version__,
-            "transformers_version": transformers.__version__,
-            "calibration": calib_desc,
-            "report": {
-                k: v
-                for k, v in report.to_dict().items()
-                if k not in ("config", "layers", "sparsity", "info", "sections")
-            },
-        }
-    )
-    setattr(model, HISTORY_ATTR, history)

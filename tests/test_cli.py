@@ -180,7 +180,7 @@ def test_demo_refuses_a_foreign_output_dir_before_loading(tmp_path, capsys):
 
 
 def test_demo_table_formatting():
-    from optimum_prune.demo import format_demo_table
+    from optimum_prune.cli.demo import format_demo_table
 
     side = {"parameters": 134.5e6, "perplexity": 30.0, "prefill_ms": 200.0, "decode_tokens_per_s": 20.0}
     result = {

@@ -112,7 +112,7 @@ def test_two_processes_give_the_single_process_result(tmp_path, smollm2_tokenize
 
 def test_jobs_are_balanced_over_the_ranks(monkeypatch):
     """FISTA's projections of one input group go to the ranks longest first, each to the least loaded one."""
-    from optimum_prune import distributed
+    from optimum_prune.utils import distributed
 
     assert distributed.assign_ranks([576, 192, 192]) == [0, 0, 0]  # one process does everything
     monkeypatch.setattr(distributed, "world_size", lambda: 2)

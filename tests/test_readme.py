@@ -20,8 +20,8 @@ import optimum_prune
 from optimum_prune import AutoPruner
 from optimum_prune.calibration.data import bbc_news_dir
 from optimum_prune.cli import build_parser, main
-from optimum_prune.demo import DEMO_DURATION
-from optimum_prune.registry import get_config_class
+from optimum_prune.cli.demo import DEMO_DURATION
+from optimum_prune.methods.registry import get_config_class
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")

@@ -6,7 +6,7 @@ import torch
 
 from optimum_prune import AutoPrunedModelForCausalLM, AutoPruner, CalibrationConfig, NumericalPruningConfig
 from optimum_prune.calibration.data import bbc_news_dir, load_texts, split_documents
-from optimum_prune.demo import SMOLLM2_GGUF_FILE, smollm2_dir
+from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
 from optimum_prune.evaluation import perplexity
 
 

@@ -117,7 +117,7 @@ sys.path.insert(0, {tests!r})
 from testing_utils import calibration_ids
 from optimum_prune import AutoPruner, SparseGPTConfig
 from optimum_prune.methods.sparsegpt.pruner import SparseGPTPruner
-from optimum_prune.session import PruneSession
+from optimum_prune.runtime.session import PruneSession
 
 finish = PruneSession.finish
 def killing_finish(self, i, *a, **k):
@@ -202,7 +202,7 @@ def test_a_save_that_fails_midway_leaves_nothing_where_the_model_is_expected(tmp
         return real(tensors, path, *args, **kwargs)
 
     monkeypatch.setattr("transformers.modeling_utils.safe_save_file", disk_full)
-    monkeypatch.setattr("optimum_prune.streaming.save_file", disk_full)
+    monkeypatch.setattr("optimum_prune.runtime.streaming.save_file", disk_full)
     with pytest.raises(OSError, match="No space left"):
         pruner.save_pretrained(tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -217,7 +217,7 @@ def test_low_memory_save_checks_the_free_space_first(tmp_path, monkeypatch):
     pruner = AutoPruner.from_pretrained(src, low_memory=True)
     pruner.prune(WandaConfig(sparsity=0.5), calibration=IDS)
     usage = shutil._ntuple_diskusage(total=10**9, used=10**9 - 1000, free=1000)
-    monkeypatch.setattr("optimum_prune.sharded.shutil.disk_usage", lambda p: usage)
+    monkeypatch.setattr("optimum_prune.runtime.sharded.shutil.disk_usage", lambda p: usage)
     with pytest.raises(OSError, match=r"Not enough disk space .* needs"):
         pruner.save_pretrained(tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -236,7 +236,7 @@ KILLED_SAVE = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})
 from testing_utils import calibration_ids
-import optimum_prune.sharded as sharded
+import optimum_prune.runtime.sharded as sharded
 from optimum_prune import AutoPruner, WandaConfig
 
 pruner = AutoPruner.from_pretrained({src!r}, low_memory=True, offload_dir={scratch!r})
@@ -263,7 +263,7 @@ def test_a_save_killed_midway_leaves_no_model_and_its_remains_are_removed_by_the
     killed = [*tmp_path.glob(".out.*.tmp"), *scratch.iterdir()]
     left = sorted(p.name.lstrip(".").split(".")[0] for p in killed)
     assert left == ["optimum_prune_blocks", "out"], left  # a kill cannot clean up (the spilled activations were)
-    caplog.set_level(logging.WARNING, logger="optimum_prune.scratch")
+    caplog.set_level(logging.WARNING, logger="optimum_prune.utils.scratch")
     prune_and_save(src, WandaConfig(sparsity=0.5), tmp_path / "ref", calibration=calibration_ids(8, 16))
     pruner = AutoPruner.from_pretrained(src, low_memory=True, offload_dir=scratch)
     pruner.prune(WandaConfig(sparsity=0.5), calibration=calibration_ids(8, 16), activation_memory=1)
@@ -274,7 +274,7 @@ def test_a_save_killed_midway_leaves_no_model_and_its_remains_are_removed_by_the
 
 
 def test_scratch_directories_of_live_processes_are_kept(tmp_path):
-    from optimum_prune.scratch import make_scratch_dir
+    from optimum_prune.utils.scratch import make_scratch_dir
 
     mine = make_scratch_dir(tmp_path, "optimum_prune_blocks")
     live = tmp_path / mine.name.replace(f"-{os.getpid()}.", "-1.")  # process 1 (init) is alive

@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import datasets
 import torch
 
 from .corpora import bbc_news_dir, python_docs_dir, split_documents
@@ -152,14 +153,11 @@ def _read_jsonl(path: Path, text_column: str) -> list[str]:
 def _is_hf_dataset(obj: Any) -> bool:
     if not type(obj).__module__.startswith("datasets"):
         return False
-    import datasets
 
     return isinstance(obj, (datasets.Dataset, datasets.DatasetDict))
 
 
 def _read_hf_dataset(ds: Any, *, split: str, text_column: str) -> list[str]:
-    import datasets
-
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
             raise ValueError(f"DatasetDict has no split {split!r}; available splits: {sorted(ds)}.")
@@ -188,7 +186,6 @@ def _load_named_dataset(name: str, *, split: str, text_column: str) -> list[str]
             f"Could not load dataset {name!r} ({args[0]}, split={split!r}): {unavailable} and it is not cached. "
             f"{_LOCAL_TEXT_HINT}"
         )
-    import datasets
 
     try:
         ds = datasets.load_dataset(*args, **kwargs)

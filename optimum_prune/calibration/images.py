@@ -17,8 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config import CalibrationConfig
+
 __all__ = [
     "IMAGE_COLUMN",
+    "LabelledImages",
     "load_image_examples",
     "looks_like_images",
     "image_calibration",
@@ -185,7 +188,6 @@ def _describe(source: Any, pixel_values: torch.Tensor, num_samples: int | None, 
 
 def _unpack(calibration: Any) -> tuple[Any, int | None, int, str]:
     """`(source, num_samples, seed, split)` of an image source or a `CalibrationConfig` holding one."""
-    from ..config import CalibrationConfig
 
     if isinstance(calibration, CalibrationConfig):
         return calibration.dataset, calibration.num_samples, calibration.seed, calibration.split
@@ -243,3 +245,16 @@ def image_calibration(model: nn.Module, calibration: Any) -> tuple[torch.Tensor,
     desc = _describe(source, pixel_values, num_samples, seed)
     logger.info("Calibration: %d images of shape %s", pixel_values.shape[0], tuple(pixel_values.shape[1:]))
     return pixel_values, desc
+
+
+class LabelledImages(torch.utils.data.Dataset):
+    """`{"pixel_values", "labels"}` examples for `Trainer` (fine-tuning) and SPP's search on image classifiers."""
+
+    def __init__(self, pixel_values: torch.Tensor, labels: torch.Tensor) -> None:
+        self.pixel_values, self.labels = pixel_values, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"pixel_values": self.pixel_values[i], "labels": self.labels[i]}

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..scratch import make_scratch_dir
+from ..utils.scratch import make_scratch_dir
 
 __all__ = ["ActivationBudget", "ChunkList", "parse_bytes"]
 

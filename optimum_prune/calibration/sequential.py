@@ -13,32 +13,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 from torch import nn
 
-from ..distributed import local_samples
 from ..modeling.architectures import ArchitectureSpec, get_layers
+from ..utils.distributed import local_samples
+from ..utils.tensors import move_to
 from .hooks import capture_inputs
 from .offload import ActivationBudget, ChunkList
 
-__all__ = ["LayerwiseRunner", "move_to"]
+__all__ = ["LayerwiseRunner", "runner_factory"]
 
 logger = logging.getLogger(__name__)
-
-
-def move_to(obj: Any, device: torch.device | str) -> Any:
-    """Recursively move tensors inside tuples / lists / dicts to `device`."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, tuple):
-        return tuple(move_to(o, device) for o in obj)
-    if isinstance(obj, list):
-        return [move_to(o, device) for o in obj]
-    if isinstance(obj, dict):
-        return {k: move_to(v, device) for k, v in obj.items()}
-    return obj
 
 
 class LayerwiseRunner:
@@ -230,3 +217,14 @@ class _null:
 
     def __exit__(self, *exc):
         return False
+
+
+def runner_factory(model: nn.Module, spec, ids, batch_size: int, device, activations=None):
+    """A factory of `LayerwiseRunner`s over `ids` (`None` without calibration data)."""
+    if ids is None:
+        return None
+
+    def factory():
+        return LayerwiseRunner(model, spec, ids, batch_size=batch_size, device=device, activations=activations)
+
+    return factory

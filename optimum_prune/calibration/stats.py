@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..distributed import all_reduce_sum_, world_size
+from ..utils.distributed import all_reduce_sum_, world_size
 
 __all__ = ["GramStats", "CrossGramStats", "MomentStats", "SquaredNormStats", "RunningSums"]
 

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import constants
 
 from ..modeling.architectures import require_causal_lm
+from .tasks import LOCAL_TASKS, local_task_path
 
 __all__ = ["zero_shot", "resolve_tasks"]
 
@@ -80,7 +82,6 @@ def _check_offline(path: Path, data: dict) -> None:
 
 def resolve_tasks(tasks: list[str], allow_hub: bool = False, cache_dir: str | os.PathLike | None = None):
     """`(task names, include paths)` for lm-eval; every local YAML is checked (exists, offline) first."""
-    from .tasks import LOCAL_TASKS, local_task_path
 
     if isinstance(tasks, (str, os.PathLike)):
         tasks = [tasks]
@@ -116,8 +117,6 @@ def resolve_tasks(tasks: list[str], allow_hub: bool = False, cache_dir: str | os
                 "lm-eval's registry tasks (arc_easy, boolq, ...) need the Hub: pass allow_hub=True."
             )
     if allow_hub:
-        from huggingface_hub import constants
-
         if constants.HF_HUB_OFFLINE and any(n not in LOCAL_TASKS for n in names):
             raise OSError("allow_hub=True but offline mode is on (HF_HUB_OFFLINE=1); unset it or use local tasks.")
     return list(dict.fromkeys(names)), list(dict.fromkeys(include))

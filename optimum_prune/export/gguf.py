@@ -25,10 +25,12 @@ import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
+from transformers import AutoTokenizer
 
+from ..constants import HISTORY_ATTR
 from ..modeling.architectures import get_layers, get_spec, require_causal_lm
-from ..prune import HISTORY_ATTR
 from ..report import layer_table
+from ..serialization import load_pruned_model
 from ..version import __version__
 from .gguf_tokenizer import tokenizer_metadata, write_tokenizer
 
@@ -278,10 +280,6 @@ def _gemma_norm_shift(hf_name: str, arch: str) -> float:
 
 def _load(model: Any, tokenizer: Any) -> tuple[nn.Module, Any]:
     if isinstance(model, (str, os.PathLike)):
-        from transformers import AutoTokenizer
-
-        from ..serialization import load_pruned_model
-
         directory = Path(model)
         if not (directory / "config.json").is_file():
             raise FileNotFoundError(f"{directory} is not a model directory (no config.json); pass a loaded model.")

@@ -3,8 +3,9 @@ Trainer callbacks that keep (`SparsityCallback`) or create (`PruningCallback`) s
 
 from .callbacks import PruningCallback, cubic_sparsity
 from .config import FinetuneConfig, FinetuneReport
+from .engine import DistillationTrainer
 from .sparsity import SparsityCallback, merge_masked_, sparsity_masks
-from .trainer import DistillationTrainer, finetune_
+from .trainer import finetune_
 
 __all__ = [
     "DistillationTrainer",

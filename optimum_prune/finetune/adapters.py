@@ -18,7 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from peft import PeftModel
+from peft.tuners.tuners_utils import BaseTunerLayer
+from safetensors import safe_open
 from torch import nn
+
+from .sparsity import merge_masked_, sparsity_masks
 
 __all__ = ["ADAPTER_SUBDIR", "is_peft_model", "lora_removed", "merge_adapter"]
 
@@ -34,7 +39,6 @@ def is_peft_model(model: nn.Module) -> bool:
 @contextlib.contextmanager
 def lora_removed(peft_model: nn.Module) -> Iterator[nn.Module]:
     """The base model with every LoRA layer temporarily replaced by its original layer (restored on exit)."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
 
     base = peft_model.get_base_model()
     swapped = []
@@ -52,8 +56,6 @@ def lora_removed(peft_model: nn.Module) -> Iterator[nn.Module]:
 
 
 def _adapter_shapes(adapter_dir: Path) -> dict[str, tuple[int, ...]]:
-    from safetensors import safe_open
-
     file = adapter_dir / "adapter_model.safetensors"
     if not file.is_file():
         raise FileNotFoundError(f"{adapter_dir} holds no adapter_model.safetensors; is it a PEFT adapter directory?")
@@ -67,9 +69,6 @@ def merge_adapter(model: nn.Module, adapter_dir: str | os.PathLike) -> nn.Module
     Every adapter matrix is checked against the shapes of the model's projections first: an adapter trained on a
     model pruned differently is refused, and the model is left untouched.
     """
-    from peft import PeftModel
-
-    from .sparsity import merge_masked_, sparsity_masks
 
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / "adapter_config.json").is_file():

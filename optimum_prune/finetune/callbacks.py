@@ -17,7 +17,11 @@ from typing import Any
 from torch import nn
 from transformers import TrainerCallback
 
+from ..calibration.images import looks_like_images
+from ..calibration.inputs import calibration_inputs
 from ..config import PruningConfig
+from ..methods.registry import get_pruner_class
+from ..prune import prune_
 from .sparsity import apply_masks_, sparsity_masks
 
 __all__ = ["PruningCallback", "cubic_sparsity"]
@@ -35,8 +39,6 @@ def cubic_sparsity(step: int, start_step: int, end_step: int, final_sparsity: fl
 
 
 def _is_structured(config: PruningConfig) -> bool:
-    from ..registry import get_pruner_class
-
     return get_pruner_class(config.method)(config).is_structured
 
 
@@ -115,8 +117,6 @@ class PruningCallback(TrainerCallback):
         return dataclasses.replace(self.config, sparsity=sparsity if nm is None else self.config.sparsity)
 
     def _prune(self, model: nn.Module, step: int) -> None:
-        from ..prune import calibration_inputs, prune_
-
         if hasattr(model, "peft_config"):
             raise ValueError(
                 "PruningCallback prunes a plain model under full fine-tuning; with PEFT, prune the base model before "
@@ -133,8 +133,6 @@ class PruningCallback(TrainerCallback):
         logger.info("PruningCallback: step %d, sparsity %.3f (measured %.3f)", step, cfg.sparsity, report.measured)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        from ..calibration.images import looks_like_images
-
         text = self.calibration is not None and not hasattr(self.calibration, "shape")
         if text and not looks_like_images(self.calibration) and self.tokenizer is None:
             raise ValueError("PruningCallback: calibration text needs `tokenizer=`.")

@@ -1,5 +1,5 @@
 """Recovery fine-tuning of pruned image classifiers (ViT, DeiT, Dinov2): cross-entropy on labelled images, on the
-same `transformers.Trainer` training as causal LMs (`trainer.train_model`: LoRA on the pruned per-layer shapes or
+same `transformers.Trainer` training as causal LMs (`engine.train_model`: LoRA on the pruned per-layer shapes or
 full, sparsity kept, optional KL distillation), with held-out accuracy before and after."""
 
 from __future__ import annotations
@@ -13,28 +13,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..calibration.data import split_documents
-from ..calibration.images import check_images_fit, check_labels, load_image_examples, require_classifier
+from ..calibration.images import (
+    LabelledImages,
+    check_images_fit,
+    check_labels,
+    load_image_examples,
+    require_classifier,
+)
 from .config import FINETUNE_ATTR, FinetuneConfig, FinetuneReport
+from .engine import lora_target_modules, record_finetune_, train_model, training_arguments
 from .sparsity import sparsity_masks
 
-__all__ = ["LabelledImages", "finetune_images_", "evaluate_classifier"]
+__all__ = ["finetune_images_", "evaluate_classifier"]
 
 logger = logging.getLogger(__name__)
 
 CLASSIFIER_MODULES = ("classifier",)  # the heads of the supported image classifiers, trained fully under LoRA
-
-
-class LabelledImages(torch.utils.data.Dataset):
-    """`{"pixel_values", "labels"}` examples for `Trainer` (fine-tuning) and SPP's search on image classifiers."""
-
-    def __init__(self, pixel_values: torch.Tensor, labels: torch.Tensor) -> None:
-        self.pixel_values, self.labels = pixel_values, labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"pixel_values": self.pixel_values[i], "labels": self.labels[i]}
 
 
 @torch.no_grad()
@@ -55,8 +49,6 @@ def evaluate_classifier(model: nn.Module, pixel_values: torch.Tensor, labels: to
 
 def _prepare(model, config, dataset, teacher):
     """Everything that can fail on bad input, before any weight or file is touched."""
-    from .trainer import _training_arguments, lora_target_modules
-
     if not isinstance(config, FinetuneConfig):
         raise TypeError(f"`config` must be a FinetuneConfig, got {type(config).__name__}.")
     if hasattr(model, "peft_config"):
@@ -81,7 +73,7 @@ def _prepare(model, config, dataset, teacher):
     targets = lora_target_modules(model, config.target_modules) if config.method == "lora" else None
     train_idx, eval_idx = split_documents(list(range(len(labels))), config.eval_fraction, config.seed)
     train_idx, eval_idx = torch.as_tensor(train_idx), torch.as_tensor(eval_idx)
-    args = _training_arguments(config, config.output_dir or tempfile.gettempdir())
+    args = training_arguments(config, config.output_dir or tempfile.gettempdir())
     return targets, (pixels[train_idx], labels[train_idx]), (pixels[eval_idx], labels[eval_idx]), args
 
 
@@ -98,8 +90,6 @@ def finetune_images_(
     `config.eval_fraction` of the labelled images is held out (seeded) for the accuracy and loss before / after;
     the rest is the training set. Under LoRA the classifier head is trained fully (`modules_to_save`).
     """
-    from .trainer import record_finetune_, train_model
-
     targets, (train_x, train_y), (eval_x, eval_y), args = _prepare(model, config, dataset, teacher)
     masks = sparsity_masks(model) if config.keep_sparsity else {}
     acc_before, loss_before = evaluate_classifier(model, eval_x, eval_y, config.batch_size)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from peft.tuners.lora import Linear as LoraLinear
 from torch import nn
 from transformers import TrainerCallback
 
@@ -128,7 +129,6 @@ def mask_lora_(peft_model: nn.Module, masks: dict[str, torch.Tensor]) -> int:
     The dense update costs one `(out, r) @ (r, in)` product per layer and forward, small next to the layer itself
     for the usual ranks.
     """
-    from peft.tuners.lora import Linear as LoraLinear
 
     count = 0
     for name, module in peft_model.named_modules():

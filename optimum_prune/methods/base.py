@@ -17,7 +17,7 @@ from torch import nn
 
 from ..calibration.sequential import LayerwiseRunner
 from ..config import PruningConfig
-from ..modeling.architectures import ArchitectureSpec, get_layers, weight_oi
+from ..modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
 from ..plan import PruningPlan
 
 __all__ = ["BasePruner", "RunnerFactory", "refuse_pruned_head_dims"]
@@ -28,7 +28,6 @@ RunnerFactory = Callable[[], LayerwiseRunner]
 def refuse_pruned_head_dims(model: nn.Module, spec: ArchitectureSpec, what: str) -> None:
     """Raise, before anything changes, if a layer's q/k or v/o head dimensions were pruned (by SPP): `what` (e.g.
     "removing attention heads") assumes heads of the original width."""
-    from ..modeling.architectures import layer_view
 
     for i, layer in enumerate(get_layers(model, spec)):
         if layer_view(layer, i, spec, model.config).pair_shaped:

@@ -30,7 +30,7 @@ from ..functional.allocation import (
 )
 from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
 from ..plan import LayerPlan, PruningPlan
-from ..session import current_session
+from ..runtime.session import current_session
 from .base import BasePruner, RunnerFactory, refuse_pruned_head_dims
 
 __all__ = [

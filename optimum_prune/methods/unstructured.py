@@ -35,7 +35,7 @@ from ..modeling.architectures import (
 )
 from ..modeling.targets import Target, normalize_targets, resolve_targets
 from ..plan import LayerPlan, PruningPlan
-from ..session import current_session, resident_blocks
+from ..runtime.session import current_session, resident_blocks
 from .base import BasePruner, RunnerFactory, refuse_pruned_head_dims
 
 __all__ = [

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from ..constants import PRUNED_MODEL_TYPE_PREFIX
 from .targets import ROLES, Target, resolve_targets
 
 __all__ = [
@@ -226,8 +227,6 @@ def supported_model_types() -> list[str]:
 
 
 def _base_model_type(model_type: str) -> str:
-    from ..constants import PRUNED_MODEL_TYPE_PREFIX
-
     return (
         model_type[len(PRUNED_MODEL_TYPE_PREFIX) :] if model_type.startswith(PRUNED_MODEL_TYPE_PREFIX) else model_type
     )

@@ -13,7 +13,13 @@ from __future__ import annotations
 import logging
 
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForImageClassification
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForImageClassification,
+    conversion_mapping,
+)
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import (
     MODEL_FOR_CAUSAL_LM_MAPPING,
@@ -23,6 +29,7 @@ from transformers.models.auto.modeling_auto import (
 
 from ..constants import PRUNED_MODEL_TYPE_PREFIX
 from .architectures import ARCHITECTURES, get_layers, layer_view, spec_for_config
+from .surgery import reshape_layer_
 
 __all__ = ["register_pruned_architectures", "pruned_classes", "TASKS", "model_task", "auto_class_for_config"]
 
@@ -92,7 +99,6 @@ def _make_model_class(base_type: str, task: str, config_cls: type) -> type:
         layers = get_layers(self, spec)
         if len(shapes) != len(layers):
             raise ValueError(f"`pruned_layers` has {len(shapes)} entries for {len(layers)} layers.")
-        from .surgery import reshape_layer_
 
         for i, (layer, layer_shapes) in enumerate(zip(layers, shapes)):
             reshape_layer_(layer_view(layer, i, spec, config), layer_shapes)
@@ -108,7 +114,6 @@ def _share_weight_conversions(base_name: str, pruned_name: str) -> None:
     """transformers renames legacy checkpoint keys (e.g. ViT's `attention.attention.query`) by class name or model
     type, on load and, reversed, on save: the pruned class / type gets the same renamings as its base, so that a
     checkpoint saved from a stock model loads into the pruned class."""
-    from transformers import conversion_mapping
 
     found = conversion_mapping.get_checkpoint_conversion_mapping(base_name)
     if found is not None and conversion_mapping.get_checkpoint_conversion_mapping(pruned_name) is None:

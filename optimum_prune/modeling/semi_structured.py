@@ -11,6 +11,8 @@ import logging
 
 import torch
 from torch import nn
+from torch.sparse import to_sparse_semi_structured
+from transformers.pytorch_utils import Conv1D
 
 from ..functional.masks import is_valid_nm
 from .architectures import get_layers, get_spec, weight_oi
@@ -66,8 +68,6 @@ def to_semi_structured_(model: nn.Module, dtype: torch.dtype = torch.float16, de
             "(e.g. SparseGPTConfig(pattern='2:4'))."
         )
     check_semi_structured_support(device)
-    from torch.sparse import to_sparse_semi_structured
-    from transformers.pytorch_utils import Conv1D
 
     model.to(device=device, dtype=dtype)
     spec = get_spec(model)

@@ -12,10 +12,11 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from ..plan import LayerPlan
-from .architectures import LayerView, weight_oi
+from .architectures import LayerView, get_layers, layer_view, weight_oi
 from .pair_attention import set_pair_geometry_
 
 __all__ = [
+    "apply_plan_",
     "new_projection",
     "slice_projection",
     "set_submodule",
@@ -281,3 +282,12 @@ def reshape_layer_(view: LayerView, shapes: dict) -> None:
             view.attn, spec.pair_attention, qk, vo, shapes.get("rope_pairs"), shapes.get("attn_scaling")
         )
         view.qk_head_dim, view.vo_head_dim = qk, vo
+
+
+def apply_plan_(model: nn.Module, spec, plan) -> None:
+    """Execute a plan's layer decisions in place (those a low-memory or resumed run has already written are
+    restored by the session instead)."""
+    layers = get_layers(model, spec)
+    for idx, lp in plan.layers.items():
+        if not lp.applied:
+            apply_layer_plan_(layer_view(layers[idx], idx, spec, model.config), lp, mode="remove")

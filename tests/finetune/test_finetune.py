@@ -18,7 +18,7 @@ from optimum_prune import (
     prune_,
 )
 from optimum_prune.finetune.adapters import merge_adapter
-from optimum_prune.finetune.trainer import DistillationTrainer
+from optimum_prune.finetune.engine import DistillationTrainer
 
 FAST = {"max_steps": 2, "batch_size": 2, "seq_len": 32, "eval_max_tokens": 64, "eval_fraction": 0.2}
 

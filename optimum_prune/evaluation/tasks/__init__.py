@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from ...scratch import write_text_atomic
+from ...calibration.data import bbc_news_dir, load_texts, split_documents
+from ...utils.scratch import write_text_atomic
 
 __all__ = ["BBC_LABELS", "LOCAL_TASKS", "bbc_news_topic_task", "default_cache_dir", "local_task_path"]
 
@@ -58,7 +59,6 @@ def bbc_news_topic_task(
         split_seed (`int`, defaults to `0`): seed of that split.
         max_chars (`int`, defaults to `400`): characters of each article shown to the model (title + lead).
     """
-    from ...calibration.data import bbc_news_dir, load_texts, split_documents
 
     root = bbc_news_dir()
     files = sorted(p for p in root.rglob("*.txt") if p.is_file())  # the order load_texts uses

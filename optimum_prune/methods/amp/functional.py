@@ -27,6 +27,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
+from ...functional.masks import keep_mask
 from .attention import AttentionInputs, attention_mask, attention_probs, project_qk, qk_rows, rope_of
 from .blocked import causal_blocks, interleave_heads
 from .closed_form import fused_amp_masks, fused_mask_gradient, separate_mask_gradients, softmax_causal
@@ -281,7 +282,6 @@ def binarize(
         score (`str`): `"mask"` ranks by the mask value itself (paper), `"masked_weight"` by `|M∘W|`.
         per (`str`): unstructured ranking per `"matrix"` (paper) or per `"row"`; N:M always per group of M inputs.
     """
-    from ...functional.masks import keep_mask
 
     scores = mask if score == "mask" else (mask * weight.to(mask.dtype)).abs()
     return keep_mask(scores, sparsity, nm, per=per)

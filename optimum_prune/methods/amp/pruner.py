@@ -6,8 +6,8 @@ import logging
 
 from torch import nn
 
-from ...distributed import gather_chunks
 from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
+from ...utils.distributed import gather_chunks
 from ..base import refuse_pruned_head_dims
 from ..unstructured import SequentialPruner, write_target
 from .config import AMPConfig

@@ -26,8 +26,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from optimum_prune.functional.masks import keep_mask, parse_pattern
-
+from ...functional.masks import keep_mask, parse_pattern
 from . import solver as _solver
 from .solver import (
     SpectralGram,

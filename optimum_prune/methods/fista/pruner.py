@@ -11,9 +11,9 @@ from torch import nn
 
 from ...calibration.hooks import capture_inputs
 from ...calibration.stats import CrossGramStats, GramStats, SquaredNormStats
-from ...distributed import assign_ranks, broadcast_, broadcast_object, rank
 from ...functional.masks import keep_mask
 from ...modeling.architectures import LayerView, weight_oi
+from ...utils.distributed import assign_ranks, broadcast_, broadcast_object, rank
 from ..sparsegpt.functional import sparsegpt_prune
 from ..unstructured import SequentialPruner, input_groups, write_target
 from ..wanda.functional import wanda_scores

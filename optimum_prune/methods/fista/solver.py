@@ -28,8 +28,8 @@ from typing import NamedTuple
 
 import torch
 
-from optimum_prune.functional.hessian import largest_eigenvalue
-from optimum_prune.functional.proximal import soft_threshold
+from ...functional.hessian import largest_eigenvalue
+from ...functional.proximal import soft_threshold
 
 __all__ = [
     "lipschitz_constant",

@@ -1,4 +1,4 @@
-from ...registry import register_pruning_method
+from ..registry import register_pruning_method
 from .config import MagnitudePruningConfig
 from .pruner import MagnitudePruner
 

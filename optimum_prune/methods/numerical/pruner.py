@@ -11,7 +11,7 @@ from ...calibration.stats import CrossGramStats, GramStats
 from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
 from ...modeling.surgery import apply_layer_plan_, head_rows
 from ...plan import LayerPlan, PruningPlan
-from ...session import current_session
+from ...runtime.session import current_session
 from ..base import RunnerFactory
 from ..structured import StructuredPruner, head_costs, mlp_channel_cost, resolve_gqa_mode
 from .config import NumericalPruningConfig

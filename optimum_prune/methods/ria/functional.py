@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from optimum_prune.functional.masks import check_pattern_fits, nm_keep_mask, parse_pattern
-from optimum_prune.methods.wanda.functional import input_norms
+from ...functional.masks import check_pattern_fits, nm_keep_mask, parse_pattern
+from ..wanda.functional import input_norms
 
 __all__ = ["ria_scores", "ria_channel_reallocation", "nm_retained_score"]
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from optimum_prune.functional.hessian import cholesky_inverse_upper, dead_channels
-from optimum_prune.functional.masks import (
+from ...functional.hessian import cholesky_inverse_upper, dead_channels
+from ...functional.masks import (
     check_pattern_fits,
     keep_mask_for_count,
     nm_keep_mask,

@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import nn
 
-from ...registry import register_pruning_method
+from ..registry import prepare_pruner, register_pruning_method
 from .config import SPPConfig, SPPRIAConfig
 from .path import SolutionPath, SolutionPathError
 from .pruner import SPPPruner
@@ -37,15 +37,13 @@ def search_solution_path(model: nn.Module, config: SPPConfig, calibration: Any, 
         calibration (`CalibrationConfig | torch.LongTensor`): the data the search trains the masks on.
         tokenizer (`PreTrainedTokenizerBase | None`): tokenizes calibration text.
     """
-    from ...prune import _prepare
-
     if not isinstance(config, SPPConfig):
         raise TypeError(f"search needs an SPPConfig, got {type(config).__name__}.")
     if config.solution_path is not None:
         raise ValueError("This config already names a `solution_path`; drop it to search.")
     if calibration is None:
         raise ValueError("The SPP search needs calibration data: pass `calibration=CalibrationConfig(dataset=...)`.")
-    spec, pruner, _, _ = _prepare(model, config, calibration, tokenizer)
+    spec, pruner, _, _ = prepare_pruner(model, config, calibration, tokenizer)
     was_training = model.training
     model.eval()
     try:

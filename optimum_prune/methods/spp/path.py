@@ -23,7 +23,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
+from ...utils.scratch import check_target, publish_directory
 from ...version import __version__
+from .config import SEARCH_FIELDS
 
 __all__ = ["SolutionPath", "SolutionPathError", "model_identity", "PATH_CONFIG_NAME", "PATH_TENSORS_NAME"]
 
@@ -99,10 +101,8 @@ class SolutionPath:
     # --------------------------------------------------------------------------------------------- save / load
     def save_pretrained(self, save_directory: str | os.PathLike, *, overwrite: bool = False) -> Path:
         """Write the path to `save_directory` atomically (a temporary directory renamed into place)."""
-        from ...serialization import _check_target, publish_directory
-
         target = Path(save_directory).absolute()
-        where = _check_target(target, overwrite)
+        where = check_target(target, overwrite)
         tensors = {f"layers.{i}.{kind}.{name}": t.contiguous() for (i, kind), st in self.stats.items()
                    for name, t in st.items()}  # fmt: skip
         tensors.update({f"support.{kind}": t.long().contiguous() for kind, t in self.support.items()})
@@ -166,7 +166,6 @@ class SolutionPath:
 
     def check_config(self, config) -> None:
         """Raise `SolutionPathError` when `config` asks for a search other than this path's, or for units it lacks."""
-        from .config import SEARCH_FIELDS
 
         defaults = type(config)()
         path_settings = json.loads(json.dumps(self.meta["search"]))

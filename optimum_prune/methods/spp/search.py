@@ -18,9 +18,9 @@ import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
-from ...calibration.images import calibration_labels, check_labels
-from ...finetune.images import LabelledImages
+from ...calibration.images import LabelledImages, calibration_labels, check_labels
 from ...modeling.architectures import ArchitectureSpec, get_layers, is_image_model, layer_view
+from ...utils.training import build_training_arguments, quiet
 from .functional import bregman_step_, init_state
 from .masks import MaskSet, SearchMasks, attach_masks, layer_units
 from .path import SolutionPath, model_identity
@@ -178,8 +178,6 @@ def search_views(model: nn.Module, spec: ArchitectureSpec, config) -> tuple[list
 
 
 def _training_arguments(config, output_dir: str) -> TrainingArguments:
-    from ...finetune.trainer import build_training_arguments
-
     kwargs = {
         "output_dir": output_dir,
         "max_steps": config.steps if config.epochs is None else -1,
@@ -230,8 +228,6 @@ def _search_session(model: nn.Module, masks: nn.Module):
 def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> dict[str, Any]:
     """Train `masks` (attached to the model by the context manager `attach`) with the Bregman dynamics of `config`
     on `data`; returns the optimizer's statistics, the support history, steps, seconds and the loss log."""
-    from ...finetune.trainer import _quiet
-
     dataset = _Windows(data) if isinstance(data, torch.Tensor) else data  # (image models: see `search_dataset`)
     if len(dataset) == 0:
         raise ValueError("The calibration data is empty.")
@@ -245,7 +241,7 @@ def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> 
                 optimizers=(optimizer, None), callbacks=[_PathCallback(optimizer, config.stop_at_density)],
                 dropout=config.dropout,
             )  # fmt: skip
-            _quiet(trainer)
+            quiet(trainer)
             trainer.train()
         losses = [{"step": h["step"], "loss": h["loss"]} for h in trainer.state.log_history if "loss" in h]
         del trainer

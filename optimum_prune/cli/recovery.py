@@ -6,14 +6,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..auto import AutoPruner
+from ..evaluation.zero_shot import zero_shot
+from ..finetune import FinetuneConfig
+from ..hub import upload_folder
+from .common import UserError, _check_parent, _load, _overrides, _texts, _write_json
+
 __all__ = ["add_recovery_commands", "run_zero_shot"]
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
-    from .auto import AutoPruner
-    from .cli import UserError, _check_parent, _load, _overrides, _texts, _write_json
-    from .finetune import FinetuneConfig
-
     fields = {
         "method": args.method, "max_steps": args.steps, "batch_size": args.batch_size, "learning_rate": args.lr,
         "seq_len": args.seq_len, "merge": not args.no_merge, "distill": args.distill, "seed": args.seed,
@@ -43,9 +45,6 @@ def cmd_finetune(args: argparse.Namespace) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    from .cli import UserError, _write_json
-    from .hub import upload_folder
-
     folder = Path(args.folder)
     if not folder.is_dir():
         raise UserError(f"{args.folder!r} is not a directory; give a folder written by save_pretrained / prune.")
@@ -58,8 +57,6 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 
 def run_zero_shot(args: argparse.Namespace, model: Any, tokenizer: Any) -> dict:
-    from .evaluation.zero_shot import zero_shot
-
     return zero_shot(
         model, tokenizer, args.tasks, limit=args.limit, num_fewshot=args.num_fewshot, batch_size=args.batch_size,
         allow_hub=args.allow_hub,

@@ -5,11 +5,12 @@ loads only what calibration needs besides the blocks (embeddings, final norm, po
 memory-mapped safetensors checkpoint; the output head (when not tied) stays on disk until the save. A `LayerStore`
 attached to the model knows where every version of every block lives: the source checkpoint, then the file written
 when a pruning stage finished the block. The pruning loops make a block resident through the prune session
-(`optimum_prune.session`), which loads it (the version they ask for), and puts it back on the meta device afterwards.
+(`optimum_prune.runtime.session`), which loads it (the version they ask for), and puts it back on the meta device afterwards.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -19,14 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate import init_empty_weights
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM
 
-from .modeling.architectures import ArchitectureSpec, get_layers, get_spec, layer_view, spec_for_config
-from .modeling.surgery import reshape_layer_
-from .report import layer_row
-from .scratch import make_scratch_dir
+from ..modeling.architectures import ArchitectureSpec, get_layers, get_spec, layer_view, spec_for_config
+from ..modeling.auto_classes import register_pruned_architectures
+from ..modeling.surgery import reshape_layer_
+from ..report import layer_row
+from ..utils.scratch import make_scratch_dir
 
 __all__ = [
     "STORE_ATTR",
@@ -296,8 +300,6 @@ def _trim_heap() -> None:
     from block to block as fragmentation (measured: 2.0 GB instead of 1.3 GB peak on a 1.1 B-parameter model)."""
     if not _LIBC:
         try:
-            import ctypes
-
             _LIBC.append(ctypes.CDLL("libc.so.6").malloc_trim)
         except (OSError, AttributeError):
             _LIBC.append(None)
@@ -329,10 +331,6 @@ def _output_param_names(model: nn.Module) -> set[str]:
 def load_low_memory(path: str | os.PathLike, *, torch_dtype: Any = None, **kwargs: Any) -> nn.Module:
     """A model whose decoder blocks stay on disk (see the module docstring); `kwargs` go to `from_config`
     (e.g. `attn_implementation`)."""
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from .modeling.auto_classes import register_pruned_architectures
 
     register_pruned_architectures()
     source = SafetensorsSource(path)

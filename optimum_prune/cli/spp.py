@@ -7,16 +7,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..auto import AutoPruner
+from ..config import CalibrationConfig, PruningConfig
+from ..methods.spp import SPPConfig
+from ..utils.scratch import check_output_dir
+from .common import UserError, _load, _overrides, _texts, _write_json
+
 __all__ = ["add_spp_commands"]
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from .auto import AutoPruner
-    from .cli import UserError, _load, _overrides, _texts, _write_json
-    from .config import CalibrationConfig, PruningConfig
-    from .methods.spp import SPPConfig
-    from .serialization import check_output_dir
-
     if args.config and not Path(args.config).is_file():
         raise UserError(f"--config {args.config!r} is not a file.")
     data = PruningConfig.from_json_file(args.config) if args.config else SPPConfig()

@@ -15,6 +15,10 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from accelerate import PartialState
+
+from .tensors import move_to
 
 __all__ = [
     "init_from_env",
@@ -41,8 +45,6 @@ DEFAULT_TIMEOUT_S = 1800
 
 
 def _dist():
-    import torch.distributed as dist
-
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
@@ -70,13 +72,11 @@ def init_from_env() -> bool:
 
     The backend is nccl on GPUs (each rank on GPU `LOCAL_RANK`), gloo on CPU.
     """
-    import torch.distributed as dist
 
     if _dist() is not None:
         return world_size() > 1
     if max(int(os.environ.get(k, "1")) for k in _SIZE_VARS) <= 1 or not dist.is_available():
         return False
-    from accelerate import PartialState
 
     timeout = timedelta(seconds=float(os.environ.get("OPTIMUM_PRUNE_DIST_TIMEOUT", DEFAULT_TIMEOUT_S)))
     PartialState(timeout=timeout)
@@ -138,8 +138,6 @@ def gather_chunks(chunks: list) -> list:
     one process."""
     if world_size() == 1:
         return chunks
-    from .calibration.sequential import move_to
-
     device = next((t.device for t in _tensors(chunks)), torch.device("cpu"))
     gathered = all_gather_objects(move_to(chunks, "cpu"))
     return [move_to(item, device) for part in gathered for item in part]

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .modeling.architectures import ArchitectureSpec, get_layers
+from ..modeling.architectures import ArchitectureSpec, get_layers
 from .streaming import get_store
 
 __all__ = ["InsufficientMemoryError", "available_memory", "memory_needed", "check_memory", "check_device"]

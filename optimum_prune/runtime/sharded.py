@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .modeling.architectures import ArchitectureSpec, get_layers
+from ..modeling.architectures import ArchitectureSpec, get_layers
 from .streaming import get_store, layer_prefix, read_tensors, write_safetensors
 
 __all__ = ["save_streamed_"]

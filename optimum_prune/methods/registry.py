@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
-__all__ = ["register_pruning_method", "get_config_class", "get_pruner_class", "available_methods"]
+from torch import nn
+
+from ..calibration.inputs import calibration_inputs
+from ..config import PruningConfig, register_config_class
+from ..modeling.architectures import get_spec
+from .base import BasePruner
+
+__all__ = ["register_pruning_method", "get_config_class", "get_pruner_class", "available_methods", "prepare_pruner"]
 
 _REGISTRY: dict[str, tuple[type, type]] = {}
 
@@ -15,9 +23,6 @@ def register_pruning_method(name: str, *, config_cls: type, pruner_cls: type) ->
     Validates that the name is lowercase snake_case and unused, that `config_cls.method == name`, that
     `pruner_cls.config_cls is config_cls`, and the base classes.
     """
-    from .config import PruningConfig
-    from .methods.base import BasePruner
-
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         raise ValueError(f"Method name {name!r} must be lowercase snake_case.")
     if name in _REGISTRY:
@@ -31,11 +36,10 @@ def register_pruning_method(name: str, *, config_cls: type, pruner_cls: type) ->
     if pruner_cls.config_cls is not config_cls:
         raise ValueError(f"{pruner_cls.__name__}.config_cls must be {config_cls.__name__}.")
     _REGISTRY[name] = (config_cls, pruner_cls)
+    register_config_class(name, config_cls)
 
 
 def _lookup(name: str) -> tuple[type, type]:
-    from . import methods  # noqa: F401  (importing registers the built-in methods)
-
     if name not in _REGISTRY:
         raise ValueError(f"Unknown pruning method {name!r}. Available: {', '.join(available_methods())}.")
     return _REGISTRY[name]
@@ -50,6 +54,17 @@ def get_pruner_class(name: str) -> type:
 
 
 def available_methods() -> list[str]:
-    from . import methods  # noqa: F401
-
     return sorted(_REGISTRY)
+
+
+def prepare_pruner(model: nn.Module, config: PruningConfig, calibration: Any, tokenizer: Any):
+    """Validate everything and build what the pruner needs; touches no weight."""
+    if not isinstance(config, PruningConfig):
+        raise TypeError(f"`config` must be a PruningConfig subclass instance, got {type(config).__name__}.")
+    spec = get_spec(model)
+    pruner = get_pruner_class(config.method)(config)
+    pruner.validate(model, spec)
+    ids, calib_desc = calibration_inputs(model, calibration, tokenizer, [config.method] * pruner.needs_calibration)
+    if ids is not None:
+        pruner.attach_calibration(ids, calib_desc, source=calibration)
+    return spec, pruner, ids, calib_desc

@@ -22,6 +22,12 @@ from typing import Any
 
 import torch
 
+from ..auto import AutoPrunedModelForCausalLM, AutoPruner
+from ..calibration.data import bbc_news_dir, load_texts, split_documents
+from ..config import CalibrationConfig
+from ..evaluation import compare_speed, perplexity
+from ..methods.numerical import NumericalPruningConfig
+
 __all__ = ["SMOLLM2_GGUF_FILE", "run_demo", "smollm2_dir"]
 
 logger = logging.getLogger(__name__)
@@ -142,9 +148,6 @@ def run_demo(
         `FileExistsError`: `output_dir` exists and was not written by the demo.
         `RuntimeError`: the reloaded model's logits differ from the in-memory pruned model's.
     """
-    from . import AutoPrunedModelForCausalLM, AutoPruner, CalibrationConfig, NumericalPruningConfig
-    from .calibration.data import bbc_news_dir, load_texts, split_documents
-    from .evaluation import compare_speed, perplexity
 
     say = progress or logger.info
     config = NumericalPruningConfig(pruning_ratio=ratio)  # validates the ratio before anything slow
@@ -204,7 +207,7 @@ def run_demo(
     t0 = time.perf_counter()
     say(f"Saving to {out}, reloading with AutoPrunedModelForCausalLM")
     pruner.save_pretrained(out, overwrite=overwrite)
-    (out / _MARKER).write_text("written by optimum_prune.demo.run_demo; the next demo run may replace it\n")
+    (out / _MARKER).write_text("written by optimum_prune.cli.demo.run_demo; the next demo run may replace it\n")
     reloaded = AutoPrunedModelForCausalLM.from_pretrained(out).eval()
     ids = torch.randint(0, model.config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():

@@ -34,18 +34,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from .calibration.offload import ActivationBudget, parse_bytes
-from .calibration.sequential import input_embedding_weight
+from ..calibration.offload import ActivationBudget, parse_bytes
+from ..calibration.sequential import input_embedding_weight
+from ..modeling.architectures import ArchitectureSpec, get_layers, get_spec, layer_view
+from ..modeling.surgery import apply_layer_plan_
+from ..plan import LayerPlan, PruningPlan
+from ..report import layer_row, layer_table
+from ..utils.distributed import broadcast_object, world_size
 from .checkpoint import RunCheckpoint, fingerprint_model
-from .distributed import broadcast_object, world_size
 from .memory import check_device, check_memory
-from .modeling.architectures import ArchitectureSpec, get_layers, layer_view
-from .modeling.surgery import apply_layer_plan_
-from .plan import LayerPlan, PruningPlan
-from .report import layer_row, layer_table
 from .streaming import get_store, layer_prefix, load_block_, write_safetensors
 
-__all__ = ["NULL_SESSION", "PruneSession", "current_session", "open_session", "resident_blocks"]
+__all__ = ["NULL_SESSION", "PruneSession", "current_session", "open_session", "resident_blocks", "zero_fraction"]
 
 logger = logging.getLogger(__name__)
 
@@ -385,3 +385,18 @@ def open_session(
                 logger.warning("calibration activations: %.2f GB were written to disk in %d chunks",
                                activations.spilled_bytes / 1e9, activations.spilled_chunks)  # fmt: skip
             activations.cleanup()
+
+
+def zero_fraction(model: nn.Module, params: int) -> float:
+    """Exact zeros among all parameters (tied weights once), relative to `params` (blocks of a low-memory model
+    are read one at a time; tensors it keeps on disk are read from there)."""
+    spec = get_spec(model)
+    in_blocks = {id(p) for layer in get_layers(model, spec) for p in layer.parameters()}
+    unique = {id(p): (n, p) for n, p in model.named_parameters() if id(p) not in in_blocks}.values()
+    on_disk = [n for n, p in unique if p.device.type == "meta"]
+    zeros = sum(float((p == 0).sum()) for _, p in unique if p.device.type != "meta")
+    if on_disk:
+        zeros += sum(float((t == 0).sum()) for t in get_store(model).source.read(on_disk).values())
+    for _, layer in resident_blocks(model, spec):
+        zeros += sum(float((p == 0).sum()) for p in layer.parameters())
+    return zeros / max(params, 1)

@@ -7,15 +7,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from ..evaluation import benchmark_speed, compare_speed, perplexity
+from ..evaluation.zero_shot import resolve_tasks
+from ..export import export_gguf
+from .common import UserError, _check_parent, _load, _texts, _write_json, require_causal_lm
+from .demo import DEMO_DURATION, format_demo_table, run_demo
+from .recovery import add_eval_task_arguments, run_zero_shot
+
 __all__ = ["add_tool_commands"]
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .cli import UserError, _check_parent, _load, _texts, _write_json, require_causal_lm
-    from .cli_recovery import run_zero_shot
-    from .evaluation import perplexity
-    from .evaluation.zero_shot import resolve_tasks
-
     _check_parent(args.output)
     if args.data is None and not args.tasks:
         raise UserError("Give --data (perplexity) and/or --tasks (zero-shot accuracy).")
@@ -42,12 +46,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .cli import UserError, _check_parent, _load, _write_json
-    from .evaluation import benchmark_speed, compare_speed
-
     if args.threads:
-        import torch
-
         torch.set_num_threads(args.threads)
     kw = {"prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "batch_size": args.batch_size}
     kw.update(warmup=args.warmup, repeats=args.repeats)
@@ -65,9 +64,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_export_gguf(args: argparse.Namespace) -> int:
-    from .cli import UserError, _write_json
-    from .export import export_gguf
-
     model = Path(args.model)
     if not (model / "config.json").is_file():
         raise UserError(
@@ -82,9 +78,6 @@ def cmd_export_gguf(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .cli import _check_parent, _write_json
-    from .demo import format_demo_table, run_demo
-
     _check_parent(args.json)
 
     result = run_demo(
@@ -105,7 +98,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def add_tool_commands(sub: Any, model_args, split_args) -> None:
     """Add `eval`, `bench`, `export-gguf` and `demo` to the `optimum-prune` subparsers."""
-    from .cli_recovery import add_eval_task_arguments
 
     p = sub.add_parser("eval", help="perplexity on a text source", description="Perplexity (non-overlapping windows).")
     model_args(p)
@@ -145,8 +137,6 @@ def add_tool_commands(sub: Any, model_args, split_args) -> None:
     p.add_argument("--outtype", choices=["f32", "f16", "bf16", "q8_0"], default="f16", help="weight type (f16)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing file")
     p.set_defaults(func=cmd_export_gguf)
-
-    from .demo import DEMO_DURATION
 
     what = f"SmolLM2-135M + BBC news end to end ({DEMO_DURATION})"
     p = sub.add_parser("demo", help=what, description=f"Prune {what}; `make demo` runs it.")

@@ -27,10 +27,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .distributed import barrier, is_main_process
-from .scratch import write_text_atomic
+from ..utils.distributed import barrier, is_main_process
+from ..utils.scratch import write_text_atomic
+from ..version import __version__
 from .streaming import read_tensors, write_safetensors
-from .version import __version__
 
 __all__ = ["RunCheckpoint", "fingerprint_model", "jsonable"]
 
