@@ -24,6 +24,7 @@ __all__ = ["push_to_hub", "upload_folder", "check_hub_access"]
 
 logger = logging.getLogger(__name__)
 
+
 def check_hub_access(token: str | None) -> str:
     """The token to use; raises before anything is written when offline or without a token."""
     if huggingface_hub.constants.HF_HUB_OFFLINE:
