@@ -28,7 +28,7 @@ _LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow", "pandas")
 
 def _require_lm_eval():
     try:
-        import lm_eval  # noqa: F401
+        import lm_eval  # noqa: F401, PLC0415  (optional dep: lm-eval, extra [eval])
     except ImportError as e:
         raise ImportError(
             "Zero-shot evaluation needs lm-eval-harness: pip install 'optimum-prune[eval]' "
@@ -37,7 +37,7 @@ def _require_lm_eval():
 
 
 def _load_yaml(path: Path) -> dict:
-    import yaml
+    import yaml  # noqa: PLC0415  (optional dep: PyYAML, read for lm-eval task files)
 
     class _Loader(yaml.SafeLoader):
         pass
@@ -156,9 +156,9 @@ def zero_shot(
     require_causal_lm(model, "Zero-shot evaluation with lm-eval")
     names, include = resolve_tasks(tasks, allow_hub, cache_dir)  # every check before lm-eval is imported
     _require_lm_eval()
-    import lm_eval
-    from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
+    import lm_eval  # noqa: PLC0415  (optional dep: lm-eval, extra [eval])
+    from lm_eval.models.huggingface import HFLM  # noqa: PLC0415  (optional dep: lm-eval)
+    from lm_eval.tasks import TaskManager  # noqa: PLC0415  (optional dep: lm-eval)
 
     was_training = model.training
     lm = HFLM(pretrained=model.eval(), tokenizer=tokenizer, batch_size=batch_size)

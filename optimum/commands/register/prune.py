@@ -5,6 +5,8 @@ registers the commands listed in its `REGISTER_COMMANDS`. This module stays ligh
 imported only when the command runs.
 """
 
+import sys
+
 from optimum.commands.base import BaseOptimumCLICommand, CommandInfo
 
 
@@ -15,15 +17,13 @@ class PruneCommand(BaseOptimumCLICommand):
 
     @staticmethod
     def parse_args(parser):
-        from optimum_prune.cli import add_prune_arguments
+        from optimum_prune.cli import add_prune_arguments  # noqa: PLC0415  (lazy: see the module docstring)
 
         parser.add_argument("-v", "--verbose", action="store_true", help="INFO logging and tracebacks on errors")
         add_prune_arguments(parser)
 
     def run(self):
-        import sys
-
-        from optimum_prune.cli import run_command
+        from optimum_prune.cli import run_command  # noqa: PLC0415  (lazy: see the module docstring)
 
         code = run_command("prune", self.args, prog="optimum-cli")
         if code:

@@ -69,7 +69,7 @@ def _interleave_strips(scores: torch.Tensor, m: int) -> torch.Tensor:
 
 def _lsa_round(scores: torch.Tensor, seg: torch.Tensor, n: int, m: int, slot: int, chunk: int | None) -> torch.Tensor:
     """One linear-sum-assignment pass: re-assigns the channel in `slot` of every group of `seg` optimally."""
-    from scipy.optimize import linear_sum_assignment  # optional dependency, imported lazily
+    from scipy.optimize import linear_sum_assignment  # noqa: PLC0415  (optional dep: scipy)
 
     S = scores[:, seg]  # (out, L)
     rows, L = S.shape
