@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_WORKERS ?= 2
 # Use this checkout's sources even when another checkout's editable install is active in the same environment.
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
-CHECK_DIRS := optimum_prune tests $(wildcard examples benchmarks)
+CHECK_DIRS := optimum_prune tests $(wildcard examples benchmarks optimum)
 BENCH_SCRIPTS := $(sort $(filter-out benchmarks/_%,$(wildcard benchmarks/*.py)))
 
 .PHONY: help install demo test style quality bench
@@ -20,7 +20,7 @@ DEMO_DURATION = $(shell sed -n 's/^DEMO_DURATION = "\(.*\)"$$/\1/p' optimum_prun
 help:
 	@echo "make demo     install, then prune SmolLM2-135M on BBC news and print the dense-vs-pruned table ($(DEMO_DURATION))"
 	@echo "make test     install, then run the test suite"
-	@echo "make style    ruff fix + format;  make quality  ruff lint + format check"
+	@echo "make style    ruff fix + format;  make quality  ruff lint + format check + import layering (lint-imports)"
 	@echo "make bench    run every benchmarks/*.py script with its defaults (long: tens of minutes each)"
 
 install:
@@ -49,6 +49,8 @@ style:
 quality:
 	$(PYTHON) -m ruff check $(CHECK_DIRS)
 	$(PYTHON) -m ruff format --check $(CHECK_DIRS)
+	@# the import layering contracts of pyproject.toml [tool.importlinter] (no circles, no upward imports)
+	lint-imports
 
 bench: install
 	@if [ -z "$(BENCH_SCRIPTS)" ]; then echo "no benchmark scripts in benchmarks/ yet"; fi
