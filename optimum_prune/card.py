@@ -4,7 +4,6 @@ the fine-tuning it had, and how to load it."""
 from __future__ import annotations
 
 import json
-import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,6 @@ from .constants import PRUNED_MODEL_TYPE_PREFIX, PRUNING_CONFIG_NAME
 from .modeling.auto_classes import auto_class_for_config
 
 __all__ = ["model_card", "REPO_ID"]
-
-logger = logging.getLogger(__name__)
 
 # A Hub repository id, `user/name`.
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

@@ -37,8 +37,6 @@ from .tools import add_tool_commands
 
 __all__ = ["main", "build_parser", "add_prune_arguments", "run_command"]
 
-logger = logging.getLogger(__name__)
-
 PROG = "optimum-prune"
 
 
