@@ -6,7 +6,15 @@ import copy
 
 import pytest
 import torch
-from testing_utils import ARCHS, VISION_ARCHS, calibration_for, is_vision, logits, tiny_model
+from testing_utils import (
+    ARCHS,
+    VISION_ARCHS,
+    assert_cached_decoding_matches,
+    calibration_for,
+    is_vision,
+    logits,
+    tiny_model,
+)
 
 from optimum_prune import (
     AMPConfig,
@@ -139,6 +147,8 @@ def test_contract(arch, cfg_cls, kwargs, tol, tmp_path):
             assert abs(report.sparsity[name] - config.sparsity) <= tol, name
             assert nm is None or is_valid_nm(w, *nm), name
         assert 0 < report.info["whole_model_sparsity"] < config.sparsity
+    if structured and not is_vision(arch):  # per-layer shapes differ: each layer's cache must hold its own widths
+        assert_cached_decoding_matches(model)
     # save -> load gives identical logits, with our loader and with plain transformers (once optimum_prune is imported)
     save_pruned(model, tmp_path / "out")
     from transformers import AutoModelForCausalLM, AutoModelForImageClassification
@@ -148,6 +158,8 @@ def test_contract(arch, cfg_cls, kwargs, tol, tmp_path):
     for loader in loaders:
         reloaded = loader.from_pretrained(tmp_path / "out", attn_implementation="eager")
         torch.testing.assert_close(logits(reloaded), out, rtol=0, atol=0)
+        if structured and not is_vision(arch):
+            assert_cached_decoding_matches(reloaded)
         for (name, w), (_, w2) in zip(_projections(model), _projections(reloaded)):
             assert torch.equal(w == 0, w2 == 0), name  # every zero kept
     # config round-trips through dict, JSON and save_pretrained
