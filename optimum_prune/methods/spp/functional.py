@@ -1,4 +1,4 @@
-"""SPP math (SPEC §D.2), pure tensor code: one Linearized-Bregman step on a mask vector, the importance order a
+"""SPP math (docs/methods/spp.md), pure tensor code: one Linearized-Bregman step on a mask vector, the importance order a
 solution path defines, and the cost-weighted selection of the units to remove.
 
 Notation: `M` the mask (initialised to 1), `Γ` its sparse companion, `Z` the dual variable (both initialised to 0).
