@@ -12,7 +12,7 @@ export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 CHECK_DIRS := optimum_prune tests $(wildcard examples benchmarks)
 BENCH_SCRIPTS := $(sort $(filter-out benchmarks/_%,$(wildcard benchmarks/*.py)))
 
-.PHONY: help install demo test style quality bench docs docs-install docs-build
+.PHONY: help install demo test style quality bench
 
 # Measured once and recorded in one place (DEMO_DURATION in optimum_prune/demo.py, also quoted by the README).
 DEMO_DURATION = $(shell sed -n 's/^DEMO_DURATION = "\(.*\)"$$/\1/p' optimum_prune/demo.py)
@@ -57,6 +57,7 @@ bench: install
 	@set -e; for script in $(BENCH_SCRIPTS); do echo "== $$script"; $(PYTHON) $$script; done
 
 # The documentation site (mkdocs.yml, docs/): MkDocs + Material, API reference by mkdocstrings from the docstrings.
+.PHONY: docs docs-install docs-build
 docs-install:
 	$(PIP) install $(PIP_FLAGS) -e ".[docs]" "$(TORCH_SPEC)"
 
