@@ -146,3 +146,29 @@ def test_docs_paths_in_docstrings_exist():
     for path in (REPO / "optimum_prune").rglob("*.py"):
         for ref in re.findall(r"\bdocs/[\w/-]+\.md\b", path.read_text("utf-8")):
             assert (REPO / ref).is_file(), f"{path.relative_to(REPO)} names {ref}, which does not exist"
+
+
+def test_hf_args_blocks_become_lists():
+    spec = importlib.util.spec_from_file_location("griffe_hf_args", DOCS / "griffe_hf_args.py")
+    ext = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(ext)
+    except ModuleNotFoundError as e:  # griffe comes with the [docs] extra
+        pytest.skip(f"needs the [docs] extra: {e}")
+    doc = (
+        "Summary.\n\nArgs:\n    a (`int`, defaults to `1`) / b (`str`): both\n        continued.\n"
+        "    kwargs: the rest.\n\nReturns:\n    `int`: one."
+    )
+    assert ext.hf_args_to_markdown(doc).splitlines() == [
+        "Summary.",
+        "",
+        "",
+        "**Arguments:**",
+        "",
+        "- **a** (`int`, defaults to `1`) / **b** (`str`): both",
+        "  continued.",
+        "- **kwargs**: the rest.",
+        "",
+        "Returns:",
+        "    `int`: one.",
+    ]

@@ -320,9 +320,8 @@ def export_gguf(
         overwrite (`bool`, defaults to `False`): replace an existing file (still atomically).
 
     Raises:
-        GGUFExportError: (a `ValueError`) for a model or tokenizer llama.cpp cannot run exactly, before anything is
-            written.
-        FileExistsError: when `path` exists and `overwrite` is False.
+        `GGUFExportError` (a `ValueError`) for a model or tokenizer llama.cpp cannot run exactly, before anything is
+        written; `FileExistsError` when `path` exists and `overwrite` is False.
     """
     if outtype not in OUTTYPES:
         raise ValueError(f"outtype must be one of {sorted(OUTTYPES)}, got {outtype!r}.")

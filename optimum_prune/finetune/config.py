@@ -45,8 +45,8 @@ class FinetuneConfig:
         seq_len (`int`, defaults to `512`): tokens per training sequence (and per perplexity window).
         warmup_steps (`int`, defaults to `0`): linear warm-up steps; `lr_scheduler_type` (`str`, defaults to
             `"cosine"`) and `weight_decay` (`float`, defaults to `0.0`) are passed to `TrainingArguments`.
-        lora_r (`int`, defaults to `16`): the PEFT `LoraConfig` rank; lora_alpha (`int`, defaults to `32`) and
-            lora_dropout (`float`, defaults to `0.05`) are its other values.
+        lora_r (`int`, defaults to `16`) / lora_alpha (`int`, defaults to `32`) / lora_dropout (`float`, defaults
+            to `0.05`): the PEFT `LoraConfig` values.
         target_modules (`tuple[str, ...] | None`, defaults to `None`): projection names LoRA adapts (e.g.
             `("q_proj", "v_proj")`); `None` = every prunable projection of the architecture.
         merge (`bool`, defaults to `True`): merge LoRA into plain weights at the end (masked, so unstructured / N:M
