@@ -1,6 +1,6 @@
 """AMP math (Liang et al., "Beyond Linear Approximations: A Novel Pruning Approach for Attention Matrix",
-arXiv 2410.11261; docs/methods/amp.md): masks on W_Q / W_K optimised by gradient descent so that the pruned softmax attention
-matrix matches the dense one.
+arXiv 2410.11261; docs/methods/amp.md): masks on W_Q / W_K optimised by gradient descent so that the pruned softmax
+attention matrix matches the dense one.
 
 `attention_probs` recomputes one attention module's probabilities from its q/k weights with the module's own
 pieces: q/k biases, per-head q/k norms (Qwen 3, Gemma 3), the module's `apply_rotary_pos_emb` applied *after*

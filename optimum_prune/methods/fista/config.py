@@ -28,11 +28,11 @@ _PAPER = {
 class FistaConfig(UnstructuredConfigMixin):
     """FISTAPruner: per projection, the ℓ1-regularised layer-wise reconstruction `½‖W*X* − WX‖² + λ‖W*‖₁` solved
     with FISTA, rounded to the exact pattern, with λ adapted by the rounding-error ratio ξ, and intra-layer error
-    correction. https://arxiv.org/abs/2404.09773 (Alg. 1, Eqs. 5, 8, 9; docs/methods/fista.md). Defaults follow the paper (LLaMA
-    settings) except the stop rule `eps=1e-2` (paper: 1e-3) and the shrunk re-fit `refit_strength=0.75` (paper: 1),
-    measured end to end to generalise better (and, for `eps`, to run at < 3× SparseGPT's time);
-    `FistaConfig.paper()` pins the paper's setting. Our
-    resolutions of the paper's ambiguities are the defaults, the literal readings are options.
+    correction. https://arxiv.org/abs/2404.09773 (Alg. 1, Eqs. 5, 8, 9; docs/methods/fista.md). Defaults follow the
+    paper (LLaMA settings) except the stop rule `eps=1e-2` (paper: 1e-3) and the shrunk re-fit `refit_strength=0.75`
+    (paper: 1), measured end to end to generalise better (and, for `eps`, to run at < 3× SparseGPT's time);
+    `FistaConfig.paper()` pins the paper's setting. Our resolutions of the paper's ambiguities are the defaults, the
+    literal readings are options.
 
     Args:
         sparsity (`float`, defaults to `0.5`) / pattern (`str`, defaults to `"unstructured"`): see

@@ -1,4 +1,5 @@
-"""FISTAPruner (Zhao et al., "A Convex-optimization-based Layer-wise Post-training Pruner for LLMs"; docs/methods/fista.md).
+"""FISTAPruner (Zhao et al., "A Convex-optimization-based Layer-wise Post-training Pruner for LLMs";
+docs/methods/fista.md).
 
 For one operator with dense weight `W` (m×n), dense input `X` (n×p) and pruned-network input `X*` (n×p):
 

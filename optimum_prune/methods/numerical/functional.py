@@ -1,5 +1,5 @@
-"""Numerical Pruning math (docs/methods/numerical.md), in PyTorch layout: `W` is `(d_out, D)`, the module computes `y = x Wᵀ`;
-`H = XᵀX / N` is the `(D, D)` Gram of the module's inputs. Paper layout is `W_paper = Wᵀ`.
+"""Numerical Pruning math (docs/methods/numerical.md), in PyTorch layout: `W` is `(d_out, D)`, the module computes
+`y = x Wᵀ`; `H = XᵀX / N` is the `(D, D)` Gram of the module's inputs. Paper layout is `W_paper = Wᵀ`.
 """
 
 from __future__ import annotations

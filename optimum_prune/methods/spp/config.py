@@ -106,13 +106,14 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             some that never entered, ranked by `tie_break`); otherwise such a ratio is an error.
         head_dim_multiple (`int`, defaults to `8`): keep a multiple of this many q/k and v/o dimensions per head
             (rotary pairs count 2), for GEMM-friendly shapes; `1` keeps the exact widths.
-        attention_scale (`str`, defaults to `"original"`): `"original"` keeps `1/√d_h` (the dense model's logits; exact for
-            post-training use) or `"reduced"` (`1/√d_qk`, what the authors' `compress_model` does before fine-tuning).
+        attention_scale (`str`, defaults to `"original"`): `"original"` keeps `1/√d_h` (the dense model's logits; exact
+            for post-training use) or `"reduced"` (`1/√d_qk`, what the authors' `compress_model` does before
+            fine-tuning).
         fold_masks (`bool`, defaults to `False`): multiply the searched mask values of the kept units into the
             weights (q/k rows, v rows, down columns or fc1 rows), so the extracted model computes what the masked
             model did at the end of the search; the authors' `compress_model` keeps the weights as they were.
-        faithful_to (`str`, defaults to `"code"`): the dynamics (docs/methods/spp.md). `"code"` (the released optimizer): an
-            AdamW step on `M` on the task loss only (weight decay 0, `eps`, `betas`), then
+        faithful_to (`str`, defaults to `"code"`): the dynamics (docs/methods/spp.md). `"code"` (the released
+            optimizer): an AdamW step on `M` on the task loss only (weight decay 0, `eps`, `betas`), then
             `Z ← Z + s_t·κ·(M_{k+1} − Γ)` with `s_t = lr/(1 − β1^t)` and the one-sided `Γ = max(Z − λ, 0)`. `"paper"`
             (Eq. 10): `M ← M − κ·lr·(∇L + (M − Γ)/ν)`, `Z ← Z + (lr/ν)(M_k − Γ)`, `Γ = κ·sign(Z)·max(|Z| − λ, 0)`.
         steps (`int`, defaults to `300`): optimizer steps of the search (`epochs` overrides it).
