@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 import optimum_prune
-from optimum_prune.config import PruningConfig, StructuredPruningConfig
-from optimum_prune.methods.unstructured import UnstructuredConfigMixin
+from optimum_prune import PruningConfig, StructuredPruningConfig, WandaConfig
 from optimum_prune.registry import available_methods, get_config_class
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,7 +21,8 @@ DOCS = REPO / "docs"
 METHODS = DOCS / "methods"
 # Methods documented on another method's page.
 PAGE_OF = {"spp_ria": "spp"}
-SHARED_BASES = (PruningConfig, StructuredPruningConfig, UnstructuredConfigMixin)
+# The base classes whose fields methods/index.md documents once: Wanda's base is the unstructured one.
+SHARED_BASES = (PruningConfig, StructuredPruningConfig, WandaConfig.__bases__[0])
 
 
 def _page(name: str) -> str:
