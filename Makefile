@@ -22,6 +22,8 @@ help:
 	@echo "make test     install, then run the test suite"
 	@echo "make style    ruff fix + format;  make quality  ruff lint + format check"
 	@echo "make bench    run every benchmarks/*.py script with its defaults (long: tens of minutes each)"
+	@echo "make docs     install the [docs] extra, then serve the documentation site on http://127.0.0.1:8000"
+	@echo "make docs-build  build the site into site/ with --strict (a broken link or reference fails)"
 
 install:
 	$(PIP) install $(PIP_FLAGS) "$(TORCH_SPEC)"
@@ -53,3 +55,14 @@ quality:
 bench: install
 	@if [ -z "$(BENCH_SCRIPTS)" ]; then echo "no benchmark scripts in benchmarks/ yet"; fi
 	@set -e; for script in $(BENCH_SCRIPTS); do echo "== $$script"; $(PYTHON) $$script; done
+
+# The documentation site (mkdocs.yml, docs/): MkDocs + Material, API reference by mkdocstrings from the docstrings.
+.PHONY: docs docs-install docs-build
+docs-install:
+	$(PIP) install $(PIP_FLAGS) -e ".[docs]" "$(TORCH_SPEC)"
+
+docs: docs-install
+	$(PYTHON) -m mkdocs serve
+
+docs-build: docs-install
+	$(PYTHON) -m mkdocs build --strict

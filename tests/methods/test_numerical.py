@@ -1,4 +1,4 @@
-"""Numerical Pruning math against direct float64 references (SPEC §A.2, §G)."""
+"""Numerical Pruning math against direct float64 references (docs/methods/numerical.md)."""
 
 import pytest
 import torch
@@ -212,7 +212,7 @@ def test_compensation_beats_plain_removal():
 
 @pytest.mark.parametrize(("arch", "gqa"), [("llama", False), ("llama_gqa", True)])
 def test_head_cost_is_alpha_in_mlp_channel_units(arch, gqa):
-    """α = 4·D_h/3 for an MHA head; (2·n_rep + 2)·D_h/3 for a KV group (SPEC §A.1-A.2), in MLP-channel units."""
+    """α = 4·D_h/3 for an MHA head; (2·n_rep + 2)·D_h/3 for a KV group, in MLP-channel units."""
     from testing_utils import tiny_model
 
     from optimum_prune.methods.numerical import NumericalPruner

@@ -27,8 +27,8 @@ def _state(model):
 
 
 def _reference_code(grads, lr, lam, kappa, betas, eps, interval, nu=None):
-    """SPEC §D.2 "code", written out with Python floats: AdamW on M, Z += s_t κ (M_{k+1} − Γ), Γ = max(Z − λ, 0);
-    with `nu`, AdamW on ∇L + (M − Γ)/ν (the coupled loss's gradient)."""
+    """The released code's dynamics (`faithful_to="code"`), written out with Python floats: AdamW on M,
+    Z += s_t κ (M_{k+1} − Γ), Γ = max(Z − λ, 0); with `nu`, AdamW on ∇L + (M − Γ)/ν (the coupled loss's gradient)."""
     n = len(grads[0])
     M, Z, G, m, v = [1.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
     entry, record = [-1] * n, [0] * n

@@ -8,7 +8,7 @@ from ..unstructured import UnstructuredConfigMixin, choice
 
 __all__ = ["FistaConfig"]
 
-# The paper's setting (SPEC §B.4, LLaMA), applied by `FistaConfig.paper()`.
+# The paper's setting (its LLaMA hyperparameters), applied by `FistaConfig.paper()`.
 _PAPER = {
     "warm_start": "wanda",
     "lam0": 1e-5,
@@ -28,11 +28,11 @@ _PAPER = {
 class FistaConfig(UnstructuredConfigMixin):
     """FISTAPruner: per projection, the ℓ1-regularised layer-wise reconstruction `½‖W*X* − WX‖² + λ‖W*‖₁` solved
     with FISTA, rounded to the exact pattern, with λ adapted by the rounding-error ratio ξ, and intra-layer error
-    correction. https://arxiv.org/abs/2404.09773 (Alg. 1, Eqs. 5, 8, 9; SPEC §B). Defaults follow the paper (LLaMA
-    settings) except the stop rule `eps=1e-2` (paper: 1e-3) and the shrunk re-fit `refit_strength=0.75` (paper: 1),
-    measured end to end to generalise better (and, for `eps`, to run at < 3× SparseGPT's time);
-    `FistaConfig.paper()` pins the paper's setting. The spec's recommended
-    resolutions of the paper's ambiguities are the defaults, the literal readings are options.
+    correction. https://arxiv.org/abs/2404.09773 (Alg. 1, Eqs. 5, 8, 9; docs/methods/fista.md). Defaults follow the
+    paper (LLaMA settings) except the stop rule `eps=1e-2` (paper: 1e-3) and the shrunk re-fit `refit_strength=0.75`
+    (paper: 1), measured end to end to generalise better (and, for `eps`, to run at < 3× SparseGPT's time);
+    `FistaConfig.paper()` pins the paper's setting. Our resolutions of the paper's ambiguities are the defaults, the
+    literal readings are options.
 
     Args:
         sparsity (`float`, defaults to `0.5`) / pattern (`str`, defaults to `"unstructured"`): see
@@ -132,9 +132,9 @@ class FistaConfig(UnstructuredConfigMixin):
 
     @classmethod
     def paper(cls, sparsity: float = 0.5, pattern: str = "unstructured", **kwargs) -> FistaConfig:
-        """The paper's setting (LLaMA column of SPEC §B.4), for reproducing it: Wanda warm start, λ₀ = 1e-5, ξ = 0.3,
+        """The paper's setting (its LLaMA hyperparameters), for reproducing it: Wanda warm start, λ₀ = 1e-5, ξ = 0.3,
         K = 20, T = 3, ε = 1e-3, no ridge, the outer loop stopped and the kept solution chosen on the calibration
-        error, intra-layer error correction with dense layer inputs. The spec's resolutions of the paper's
+        error, intra-layer error correction with dense layer inputs. Our resolutions of the paper's
         ambiguities stay (Beck–Teboulle momentum, log-λ bisection); pass `momentum="paper"`,
         `lambda_search="paper"` for the printed forms.
 

@@ -1,4 +1,4 @@
-"""RIA: relative importance and activations (Zhang et al., ICLR 2024; SPEC §E), plus N:M channel reallocation.
+"""RIA: relative importance and activations (Zhang et al., ICLR 2024), plus N:M channel reallocation.
 
 `RIA_ij = (|W_ij| / Σ_k |W_kj| + |W_ij| / Σ_k |W_ik|) * ||X_j||_2^a`: the first term normalises over the column (all
 outputs that read input `j`), the second over the row (all inputs of output `i`). Default `a = 0.5`.
