@@ -29,6 +29,7 @@ from torch import nn
 from transformers import AutoConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+from ._deprecation import deprecated_getattr, renamed
 from .constants import FINETUNE_ATTR, FORMAT_VERSION, PRUNED_MODEL_TYPE_PREFIX, PRUNING_CONFIG_NAME
 from .distributed import barrier, is_main_process
 from .modeling.architectures import ArchitectureSpec, get_spec
@@ -39,7 +40,7 @@ from .scratch import make_scratch_dir, remove_stale
 from .streaming import get_store
 from .version import __version__
 
-__all__ = ["save_pruned", "load_pruned_model", "export_config", "strip_gguf_quantizer_"]
+__all__ = ["save_pruned_model", "load_pruned_model", "export_config", "strip_gguf_quantizer_"]
 
 logger = logging.getLogger(__name__)
 
@@ -240,7 +241,7 @@ def publish_directory(tmp: Path, target: Path, where: Path) -> None:
         os.rename(tmp, target)
 
 
-def save_pruned(
+def save_pruned_model(
     model: nn.Module,
     save_directory: str | os.PathLike,
     tokenizer: Any = None,
@@ -345,7 +346,7 @@ def _save(model, target, where, tokenizer, max_shard_size, model_card, peft_mode
 
 
 def load_pruned_model(path: str | os.PathLike, task: str | None = None, **kwargs: Any) -> nn.Module:
-    """Load any checkpoint written by `save_pruned`, exactly: missing, unexpected or resized tensors are errors.
+    """Load any checkpoint written by `save_pruned_model`, exactly: missing, unexpected or resized tensors are errors.
 
     Args:
         path (`str | os.PathLike`): the directory.
@@ -374,3 +375,7 @@ def load_pruned_model(path: str | os.PathLike, task: str | None = None, **kwargs
         if data.get("finetune"):
             setattr(model, FINETUNE_ATTR, data["finetune"])
     return model
+
+
+# old name, kept for one release (renamed to match `load_pruned_model`)
+__getattr__ = deprecated_getattr(__name__, globals(), renamed(__name__, save_pruned="save_pruned_model"))

@@ -18,12 +18,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from optimum_prune import (
     AMPConfig,
-    FistaConfig,
+    FISTAConfig,
     FLAPConfig,
-    NumericalPruningConfig,
+    NumericalConfig,
     PruningConfig,
     SparseGPTConfig,
-    save_pruned,
+    save_pruned_model,
 )
 from optimum_prune.cli import main as cli_main
 from optimum_prune.methods.sparsegpt.pruner import SparseGPTPruner
@@ -33,9 +33,9 @@ NP = {"pruning_ratio": 0.3, "round_to": 1}
 # Wanda, through the CLI)
 CASES = {
     "sparsegpt": (SparseGPTConfig(sparsity=0.5), True),
-    "numerical": (NumericalPruningConfig(**NP), True),
+    "numerical": (NumericalConfig(**NP), True),
     "flap": (FLAPConfig(**NP), False),
-    "fista": (FistaConfig(sparsity=0.5, K=3, max_outer=2), False),
+    "fista": (FISTAConfig(sparsity=0.5, K=3, max_outer=2), False),
     "amp": (AMPConfig(sparsity=0.5, steps=3), False),
 }
 ATOL = 1e-5
@@ -56,7 +56,7 @@ def _source(path: Path, tokenizer) -> Path:
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.2)
-    save_pruned(model, path, tokenizer, model_card=False)
+    save_pruned_model(model, path, tokenizer, model_card=False)
     return path
 
 
