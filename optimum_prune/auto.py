@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import logging
 import os
 import types
@@ -24,6 +25,7 @@ __all__ = [
     "AutoPrunedModelForCausalLM",
     "AutoPrunedModelForImageClassification",
     "load_model_and_tokenizer",
+    "load_image_processor",
 ]
 
 logger = logging.getLogger(__name__)
@@ -71,15 +73,35 @@ def load_model_and_tokenizer(
 
 
 def _load_image_model(path, config, processor, auto_cls, kwargs) -> tuple[nn.Module, Any]:
-    from transformers import AutoImageProcessor
-
     model = auto_cls.from_pretrained(path, **kwargs)
     if processor is None:
-        try:
-            processor = AutoImageProcessor.from_pretrained(path)
-        except (OSError, ValueError) as e:
-            logger.info("No image processor at %s (%s); calibrate with pixel values.", path, e)
+        processor = load_image_processor(path)
     return model, processor
+
+
+def load_image_processor(path: str | os.PathLike) -> Any:
+    """The image processor saved in the directory `path`, or `None` when it holds none (calibration then takes pixel
+    values). Loading one needs Pillow (the `vision` extra); a model directory without one needs nothing more.
+
+    Raises:
+        `ImportError` naming the extra when `path` holds an image processor and Pillow is not installed.
+    """
+    from transformers.utils import IMAGE_PROCESSOR_NAME, PROCESSOR_NAME
+
+    if not any((Path(path) / name).is_file() for name in (IMAGE_PROCESSOR_NAME, PROCESSOR_NAME)):
+        logger.info("No image processor at %s; calibrate with pixel values.", path)
+        return None
+    if importlib.util.find_spec("PIL") is None:
+        raise ImportError(
+            f"{path} holds an image processor; loading it needs Pillow: pip install 'optimum-prune[vision]'."
+        )
+    from transformers import AutoImageProcessor
+
+    try:
+        return AutoImageProcessor.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        logger.warning("Could not load the image processor at %s (%s); calibrate with pixel values.", path, e)
+        return None
 
 
 class AutoPruner:
@@ -321,13 +343,16 @@ def _push_loaded(model: nn.Module, repo_id: str, tokenizer: Any = None, **kwargs
     from .hub import push_to_hub
 
     if tokenizer is None:
-        from transformers import AutoImageProcessor, AutoTokenizer
+        from transformers import AutoTokenizer
 
         from .modeling.architectures import is_image_model
 
-        loader = AutoImageProcessor if is_image_model(model) else AutoTokenizer
-        try:
-            tokenizer = loader.from_pretrained(model._optimum_prune_path)
-        except (OSError, ValueError):
-            logger.warning("No tokenizer in %s; uploading the model without one.", model._optimum_prune_path)
+        path = model._optimum_prune_path
+        if is_image_model(model):
+            tokenizer = load_image_processor(path)
+        else:
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(path)
+            except (OSError, ValueError):
+                logger.warning("No tokenizer in %s; uploading the model without one.", path)
     return push_to_hub(model, repo_id, tokenizer, **kwargs)

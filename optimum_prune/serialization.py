@@ -31,7 +31,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from ._deprecation import deprecated_getattr, renamed
 from .constants import FINETUNE_ATTR, FORMAT_VERSION, PRUNED_MODEL_TYPE_PREFIX, PRUNING_CONFIG_NAME
-from .distributed import barrier, is_main_process
+from .distributed import is_main_process, rank
 from .modeling.architectures import ArchitectureSpec, get_spec
 from .modeling.auto_classes import auto_class_for_config, model_task, pruned_classes
 from .prune import HISTORY_ATTR
@@ -264,15 +264,17 @@ def save_pruned_model(
 
     A `PeftModel` (LoRA trained with `merge=False`) is saved as its pruned base plus a standard PEFT adapter in
     `adapter/`.
+
+    In a `torch.distributed` run (`torchrun`, `accelerate launch`) every rank holds the same model and rank 0 writes
+    it; the other ranks return at once. No collective is involved, so both the call on every rank and the usual
+    `if rank == 0: save_pruned_model(...)` work. A rank that reads the directory afterwards waits for it first
+    (`torch.distributed.barrier()` on every rank after the save).
     """
     target = Path(save_directory).absolute()
-    if not is_main_process():  # data-parallel run: every rank holds the same model, rank 0 writes it
-        barrier()
+    if not is_main_process():
+        logger.debug("rank %d: rank 0 saves %s", rank(), target)
         return target
-    try:
-        return _save_checked(model, target, tokenizer, overwrite, max_shard_size, model_card)
-    finally:
-        barrier()
+    return _save_checked(model, target, tokenizer, overwrite, max_shard_size, model_card)
 
 
 def _save_checked(model, target: Path, tokenizer, overwrite, max_shard_size, model_card) -> Path:

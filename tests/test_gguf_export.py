@@ -13,7 +13,7 @@ from testing_utils import tiny_model
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from optimum_prune import MagnitudeConfig, NumericalConfig, export_gguf, prune_, save_pruned_model
+from optimum_prune import AutoPruner, MagnitudeConfig, NumericalConfig, export_gguf, prune_, save_pruned_model
 from optimum_prune.cli import main
 from optimum_prune.export import GGUFExportError
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view
@@ -285,6 +285,18 @@ def test_cli_and_directory_export(per_layer_llama, small_tokenizer, tmp_path, ca
     assert main(["export-gguf", "--model", str(tmp_path / "pruned"), "--output", str(tmp_path / "o" / "m.gguf")]) == 2
     assert "already exists" in capsys.readouterr().err
     assert main(["export-gguf", "--model", str(tmp_path / "nope"), "--output", str(tmp_path / "n.gguf")]) == 2
+
+
+def test_auto_pruner_exports_with_the_tokenizer_it_holds(per_layer_llama, small_tokenizer, tmp_path):
+    pruner = AutoPruner(per_layer_llama, small_tokenizer)
+    path = pruner.export_gguf(tmp_path / "m.gguf", outtype="f32")
+    direct = export_gguf(per_layer_llama, tmp_path / "direct.gguf", "f32", tokenizer=small_tokenizer)
+    assert path.read_bytes() == direct.read_bytes()  # the same file as the function given the same tokenizer
+    with pytest.raises(FileExistsError):
+        pruner.export_gguf(tmp_path / "m.gguf")
+    with pytest.raises(GGUFExportError, match="holds none"):
+        AutoPruner(per_layer_llama).export_gguf(tmp_path / "none.gguf")
+    assert not (tmp_path / "none.gguf").exists()
 
 
 def _bpe_tokenizer(pre_tokenizer, byte_fallback: bool = False):

@@ -191,6 +191,35 @@ def test_auto_pruner_loads_image_models_and_loaders_check_the_task(tmp_path):
     AutoPruner.from_pretrained(tiny_model("vit_backbone")).prune(NP, calibration=calibration_pixels())
 
 
+def _with_processor(path):
+    tiny_model("vit").save_pretrained(path)
+    processor = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": 32, "width": 32},
+                 "do_normalize": True, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}  # fmt: skip
+    (path / "preprocessor_config.json").write_text(json.dumps(processor))
+    return path
+
+
+def test_image_processor_without_pillow_names_the_extra(tmp_path, monkeypatch):
+    """A checkpoint with no image processor loads without Pillow; one with a processor says which extra loads it."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "PIL" else find_spec(name, *a))
+    tiny_model("vit").save_pretrained(tmp_path / "bare")
+    assert AutoPruner.from_pretrained(tmp_path / "bare").tokenizer is None
+    with pytest.raises(ImportError, match=r"pip install 'optimum-prune\[vision\]'"):
+        AutoPruner.from_pretrained(_with_processor(tmp_path / "dense"))
+
+
+def test_image_processor_is_loaded_and_saved_with_the_model(tmp_path):
+    pytest.importorskip("PIL", reason="the `vision` extra (Pillow) loads image processors")
+    pruner = AutoPruner.from_pretrained(_with_processor(tmp_path / "dense"))
+    assert type(pruner.tokenizer).__name__.startswith("ViTImageProcessor")
+    pruner.prune(MagnitudeConfig(pruning_ratio=0.3, round_to=1))
+    pruner.save_pretrained(tmp_path / "out")
+    assert json.loads((tmp_path / "out/preprocessor_config.json").read_text())["size"] == {"height": 32, "width": 32}
+
+
 def test_causal_lm_only_features_refuse_image_models(tmp_path):
     model = tiny_model("vit")
     with pytest.raises(ValueError, match="Perplexity is for causal language models"):
