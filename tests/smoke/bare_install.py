@@ -126,7 +126,7 @@ def main(work: Path) -> None:
     assert json.loads((out / "pruning_config.json").read_text())["history"][-1]["method"] == "wanda"
     step("text: prune (numerical + wanda), save, reload exactly", t0)
 
-    ppl = perplexity(reloaded, tok, TEXTS, seq_len=32)
+    ppl = perplexity(reloaded, tok, TEXTS, seq_len=32, max_tokens=256)
     assert ppl > 1, ppl
     ft = AutoPruner.from_pretrained(out).finetune(
         FinetuneConfig(method="lora", max_steps=2, batch_size=2, seq_len=32, eval_fraction=0.2, eval_max_tokens=64),
@@ -153,7 +153,9 @@ def main(work: Path) -> None:
     vit_back = AutoPrunedModelForImageClassification.from_pretrained(vit_out)
     with torch.no_grad():
         torch.testing.assert_close(vit_back(pixels).logits, image_pruner.model(pixels).logits)
-    assert type(load_pruned_model(vit_out)).__name__ == "ViTForImageClassification"
+    from transformers import ViTForImageClassification
+
+    assert isinstance(load_pruned_model(vit_out), ViTForImageClassification)
     step("vision: ViT prune on pixel values, save, reload exactly", t0)
 
     # the features of absent extras say which extra to install
@@ -190,10 +192,8 @@ def main(work: Path) -> None:
     proc = subprocess.run(args, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["output"] == str((work / "cli").absolute())
-    args = [cli, "export-gguf", "--model", str(work / "cli"), "--output", str(work / "cli.gguf")]
-    proc = subprocess.run(args, capture_output=True, text=True, env=env)
-    assert proc.returncode == 0 and (work / "cli.gguf").is_file(), proc.stderr
-    step("CLI: --help, prune, export-gguf", t0)
+    assert isinstance(AutoPrunedModelForCausalLM.from_pretrained(work / "cli"), torch.nn.Module)
+    step("CLI: --help, prune", t0)
     print("bare-install smoke test passed")
 
 

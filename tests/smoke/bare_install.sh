@@ -26,5 +26,5 @@ echo "installed in $((installed - start))s"
 
 # Run outside the checkout with a clean PYTHONPATH: the installed package is the one imported.
 cd "$WORK"
-env -u PYTHONPATH PATH="$WORK/venv/bin:$PATH" HF_HUB_OFFLINE=1 "$VPY" "$ROOT/tests/smoke/bare_install.py" "$WORK/run"
+env -u PYTHONPATH PATH="$WORK/venv/bin:$PATH" HF_HUB_OFFLINE=1 TQDM_DISABLE=1 "$VPY" "$ROOT/tests/smoke/bare_install.py" "$WORK/run"
 echo "smoke test passed in $(($(date +%s) - start))s (install $((installed - start))s)"
