@@ -266,7 +266,8 @@ class AutoPruner:
 
     def finetune(self, config: Any, dataset: Any, *, teacher: nn.Module | None = None, **kwargs: Any):
         """Recovery fine-tuning (`optimum_prune.finetune_`); with `config.distill`, the teacher defaults to the model
-        as it was loaded before pruning. Returns the `FinetuneReport`."""
+        as it was loaded before pruning (see `teacher()`: reloaded from its path, or the copy kept with
+        `keep_teacher=True`; otherwise pass `teacher=`). Returns the `FinetuneReport`."""
         from .finetune import finetune_
 
         if getattr(config, "distill", None) is not None and teacher is None:

@@ -14,13 +14,15 @@ trap 'rm -rf "$WORK"' EXIT
 start=$(date +%s)
 "$PYTHON" -m venv "$WORK/venv"
 VPY="$WORK/venv/bin/python"
-PIP=("$VPY" -m pip install -q --disable-pip-version-check --no-compile)
-"${PIP[@]}" "$TORCH_SPEC"
+pip_install() {  # quiet; without the notices of a find-links folder that lacks a package (this CI's pip config)
+    "$VPY" -m pip install -q --disable-pip-version-check --no-compile "$@" 2> >(grep -v "is ignored: it is neither" >&2)
+}
+pip_install "$TORCH_SPEC"
 # The checkout is copied first so that the build leaves nothing (build/, *.egg-info) in it.
 mkdir "$WORK/src"
 (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$WORK/src" 2>/dev/null) \
     || cp -r "$ROOT/." "$WORK/src"
-"${PIP[@]}" "$WORK/src" "$TORCH_SPEC"
+pip_install "$WORK/src" "$TORCH_SPEC"
 installed=$(date +%s)
 echo "installed in $((installed - start))s"
 
