@@ -14,7 +14,7 @@ trap 'rm -rf "$WORK"' EXIT
 start=$(date +%s)
 "$PYTHON" -m venv "$WORK/venv"
 VPY="$WORK/venv/bin/python"
-pip_install() {  # quiet; without the notices of a find-links folder that lacks a package (this CI's pip config)
+pip_install() {  # quiet, without the notices of a configured local index that lacks a package
     "$VPY" -m pip install -q --disable-pip-version-check --no-compile "$@" 2> >(grep -v "is ignored: it is neither" >&2)
 }
 pip_install "$TORCH_SPEC"
