@@ -134,3 +134,18 @@ def test_every_error_class_is_exported():
 
 def test_save_and_load_names_match():
     assert save_pruned_model.__name__ == "save_pruned_model" and "load_pruned_model" in optimum_prune.__all__
+
+
+def test_teacher_copy_is_made_only_when_asked():
+    from testing_utils import tiny_model
+
+    config = MagnitudeConfig(pruning_ratio=0.4, round_to=1)
+    plain = AutoPruner.from_pretrained(tiny_model("llama"))
+    plain.prune(config)
+    assert plain._teacher is None
+    with pytest.raises(ValueError, match="keep_teacher=True"):
+        plain.teacher()
+    kept = AutoPruner.from_pretrained(tiny_model("llama"), keep_teacher=True)
+    kept.prune(config)
+    width = kept.teacher().model.layers[0].mlp.up_proj.out_features
+    assert width == 96 > kept.model.model.layers[0].mlp.up_proj.out_features
