@@ -12,7 +12,7 @@ export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 CHECK_DIRS := optimum_prune tests $(wildcard examples benchmarks)
 BENCH_SCRIPTS := $(sort $(filter-out benchmarks/_%,$(wildcard benchmarks/*.py)))
 
-.PHONY: help install demo test style quality bench
+.PHONY: help install demo test smoke style quality bench
 
 # Measured once and recorded in one place (DEMO_DURATION in optimum_prune/demo.py, also quoted by the README).
 DEMO_DURATION = $(shell sed -n 's/^DEMO_DURATION = "\(.*\)"$$/\1/p' optimum_prune/demo.py)
@@ -20,6 +20,7 @@ DEMO_DURATION = $(shell sed -n 's/^DEMO_DURATION = "\(.*\)"$$/\1/p' optimum_prun
 help:
 	@echo "make demo     install, then prune SmolLM2-135M on BBC news and print the dense-vs-pruned table ($(DEMO_DURATION))"
 	@echo "make test     install, then run the test suite"
+	@echo "make smoke    the package without extras in a fresh venv: every public entry point on tiny models (~3 min)"
 	@echo "make style    ruff fix + format;  make quality  ruff lint + format check"
 	@echo "make bench    run every benchmarks/*.py script with its defaults (long: tens of minutes each)"
 	@echo "make docs     install the [docs] extra, then serve the documentation site on http://127.0.0.1:8000"
@@ -43,6 +44,10 @@ test: install
 	else \
 		$(PYTHON) -m pytest tests; \
 	fi
+
+# A fresh virtual environment with torch and this checkout WITHOUT extras: a missing declaration fails here.
+smoke:
+	PYTHON=$(PYTHON) TORCH_SPEC="$(TORCH_SPEC)" tests/smoke/bare_install.sh
 
 style:
 	$(PYTHON) -m ruff check --fix $(CHECK_DIRS)

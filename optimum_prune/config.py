@@ -72,12 +72,14 @@ class PruningConfig:
         method = data.pop("method", None)
         data.pop("config_version", None)
         target: type[PruningConfig] = cls
-        if cls is PruningConfig or cls is StructuredPruningConfig:
+        if not cls.method:  # a base class: the `method` key picks the registered subclass
             if method is None:
                 raise ValueError("The config dict has no `method` key; cannot tell which pruning method it is for.")
             from .registry import get_config_class
 
             target = get_config_class(method)
+            if not issubclass(target, cls):
+                raise ValueError(f"Config dict is for method {method!r} ({target.__name__}), not a {cls.__name__}.")
         elif method is not None and method != cls.method:
             raise ValueError(f"Config dict is for method {method!r}, not {cls.method!r}.")
         names = {f.name for f in dataclasses.fields(target)}

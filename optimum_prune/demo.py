@@ -118,7 +118,7 @@ def run_demo(
     Args:
         output_dir (`str | os.PathLike`, defaults to `"demo_output"`): where the pruned checkpoint is saved. A
             directory left by an earlier demo run is replaced; any other existing non-empty directory is an error.
-        ratio (`float`, defaults to `0.2`): `NumericalPruningConfig.pruning_ratio` (fraction of attention + MLP
+        ratio (`float`, defaults to `0.2`): `NumericalConfig.pruning_ratio` (fraction of attention + MLP
             parameters removed).
         num_samples (`int`, defaults to `32`) / seq_len (`int`, defaults to `256`): calibration windows.
         eval_seq_len (`int`, defaults to `512`): perplexity window length.
@@ -142,12 +142,12 @@ def run_demo(
         `FileExistsError`: `output_dir` exists and was not written by the demo.
         `RuntimeError`: the reloaded model's logits differ from the in-memory pruned model's.
     """
-    from . import AutoPrunedModelForCausalLM, AutoPruner, CalibrationConfig, NumericalPruningConfig
+    from . import AutoPrunedModelForCausalLM, AutoPruner, CalibrationConfig, NumericalConfig
     from .calibration.data import bbc_news_dir, load_texts, split_documents
     from .evaluation import compare_speed, perplexity
 
     say = progress or logger.info
-    config = NumericalPruningConfig(pruning_ratio=ratio)  # validates the ratio before anything slow
+    config = NumericalConfig(pruning_ratio=ratio)  # validates the ratio before anything slow
     out = Path(output_dir).absolute()
     overwrite = _prepare_output_dir(out)
     model_dir, bbc_dir = smollm2_dir(), bbc_news_dir()

@@ -240,7 +240,7 @@ def push_to_hub(
 ) -> Any:
     """Save `model` (as `save_pretrained` does: checkpoint, tokenizer, `pruning_config.json`, README.md) into a
     temporary folder and upload that folder to `repo_id` in one commit. Returns the `CommitInfo`."""
-    from .serialization import save_pruned
+    from .serialization import save_pruned_model
 
     if not isinstance(repo_id, str) or not _REPO_ID.match(repo_id):
         raise ValueError(f"repo_id must look like 'user/name', got {repo_id!r}.")
@@ -248,7 +248,7 @@ def push_to_hub(
     if model_card:
         model_card = {"repo_id": repo_id, **(model_card if isinstance(model_card, dict) else {})}
     with tempfile.TemporaryDirectory(prefix="optimum_prune_push_") as tmp:
-        folder = save_pruned(
+        folder = save_pruned_model(
             model, Path(tmp) / "model", tokenizer, max_shard_size=max_shard_size, model_card=model_card
         )
         return upload_folder(folder, repo_id, private=private, token=token, commit_message=commit_message,

@@ -12,6 +12,7 @@ import torch
 import transformers
 from torch import nn
 
+from ._deprecation import deprecated_getattr
 from .calibration.sequential import LayerwiseRunner
 from .config import CalibrationConfig, PruningConfig
 from .distributed import init_from_env
@@ -27,7 +28,6 @@ from .version import __version__
 
 __all__ = [
     "prune_",
-    "compute_plan",
     "apply_plan_",
     "calibration_inputs",
     "runner_factory",
@@ -115,8 +115,9 @@ def _prepare(model: nn.Module, config: PruningConfig, calibration: Any, tokenize
     return spec, pruner, ids, calib_desc
 
 
-def compute_plan(model: nn.Module, config: PruningConfig, calibration: Any = None, tokenizer: Any = None, **kwargs):
-    """Decide without executing the removal: returns `(spec, plan)` (used to verify "removed ≡ zeroed").
+def _compute_plan(model: nn.Module, config: PruningConfig, calibration: Any = None, tokenizer: Any = None, **kwargs):
+    """Decide without executing the removal: returns `(spec, plan)` (the tests use it to verify "removed ≡ zeroed";
+    internal: a plan's layout is no public contract).
 
     Unstructured methods write their new weights while deciding (later layers must see them).
     """
@@ -147,7 +148,7 @@ def prune_(
         model (`PreTrainedModel`): a supported `*ForCausalLM` model, or image model (ViT / DeiT / Dinov2
             classifier or backbone; see `supported_model_types()`), in memory or loaded with
             `AutoPruner.from_pretrained(path, low_memory=True)` (blocks on disk, one in memory at a time).
-        config (`PruningConfig | list[PruningConfig]`): e.g. `NumericalPruningConfig(pruning_ratio=0.2)`, or a
+        config (`PruningConfig | list[PruningConfig]`): e.g. `NumericalConfig(pruning_ratio=0.2)`, or a
             recipe: a list of configs (see `optimum_prune.recipe`), e.g. AMP on q/k and Wanda on the rest, run in
             one layer-wise calibration pass.
         calibration (`CalibrationConfig | torch.LongTensor | None`): calibration text (or token ids); required by
@@ -246,7 +247,7 @@ def zero_fraction(model: nn.Module, params: int) -> float:
 
 
 def record_history(model: nn.Module, method: str, version: int, config: Any, calib_desc, report) -> None:
-    """Append one entry to the history that `save_pruned` writes into `pruning_config.json`."""
+    """Append one entry to the history that `save_pruned_model` writes into `pruning_config.json`."""
     history = getattr(model, HISTORY_ATTR, [])
     history.append(
         {
@@ -264,3 +265,9 @@ def record_history(model: nn.Module, method: str, version: int, config: Any, cal
         }
     )
     setattr(model, HISTORY_ATTR, history)
+
+
+# old public name, kept for one release
+__getattr__ = deprecated_getattr(
+    __name__, globals(), {"compute_plan": ("_compute_plan", "`prune_` (planning without pruning is internal)")}
+)

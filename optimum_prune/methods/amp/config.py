@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from ...modeling.targets import normalize_targets
-from ..unstructured import UnstructuredConfigMixin, choice
+from ..unstructured import UnstructuredPruningConfig, choice
 
 __all__ = ["AMPConfig"]
 
@@ -14,7 +14,7 @@ _SCORE_PATH = ("q_proj", "k_proj")
 
 
 @dataclass
-class AMPConfig(UnstructuredConfigMixin):
+class AMPConfig(UnstructuredPruningConfig):
     """AMP: real-valued masks on `q_proj` / `k_proj` (initialised to ones) are optimised by gradient descent with
     momentum so that the pruned softmax attention matrix matches the dense one, through the model's real attention
     (GQA, q/k norms and biases, RoPE after masking, scaling, causal mask, sliding window); then each matrix keeps
@@ -26,7 +26,7 @@ class AMPConfig(UnstructuredConfigMixin):
 
     Args:
         sparsity (`float`, defaults to `0.5`) / pattern (`str`, defaults to `"unstructured"`): see
-            `UnstructuredConfigMixin`. N:M keeps the N largest mask values of every group of M inputs of a row.
+            `UnstructuredPruningConfig`. N:M keeps the N largest mask values of every group of M inputs of a row.
         targets (`tuple[str, ...]`, defaults to `("q_proj", "k_proj")`): `"q_proj"` and/or `"k_proj"`; AMP only
             prunes the attention score path (prune v/o and the MLP with another config of a recipe).
         lambda_ (`float`, defaults to `0.05`): λ of the regulariser `½λ(‖M_Q‖² + ‖M_K‖²)` (the setup's λ; Eq. (1)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..._deprecation import deprecated_getattr, renamed
 from ...config import StructuredPruningConfig, _choice
 
-__all__ = ["NumericalPruningConfig"]
+__all__ = ["NumericalConfig"]
 
 
 @dataclass
-class NumericalPruningConfig(StructuredPruningConfig):
+class NumericalConfig(StructuredPruningConfig):
     """Numerical Pruning: Newton "numerical scores" of the o_proj / down_proj input channels, global cost-weighted
     ranking of heads (or KV groups) and MLP channels, and closed-form compensation of o_proj / down_proj.
 
@@ -23,7 +24,7 @@ class NumericalPruningConfig(StructuredPruningConfig):
     held-out BBC news and the Python docs): each module's scores standardised before the global ranking and a
     refit damped 10× more than the paper's reading. The paper's own setting (raw per-module scores, whose mean is
     1 − ρ in every module, so the global ranking degenerates into a per-module quota, and γ = 0.01) is
-    `NumericalPruningConfig.paper(pruning_ratio=...)`.
+    `NumericalConfig.paper(pruning_ratio=...)`.
 
     Args:
         lambda_ (`float | None`, defaults to `None`): weight of the soft count constraint. `None` is the exact
@@ -85,7 +86,7 @@ class NumericalPruningConfig(StructuredPruningConfig):
     compensation_bias: bool = False
 
     @classmethod
-    def paper(cls, pruning_ratio: float = 0.2, literal: bool = False, **kwargs) -> NumericalPruningConfig:
+    def paper(cls, pruning_ratio: float = 0.2, literal: bool = False, **kwargs) -> NumericalConfig:
         """The paper's setting, for reproducing it (docs/methods/numerical.md): each module's exact-constraint
         numerical scores ranked together in one global cost-weighted ranking (α = 4·D_h/3 as a parameter cost), no
         standardisation, a head scored by the mean of its channels' scores, dense compensation of the weights only
@@ -133,3 +134,7 @@ class NumericalPruningConfig(StructuredPruningConfig):
         for name in ("score_damping", "compensation_damping"):
             if getattr(self, name) < 0:
                 raise ValueError(f"`{name}` must be >= 0.")
+
+
+# old name, kept for one release
+__getattr__ = deprecated_getattr(__name__, globals(), renamed(__name__, NumericalPruningConfig="NumericalConfig"))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...config import StructuredPruningConfig, _choice
-from ..unstructured import UnstructuredConfigMixin
+from ..unstructured import UnstructuredPruningConfig
 
 __all__ = ["SPPConfig", "SPPRIAConfig", "SEARCH_FIELDS"]
 
@@ -187,7 +187,7 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
 
 
 @dataclass
-class SPPRIAConfig(UnstructuredConfigMixin, _SearchFields):
+class SPPRIAConfig(UnstructuredPruningConfig, _SearchFields):
     """**Experimental.** SPP combined with RIA for unstructured / N:M LLM pruning (the paper's Table 5; its
     "Algorithm 2" and LLM code were never published, so this is our reconstruction: docs/methods/spp.md).
 
@@ -198,7 +198,7 @@ class SPPRIAConfig(UnstructuredConfigMixin, _SearchFields):
 
     Args:
         sparsity (`float`, defaults to `0.5`) / pattern (`str`, defaults to `"unstructured"`) / targets: see
-            `UnstructuredConfigMixin`.
+            `UnstructuredPruningConfig`.
         combine (`str`, defaults to `"masked"`): how the path enters the score: `"masked"` (RIA of the mask-scaled
             weights `W∘M`), `"scaled"` (RIA(W) times the path's order normalised to [0, 1] per matrix)
             or `"support"` (the units in the path's support at the matching density first, RIA within).
