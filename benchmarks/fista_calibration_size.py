@@ -2,7 +2,7 @@
 
 For one decoder layer, the dense-input Grams `X Xᵀ / p` of a few projections are captured for calibration sets of
 different sizes (windows of the calibration half of the BBC articles, `split_documents(docs, 0.5, seed=0)`), plus one
-held-out Gram from 32 × 512 tokens of the other half. `fista_prune` then runs with `FistaConfig`'s defaults on each
+held-out Gram from 32 × 512 tokens of the other half. `fista_prune` then runs with `FISTAConfig`'s defaults on each
 (one thread; the first input group's setting `X* = X`, i.e. no intra-layer correction, for every projection) and the
 script records, per projection and calibration size: outer steps, spectral steps, stop reason, λ path, wall time, the
 Gram's conditioning, and after every outer step the calibration error and the held-out error of the rounded iterate.
@@ -149,7 +149,7 @@ def markdown(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="8x256,32x512", help="calibration sets, NUMxLEN, smallest first")
-    parser.add_argument("--eps", default="1e-3,1e-2", help="FistaConfig.eps values, the default first")
+    parser.add_argument("--eps", default="1e-3,1e-2", help="FISTAConfig.eps values, the default first")
     parser.add_argument("--layer", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--name", default="fista_calibration_size")

@@ -43,7 +43,7 @@ import torch.nn.functional as F  # noqa: E402
 from _np_stats import collect  # noqa: E402
 from _np_variants import prune_variant  # noqa: E402
 
-from optimum_prune import AutoPruner, CalibrationConfig, FLAPConfig, NumericalPruningConfig  # noqa: E402
+from optimum_prune import AutoPruner, CalibrationConfig, FLAPConfig, NumericalConfig  # noqa: E402
 from optimum_prune.calibration.data import (  # noqa: E402
     bbc_news_dir,
     get_calibration_batches,
@@ -63,7 +63,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # fractions, e.g. FLAP's: a diagnostic that separates the layer budgets from the choice within a layer),
 # "centred_scores" (numerical scores on the input covariance: the objective with an intercept), "scores_from"
 # ("flap": FLAP's scores with NP's compensation, a diagnostic).
-_NP = NumericalPruningConfig
+_NP = NumericalConfig
 _STD = {"ranking": "cost_weighted", "standardize_per_layer": True, "compensation_damping": 0.1}
 _UNIT = {**_STD, "head_score": "unit"}
 _OWL = {"allocation": "owl", "owl_threshold": 5.0, "owl_lambda": 0.08}

@@ -35,9 +35,9 @@ import torch  # noqa: E402
 from optimum_prune import (  # noqa: E402
     CalibrationConfig,
     FinetuneConfig,
-    FistaConfig,
+    FISTAConfig,
     FLAPConfig,
-    NumericalPruningConfig,
+    NumericalConfig,
     finetune_,
     prune_,
 )
@@ -57,10 +57,10 @@ RESULTS = Path(__file__).parent / "results"
 logger = logging.getLogger("recovery")
 
 METHODS = {
-    "np30": ("Numerical Pruning 30%", lambda a: NumericalPruningConfig(pruning_ratio=0.3)),
+    "np30": ("Numerical Pruning 30%", lambda a: NumericalConfig(pruning_ratio=0.3)),
     "flap30": ("FLAP 30%", lambda a: FLAPConfig(pruning_ratio=0.3)),
-    "fista24": ("FISTA 2:4", lambda a: FistaConfig(sparsity=0.5, pattern="2:4", max_outer=a.fista_max_outer)),
-    "fista50": ("FISTA 50%", lambda a: FistaConfig(sparsity=0.5, max_outer=a.fista_max_outer)),
+    "fista24": ("FISTA 2:4", lambda a: FISTAConfig(sparsity=0.5, pattern="2:4", max_outer=a.fista_max_outer)),
+    "fista50": ("FISTA 50%", lambda a: FISTAConfig(sparsity=0.5, max_outer=a.fista_max_outer)),
 }
 
 
@@ -144,7 +144,7 @@ def markdown(res: dict) -> str:
         "trained on).",
         f"- Zero-shot: `bbc_news_topic` (5-way multiple choice over the held-out articles, lm-eval `acc`), first "
         f"{a['zero_shot_limit']} shuffled articles (± is lm-eval's standard error); chance = 0.20.",
-        f"- FISTA: `FistaConfig(max_outer={a['fista_max_outer']})` (outer steps capped for time; the paper default "
+        f"- FISTA: `FISTAConfig(max_outer={a['fista_max_outer']})` (outer steps capped for time; the paper default "
         "runs until its stopping rule, ~100 steps and several minutes per model here); other methods at their defaults.",
         "- Train time: wall-clock `Trainer.train` on a machine shared with other jobs (load average in the JSON), so "
         "compare ratios, not absolute seconds.",

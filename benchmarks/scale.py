@@ -175,7 +175,7 @@ def _time_fista_solves() -> list[float]:
         return wrapper
 
     fp.fista_prune, fp.spectral_gram = timed(fp.fista_prune), timed(fp.spectral_gram)
-    fp.FistaPruner._warm_start = timed(fp.FistaPruner._warm_start)
+    fp.FISTAPruner._warm_start = timed(fp.FISTAPruner._warm_start)
     return total
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from optimum_prune import AutoPruner, MagnitudePruningConfig, prune_, to_semi_structured_
+from optimum_prune import AutoPruner, MagnitudeConfig, prune_, to_semi_structured_
 from optimum_prune.modeling.semi_structured import check_semi_structured_support
 
 RESULTS = Path(__file__).parent / "results"
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     pruner = AutoPruner.from_pretrained(path, gguf_file=args.gguf_file if args.model is None else None)
     dense = pruner.model.half().cuda().eval()
     sparse = copy.deepcopy(dense)
-    prune_(sparse, MagnitudePruningConfig(pattern="2:4", sparsity=0.5))  # latency does not depend on the values
+    prune_(sparse, MagnitudeConfig(pattern="2:4", sparsity=0.5))  # latency does not depend on the values
     converted = to_semi_structured_(sparse)
     rows = []
     for bs in args.batch:

@@ -50,7 +50,7 @@ from optimum_prune import (  # noqa: E402
     CalibrationConfig,
     FinetuneConfig,
     FLAPConfig,
-    NumericalPruningConfig,
+    NumericalConfig,
     RIAConfig,
     SolutionPath,
     SPPConfig,
@@ -58,7 +58,7 @@ from optimum_prune import (  # noqa: E402
     WandaConfig,
     finetune_,
     prune_,
-    save_pruned,
+    save_pruned_model,
 )
 from optimum_prune.auto import load_model_and_tokenizer  # noqa: E402
 from optimum_prune.calibration.data import (  # noqa: E402
@@ -148,7 +148,7 @@ def phase_quality(res, args, dense, tokenizer, data, calib, work: Path, out: Pat
     write(res, out)
     configs = {
         "spp": lambda r: spp_config(args, r, solution_path=str(path_dir)),
-        "np": lambda r: NumericalPruningConfig(pruning_ratio=r),
+        "np": lambda r: NumericalConfig(pruning_ratio=r),
         "flap": lambda r: FLAPConfig(pruning_ratio=r),
     }
     with reuse_calibration_pass():
@@ -167,7 +167,7 @@ def phase_quality(res, args, dense, tokenizer, data, calib, work: Path, out: Pat
                     row["layers"] = [(x.get("qk_head_dim", x["head_dim"]), x.get("vo_head_dim", x["head_dim"]),
                                       x["intermediate_size"]) for x in report.layers]  # fmt: skip
                 row["pruned"] = evaluate(model, tokenizer, data, args)
-                save_pruned(model, work / "models" / key, tokenizer, overwrite=True)
+                save_pruned_model(model, work / "models" / key, tokenizer, overwrite=True)
                 res["rows"][key] = row
                 logger.info("%s: %s", key, row["pruned"])
                 write(res, out)

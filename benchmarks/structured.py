@@ -53,8 +53,8 @@ from optimum_prune import (  # noqa: E402
     AutoPruner,
     CalibrationConfig,
     FLAPConfig,
-    MagnitudePruningConfig,
-    NumericalPruningConfig,
+    MagnitudeConfig,
+    NumericalConfig,
     prune_,
 )
 from optimum_prune.calibration.data import (  # noqa: E402
@@ -74,39 +74,39 @@ DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "structured_smollm2.json
 
 # name -> (config class, extra config kwargs, label). All use allocation="global" unless the variant says otherwise.
 METHODS: dict[str, tuple[type, dict[str, Any], str]] = {
-    "numerical": (NumericalPruningConfig, {}, "Numerical Pruning"),
+    "numerical": (NumericalConfig, {}, "Numerical Pruning"),
     "flap": (FLAPConfig, {}, "FLAP"),
-    "magnitude": (MagnitudePruningConfig, {}, "Magnitude (L2, data-free)"),
+    "magnitude": (MagnitudeConfig, {}, "Magnitude (L2, data-free)"),
     # ablations of Numerical Pruning (for investigating where it loses)
-    "numerical_nocomp": (NumericalPruningConfig, {"compensate": False}, "NP, no compensation"),
-    "numerical_std": (NumericalPruningConfig, {"standardize_per_layer": True}, "NP, per-layer standardized scores"),
-    "numerical_uniform": (NumericalPruningConfig, {"allocation": "uniform"}, "NP, uniform allocation"),
+    "numerical_nocomp": (NumericalConfig, {"compensate": False}, "NP, no compensation"),
+    "numerical_std": (NumericalConfig, {"standardize_per_layer": True}, "NP, per-layer standardized scores"),
+    "numerical_uniform": (NumericalConfig, {"allocation": "uniform"}, "NP, uniform allocation"),
     "numerical_seq": (
-        NumericalPruningConfig,
+        NumericalConfig,
         {"compensation_inputs": "sequential"},
         "NP, sequential compensation inputs",
     ),
-    "numerical_bias": (NumericalPruningConfig, {"compensation_bias": True}, "NP, refit with bias"),
+    "numerical_bias": (NumericalConfig, {"compensation_bias": True}, "NP, refit with bias"),
     "numerical_seq_bias": (
-        NumericalPruningConfig,
+        NumericalConfig,
         {"compensation_inputs": "sequential", "compensation_bias": True},
         "NP, sequential refit with bias",
     ),
     "numerical_std_bias": (
-        NumericalPruningConfig,
+        NumericalConfig,
         {"standardize_per_layer": True, "compensation_bias": True},
         "NP, standardized, refit with bias",
     ),
-    "numerical_lowdamp": (NumericalPruningConfig, {"compensation_damping": 1e-4}, "NP, compensation damping 1e-4"),
+    "numerical_lowdamp": (NumericalConfig, {"compensation_damping": 1e-4}, "NP, compensation damping 1e-4"),
     "numerical_std_nocomp": (
-        NumericalPruningConfig,
+        NumericalConfig,
         {"standardize_per_layer": True, "compensate": False},
         "NP, standardized, no compensation",
     ),
     # ablations of the baselines
     "flap_uniform": (FLAPConfig, {"allocation": "uniform"}, "FLAP, uniform allocation"),
     "flap_nobias": (FLAPConfig, {"bias_compensation": False}, "FLAP, no bias compensation"),
-    "magnitude_uniform": (MagnitudePruningConfig, {"allocation": "uniform"}, "Magnitude, uniform allocation"),
+    "magnitude_uniform": (MagnitudeConfig, {"allocation": "uniform"}, "Magnitude, uniform allocation"),
 }
 DEFAULT_METHODS = ["numerical", "flap", "magnitude"]
 DEFAULT_RATIOS = [0.1, 0.2, 0.3, 0.5]

@@ -1,7 +1,7 @@
 """Unstructured / N:M pruning benchmark on SmolLM2-135M: calibrated on BBC news, scored in and out of domain.
 
 Methods: magnitude, Wanda, SparseGPT, RIA, FISTAPruner at its defaults (`fista`) and at the paper's setting
-(`fista_paper`, `FistaConfig.paper()`), FISTA candidates (`fista:ridge=0.1+eps=0.01`: `FistaConfig` with those
+(`fista_paper`, `FISTAConfig.paper()`), FISTA candidates (`fista:ridge=0.1+eps=0.01`: `FISTAConfig` with those
 options; labelled "= default" when they are today's defaults), at 50% unstructured and at 2:4, then an optional
 sparsity sweep. Every method
 gets the *same* calibration token ids (`--num-samples` x `--seq-len`, built once from the calibration half of the BBC
@@ -54,8 +54,8 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from optimum_prune import (  # noqa: E402
     AutoPruner,
     CalibrationConfig,
-    FistaConfig,
-    MagnitudePruningConfig,
+    FISTAConfig,
+    MagnitudeConfig,
     RIAConfig,
     SparseGPTConfig,
     WandaConfig,
@@ -86,7 +86,7 @@ OOD = {"python_docs": ("Python 3.11 docs (reStructuredText sources)", python_doc
 
 def make_config(method: str, sparsity: float, pattern: str, fista_opts: dict[str, Any]):
     if method == "magnitude":
-        return MagnitudePruningConfig(pattern=pattern, sparsity=sparsity)
+        return MagnitudeConfig(pattern=pattern, sparsity=sparsity)
     if method == "wanda":
         return WandaConfig(sparsity=sparsity, pattern=pattern)
     if method == "sparsegpt":
@@ -94,11 +94,11 @@ def make_config(method: str, sparsity: float, pattern: str, fista_opts: dict[str
     if method == "ria":
         return RIAConfig(sparsity=sparsity, pattern=pattern)
     if method == "fista":
-        return FistaConfig(sparsity=sparsity, pattern=pattern, **fista_opts)
+        return FISTAConfig(sparsity=sparsity, pattern=pattern, **fista_opts)
     if method == "fista_paper":
-        return FistaConfig.paper(sparsity=sparsity, pattern=pattern)
+        return FISTAConfig.paper(sparsity=sparsity, pattern=pattern)
     if method.startswith("fista:"):
-        return FistaConfig(sparsity=sparsity, pattern=pattern, **variant_opts(method))
+        return FISTAConfig(sparsity=sparsity, pattern=pattern, **variant_opts(method))
     raise ValueError(f"unknown method {method!r}; choose from {sorted(LABELS)} or fista:KEY=VALUE[+KEY=VALUE...]")
 
 
@@ -108,11 +108,11 @@ def variant_opts(method: str) -> dict[str, Any]:
 
 
 def label(method: str) -> str:
-    """Table label of a method; a FISTA candidate whose options are today's `FistaConfig` defaults says so."""
+    """Table label of a method; a FISTA candidate whose options are today's `FISTAConfig` defaults says so."""
     if not method.startswith("fista:"):
         return LABELS[method]
     opts = variant_opts(method)
-    is_default = all(getattr(FistaConfig(), k) == v for k, v in opts.items())
+    is_default = all(getattr(FISTAConfig(), k) == v for k, v in opts.items())
     return f"FISTA ({', '.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v}' for k, v in opts.items())})" + (
         " = default" if is_default else ""
     )
@@ -209,7 +209,7 @@ def score_from_weights(
 ) -> None:
     """Perplexities of a run from its saved pruned weights (`scores(model) -> (ppl, ppl_ood)`). With
     `refit_strength`, the saved weights are a full FISTA re-fit (`refit_strength=1`) and are first shrunk toward
-    `model0`'s dense weights exactly as `FistaConfig(refit_strength=...)` does once a layer is solved: the layers read
+    `model0`'s dense weights exactly as `FISTAConfig(refit_strength=...)` does once a layer is solved: the layers read
     dense inputs, so this equals pruning with that setting (tests/methods/test_fista_paths.py)."""
     if not path.exists():
         raise SystemExit(f"{path} is missing: prune {rec.get('derived_from', rec['key'])} with --weights-dir first")
@@ -308,9 +308,9 @@ def render_markdown(result: dict[str, Any]) -> str:
         + ").",
         "",
         *(f"**Note.** {n}\n" for n in result.get("notes", [])),
-        "FISTA (default): `FistaConfig()`"
+        "FISTA (default): `FISTAConfig()`"
         + (" with " + ", ".join(f"`{k}={v}`" for k, v in s["fista_opts"].items()) if s["fista_opts"] else "")
-        + "; FISTA (paper): `FistaConfig.paper()`.",
+        + "; FISTA (paper): `FISTAConfig.paper()`.",
         "",
         "## 50% unstructured and 2:4: perplexity BBC / OOD",
         "",
@@ -434,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         "--ood", default="python_docs", choices=sorted(OOD), help="out-of-domain corpus (never calibrated on)"
     )
     p.add_argument("--fista-opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="non-default FistaConfig option (repeatable), recorded in the results")  # fmt: skip
+                   help="non-default FISTAConfig option (repeatable), recorded in the results")  # fmt: skip
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--name", default=None, help="output stem under --output-dir (unstructured_smollm2_<N>x<LEN>)")
     p.add_argument("--output-dir", default=str(RESULTS))

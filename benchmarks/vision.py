@@ -51,20 +51,20 @@ from optimum_prune import (  # noqa: E402
     AutoPrunedModelForImageClassification,
     FinetuneConfig,
     FLAPConfig,
-    MagnitudePruningConfig,
-    NumericalPruningConfig,
+    MagnitudeConfig,
+    NumericalConfig,
     SolutionPath,
     SPPConfig,
     finetune_,
     prune_,
-    save_pruned,
+    save_pruned_model,
 )
 from optimum_prune.methods.spp import search_solution_path  # noqa: E402
 
 logger = logging.getLogger("benchmarks.vision")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "vision_dinov2s_cifar10.json"
-METHODS = {"magnitude": MagnitudePruningConfig, "numerical": NumericalPruningConfig, "flap": FLAPConfig,
+METHODS = {"magnitude": MagnitudeConfig, "numerical": NumericalConfig, "flap": FLAPConfig,
            "spp": SPPConfig}  # SPP: one search (cached under the cache dir), every ratio extracted from its path  # fmt: skip
 
 
@@ -170,7 +170,7 @@ def quality(args, res: dict) -> None:
             model = copy.deepcopy(dense)
             config = _config(args, res, method, ratio, dense, calibration)
             report = prune_(model, config, None if method == "spp" else calibration)
-            save_pruned(model, _saved_dir(args, name), overwrite=True, model_card=False)
+            save_pruned_model(model, _saved_dir(args, name), overwrite=True, model_card=False)
             acc = data.accuracy(model, test_x, test_y)
             cfg = FinetuneConfig(method="full", max_steps=args.ft_steps, batch_size=args.ft_batch,
                                  learning_rate=args.ft_lr, warmup_steps=max(1, args.ft_steps // 10), seed=0)  # fmt: skip

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from optimum_prune import AutoPrunedModelForCausalLM, AutoPruner, CalibrationConfig, NumericalPruningConfig
+from optimum_prune import AutoPrunedModelForCausalLM, AutoPruner, CalibrationConfig, NumericalConfig
 from optimum_prune.calibration.data import bbc_news_dir, load_texts, split_documents
 from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
 from optimum_prune.evaluation import perplexity
@@ -24,7 +24,7 @@ calib_docs, heldout_docs = split_documents(load_texts(bbc_news_dir()), holdout_f
 ppl = {"dense": perplexity(pruner.model, tokenizer, heldout_docs, seq_len=512, max_tokens=8192)}
 
 report = pruner.prune(
-    NumericalPruningConfig(pruning_ratio=0.2),
+    NumericalConfig(pruning_ratio=0.2),
     calibration=CalibrationConfig(dataset=calib_docs, num_samples=32, seq_len=256, seed=0),
 )
 print(report)

@@ -14,7 +14,7 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM
 
-from optimum_prune import AutoPruner, CalibrationConfig, FistaConfig, WandaConfig, to_semi_structured_
+from optimum_prune import AutoPruner, CalibrationConfig, FISTAConfig, WandaConfig, to_semi_structured_
 from optimum_prune.calibration.data import bbc_news_dir, get_calibration_batches, load_texts, split_documents
 from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
 from optimum_prune.evaluation import perplexity
@@ -35,7 +35,7 @@ def heldout_ppl(model):
 results = {"dense": heldout_ppl(dense.model)}
 for name, config in {
     "wanda 2:4": WandaConfig(sparsity=0.5, pattern="2:4"),
-    "fista 2:4": FistaConfig(sparsity=0.5, pattern="2:4"),  # FistaConfig.paper(pattern="2:4"): the paper's setting
+    "fista 2:4": FISTAConfig(sparsity=0.5, pattern="2:4"),  # FISTAConfig.paper(pattern="2:4"): the paper's setting
 }.items():
     pruner = AutoPruner(copy.deepcopy(dense.model), tokenizer)
     report = pruner.prune(config, calibration=calib_ids)

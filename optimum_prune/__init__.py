@@ -1,25 +1,29 @@
 """optimum_prune: prune Hugging Face transformers into smaller, faster checkpoints."""
 
+from ._deprecation import deprecated_getattr
 from .auto import AutoPrunedModelForCausalLM, AutoPrunedModelForImageClassification, AutoPruner
 from .config import CalibrationConfig, PruningConfig, StructuredPruningConfig
-from .export import export_gguf
+from .export import GGUFExportError, GGUFTokenizerError, export_gguf
 from .finetune import FinetuneConfig, FinetuneReport, PruningCallback, SparsityCallback, finetune_
 from .methods.amp import AMPConfig
-from .methods.fista import FistaConfig
+from .methods.fista import FISTAConfig
 from .methods.flap import FLAPConfig
-from .methods.magnitude import MagnitudePruningConfig
-from .methods.numerical import NumericalPruningConfig
+from .methods.magnitude import MagnitudeConfig
+from .methods.numerical import NumericalConfig
 from .methods.registry import available_methods, register_pruning_method
 from .methods.ria import RIAConfig
 from .methods.sparsegpt import SparseGPTConfig
-from .methods.spp import SolutionPath, SPPConfig, SPPRIAConfig
+from .methods.spp import SolutionPath, SolutionPathError, SPPConfig, SPPRIAConfig, SPPSearchError
+from .methods.unstructured import UnstructuredPruningConfig
 from .methods.wanda import WandaConfig
 from .modeling.architectures import UnsupportedArchitectureError, supported_model_types
 from .modeling.auto_classes import register_pruned_architectures
 from .modeling.semi_structured import to_semi_structured_
-from .prune import compute_plan, prune_
+from .prune import _compute_plan as _compute_plan  # served under its old public name below
+from .prune import prune_
 from .report import PruningReport
-from .serialization import load_pruned_model, save_pruned
+from .runtime.memory import InsufficientMemoryError
+from .serialization import load_pruned_model, save_pruned_model
 from .version import __version__
 
 register_pruned_architectures()
@@ -30,33 +34,51 @@ __all__ = [
     "AutoPrunedModelForCausalLM",
     "AutoPrunedModelForImageClassification",
     "CalibrationConfig",
+    "FISTAConfig",
     "FLAPConfig",
     "FinetuneConfig",
     "FinetuneReport",
-    "FistaConfig",
-    "MagnitudePruningConfig",
-    "NumericalPruningConfig",
+    "GGUFExportError",
+    "GGUFTokenizerError",
+    "InsufficientMemoryError",
+    "MagnitudeConfig",
+    "NumericalConfig",
     "PruningCallback",
     "PruningConfig",
     "PruningReport",
     "RIAConfig",
     "SPPConfig",
     "SPPRIAConfig",
+    "SPPSearchError",
     "SolutionPath",
+    "SolutionPathError",
     "SparseGPTConfig",
     "SparsityCallback",
     "StructuredPruningConfig",
+    "UnstructuredPruningConfig",
     "UnsupportedArchitectureError",
     "WandaConfig",
     "__version__",
     "available_methods",
-    "compute_plan",
     "export_gguf",
     "finetune_",
     "load_pruned_model",
     "prune_",
     "register_pruning_method",
-    "save_pruned",
+    "save_pruned_model",
     "supported_model_types",
     "to_semi_structured_",
 ]
+
+# Old names, kept for one release: reading one warns (FutureWarning) and names its replacement.
+__getattr__ = deprecated_getattr(
+    __name__,
+    globals(),
+    {
+        "FistaConfig": ("FISTAConfig", "`optimum_prune.FISTAConfig`"),
+        "MagnitudePruningConfig": ("MagnitudeConfig", "`optimum_prune.MagnitudeConfig`"),
+        "NumericalPruningConfig": ("NumericalConfig", "`optimum_prune.NumericalConfig`"),
+        "save_pruned": ("save_pruned_model", "`optimum_prune.save_pruned_model` (the pair of `load_pruned_model`)"),
+        "compute_plan": ("_compute_plan", "`prune_` (planning without pruning is internal)"),
+    },
+)

@@ -1,9 +1,10 @@
-"""`AutoPruner` (a thin façade over `prune_` and `save_pruned`), `AutoPrunedModelForCausalLM` and
+"""`AutoPruner` (a thin façade over `prune_` and `save_pruned_model`), `AutoPrunedModelForCausalLM` and
 `AutoPrunedModelForImageClassification`."""
 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import logging
 import os
 import types
@@ -13,8 +14,11 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoImageProcessor, AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import IMAGE_PROCESSOR_NAME, PROCESSOR_NAME
 
+from ._deprecation import warn_deprecated
 from .config import PruningConfig
+from .export import GGUFExportError, export_gguf
 from .finetune import finetune_
 from .hub import push_to_hub
 from .methods.spp import search_solution_path
@@ -23,13 +27,14 @@ from .modeling.auto_classes import auto_class_for_config, register_pruned_archit
 from .prune import prune_
 from .report import PruningReport
 from .runtime.streaming import _gguf_error, get_store, load_low_memory
-from .serialization import load_pruned_model, save_pruned, strip_gguf_quantizer_
+from .serialization import load_pruned_model, save_pruned_model, strip_gguf_quantizer_
 
 __all__ = [
     "AutoPruner",
     "AutoPrunedModelForCausalLM",
     "AutoPrunedModelForImageClassification",
     "load_model_and_tokenizer",
+    "load_image_processor",
 ]
 
 logger = logging.getLogger(__name__)
@@ -75,11 +80,29 @@ def load_model_and_tokenizer(
 def _load_image_model(path, config, processor, auto_cls, kwargs) -> tuple[nn.Module, Any]:
     model = auto_cls.from_pretrained(path, **kwargs)
     if processor is None:
-        try:
-            processor = AutoImageProcessor.from_pretrained(path)
-        except (OSError, ValueError) as e:
-            logger.info("No image processor at %s (%s); calibrate with pixel values.", path, e)
+        processor = load_image_processor(path)
     return model, processor
+
+
+def load_image_processor(path: str | os.PathLike) -> Any:
+    """The image processor saved in the directory `path`, or `None` when it holds none (calibration then takes pixel
+    values). Loading one needs Pillow (the `vision` extra); a model directory without one needs nothing more.
+
+    Raises:
+        `ImportError` naming the extra when `path` holds an image processor and Pillow is not installed.
+    """
+    if not any((Path(path) / name).is_file() for name in (IMAGE_PROCESSOR_NAME, PROCESSOR_NAME)):
+        logger.info("No image processor at %s; calibrate with pixel values.", path)
+        return None
+    if importlib.util.find_spec("PIL") is None:
+        raise ImportError(
+            f"{path} holds an image processor; loading it needs Pillow: pip install 'optimum-prune[vision]'."
+        )
+    try:
+        return AutoImageProcessor.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        logger.warning("Could not load the image processor at %s (%s); calibrate with pixel values.", path, e)
+        return None
 
 
 class AutoPruner:
@@ -88,7 +111,7 @@ class AutoPruner:
     Example:
     ```python
     pruner = AutoPruner.from_pretrained("path/to/model")
-    report = pruner.prune(NumericalPruningConfig(pruning_ratio=0.2), calibration=CalibrationConfig(dataset="texts/"))
+    report = pruner.prune(NumericalConfig(pruning_ratio=0.2), calibration=CalibrationConfig(dataset="texts/"))
     pruner.save_pretrained("out/")
     ```
 
@@ -96,16 +119,20 @@ class AutoPruner:
         model (`PreTrainedModel`): the model to prune (modified in place).
         tokenizer (`PreTrainedTokenizerBase | None`): used for calibration text and saved with the model; for an
             image model, its image processor (saved with the model; calibration takes pixel values).
+        keep_teacher (`bool`, defaults to `False`): keep a CPU copy of this in-memory model before its first
+            pruning, as the teacher of a later distillation (`finetune` with `FinetuneConfig(distill=...)`). It
+            doubles the model's memory, so it is off unless asked for. A pruner made by `from_pretrained(path)`
+            never needs it: its teacher is reloaded from the path when distillation asks for it.
     """
 
-    def __init__(self, model: nn.Module, tokenizer: Any = None, *, keep_teacher: bool = True) -> None:
+    def __init__(self, model: nn.Module, tokenizer: Any = None, *, keep_teacher: bool = False) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.reports: list[PruningReport] = []
         self.finetune_reports: list = []
         self.solution_path = None  # the SolutionPath of the last SPP search or extraction
         # Distillation teacher = the model as loaded: reloaded from its source when it has one (no extra memory
-        # until it is needed); an in-memory model is copied to the CPU before its first pruning.
+        # until it is needed); an in-memory model is copied to the CPU before its first pruning with keep_teacher.
         self.keep_teacher = keep_teacher
         self._source: dict[str, Any] | None = None
         self._teacher: nn.Module | None = None
@@ -120,6 +147,7 @@ class AutoPruner:
         torch_dtype: Any = None,
         low_memory: bool = False,
         offload_dir: str | os.PathLike | None = None,
+        keep_teacher: bool = False,
         **kwargs: Any,
     ) -> AutoPruner:
         """From a local path (or GGUF file in it) or an already loaded `PreTrainedModel`.
@@ -140,11 +168,13 @@ class AutoPruner:
                 written until the save (default: the `checkpoint_dir` of `prune`, else the system temporary
                 directory; it needs about the size of the pruned model, on the same file system as the output
                 to avoid copies).
+            keep_teacher (`bool`, defaults to `False`): for an in-memory model, see `AutoPruner`; a model loaded
+                from a path reloads its distillation teacher from there (no copy is kept).
             kwargs: passed to the Auto class's `from_pretrained` (low-memory: to `from_config`).
         """
         if isinstance(model_or_path, nn.Module):
             strip_gguf_quantizer_(model_or_path)
-            return cls(model_or_path, tokenizer)
+            return cls(model_or_path, tokenizer, keep_teacher=keep_teacher)
         if low_memory:
             return cls._low_memory(model_or_path, tokenizer, gguf_file, torch_dtype, offload_dir, kwargs)
         model, tok = load_model_and_tokenizer(
@@ -185,7 +215,7 @@ class AutoPruner:
         self.solution_path = report.artifacts.get("solution_path", self.solution_path)
         return report
 
-    def search(self, config: PruningConfig, calibration: Any):
+    def search_solution_path(self, config: PruningConfig, calibration: Any):
         """Run Solution Path Pruning's search (`SPPConfig`) and return the `SolutionPath`; the model is unchanged.
 
         Any ratio is then extracted without searching again: save the path (`path.save_pretrained(dir)`) and prune
@@ -194,6 +224,11 @@ class AutoPruner:
 
         self.solution_path = search_solution_path(self.model, config, calibration, self.tokenizer)
         return self.solution_path
+
+    def search(self, config: PruningConfig, calibration: Any):
+        """Deprecated name of `search_solution_path` (kept for one release)."""
+        warn_deprecated("AutoPruner.search", "`AutoPruner.search_solution_path`")
+        return self.search_solution_path(config, calibration)
 
     def _keep_teacher_copy(self) -> None:
         """Before the first pruning of an in-memory model: a CPU copy of it, the default distillation teacher."""
@@ -217,14 +252,18 @@ class AutoPruner:
             self._teacher = model.eval()
         if self._teacher is None:
             raise ValueError(
-                "No teacher: this AutoPruner was built from an in-memory model with keep_teacher=False (or already "
-                "pruned). Pass `teacher=` to finetune()."
+                "No distillation teacher: this AutoPruner holds an in-memory model and no copy of it before pruning "
+                "was kept (a copy doubles the memory, so it is made only on request). Make the pruner with "
+                "AutoPruner(model, tokenizer, keep_teacher=True) before pruning, or load the model with "
+                "AutoPruner.from_pretrained(path) (the teacher is then reloaded from the path), or pass the unpruned "
+                "model as `teacher=` to finetune()."
             )
         return self._teacher
 
     def finetune(self, config: Any, dataset: Any, *, teacher: nn.Module | None = None, **kwargs: Any):
         """Recovery fine-tuning (`optimum_prune.finetune_`); with `config.distill`, the teacher defaults to the model
-        as it was loaded before pruning. Returns the `FinetuneReport`."""
+        as it was loaded before pruning (see `teacher()`: reloaded from its path, or the copy kept with
+        `keep_teacher=True`; otherwise pass `teacher=`). Returns the `FinetuneReport`."""
 
         if getattr(config, "distill", None) is not None and teacher is None:
             teacher = self.teacher()
@@ -235,8 +274,24 @@ class AutoPruner:
         return report
 
     def save_pretrained(self, save_directory: str | os.PathLike, *, overwrite: bool = False, **kwargs: Any):
-        """Save model, tokenizer and `pruning_config.json` atomically (see `save_pruned`)."""
-        return save_pruned(self.model, save_directory, self.tokenizer, overwrite=overwrite, **kwargs)
+        """Save model, tokenizer and `pruning_config.json` atomically (see `save_pruned_model`). In a
+        `torch.distributed` run, rank 0 writes; calling it on every rank or on rank 0 alone both work."""
+        return save_pruned_model(self.model, save_directory, self.tokenizer, overwrite=overwrite, **kwargs)
+
+    def export_gguf(self, path: str | os.PathLike, outtype: str = "f16", *, overwrite: bool = False) -> Path:
+        """Write the (pruned) causal LM as a GGUF file for llama.cpp / Ollama with the tokenizer this pruner holds
+        (see `optimum_prune.export_gguf`: `outtype` is `"f32"`, `"f16"`, `"bf16"` or `"q8_0"`); returns its path."""
+        if get_store(self.model) is not None:
+            raise GGUFExportError(
+                "A low-memory model keeps its blocks on disk: save it first (pruner.save_pretrained(dir)), then "
+                "export the directory: optimum_prune.export_gguf(dir, path)."
+            )
+        if self.tokenizer is None:
+            raise GGUFExportError(
+                "A GGUF file carries the tokenizer and this AutoPruner holds none: set pruner.tokenizer (the model's "
+                "Hugging Face tokenizer) first."
+            )
+        return export_gguf(self.model, path, outtype, tokenizer=self.tokenizer, overwrite=overwrite)
 
     def push_to_hub(self, repo_id: str, **kwargs: Any):
         """Upload exactly what `save_pretrained` writes to the Hub, in one commit (`optimum_prune.hub.push_to_hub`:
@@ -279,9 +334,12 @@ def _push_loaded(model: nn.Module, repo_id: str, tokenizer: Any = None, **kwargs
     (checkpoint, `pruning_config.json`, model card), with the tokenizer saved beside the checkpoint by default."""
 
     if tokenizer is None:
-        loader = AutoImageProcessor if is_image_model(model) else AutoTokenizer
-        try:
-            tokenizer = loader.from_pretrained(model._optimum_prune_path)
-        except (OSError, ValueError):
-            logger.warning("No tokenizer in %s; uploading the model without one.", model._optimum_prune_path)
+        path = model._optimum_prune_path
+        if is_image_model(model):
+            tokenizer = load_image_processor(path)
+        else:
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(path)
+            except (OSError, ValueError):
+                logger.warning("No tokenizer in %s; uploading the model without one.", path)
     return push_to_hub(model, repo_id, tokenizer, **kwargs)

@@ -83,7 +83,7 @@ class PruningConfig:
         method = data.pop("method", None)
         data.pop("config_version", None)
         target: type[PruningConfig] = cls
-        if cls is PruningConfig or cls is StructuredPruningConfig:
+        if not cls.method:  # a base class: the `method` key picks the registered subclass
             if method is None:
                 raise ValueError("The config dict has no `method` key; cannot tell which pruning method it is for.")
             if method not in _METHOD_CONFIGS:
@@ -91,6 +91,8 @@ class PruningConfig:
                     f"Unknown pruning method {method!r}. Available: {', '.join(sorted(_METHOD_CONFIGS))}."
                 )
             target = _METHOD_CONFIGS[method]
+            if not issubclass(target, cls):
+                raise ValueError(f"Config dict is for method {method!r} ({target.__name__}), not a {cls.__name__}.")
         elif method is not None and method != cls.method:
             raise ValueError(f"Config dict is for method {method!r}, not {cls.method!r}.")
         names = {f.name for f in dataclasses.fields(target)}

@@ -18,7 +18,7 @@ from torch import nn
 
 from .card import REPO_ID
 from .constants import PRUNING_CONFIG_NAME
-from .serialization import save_pruned
+from .serialization import save_pruned_model
 
 __all__ = ["push_to_hub", "upload_folder", "check_hub_access"]
 
@@ -89,7 +89,7 @@ def push_to_hub(
     if model_card:
         model_card = {"repo_id": repo_id, **(model_card if isinstance(model_card, dict) else {})}
     with tempfile.TemporaryDirectory(prefix="optimum_prune_push_") as tmp:
-        folder = save_pruned(
+        folder = save_pruned_model(
             model, Path(tmp) / "model", tokenizer, max_shard_size=max_shard_size, model_card=model_card
         )
         return upload_folder(folder, repo_id, private=private, token=token, commit_message=commit_message,

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._deprecation import deprecated_getattr
 from .calibration.sequential import runner_factory
 from .config import PruningConfig
 from .methods.registry import prepare_pruner
@@ -24,14 +25,14 @@ from .utils.distributed import init_from_env
 
 __all__ = [
     "prune_",
-    "compute_plan",
 ]
 
 logger = logging.getLogger(__name__)
 
 
-def compute_plan(model: nn.Module, config: PruningConfig, calibration: Any = None, tokenizer: Any = None, **kwargs):
-    """Decide without executing the removal: returns `(spec, plan)` (used to verify "removed ≡ zeroed").
+def _compute_plan(model: nn.Module, config: PruningConfig, calibration: Any = None, tokenizer: Any = None, **kwargs):
+    """Decide without executing the removal: returns `(spec, plan)` (the tests use it to verify "removed ≡ zeroed";
+    internal: a plan's layout is no public contract).
 
     Unstructured methods write their new weights while deciding (later layers must see them).
     """
@@ -62,7 +63,7 @@ def prune_(
         model (`PreTrainedModel`): a supported `*ForCausalLM` model, or image model (ViT / DeiT / Dinov2
             classifier or backbone; see `supported_model_types()`), in memory or loaded with
             `AutoPruner.from_pretrained(path, low_memory=True)` (blocks on disk, one in memory at a time).
-        config (`PruningConfig | list[PruningConfig]`): e.g. `NumericalPruningConfig(pruning_ratio=0.2)`, or a
+        config (`PruningConfig | list[PruningConfig]`): e.g. `NumericalConfig(pruning_ratio=0.2)`, or a
             recipe: a list of configs (see `optimum_prune.recipe`), e.g. AMP on q/k and Wanda on the rest, run in
             one layer-wise calibration pass.
         calibration (`CalibrationConfig | torch.LongTensor | None`): calibration text (or token ids); required by
@@ -132,3 +133,9 @@ def prune_(
     record_history(model, config.method, config.config_version, config.to_dict(), calib_desc, report)
     logger.info("%s", report)
     return report
+
+
+# old public name, kept for one release
+__getattr__ = deprecated_getattr(
+    __name__, globals(), {"compute_plan": ("_compute_plan", "`prune_` (planning without pruning is internal)")}
+)

@@ -118,7 +118,7 @@ class PruningReport:
 
 
 def record_history(model: nn.Module, method: str, version: int, config: Any, calib_desc, report) -> None:
-    """Append one entry to the history that `save_pruned` writes into `pruning_config.json`."""
+    """Append one entry to the history that `save_pruned_model` writes into `pruning_config.json`."""
     history = getattr(model, HISTORY_ATTR, [])
     history.append(
         {

@@ -29,6 +29,7 @@ from torch import nn
 from transformers import AutoConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+from ._deprecation import deprecated_getattr, renamed
 from .card import model_card as make_card
 from .constants import FINETUNE_ATTR, FORMAT_VERSION, HISTORY_ATTR, PRUNED_MODEL_TYPE_PREFIX, PRUNING_CONFIG_NAME
 from .finetune.adapters import ADAPTER_SUBDIR, lora_removed
@@ -43,11 +44,11 @@ from .modeling.auto_classes import (
 from .report import layer_table
 from .runtime.sharded import save_streamed_
 from .runtime.streaming import get_store
-from .utils.distributed import barrier, is_main_process
+from .utils.distributed import is_main_process, rank
 from .utils.scratch import check_target, make_scratch_dir, publish_directory
 from .version import __version__
 
-__all__ = ["save_pruned", "load_pruned_model", "export_config", "strip_gguf_quantizer_"]
+__all__ = ["save_pruned_model", "load_pruned_model", "export_config", "strip_gguf_quantizer_"]
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ def export_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> tup
     return config, {}
 
 
-def save_pruned(
+def save_pruned_model(
     model: nn.Module,
     save_directory: str | os.PathLike,
     tokenizer: Any = None,
@@ -192,15 +193,17 @@ def save_pruned(
 
     A `PeftModel` (LoRA trained with `merge=False`) is saved as its pruned base plus a standard PEFT adapter in
     `adapter/`.
+
+    In a `torch.distributed` run (`torchrun`, `accelerate launch`) every rank holds the same model and rank 0 writes
+    it; the other ranks return at once. No collective is involved, so both the call on every rank and the usual
+    `if rank == 0: save_pruned_model(...)` work. A rank that reads the directory afterwards waits for it first
+    (`torch.distributed.barrier()` on every rank after the save).
     """
     target = Path(save_directory).absolute()
-    if not is_main_process():  # data-parallel run: every rank holds the same model, rank 0 writes it
-        barrier()
+    if not is_main_process():
+        logger.debug("rank %d: rank 0 saves %s", rank(), target)
         return target
-    try:
-        return _save_checked(model, target, tokenizer, overwrite, max_shard_size, model_card)
-    finally:
-        barrier()
+    return _save_checked(model, target, tokenizer, overwrite, max_shard_size, model_card)
 
 
 def _save_checked(model, target: Path, tokenizer, overwrite, max_shard_size, model_card) -> Path:
@@ -266,7 +269,7 @@ def _save(model, target, where, tokenizer, max_shard_size, model_card, peft_mode
 
 
 def load_pruned_model(path: str | os.PathLike, task: str | None = None, **kwargs: Any) -> nn.Module:
-    """Load any checkpoint written by `save_pruned`, exactly: missing, unexpected or resized tensors are errors.
+    """Load any checkpoint written by `save_pruned_model`, exactly: missing, unexpected or resized tensors are errors.
 
     Args:
         path (`str | os.PathLike`): the directory.
@@ -294,3 +297,7 @@ def load_pruned_model(path: str | os.PathLike, task: str | None = None, **kwargs
         if data.get("finetune"):
             setattr(model, FINETUNE_ATTR, data["finetune"])
     return model
+
+
+# old name, kept for one release (renamed to match `load_pruned_model`)
+__getattr__ = deprecated_getattr(__name__, globals(), renamed(__name__, save_pruned="save_pruned_model"))

@@ -10,13 +10,13 @@ import torch
 from safetensors.torch import load_file
 from testing_utils import tiny_model
 
-from optimum_prune import AutoPruner, save_pruned
+from optimum_prune import AutoPruner, save_pruned_model
 
 
 def write_checkpoint(path: Path, arch: str = "llama_gqa", dtype: torch.dtype = torch.float32, **overrides) -> Path:
     """A tiny random model saved as a stock safetensors checkpoint (what low-memory mode reads)."""
     if not (path / "config.json").is_file():
-        save_pruned(tiny_model(arch, **overrides).to(dtype), path, model_card=False)
+        save_pruned_model(tiny_model(arch, **overrides).to(dtype), path, model_card=False)
     return path
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from optimum_prune import AutoPrunedModelForCausalLM, NumericalPruningConfig
+from optimum_prune import AutoPrunedModelForCausalLM, NumericalConfig
 from optimum_prune.cli import main
 
 WORDS = "the bank said profits rose sharply as markets recovered while the minister warned of slower growth".split()
@@ -80,9 +80,7 @@ def test_prune_end_to_end(model_dir, calib_file, tmp_path, capsys):
 
 def test_prune_from_config_json(model_dir, calib_file, tmp_path, capsys):
     config_path = tmp_path / "np.json"
-    NumericalPruningConfig(pruning_ratio=0.3, allocation="uniform", compensation_damping=0.05).to_json_file(
-        config_path
-    )
+    NumericalConfig(pruning_ratio=0.3, allocation="uniform", compensation_damping=0.05).to_json_file(config_path)
     out = tmp_path / "pruned"
     argv = ["prune", str(model_dir), "--config", str(config_path), "--set", "seed=3", *_calib_args(calib_file)]
     assert main([*argv, "--output", str(out)]) == 0

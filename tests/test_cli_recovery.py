@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def pruned_dir(tmp_path_factory, smollm2_tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from optimum_prune import AutoPruner, MagnitudePruningConfig
+    from optimum_prune import AutoPruner, MagnitudeConfig
 
     config = LlamaConfig(vocab_size=len(smollm2_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
@@ -29,7 +29,7 @@ def pruned_dir(tmp_path_factory, smollm2_tokenizer):
     dense.save_pretrained(root / "dense")
     smollm2_tokenizer.save_pretrained(root / "dense")
     pruner = AutoPruner.from_pretrained(root / "dense")
-    pruner.prune(MagnitudePruningConfig(pruning_ratio=0.3))
+    pruner.prune(MagnitudeConfig(pruning_ratio=0.3))
     pruner.save_pretrained(root / "pruned")
     return root
 

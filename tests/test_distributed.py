@@ -18,12 +18,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from optimum_prune import (
     AMPConfig,
-    FistaConfig,
+    FISTAConfig,
     FLAPConfig,
-    NumericalPruningConfig,
+    NumericalConfig,
     PruningConfig,
     SparseGPTConfig,
-    save_pruned,
+    save_pruned_model,
 )
 from optimum_prune.cli import main as cli_main
 from optimum_prune.methods.sparsegpt.pruner import SparseGPTPruner
@@ -33,9 +33,9 @@ NP = {"pruning_ratio": 0.3, "round_to": 1}
 # Wanda, through the CLI)
 CASES = {
     "sparsegpt": (SparseGPTConfig(sparsity=0.5), True),
-    "numerical": (NumericalPruningConfig(**NP), True),
+    "numerical": (NumericalConfig(**NP), True),
     "flap": (FLAPConfig(**NP), False),
-    "fista": (FistaConfig(sparsity=0.5, K=3, max_outer=2), False),
+    "fista": (FISTAConfig(sparsity=0.5, K=3, max_outer=2), False),
     "amp": (AMPConfig(sparsity=0.5, steps=3), False),
 }
 ATOL = 1e-5
@@ -56,13 +56,25 @@ def _source(path: Path, tokenizer) -> Path:
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.2)
-    save_pruned(model, path, tokenizer, model_card=False)
+    save_pruned_model(model, path, tokenizer, model_card=False)
     return path
 
 
 def _cli_args(src: Path, out: Path) -> list[str]:
     return ["prune", str(src), "--method", "wanda", "--ratio", "0.5", "--calib", "bbc", "--num-samples", "4",
             "--seq-len", "32", "--batch-size", "2", "--low-memory", "-o", str(out)]  # fmt: skip
+
+
+def _torchrun(job: dict, tmp_path: Path, **env_vars: str) -> tuple[subprocess.CompletedProcess, str]:
+    """`distributed_worker.py` on 2 CPU processes (gloo) started by torchrun; the process and its log's tail."""
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    worker = Path(__file__).with_name("distributed_worker.py")
+    env = {**os.environ, **env_vars, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
+                                                                               os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(_free_port()), str(worker), str(tmp_path / "job.json")]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    return proc, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 def test_two_processes_give_the_single_process_result(tmp_path, smollm2_tokenizer, monkeypatch):
@@ -76,14 +88,7 @@ def test_two_processes_give_the_single_process_result(tmp_path, smollm2_tokenize
         "dying": SparseGPTConfig(sparsity=0.5).to_dict(),
         "checkpoint": str(ckpt),
     }
-    (tmp_path / "job.json").write_text(json.dumps(job))
-    worker = Path(__file__).with_name("distributed_worker.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
-                                                                               os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(worker), str(tmp_path / "job.json")]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    log = proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc, log = _torchrun(job, tmp_path)
     assert proc.returncode != 0, log  # rank 1 died in the last run: the launcher reports the failure
     ids = calibration_ids(8, 16)
     for name, (config, _) in CASES.items():
@@ -108,6 +113,20 @@ def test_two_processes_give_the_single_process_result(tmp_path, smollm2_tokenize
     prune_and_save(src, cfg, tmp_path / "resumed", low_memory=True, calibration=ids, batch_size=3, checkpoint_dir=ckpt)
     assert seen == list(range(len(finished), 4))
     assert_same_state(saved_state(tmp_path / "single" / "sparsegpt"), saved_state(tmp_path / "resumed"), atol=ATOL)
+
+
+def test_rank_zero_alone_and_every_rank_can_save(tmp_path, smollm2_tokenizer):
+    """`if rank == 0: pruner.save_pretrained(out)` (rank 0 used to wait in a barrier the others never reached, then
+    exit 1) and the save on every rank both write the model, and the run ends cleanly."""
+    src = _source(tmp_path / "src", smollm2_tokenizer)
+    out = tmp_path / "dp"
+    config = NumericalConfig(**NP)
+    job = {"mode": "saves", "src": str(src), "out": str(out), "config": config.to_dict()}
+    proc, log = _torchrun(job, tmp_path, OPTIMUM_PRUNE_DIST_TIMEOUT="120")  # a rank left waiting fails in 2 min
+    assert proc.returncode == 0, log
+    prune_and_save(src, config, tmp_path / "single", calibration=calibration_ids(8, 16), batch_size=3)
+    for name in ("rank0", "all"):
+        assert_same_state(saved_state(tmp_path / "single"), saved_state(out / name), atol=ATOL)
 
 
 def test_jobs_are_balanced_over_the_ranks(monkeypatch):

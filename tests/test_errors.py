@@ -12,10 +12,10 @@ from optimum_prune import (
     AutoPrunedModelForCausalLM,
     CalibrationConfig,
     FLAPConfig,
-    NumericalPruningConfig,
+    NumericalConfig,
     UnsupportedArchitectureError,
     prune_,
-    save_pruned,
+    save_pruned_model,
 )
 
 
@@ -33,14 +33,14 @@ def _assert_untouched(model, snap):
 @pytest.mark.parametrize("ratio", [-0.1, 1.0, 1.5, float("nan"), "0.2"])
 def test_ratio_outside_unit_interval(ratio):
     with pytest.raises(ValueError, match=r"pruning_ratio"):
-        NumericalPruningConfig(pruning_ratio=ratio)
+        NumericalConfig(pruning_ratio=ratio)
 
 
 def test_bad_option_values():
     with pytest.raises(ValueError, match="allocation"):
-        NumericalPruningConfig(allocation="random")
+        NumericalConfig(allocation="random")
     with pytest.raises(ValueError, match="lambda_"):
-        NumericalPruningConfig(solver="newton")
+        NumericalConfig(solver="newton")
     with pytest.raises(ValueError, match="min_heads_per_layer"):
         FLAPConfig(min_heads_per_layer=0)
 
@@ -53,7 +53,7 @@ def test_unsupported_architecture_lists_supported_types():
     )
     snap = _snapshot(model)
     with pytest.raises(UnsupportedArchitectureError, match=r"llama.*Nothing was changed|Supported model types"):
-        prune_(model, NumericalPruningConfig(), calibration_ids())
+        prune_(model, NumericalConfig(), calibration_ids())
     _assert_untouched(model, snap)
 
 
@@ -61,7 +61,7 @@ def test_uniform_ratio_removing_every_head_fails_before_touching_weights():
     model = tiny_model("llama_gqa")  # 2 KV groups per layer
     snap = _snapshot(model)
     with pytest.raises(ValueError, match="every head"):
-        prune_(model, NumericalPruningConfig(pruning_ratio=0.9, allocation="uniform"), calibration_ids())
+        prune_(model, NumericalConfig(pruning_ratio=0.9, allocation="uniform"), calibration_ids())
     _assert_untouched(model, snap)
 
 
@@ -69,7 +69,7 @@ def test_unreachable_global_ratio_fails_before_touching_weights():
     model = tiny_model("llama")
     snap = _snapshot(model)
     with pytest.raises(ValueError, match="cannot be reached"):
-        prune_(model, NumericalPruningConfig(pruning_ratio=0.95, min_mlp_channels_per_layer=64), calibration_ids())
+        prune_(model, NumericalConfig(pruning_ratio=0.95, min_mlp_channels_per_layer=64), calibration_ids())
     _assert_untouched(model, snap)
 
 
@@ -77,7 +77,7 @@ def test_gqa_group_mode_on_a_single_kv_head_model():
     model = tiny_model("gemma3")
     snap = _snapshot(model)
     with pytest.raises(ValueError, match="single KV head.*gqa_mode='query'"):
-        prune_(model, NumericalPruningConfig(gqa_mode="group"), calibration_ids())
+        prune_(model, NumericalConfig(gqa_mode="group"), calibration_ids())
     _assert_untouched(model, snap)
 
 
@@ -87,7 +87,7 @@ def test_nan_weights():
         model.model.layers[1].mlp.up_proj.weight[0, 0] = float("nan")
     snap = _snapshot(model)
     with pytest.raises(ValueError, match="NaN/Inf"):
-        prune_(model, NumericalPruningConfig(), calibration_ids())
+        prune_(model, NumericalConfig(), calibration_ids())
     for k, v in snap.items():
         assert (
             torch.equal(
@@ -102,43 +102,41 @@ def test_missing_or_empty_or_short_calibration(smollm2_tokenizer, tmp_path):
     model = tiny_model("llama")
     snap = _snapshot(model)
     with pytest.raises(ValueError, match="needs calibration"):
-        prune_(model, NumericalPruningConfig())
+        prune_(model, NumericalConfig())
     with pytest.raises(ValueError, match="tokenizer"):
-        prune_(model, NumericalPruningConfig(), CalibrationConfig(dataset=["some text"]))
+        prune_(model, NumericalConfig(), CalibrationConfig(dataset=["some text"]))
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "a.txt").write_text("   \n")
     with pytest.raises(ValueError):
-        prune_(model, NumericalPruningConfig(), CalibrationConfig(dataset=str(empty)), smollm2_tokenizer)
+        prune_(model, NumericalConfig(), CalibrationConfig(dataset=str(empty)), smollm2_tokenizer)
     with pytest.raises(ValueError, match="tokens"):
-        prune_(
-            model, NumericalPruningConfig(), CalibrationConfig(dataset=["too short"], seq_len=512), smollm2_tokenizer
-        )
+        prune_(model, NumericalConfig(), CalibrationConfig(dataset=["too short"], seq_len=512), smollm2_tokenizer)
     _assert_untouched(model, snap)
 
 
 def test_output_directory_exists_or_is_not_writable(tmp_path):
     model = tiny_model("llama")
-    prune_(model, NumericalPruningConfig(pruning_ratio=0.2), calibration_ids())
+    prune_(model, NumericalConfig(pruning_ratio=0.2), calibration_ids())
     existing = tmp_path / "exists"
     existing.mkdir()
     (existing / "keep.txt").write_text("precious")
     with pytest.raises(FileExistsError, match=r"not empty \(1 entry in the way: keep.txt\).*overwrite=True"):
-        save_pruned(model, existing)
+        save_pruned_model(model, existing)
     assert os.listdir(existing) == ["keep.txt"]
     if os.geteuid() != 0:  # root ignores permission bits
         locked = tmp_path / "locked"
         locked.mkdir()
         locked.chmod(stat.S_IRUSR | stat.S_IXUSR)
         with pytest.raises(PermissionError, match="writable"):
-            save_pruned(model, locked / "out")
+            save_pruned_model(model, locked / "out")
     with pytest.raises(PermissionError):
-        save_pruned(model, "/proc/optimum_prune_test/out")
+        save_pruned_model(model, "/proc/optimum_prune_test/out")
 
 
 def test_failed_save_leaves_nothing_behind_and_overwrite_is_atomic(tmp_path):
     model = tiny_model("llama")
-    prune_(model, NumericalPruningConfig(pruning_ratio=0.2), calibration_ids())
+    prune_(model, NumericalConfig(pruning_ratio=0.2), calibration_ids())
 
     class BrokenTokenizer:
         def save_pretrained(self, path):
@@ -146,21 +144,21 @@ def test_failed_save_leaves_nothing_behind_and_overwrite_is_atomic(tmp_path):
 
     target = tmp_path / "out"
     with pytest.raises(OSError, match="disk full"):
-        save_pruned(model, target, BrokenTokenizer())
+        save_pruned_model(model, target, BrokenTokenizer())
     assert os.listdir(tmp_path) == []  # no target, no temp dir
-    save_pruned(model, target)
+    save_pruned_model(model, target)
     before = sorted(os.listdir(target))
     with pytest.raises(OSError, match="disk full"):
-        save_pruned(model, target, BrokenTokenizer(), overwrite=True)
+        save_pruned_model(model, target, BrokenTokenizer(), overwrite=True)
     assert sorted(os.listdir(target)) == before and sorted(os.listdir(tmp_path)) == ["out"]
-    save_pruned(model, target, overwrite=True)
+    save_pruned_model(model, target, overwrite=True)
     assert sorted(os.listdir(tmp_path)) == ["out"]
 
 
 def test_save_into_an_existing_empty_directory(tmp_path):
     """`mkdir -p out` / `tempfile.TemporaryDirectory()` / a scheduler's scratch dir: written in place, atomically."""
     model = tiny_model("llama")
-    prune_(model, NumericalPruningConfig(pruning_ratio=0.2), calibration_ids())
+    prune_(model, NumericalConfig(pruning_ratio=0.2), calibration_ids())
 
     class BrokenTokenizer:
         def save_pretrained(self, path):
@@ -170,9 +168,9 @@ def test_save_into_an_existing_empty_directory(tmp_path):
     target.mkdir()
     inode = target.stat().st_ino
     with pytest.raises(OSError, match="disk full"):
-        save_pruned(model, target, BrokenTokenizer())
+        save_pruned_model(model, target, BrokenTokenizer())
     assert os.listdir(target) == [] and os.listdir(tmp_path) == ["made_by_the_user"]  # still empty, no temp dir
-    assert save_pruned(model, target) == target
+    assert save_pruned_model(model, target) == target
     assert target.stat().st_ino == inode  # the same directory, not a replacement
     assert sorted(os.listdir(tmp_path)) == ["made_by_the_user"]  # nothing left beside it
     assert {"config.json", "model.safetensors", "pruning_config.json"} <= set(os.listdir(target))
@@ -187,11 +185,11 @@ def test_save_into_an_existing_empty_directory(tmp_path):
         FileExistsError,
         match=rf"not empty \({n} entries in the way: README.md, config.json, extra0.txt.* and {n - 5} more",
     ):
-        save_pruned(model, target)
-    save_pruned(model, target, overwrite=True)
+        save_pruned_model(model, target)
+    save_pruned_model(model, target, overwrite=True)
     assert not [name for name in os.listdir(target) if name.startswith("extra")]
     with pytest.raises(NotADirectoryError, match="not a directory"):
-        save_pruned(model, target / "config.json")
+        save_pruned_model(model, target / "config.json")
 
 
 def test_save_into_an_empty_directory_of_a_read_only_parent(tmp_path, monkeypatch):
@@ -205,6 +203,6 @@ def test_save_into_an_empty_directory_of_a_read_only_parent(tmp_path, monkeypatc
     real_access = os.access
     monkeypatch.setattr(serialization.os, "access", lambda p, mode: Path(p) != scheduler and real_access(p, mode))
     with pytest.raises(PermissionError, match="scheduler is not writable"):
-        save_pruned(model, scheduler / "job43")  # a new directory would need the parent
-    save_pruned(model, scratch)
+        save_pruned_model(model, scheduler / "job43")  # a new directory would need the parent
+    save_pruned_model(model, scratch)
     assert "model.safetensors" in os.listdir(scratch) and os.listdir(scheduler) == ["job42"]

@@ -13,7 +13,7 @@ from testing_utils import tiny_model
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from optimum_prune import MagnitudePruningConfig, NumericalPruningConfig, export_gguf, prune_, save_pruned
+from optimum_prune import AutoPruner, MagnitudeConfig, NumericalConfig, export_gguf, prune_, save_pruned_model
 from optimum_prune.cli import main
 from optimum_prune.export import GGUFExportError
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view
@@ -91,7 +91,7 @@ def small_tokenizer():
 @pytest.fixture(scope="module")
 def per_layer_llama(small_tokenizer):
     model = _model("llama_gqa", small_tokenizer)
-    prune_(model, NumericalPruningConfig(pruning_ratio=0.35, round_to=1), _ids(len(small_tokenizer)))
+    prune_(model, NumericalConfig(pruning_ratio=0.35, round_to=1), _ids(len(small_tokenizer)))
     shapes = layer_table(model, get_spec(model))
     assert len({(r["num_attention_heads"], r["intermediate_size"]) for r in shapes}) > 1, "not per-layer"
     return model
@@ -136,7 +136,7 @@ def test_per_layer_llama_is_deci_with_per_layer_arrays(per_layer_llama, small_to
 
 def test_per_layer_qwen2_is_deci_with_permuted_biases(small_tokenizer, tmp_path):
     model = _model("qwen2", small_tokenizer)
-    prune_(model, NumericalPruningConfig(pruning_ratio=0.35, round_to=1), _ids(len(small_tokenizer)))
+    prune_(model, NumericalConfig(pruning_ratio=0.35, round_to=1), _ids(len(small_tokenizer)))
     shapes = layer_table(model, get_spec(model))
     assert len({str(r) for r in shapes}) > 1, "not per-layer"
     path = export_gguf(model, tmp_path / "q.gguf", "f32", tokenizer=small_tokenizer)
@@ -165,7 +165,7 @@ def test_per_layer_qwen2_is_deci_with_permuted_biases(small_tokenizer, tmp_path)
 def test_uniform_export_reads_back_with_transformers(arch, gguf_arch, kwargs, small_tokenizer, tmp_path):
     # transformers' GGUF loader derives qwen3's head_dim from its config default (128), not from the file
     model = _model(arch, small_tokenizer, **({"head_dim": 128} if arch == "qwen3" else {}))
-    prune_(model, MagnitudePruningConfig(pruning_ratio=0.3, round_to=1, **kwargs))
+    prune_(model, MagnitudeConfig(pruning_ratio=0.3, round_to=1, **kwargs))
     ids = _ids(len(small_tokenizer), 2, 12, seed=1)
     expected = _logits(model, ids)
     export_gguf(model, tmp_path / "m.gguf", "f32", tokenizer=small_tokenizer)
@@ -231,7 +231,7 @@ def test_q8_0_quantizes_aligned_rows(small_tokenizer, tmp_path):
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
 def test_per_layer_qwen3_gemma3_refused_before_writing(arch, small_tokenizer, tmp_path):
     model = _model(arch, small_tokenizer)
-    prune_(model, NumericalPruningConfig(pruning_ratio=0.35, round_to=1), _ids(len(small_tokenizer)))
+    prune_(model, NumericalConfig(pruning_ratio=0.35, round_to=1), _ids(len(small_tokenizer)))
     with pytest.raises(GGUFExportError, match="allocation='uniform'"):
         export_gguf(model, tmp_path / "x" / "m.gguf", tokenizer=small_tokenizer)
     assert not (tmp_path / "x").exists()
@@ -240,7 +240,7 @@ def test_per_layer_qwen3_gemma3_refused_before_writing(arch, small_tokenizer, tm
 def test_gemma3_uniform_export(small_tokenizer, tmp_path):
     # GGUFReader checks only: transformers' GGUF loader does not read gemma3's sliding-window pattern back
     model = _model("gemma3", small_tokenizer, query_pre_attn_scalar=16)
-    prune_(model, MagnitudePruningConfig(pruning_ratio=0.3, allocation="uniform", round_to=1))
+    prune_(model, MagnitudeConfig(pruning_ratio=0.3, allocation="uniform", round_to=1))
     f = _fields(gguf.GGUFReader(export_gguf(model, tmp_path / "g.gguf", "f32", tokenizer=small_tokenizer)))
     assert f["general.architecture"] == "gemma3"
     assert f["gemma3.attention.sliding_window"] == 8
@@ -275,7 +275,7 @@ def test_refusals_leave_nothing_written(small_tokenizer, tmp_path):
 
 
 def test_cli_and_directory_export(per_layer_llama, small_tokenizer, tmp_path, capsys):
-    save_pruned(per_layer_llama, tmp_path / "pruned", small_tokenizer)
+    save_pruned_model(per_layer_llama, tmp_path / "pruned", small_tokenizer)
     assert main(["export-gguf", "--model", str(tmp_path / "pruned"), "--output", str(tmp_path / "o" / "m.gguf")]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["output"] == str((tmp_path / "o" / "m.gguf").absolute()) and out["outtype"] == "f16"
@@ -285,6 +285,18 @@ def test_cli_and_directory_export(per_layer_llama, small_tokenizer, tmp_path, ca
     assert main(["export-gguf", "--model", str(tmp_path / "pruned"), "--output", str(tmp_path / "o" / "m.gguf")]) == 2
     assert "already exists" in capsys.readouterr().err
     assert main(["export-gguf", "--model", str(tmp_path / "nope"), "--output", str(tmp_path / "n.gguf")]) == 2
+
+
+def test_auto_pruner_exports_with_the_tokenizer_it_holds(per_layer_llama, small_tokenizer, tmp_path):
+    pruner = AutoPruner(per_layer_llama, small_tokenizer)
+    path = pruner.export_gguf(tmp_path / "m.gguf", outtype="f32")
+    direct = export_gguf(per_layer_llama, tmp_path / "direct.gguf", "f32", tokenizer=small_tokenizer)
+    assert path.read_bytes() == direct.read_bytes()  # the same file as the function given the same tokenizer
+    with pytest.raises(FileExistsError):
+        pruner.export_gguf(tmp_path / "m.gguf")
+    with pytest.raises(GGUFExportError, match="holds none"):
+        AutoPruner(per_layer_llama).export_gguf(tmp_path / "none.gguf")
+    assert not (tmp_path / "none.gguf").exists()
 
 
 def _bpe_tokenizer(pre_tokenizer, byte_fallback: bool = False):

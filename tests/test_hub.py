@@ -10,7 +10,7 @@ import pytest
 import torch
 from huggingface_hub import HfApi, ModelCard
 
-from optimum_prune import AutoPrunedModelForCausalLM, AutoPruner, MagnitudePruningConfig, NumericalPruningConfig
+from optimum_prune import AutoPrunedModelForCausalLM, AutoPruner, MagnitudeConfig, NumericalConfig
 from optimum_prune.hub import upload_folder
 
 
@@ -20,7 +20,7 @@ def pruned(tiny_llama, smollm2_tokenizer):
 
     pruner = AutoPruner(copy.deepcopy(tiny_llama), smollm2_tokenizer, keep_teacher=False)
     ids = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(0))
-    pruner.prune(NumericalPruningConfig(pruning_ratio=0.3), calibration=ids)
+    pruner.prune(NumericalConfig(pruning_ratio=0.3), calibration=ids)
     return pruner
 
 
@@ -70,7 +70,7 @@ def test_model_card_stock_loader_for_uniform_shapes(tiny_llama, smollm2_tokenize
     import copy
 
     pruner = AutoPruner(copy.deepcopy(tiny_llama), smollm2_tokenizer, keep_teacher=False)
-    pruner.prune(MagnitudePruningConfig(pruning_ratio=0.25, allocation="uniform"))
+    pruner.prune(MagnitudeConfig(pruning_ratio=0.25, allocation="uniform"))
     card = ModelCard.load(pruner.save_pretrained(tmp_path / "out") / "README.md")
     assert "AutoModelForCausalLM.from_pretrained" in card.text and "AutoPruned" not in card.text
     assert "base_model" not in card.data.to_dict() or card.data.base_model is None

@@ -15,10 +15,10 @@ from optimum_prune import (
     AMPConfig,
     AutoPrunedModelForCausalLM,
     AutoPruner,
-    FistaConfig,
+    FISTAConfig,
     FLAPConfig,
-    MagnitudePruningConfig,
-    NumericalPruningConfig,
+    MagnitudeConfig,
+    NumericalConfig,
     RIAConfig,
     SparseGPTConfig,
     WandaConfig,
@@ -31,16 +31,16 @@ CASES = [
     ("llama_gqa", WandaConfig(sparsity=0.5, pattern="2:4")),
     ("llama_gqa", SparseGPTConfig(sparsity=0.5)),
     ("llama_gqa", RIAConfig(sparsity=0.5, reconstruction=True)),
-    ("llama_gqa", FistaConfig(sparsity=0.5, K=3, max_outer=2)),
+    ("llama_gqa", FISTAConfig(sparsity=0.5, K=3, max_outer=2)),
     ("llama_gqa", AMPConfig(sparsity=0.5, steps=2)),
-    ("llama_gqa", MagnitudePruningConfig(pattern="unstructured", sparsity=0.5)),
-    ("llama_gqa", NumericalPruningConfig(**NP)),  # global ranking; Grams recomputed in a second streamed pass
-    ("llama_gqa", NumericalPruningConfig(**NP, compensation_inputs="sequential", compensation_bias=True)),
+    ("llama_gqa", MagnitudeConfig(pattern="unstructured", sparsity=0.5)),
+    ("llama_gqa", NumericalConfig(**NP)),  # global ranking; Grams recomputed in a second streamed pass
+    ("llama_gqa", NumericalConfig(**NP, compensation_inputs="sequential", compensation_bias=True)),
     ("llama_gqa", FLAPConfig(**NP)),
-    ("llama_gqa", MagnitudePruningConfig(**NP)),
+    ("llama_gqa", MagnitudeConfig(**NP)),
     ("llama_gqa", [AMPConfig(sparsity=0.5, steps=2), WandaConfig(sparsity=0.5, targets=["v_proj", "o_proj", "mlp"])]),
-    ("llama_gqa", [NumericalPruningConfig(pruning_ratio=0.2, round_to=1), SparseGPTConfig(sparsity=0.5)]),
-    ("opt", NumericalPruningConfig(**NP)),
+    ("llama_gqa", [NumericalConfig(pruning_ratio=0.2, round_to=1), SparseGPTConfig(sparsity=0.5)]),
+    ("opt", NumericalConfig(**NP)),
     ("gpt2", FLAPConfig(**NP)),
     ("gemma3", WandaConfig(sparsity=0.5)),
 ]
@@ -88,7 +88,7 @@ def test_low_memory_checkpoint_loads_like_any_other(tmp_path):
     ids = calibration_ids(8, 16)
     for name, cfg, loader in (
         ("flat", SparseGPTConfig(sparsity=0.5), AutoModelForCausalLM),
-        ("shapes", NumericalPruningConfig(**NP), AutoPrunedModelForCausalLM),
+        ("shapes", NumericalConfig(**NP), AutoPrunedModelForCausalLM),
     ):
         prune_and_save(src, cfg, tmp_path / name, low_memory=True, calibration=ids, batch_size=4)
         prune_and_save(src, cfg, tmp_path / f"{name}-mem", calibration=ids, batch_size=4)

@@ -66,7 +66,7 @@ def test_inline_code_names_exist_and_calls_construct():
     calls = [s for s in spans if re.fullmatch(r"[A-Z]\w*Config\(.*\)", s)]
     assert calls
     for call in calls:
-        eval(call, {}, public)  # noqa: S307 - the README's own examples, e.g. FistaConfig(spectral=False)
+        eval(call, {}, public)  # noqa: S307 - the README's own examples, e.g. FISTAConfig(spectral=False)
     configs = [get_config_class(m) for m in optimum_prune.available_methods()]
     configs += [optimum_prune.FinetuneConfig, optimum_prune.CalibrationConfig]
     api = {

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from optimum_prune import AutoPrunedModelForCausalLM, AutoPruner, CalibrationConfig, NumericalPruningConfig
+from optimum_prune import AutoPrunedModelForCausalLM, AutoPruner, CalibrationConfig, NumericalConfig
 from optimum_prune.calibration.data import bbc_news_dir, load_texts, split_documents
 from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
 from optimum_prune.evaluation import perplexity
@@ -15,7 +15,7 @@ def test_smollm2_numerical_pruning_end_to_end(tmp_path):
     calib_docs, eval_docs = split_documents(load_texts(str(bbc_news_dir())), 0.5, seed=0)
     dense_ppl = perplexity(pruner.model, pruner.tokenizer, eval_docs, seq_len=128, max_tokens=1024)
     report = pruner.prune(
-        NumericalPruningConfig(pruning_ratio=0.2),
+        NumericalConfig(pruning_ratio=0.2),
         calibration=CalibrationConfig(dataset=calib_docs, num_samples=4, seq_len=128),
     )
     assert abs(report.measured - 0.2) < 0.02

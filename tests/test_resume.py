@@ -17,13 +17,13 @@ from testing_utils import calibration_ids
 
 from optimum_prune import (
     AutoPruner,
-    FistaConfig,
+    FISTAConfig,
     FLAPConfig,
-    NumericalPruningConfig,
+    NumericalConfig,
     SparseGPTConfig,
     WandaConfig,
 )
-from optimum_prune.methods.fista.pruner import FistaPruner
+from optimum_prune.methods.fista.pruner import FISTAPruner
 from optimum_prune.methods.flap.pruner import FLAPPruner
 from optimum_prune.methods.numerical.pruner import NumericalPruner
 from optimum_prune.methods.sparsegpt.pruner import SparseGPTPruner
@@ -65,14 +65,14 @@ def _instrument(monkeypatch, cls, name, fail_at=None):
 CASES = [
     (SparseGPTConfig(sparsity=0.5), SequentialPruner, "prune_layer", True),
     (SparseGPTConfig(sparsity=0.5), SequentialPruner, "prune_layer", False),
-    (FistaConfig(sparsity=0.5, K=3, max_outer=2), FistaPruner, "prune_layer", False),  # dense inputs between blocks
-    (NumericalPruningConfig(**NP), NumericalPruner, "score_layer", True),  # first (ranking) pass
-    (NumericalPruningConfig(**NP), NumericalPruner, "finalize_layer", False),  # second (compensation) pass
-    (NumericalPruningConfig(**NP), NumericalPruner, "finalize_layer", True),
+    (FISTAConfig(sparsity=0.5, K=3, max_outer=2), FISTAPruner, "prune_layer", False),  # dense inputs between blocks
+    (NumericalConfig(**NP), NumericalPruner, "score_layer", True),  # first (ranking) pass
+    (NumericalConfig(**NP), NumericalPruner, "finalize_layer", False),  # second (compensation) pass
+    (NumericalConfig(**NP), NumericalPruner, "finalize_layer", True),
     (FLAPConfig(**NP), FLAPPruner, "finalize_layer", True),
-    (NumericalPruningConfig(**NP, compensation_inputs="sequential"), NumericalPruner, "_refit_layer", True),
+    (NumericalConfig(**NP, compensation_inputs="sequential"), NumericalPruner, "_refit_layer", True),
     (
-        [NumericalPruningConfig(pruning_ratio=0.2, round_to=1), WandaConfig(sparsity=0.5)],
+        [NumericalConfig(pruning_ratio=0.2, round_to=1), WandaConfig(sparsity=0.5)],
         SequentialPruner,
         "prune_layer",
         False,
@@ -189,7 +189,7 @@ def test_a_damaged_block_record_is_redone_from_there(tmp_path, monkeypatch, capl
 def test_a_save_that_fails_midway_leaves_nothing_where_the_model_is_expected(tmp_path, monkeypatch, low_memory):
     src = write_checkpoint(tmp_path / "src")
     pruner = AutoPruner.from_pretrained(src, low_memory=low_memory)
-    pruner.prune(NumericalPruningConfig(**NP), calibration=IDS)
+    pruner.prune(NumericalConfig(**NP), calibration=IDS)
     import safetensors.torch
 
     calls = []

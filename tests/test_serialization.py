@@ -9,18 +9,18 @@ import torch
 from testing_utils import calibration_ids, logits, tiny_model
 from transformers import AutoModelForCausalLM
 
-from optimum_prune import AutoPrunedModelForCausalLM, NumericalPruningConfig, prune_, save_pruned
+from optimum_prune import AutoPrunedModelForCausalLM, NumericalConfig, prune_, save_pruned_model
 
 
 def _pruned(arch, **kw):
     model = tiny_model(arch)
-    prune_(model, NumericalPruningConfig(pruning_ratio=0.3, **kw), calibration_ids())
+    prune_(model, NumericalConfig(pruning_ratio=0.3, **kw), calibration_ids())
     return model
 
 
 def test_uniform_pruning_saves_a_stock_config(tmp_path):
     model = _pruned("llama_gqa", allocation="uniform")
-    save_pruned(model, tmp_path / "out")
+    save_pruned_model(model, tmp_path / "out")
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     side = json.loads((tmp_path / "out" / "pruning_config.json").read_text())
     assert cfg["model_type"] == "llama" and side["loadable_with_stock_transformers"]
@@ -40,7 +40,7 @@ def test_uniform_pruning_saves_a_stock_config(tmp_path):
 
 def test_heterogeneous_shapes_need_optimum_prune_and_fail_loudly_without_it(tmp_path):
     model = _pruned("llama")  # global allocation: layers differ
-    save_pruned(model, tmp_path / "out")
+    save_pruned_model(model, tmp_path / "out")
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert cfg["model_type"] == "optimum_pruned_llama" and len(cfg["pruned_layers"]) == 3
     code = f"from transformers import AutoModelForCausalLM as A; A.from_pretrained({str(tmp_path / 'out')!r})"
@@ -53,10 +53,10 @@ def test_heterogeneous_shapes_need_optimum_prune_and_fail_loudly_without_it(tmp_
 
 def test_reloaded_model_can_be_pruned_again_and_history_accumulates(tmp_path):
     model = _pruned("qwen2")
-    save_pruned(model, tmp_path / "a")
+    save_pruned_model(model, tmp_path / "a")
     again = AutoPrunedModelForCausalLM.from_pretrained(tmp_path / "a", attn_implementation="eager")
-    prune_(again, NumericalPruningConfig(pruning_ratio=0.2), calibration_ids())
-    save_pruned(again, tmp_path / "b")
+    prune_(again, NumericalConfig(pruning_ratio=0.2), calibration_ids())
+    save_pruned_model(again, tmp_path / "b")
     side = json.loads((tmp_path / "b" / "pruning_config.json").read_text())
     assert [h["config"]["pruning_ratio"] for h in side["history"]] == [0.3, 0.2]
     reloaded = AutoPrunedModelForCausalLM.from_pretrained(tmp_path / "b", attn_implementation="eager")
@@ -65,7 +65,7 @@ def test_reloaded_model_can_be_pruned_again_and_history_accumulates(tmp_path):
 
 def test_load_fails_on_tampered_shapes(tmp_path):
     model = _pruned("llama")
-    save_pruned(model, tmp_path / "out")
+    save_pruned_model(model, tmp_path / "out")
     path = tmp_path / "out" / "config.json"
     cfg = json.loads(path.read_text())
     cfg["pruned_layers"][0]["intermediate_size"] += 1

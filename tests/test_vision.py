@@ -21,22 +21,22 @@ from optimum_prune import (
     CalibrationConfig,
     FinetuneConfig,
     FLAPConfig,
-    MagnitudePruningConfig,
-    NumericalPruningConfig,
+    MagnitudeConfig,
+    NumericalConfig,
     SPPConfig,
     WandaConfig,
-    compute_plan,
     export_gguf,
     finetune_,
     load_pruned_model,
     prune_,
-    save_pruned,
+    save_pruned_model,
 )
 from optimum_prune.evaluation import perplexity
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view
 from optimum_prune.modeling.surgery import apply_layer_plan_
+from optimum_prune.prune import _compute_plan
 
-NP = NumericalPruningConfig(pruning_ratio=0.3, round_to=1)
+NP = NumericalConfig(pruning_ratio=0.3, round_to=1)
 
 
 def _state(model):
@@ -107,7 +107,7 @@ def test_deit_prunes_and_reloads_exactly(method, tmp_path):
         assert any("qk_head_dim" in layer for layer in report.layers)
     else:
         prune_(model, FLAPConfig(pruning_ratio=0.3, round_to=1), calibration_pixels())
-    save_pruned(model, tmp_path / "out")
+    save_pruned_model(model, tmp_path / "out")
     for loader in (AutoPrunedModelForImageClassification, AutoModelForImageClassification):
         reloaded = loader.from_pretrained(tmp_path / "out", attn_implementation="eager")
         torch.testing.assert_close(logits(reloaded), logits(model), rtol=0, atol=0)
@@ -117,7 +117,7 @@ def test_deit_prunes_and_reloads_exactly(method, tmp_path):
 def test_backbone_prunes_and_reloads_exactly(arch, tmp_path):
     model = tiny_model(arch)
     prune_(model, NP, calibration_pixels())
-    save_pruned(model, tmp_path / "out")
+    save_pruned_model(model, tmp_path / "out")
     assert json.loads((tmp_path / "out/config.json").read_text())["architectures"][0].endswith("Model")
     for reloaded in (
         AutoModel.from_pretrained(tmp_path / "out", attn_implementation="eager"),
@@ -134,14 +134,14 @@ def test_swiglu_dinov2_removed_equals_zeroed_and_reloads(tmp_path):
     model = tiny_model("dinov2_swiglu")
     spec = get_spec(model)
     assert spec.mlp_in == ("gate_proj", "up_proj") and spec.role_targets()["gate_proj"].path == "mlp.gate_proj"
-    _, plan = compute_plan(model, FLAPConfig(pruning_ratio=0.3, round_to=1), calibration_pixels())
+    _, plan = _compute_plan(model, FLAPConfig(pruning_ratio=0.3, round_to=1), calibration_pixels())
     zeroed, removed = copy.deepcopy(model), copy.deepcopy(model)
     for m, mode in ((zeroed, "zero"), (removed, "remove")):
         layers = get_layers(m, spec)
         for i, lp in plan.layers.items():
             apply_layer_plan_(layer_view(layers[i], i, spec, m.config), lp, mode=mode)
     torch.testing.assert_close(logits(removed), logits(zeroed), rtol=1e-5, atol=1e-5)
-    save_pruned(removed, tmp_path / "out")
+    save_pruned_model(removed, tmp_path / "out")
     reloaded = AutoPrunedModelForImageClassification.from_pretrained(tmp_path / "out", attn_implementation="eager")
     torch.testing.assert_close(logits(reloaded), logits(removed), rtol=0, atol=0)
     prune_(model, WandaConfig(sparsity=0.5, targets=["mlp"]), calibration_pixels())
@@ -167,10 +167,10 @@ def test_uniform_pruning_saves_a_stock_checkpoint(arch, kwargs, tmp_path):
     model = tiny_model(arch)
     prune_(
         model,
-        NumericalPruningConfig(pruning_ratio=0.25, allocation="uniform", round_to=1, **kwargs),
+        NumericalConfig(pruning_ratio=0.25, allocation="uniform", round_to=1, **kwargs),
         calibration_pixels(),
     )
-    save_pruned(model, tmp_path / "out")
+    save_pruned_model(model, tmp_path / "out")
     assert json.loads((tmp_path / "out/config.json").read_text())["model_type"] == arch
     reloaded = AutoModelForImageClassification.from_pretrained(tmp_path / "out", attn_implementation="eager")
     torch.testing.assert_close(logits(reloaded), logits(model), rtol=0, atol=0)
@@ -180,7 +180,7 @@ def test_auto_pruner_loads_image_models_and_loaders_check_the_task(tmp_path):
     tiny_model("dinov2").save_pretrained(tmp_path / "dense")
     pruner = AutoPruner.from_pretrained(tmp_path / "dense", attn_implementation="eager")
     assert type(pruner.model).__name__ == "Dinov2ForImageClassification"
-    pruner.prune(MagnitudePruningConfig(pruning_ratio=0.3, round_to=1))
+    pruner.prune(MagnitudeConfig(pruning_ratio=0.3, round_to=1))
     pruner.save_pretrained(tmp_path / "out")
     card = (tmp_path / "out/README.md").read_text()
     assert "pipeline_tag: image-classification" in card and "AutoPrunedModelForImageClassification" in card
@@ -191,13 +191,42 @@ def test_auto_pruner_loads_image_models_and_loaders_check_the_task(tmp_path):
     AutoPruner.from_pretrained(tiny_model("vit_backbone")).prune(NP, calibration=calibration_pixels())
 
 
+def _with_processor(path):
+    tiny_model("vit").save_pretrained(path)
+    processor = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": 32, "width": 32},
+                 "do_normalize": True, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}  # fmt: skip
+    (path / "preprocessor_config.json").write_text(json.dumps(processor))
+    return path
+
+
+def test_image_processor_without_pillow_names_the_extra(tmp_path, monkeypatch):
+    """A checkpoint with no image processor loads without Pillow; one with a processor says which extra loads it."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "PIL" else find_spec(name, *a))
+    tiny_model("vit").save_pretrained(tmp_path / "bare")
+    assert AutoPruner.from_pretrained(tmp_path / "bare").tokenizer is None
+    with pytest.raises(ImportError, match=r"pip install 'optimum-prune\[vision\]'"):
+        AutoPruner.from_pretrained(_with_processor(tmp_path / "dense"))
+
+
+def test_image_processor_is_loaded_and_saved_with_the_model(tmp_path):
+    pytest.importorskip("PIL", reason="the `vision` extra (Pillow) loads image processors")
+    pruner = AutoPruner.from_pretrained(_with_processor(tmp_path / "dense"))
+    assert type(pruner.tokenizer).__name__.startswith("ViTImageProcessor")
+    pruner.prune(MagnitudeConfig(pruning_ratio=0.3, round_to=1))
+    pruner.save_pretrained(tmp_path / "out")
+    assert json.loads((tmp_path / "out/preprocessor_config.json").read_text())["size"] == {"height": 32, "width": 32}
+
+
 def test_causal_lm_only_features_refuse_image_models(tmp_path):
     model = tiny_model("vit")
     with pytest.raises(ValueError, match="Perplexity is for causal language models"):
         perplexity(model, None, ["text"])
     with pytest.raises(ValueError, match="GGUF export"):
         export_gguf(model, tmp_path / "m.gguf")
-    save_pruned(model, tmp_path / "out")
+    save_pruned_model(model, tmp_path / "out")
     with pytest.raises(ValueError, match="GGUF export"):
         export_gguf(tmp_path / "out", tmp_path / "m.gguf")
     assert not (tmp_path / "m.gguf").exists()
@@ -221,7 +250,7 @@ def test_finetune_image_classifier(config, ft, tmp_path):
     assert report.eval_examples == 2 and report.train_documents == 22 and len(report.loss_history) == 4
     assert report.sparsity_kept is (True if config is not NP else None)
     assert not torch.equal(model.classifier.weight, before["classifier.weight"])  # the head was trained
-    save_pruned(model, tmp_path / "out")
+    save_pruned_model(model, tmp_path / "out")
     reloaded = AutoPrunedModelForImageClassification.from_pretrained(tmp_path / "out", attn_implementation="eager")
     torch.testing.assert_close(logits(reloaded), logits(model), rtol=0, atol=0)
     assert json.loads((tmp_path / "out/pruning_config.json").read_text())["finetune"][0]["accuracy_after"] >= 0

@@ -157,3 +157,24 @@ def logits(model, ids: torch.Tensor | None = None) -> torch.Tensor:
         return (out.logits if hasattr(out, "logits") else out.last_hidden_state).float()
     ids = calibration_ids(2, 12, seed=123) if ids is None else ids
     return model(input_ids=ids, use_cache=False).logits.float()
+
+
+@torch.no_grad()
+def assert_cached_decoding_matches(model, prompt_len: int = 6, new_tokens: int = 4, atol: float = 1e-4) -> None:
+    """Decoding with the key/value cache gives the logits of a full forward at every step, and `generate` (greedy)
+    picks the tokens a full forward ranks first: a pruned attention whose cache is not filled attends to the new
+    token only, which prefill alone never shows."""
+    model.eval()
+    ids = calibration_ids(2, prompt_len + new_tokens, seed=321)
+    full = model(input_ids=ids, use_cache=False).logits.float()
+    out = model(input_ids=ids[:, :prompt_len], use_cache=True)
+    torch.testing.assert_close(out.logits.float(), full[:, :prompt_len], rtol=0, atol=atol)
+    cache = out.past_key_values
+    for t in range(prompt_len, ids.shape[1]):
+        out = model(input_ids=ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        torch.testing.assert_close(out.logits[:, -1].float(), full[:, t], rtol=0, atol=atol, msg=f"cached step {t}")
+    generated = model.generate(ids[:1, :prompt_len], max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    for t in range(prompt_len, generated.shape[1]):
+        step = model(input_ids=generated[:, :t], use_cache=False).logits[0, -1]
+        assert int(step.argmax()) == int(generated[0, t]), f"generate() token {t} is not the full forward's argmax"

@@ -70,8 +70,8 @@ class RunningSums:
 
 
 class GramStats(RunningSums):
-    """Running `H = Σ_t x_t x_tᵀ` over tokens; `.gram` is normalised by the token count (SPEC §1.5), `.mean` is the
-    per-channel mean (for refits with an intercept)."""
+    """Running `H = Σ_t x_t x_tᵀ` over tokens; `.gram` is normalised by the token count (so that relative dampings
+    transfer across set sizes), `.mean` is the per-channel mean (for refits with an intercept)."""
 
     _fields = ("_sum", "_vsum")
 
@@ -150,8 +150,9 @@ class SquaredNormStats(RunningSums):
 
 
 class CrossGramStats(RunningSums):
-    """Running `C = Σ_t x_t x*_tᵀ` between dense inputs `x` and pruned-network inputs `x*` (FISTA, SPEC §1.3);
-    `x` may have another width `dim` than `x*` (`dim_star`), e.g. dense outputs `W x` instead of inputs."""
+    """Running `C = Σ_t x_t x*_tᵀ` between dense inputs `x` and pruned-network inputs `x*` (FISTA's intra-layer error
+    correction); `x` may have another width `dim` than `x*` (`dim_star`), e.g. dense outputs `W x` instead of
+    inputs."""
 
     _fields = ("_sum", "_xsum", "_xssum")
 

@@ -26,7 +26,7 @@ from ..auto import AutoPrunedModelForCausalLM, AutoPruner
 from ..calibration.data import bbc_news_dir, load_texts, split_documents
 from ..config import CalibrationConfig
 from ..evaluation import compare_speed, perplexity
-from ..methods.numerical import NumericalPruningConfig
+from ..methods.numerical import NumericalConfig
 
 __all__ = ["SMOLLM2_GGUF_FILE", "run_demo", "smollm2_dir"]
 
@@ -124,7 +124,7 @@ def run_demo(
     Args:
         output_dir (`str | os.PathLike`, defaults to `"demo_output"`): where the pruned checkpoint is saved. A
             directory left by an earlier demo run is replaced; any other existing non-empty directory is an error.
-        ratio (`float`, defaults to `0.2`): `NumericalPruningConfig.pruning_ratio` (fraction of attention + MLP
+        ratio (`float`, defaults to `0.2`): `NumericalConfig.pruning_ratio` (fraction of attention + MLP
             parameters removed).
         num_samples (`int`, defaults to `32`) / seq_len (`int`, defaults to `256`): calibration windows.
         eval_seq_len (`int`, defaults to `512`): perplexity window length.
@@ -150,7 +150,7 @@ def run_demo(
     """
 
     say = progress or logger.info
-    config = NumericalPruningConfig(pruning_ratio=ratio)  # validates the ratio before anything slow
+    config = NumericalConfig(pruning_ratio=ratio)  # validates the ratio before anything slow
     out = Path(output_dir).absolute()
     overwrite = _prepare_output_dir(out)
     model_dir, bbc_dir = smollm2_dir(), bbc_news_dir()

@@ -37,7 +37,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         dataset=dataset, num_samples=args.num_samples, seq_len=args.seq_len, seed=args.seed, batch_size=1
     )
     model, tokenizer = _load(args.model, args.gguf_file, args.dtype)
-    path = AutoPruner(model, tokenizer, keep_teacher=False).search(config, calibration)
+    path = AutoPruner(model, tokenizer).search_solution_path(config, calibration)
     saved = path.save_pretrained(out, overwrite=args.overwrite)
     _write_json({**path.summary(), "output": str(saved)}, None)
     return 0

@@ -30,7 +30,7 @@ def perplexity(
     split: str = "test",
     text_column: str = "text",
 ) -> float:
-    """Perplexity of a causal LM on a text, with the protocol of SparseGPT/Wanda (spec §1.4).
+    """Perplexity of a causal LM on a text, with the protocol of SparseGPT/Wanda.
 
     The documents are joined with `"\\n\\n"` and tokenized once (with the tokenizer's default special tokens, so a
     Llama-style tokenizer puts one BOS at the very start). The stream is cut into `len // seq_len` non-overlapping

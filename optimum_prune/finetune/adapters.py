@@ -1,6 +1,6 @@
 """PEFT adapters on pruned models: saving the pruned base beside its adapter, and merging a saved adapter.
 
-`save_pruned` on a `PeftModel` (LoRA trained with `merge=False`) writes the pruned base checkpoint (exactly as
+`save_pruned_model` on a `PeftModel` (LoRA trained with `merge=False`) writes the pruned base checkpoint (exactly as
 without the adapter) and a standard PEFT adapter in `adapter/`, which loads on that base:
 ```python
 base = AutoPrunedModelForCausalLM.from_pretrained("out/")

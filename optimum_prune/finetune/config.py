@@ -52,8 +52,9 @@ class FinetuneConfig:
         merge (`bool`, defaults to `True`): merge LoRA into plain weights at the end (masked, so unstructured / N:M
             zeros stay zero); `False` keeps the PEFT model, and `save_pretrained` then writes the pruned base plus a
             standard PEFT adapter in `adapter/`.
-        distill (`str | None`, defaults to `None`): `"kl"` adds knowledge distillation from a teacher (by default
-            the model as loaded before pruning): KL divergence between temperature-softened logits.
+        distill (`str | None`, defaults to `None`): `"kl"` adds knowledge distillation from a teacher (with
+            `AutoPruner.finetune`, by default the model as loaded before pruning: reloaded from its path, or the copy
+            `AutoPruner(model, keep_teacher=True)` keeps): KL divergence between temperature-softened logits.
         distill_temperature (`float`, defaults to `2.0`): softmax temperature of the KL term (scaled by T²).
         distill_alpha (`float`, defaults to `0.5`): loss = alpha · KL + (1 − alpha) · LM loss; `1.0` is pure KL.
         teacher_device (`str | None`, defaults to `None`): where the teacher runs; `None` = the student's device

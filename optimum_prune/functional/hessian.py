@@ -1,4 +1,5 @@
-"""Damped Cholesky factorisations of layer Hessians `H = X Xᵀ` (SPEC §1.5), as SparseGPT, RIA and FISTA use them.
+"""Damped Cholesky factorisations of layer Hessians `H = X Xᵀ` (damping relative to mean(diag H)), as SparseGPT, RIA
+and FISTA use them.
 
 Conventions (SparseGPT, official code):
 

@@ -1,4 +1,4 @@
-"""Proximal operators used by the convex solvers (FISTA, SPEC §B.2)."""
+"""Proximal operators used by the convex solvers (FISTA; see docs/methods/fista.md)."""
 
 from __future__ import annotations
 

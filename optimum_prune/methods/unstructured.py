@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .._deprecation import deprecated_getattr, renamed
 from ..config import PruningConfig, _choice
 from ..functional.masks import check_pattern_fits, parse_pattern
 from ..modeling.architectures import (
@@ -39,7 +40,7 @@ from ..runtime.session import current_session, resident_blocks
 from .base import BasePruner, RunnerFactory, refuse_pruned_head_dims
 
 __all__ = [
-    "UnstructuredConfigMixin",
+    "UnstructuredPruningConfig",
     "SequentialPruner",
     "input_groups",
     "validate_sparsity",
@@ -72,8 +73,10 @@ def validate_targets(targets: Any) -> tuple[str, ...] | None:
 
 
 @dataclass
-class UnstructuredConfigMixin(PruningConfig):
-    """Fields of every unstructured / N:M method.
+class UnstructuredPruningConfig(PruningConfig):
+    """Base class of the unstructured / N:M methods' configurations (the counterpart of `StructuredPruningConfig`):
+    the fields every one of them has. A new unstructured method's config derives from it (see
+    `optimum_prune.methods.unstructured.SequentialPruner` for the pruner side).
 
     Args:
         sparsity (`float`, defaults to `0.5`): fraction of each targeted projection's weights set to zero.
@@ -285,3 +288,9 @@ def layerwise_pass(
 
 def choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     _choice(name, value, allowed)
+
+
+# old name, kept for one release
+__getattr__ = deprecated_getattr(
+    __name__, globals(), renamed(__name__, UnstructuredConfigMixin="UnstructuredPruningConfig")
+)

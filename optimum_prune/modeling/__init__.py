@@ -1,1 +1,1 @@
-"""Model-graph knowledge: which module plays which role per architecture, and the surgery that removes units."""
+"""Model-graph knowledge: the architecture table, target roles, physical surgery and the pruned auto classes."""

@@ -69,8 +69,19 @@ def _norm_like_full(norm: nn.Module, x: torch.Tensor, full: int) -> torch.Tensor
     return norm(x * c) / c
 
 
+def _pop_cache(past_key_values, kwargs: dict):
+    """The key/value cache a decoder layer passed: transformers >= 5.2x names it `cache`, earlier releases
+    `past_key_values`. Popped from `kwargs` so that it never reaches the attention function, where it would be
+    ignored: the new keys and values would then never be cached and every decoding step would attend to itself
+    only."""
+    cache = kwargs.pop("cache", None)
+    kwargs.pop("past_key_value", None)
+    return cache if cache is not None else past_key_values
+
+
 def _rope_forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, **kwargs):
     """Llama / Mistral / Qwen 2 / Qwen 3 / Gemma 3 attention with q/k of width `qk_head_dim`, v of `vo_head_dim`."""
+    past_key_values = _pop_cache(past_key_values, kwargs)
     input_shape = hidden_states.shape[:-1]
     q = self.q_proj(hidden_states).view(*input_shape, -1, self.qk_head_dim)
     k = self.k_proj(hidden_states).view(*input_shape, -1, self.qk_head_dim)
@@ -98,6 +109,7 @@ def _rope_forward(self, hidden_states, position_embeddings=None, attention_mask=
 
 
 def _opt_forward(self, hidden_states, past_key_values=None, attention_mask=None, output_attentions=False, **kwargs):
+    past_key_values = _pop_cache(past_key_values, kwargs)
     bsz, tgt_len, _ = hidden_states.size()
     q = (self.q_proj(hidden_states) * self.scaling).view(bsz, -1, self.num_heads, self.qk_head_dim).transpose(1, 2)
     k = self.k_proj(hidden_states).view(bsz, -1, self.num_heads, self.qk_head_dim).transpose(1, 2)
@@ -114,6 +126,7 @@ def _gpt2_forward(self, hidden_states, past_key_values=None, attention_mask=None
                   encoder_attention_mask=None, output_attentions=False, **kwargs):  # fmt: skip
     if encoder_hidden_states is not None:
         raise NotImplementedError("Cross-attention with pruned head dimensions is not supported.")
+    past_key_values = _pop_cache(past_key_values, kwargs)
     qk, vo = self.num_heads * self.qk_head_dim, self.num_heads * self.vo_head_dim
     q, k, v = self.c_attn(hidden_states).split([qk, qk, vo], dim=2)
     q = q.view(*q.shape[:-1], -1, self.qk_head_dim).transpose(1, 2)

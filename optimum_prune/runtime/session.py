@@ -299,7 +299,7 @@ class PruneSession(NullSession):
 
     def keep_stats(self, stats: dict) -> bool:
         """Whether a structured method keeps a block's statistics between its two passes: low-memory, only per-channel
-        vectors (what the ranking needs); matrices (Grams) are computed again in the second pass (SPEC §A.4)."""
+        vectors (what the ranking needs); matrices (Grams) are computed again in the second pass."""
         return not self.streaming or all(
             getattr(acc, name).dim() <= 1 for acc in stats.values() for name in getattr(acc, "_fields", ("?",))
         )

@@ -4,7 +4,7 @@ sharded checkpoint.
 
 A block that a pruning stage wrote out (`streaming.LayerStore`) is already a complete shard: it is hard-linked into
 the output (copied across file systems), never read. A block still as in the source, and the non-block tensors, are
-read memory-mapped and written one block at a time. Only `serialization.save_pruned` calls this, inside its temporary
+read memory-mapped and written one block at a time. Only `serialization.save_pruned_model` calls this, inside its temporary
 directory (renamed into place at the end, so a failure leaves nothing where the model is expected).
 """
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from testing_utils import calibration_ids, logits, tiny_model
 
-from optimum_prune import NumericalPruningConfig, SparseGPTConfig, WandaConfig, prune_
+from optimum_prune import NumericalConfig, SparseGPTConfig, WandaConfig, prune_
 from optimum_prune.calibration.sequential import LayerwiseRunner
 from optimum_prune.calibration.stats import GramStats, MomentStats, SquaredNormStats
 from optimum_prune.modeling.architectures import get_layers, get_spec
@@ -48,7 +48,7 @@ def test_fp16_activations_that_overflow_an_fp16_gram_give_exact_statistics(loud_
 
 @pytest.mark.parametrize(
     "config",
-    [WandaConfig(sparsity=0.5), SparseGPTConfig(sparsity=0.5), NumericalPruningConfig(pruning_ratio=0.3, round_to=1)],
+    [WandaConfig(sparsity=0.5), SparseGPTConfig(sparsity=0.5), NumericalConfig(pruning_ratio=0.3, round_to=1)],
     ids=lambda c: c.method,
 )
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)

@@ -13,7 +13,7 @@ from optimum_prune import (
     AutoPrunedModelForCausalLM,
     AutoPruner,
     FinetuneConfig,
-    MagnitudePruningConfig,
+    MagnitudeConfig,
     finetune_,
     prune_,
 )
@@ -25,7 +25,7 @@ FAST = {"max_steps": 2, "batch_size": 2, "seq_len": 32, "eval_max_tokens": 64, "
 
 def _structured(model):
     # global allocation: the two layers end with different shapes
-    prune_(model, MagnitudePruningConfig(pruning_ratio=0.4, allocation="global", round_to=1))
+    prune_(model, MagnitudeConfig(pruning_ratio=0.4, allocation="global", round_to=1))
     return model
 
 
@@ -87,7 +87,7 @@ def test_merge_adapter_refuses_a_model_pruned_differently(make_tiny, smollm2_tok
     model, _ = finetune_(_structured(make_tiny()), FinetuneConfig(merge=False, **FAST), docs, smollm2_tokenizer)
     out = AutoPruner(model, smollm2_tokenizer).save_pretrained(tmp_path / "out")
     other = make_tiny()
-    prune_(other, MagnitudePruningConfig(pruning_ratio=0.2, allocation="uniform"))
+    prune_(other, MagnitudeConfig(pruning_ratio=0.2, allocation="uniform"))
     state = _state(other)
     with pytest.raises(ValueError, match="does not fit this model's shapes"):
         merge_adapter(other, out / "adapter")
@@ -105,8 +105,8 @@ def test_full_finetuning_trains_every_parameter(make_tiny, smollm2_tokenizer, do
 
 def test_distillation_uses_the_unpruned_model_as_teacher(make_tiny, smollm2_tokenizer, docs, monkeypatch):
     dense = make_tiny()
-    pruner = AutoPruner(dense, smollm2_tokenizer)  # in-memory: a CPU copy is kept before the first pruning
-    pruner.prune(MagnitudePruningConfig(pruning_ratio=0.4))
+    pruner = AutoPruner(dense, smollm2_tokenizer, keep_teacher=True)  # a CPU copy is kept before the first pruning
+    pruner.prune(MagnitudeConfig(pruning_ratio=0.4))
     teacher = pruner.teacher()
     assert teacher.model.layers[0].mlp.up_proj.out_features == 128  # unpruned
     seen = {}
@@ -131,11 +131,25 @@ def test_distillation_loss_is_zero_when_student_equals_teacher(make_tiny, smollm
     assert abs(loss.item()) < 1e-5
 
 
+def test_in_memory_model_keeps_no_teacher_unless_asked(make_tiny, smollm2_tokenizer, docs):
+    """No silent copy (it doubles the memory): distillation without one says how to get a teacher, and trains nothing."""
+    pruner = AutoPruner(make_tiny(), smollm2_tokenizer)
+    pruner.prune(MagnitudeConfig(pruning_ratio=0.4))
+    assert pruner._teacher is None
+    state = _state(pruner.model)
+    with pytest.raises(ValueError, match=r"keep_teacher=True.*from_pretrained\(path\).*teacher="):
+        pruner.finetune(FinetuneConfig(distill="kl", **FAST), docs)
+    assert _same_state(pruner.model, state) and not pruner.finetune_reports
+    teacher = make_tiny()  # an explicit teacher still works
+    report = pruner.finetune(FinetuneConfig(distill="kl", distill_alpha=1.0, **FAST), docs, teacher=teacher)
+    assert report.train_loss >= 0
+
+
 def test_autopruner_from_path_reloads_the_teacher(make_tiny, smollm2_tokenizer, tmp_path):
     make_tiny().save_pretrained(tmp_path / "dense")
     smollm2_tokenizer.save_pretrained(tmp_path / "dense")
     pruner = AutoPruner.from_pretrained(tmp_path / "dense")
-    pruner.prune(MagnitudePruningConfig(pruning_ratio=0.4))
+    pruner.prune(MagnitudeConfig(pruning_ratio=0.4))
     assert pruner._teacher is None  # nothing kept in memory until distillation needs it
     teacher = pruner.teacher()
     assert teacher.model.layers[0].mlp.up_proj.out_features == 128

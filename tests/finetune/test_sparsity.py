@@ -8,8 +8,8 @@ from transformers import Trainer, TrainingArguments, default_data_collator
 
 from optimum_prune import (
     FinetuneConfig,
-    MagnitudePruningConfig,
-    NumericalPruningConfig,
+    MagnitudeConfig,
+    NumericalConfig,
     PruningCallback,
     SparsityCallback,
     finetune_,
@@ -22,7 +22,7 @@ FAST = {"max_steps": 3, "batch_size": 2, "seq_len": 32, "eval_max_tokens": 64, "
 
 
 def _two_four(model):
-    prune_(model, MagnitudePruningConfig(sparsity=0.5, pattern="2:4"))
+    prune_(model, MagnitudeConfig(sparsity=0.5, pattern="2:4"))
     return model
 
 
@@ -113,7 +113,7 @@ def test_cubic_schedule():
 
 def test_pruning_callback_gradual(make_tiny, smollm2_tokenizer, docs, tmp_path):
     model = make_tiny()
-    cb = PruningCallback(MagnitudePruningConfig(sparsity=0.5, pattern="unstructured"), schedule=(1, 4, 0.5, 1))
+    cb = PruningCallback(MagnitudeConfig(sparsity=0.5, pattern="unstructured"), schedule=(1, 4, 0.5, 1))
     assert list(cb.steps) == [2, 3, 4] and cb.steps[4] == 0.5  # s(start_step) = 0: nothing to prune yet
     _train(model, smollm2_tokenizer, docs, tmp_path, [cb], steps=6)
     measured = [r.measured for r in cb.reports]
@@ -125,7 +125,7 @@ def test_pruning_callback_gradual(make_tiny, smollm2_tokenizer, docs, tmp_path):
 
 def test_pruning_callback_gradual_n_m_ends_2_4(make_tiny, smollm2_tokenizer, docs, tmp_path):
     model = make_tiny()
-    cb = PruningCallback(MagnitudePruningConfig(sparsity=0.5, pattern="2:4"), schedule=(0, 2, 0.5, 1))
+    cb = PruningCallback(MagnitudeConfig(sparsity=0.5, pattern="2:4"), schedule=(0, 2, 0.5, 1))
     _train(model, smollm2_tokenizer, docs, tmp_path, [cb], steps=4)
     assert [r.config["pattern"] for r in cb.reports] == ["unstructured", "2:4"]
     assert _valid_2_4(model)
@@ -144,8 +144,8 @@ def test_pruning_callback_one_shot_with_calibration(make_tiny, smollm2_tokenizer
 
 def test_pruning_callback_refuses_structured_and_bad_schedules():
     with pytest.raises(ValueError, match="Prune before training"):
-        PruningCallback(NumericalPruningConfig(pruning_ratio=0.2))
+        PruningCallback(NumericalConfig(pruning_ratio=0.2))
     with pytest.raises(ValueError, match="schedule"):
-        PruningCallback(MagnitudePruningConfig(sparsity=0.5, pattern="unstructured"), schedule=(0, 10))
+        PruningCallback(MagnitudeConfig(sparsity=0.5, pattern="unstructured"), schedule=(0, 10))
     with pytest.raises(ValueError, match="fixes the final sparsity"):
-        PruningCallback(MagnitudePruningConfig(sparsity=0.5, pattern="2:4"), schedule=(0, 10, 0.7, 2))
+        PruningCallback(MagnitudeConfig(sparsity=0.5, pattern="2:4"), schedule=(0, 10, 0.7, 2))

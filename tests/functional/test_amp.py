@@ -1,4 +1,4 @@
-"""AMP math against float64 references: the paper's closed-form gradients (SPEC §C.2) = autograd = finite
+"""AMP math against float64 references: the paper's closed-form gradients (Theorem D.5) = autograd = finite
 differences; the library's attention = the real attention module of every architecture; one descent step = the
 closed form; the synthetic experiment of §C.3."""
 
@@ -71,7 +71,7 @@ def test_fused_gradient_closed_form_equals_autograd_and_finite_differences():
     fd = _fd(lambda m: float(_loss_fused(m, W, Xs, lam)), M.detach())
     torch.testing.assert_close(closed, auto, rtol=1e-9, atol=1e-11)
     torch.testing.assert_close(fd, auto, rtol=1e-5, atol=1e-7)
-    # Algorithm 1's printed gradient (p1 = c∘f, dense f) is not the gradient (SPEC §C.7.1)
+    # Algorithm 1's printed gradient (p1 = c∘f, dense f) is not the gradient (docs/methods/amp.md)
     literal = fused_mask_gradient(M.detach(), W, Xs, lam, dense_in_p1=True)
     assert not torch.allclose(literal, auto, rtol=1e-3, atol=1e-6)
 
@@ -180,9 +180,9 @@ def test_soft_capping_and_sliding_window_match_a_direct_computation():
 
 
 def _synthetic(d=64, n=128, k=16, seed=0):
-    """SPEC §C.3: rank-4 W_Q, W_K (top-4 SVD of N(0,1) d×d matrices), W = W_Q W_Kᵀ, k Gaussian X (n × d). X is scaled
-    by 1/√d so that the logits are O(1) (unscaled, the softmax of X W Xᵀ is one-hot and every method's error is ~1;
-    `benchmarks/amp_synthetic.py` measures the other scales)."""
+    """The paper's §6.1 setting: rank-4 W_Q, W_K (top-4 SVD of N(0,1) d×d matrices), W = W_Q W_Kᵀ, k Gaussian X
+    (n × d). X is scaled by 1/√d so that the logits are O(1) (unscaled, the softmax of X W Xᵀ is one-hot and every
+    method's error is ~1; `benchmarks/amp_synthetic.py` measures the other scales)."""
     g = torch.Generator().manual_seed(seed)
 
     def rank4():
@@ -225,7 +225,7 @@ def test_synthetic_experiment_amp_descends_and_ranks_by_mask_value():
 
 
 def test_synthetic_experiment_amp_beats_wanda_and_sparsegpt():
-    """SPEC §C.3 / Figure 2 (d = 64, n = 128, k = 16, rank-4 W, ρ = 0.5) as the paper runs it: Algorithm 1
+    """The paper's §6.1 / Figure 2 (d = 64, n = 128, k = 16, rank-4 W, ρ = 0.5) as the paper runs it: Algorithm 1
     literally (`M ← M − (η/k)(Σ_j W∘X_jᵀp_jX_j + λM)`, λ = 0.04, η = 0.1/λ, 100 steps, momentum 0.9), binarised by
     mask value, on the fused W; Wanda and SparseGPT prune W_Q and W_K separately (paper §6.1, "we do not prune the
     fused weight matrix W directly"). AMP's relative attention error is below both (measured 0.046 vs 0.164 / 0.127).

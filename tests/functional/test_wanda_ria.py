@@ -102,3 +102,16 @@ def test_linear_sum_assignment_never_lowers_retained_score():
     assert nm_retained_score(scores[:, perm_b], 2, 4) >= before - 1e-5
     with pytest.raises(ValueError, match="lsa_blocks"):
         ria_channel_reallocation(scores, 2, 4, lsa=True, lsa_blocks=3)
+
+
+def test_linear_sum_assignment_without_scipy_names_the_extra(monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "scipy" else find_spec(name, *a))
+    W, X = _weight_and_inputs(rows=8, cols=32, seed=5)
+    scores = ria_scores(W, (X**2).sum(dim=0))
+    with pytest.raises(ImportError, match=r"pip install 'optimum-prune\[lsa\]'"):
+        ria_channel_reallocation(scores, 2, 4, lsa=True)
+    keep, perm = ria_channel_reallocation(scores, 2, 4)  # the heuristic alone needs nothing more
+    assert is_valid_nm(keep[:, perm].float(), 2, 4)

@@ -10,13 +10,13 @@ from testing_utils import calibration_ids, logits, tiny_model
 from optimum_prune import (
     AMPConfig,
     FLAPConfig,
-    MagnitudePruningConfig,
-    NumericalPruningConfig,
+    MagnitudeConfig,
+    NumericalConfig,
     PruningConfig,
     SparseGPTConfig,
     WandaConfig,
     prune_,
-    save_pruned,
+    save_pruned_model,
 )
 from optimum_prune.calibration import sequential
 from optimum_prune.methods.amp import functional as amp_functional
@@ -165,7 +165,7 @@ def test_recipe_errors_leave_the_model_unchanged():
         ([], "non-empty"),
         ([WandaConfig(targets=["attention"]), SparseGPTConfig(targets=["o_proj", "mlp"])], "both target 'o_proj'"),
         ([AMPConfig(steps=1), WandaConfig()], "both target 'q_proj'"),
-        ([NumericalPruningConfig(), FLAPConfig(prune_attention=False)], "both prune the mlp"),
+        ([NumericalConfig(), FLAPConfig(prune_attention=False)], "both prune the mlp"),
         ([WandaConfig(targets=["mlp"]), "wanda"], "PruningConfig"),
     ]
     for recipe, match in bad:
@@ -176,7 +176,7 @@ def test_recipe_errors_leave_the_model_unchanged():
 
 def test_recipe_with_structured_stage_first():
     model = tiny_model("llama_gqa")
-    recipe = [WandaConfig(targets=["mlp"]), NumericalPruningConfig(pruning_ratio=0.2, prune_mlp=False)]
+    recipe = [WandaConfig(targets=["mlp"]), NumericalConfig(pruning_ratio=0.2, prune_mlp=False)]
     report = prune_(model, recipe, IDS)
     assert report.params_after < report.params_before  # heads were removed
     assert report.sections[1]["method"] == "numerical" and report.sections[1]["measured"] > 0
@@ -185,11 +185,11 @@ def test_recipe_with_structured_stage_first():
 
 
 def test_recipe_is_saved_and_reruns_exactly(tmp_path):
-    recipe = [AMPConfig(steps=2, pattern="2:4", sparsity=0.5), MagnitudePruningConfig(pattern="unstructured",
+    recipe = [AMPConfig(steps=2, pattern="2:4", sparsity=0.5), MagnitudeConfig(pattern="unstructured",
               targets=["v_proj", "o_proj"]), WandaConfig(targets=["mlp"], sparsity=0.3)]  # fmt: skip
     model = tiny_model("mistral")
     prune_(model, recipe, IDS)
-    save_pruned(model, tmp_path / "out")
+    save_pruned_model(model, tmp_path / "out")
     loaded = PruningConfig.from_pretrained(tmp_path / "out")
     assert loaded == recipe
     again = tiny_model("mistral")

@@ -4,14 +4,14 @@ import logging
 
 from testing_utils import calibration_ids, tiny_model
 
-from optimum_prune import FistaConfig, prune_
+from optimum_prune import FISTAConfig, prune_
 from optimum_prune.methods.fista.pruner import MIN_TOKENS_PER_FEATURE
 
 
 def _warnings(caplog, ids):
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="optimum_prune.methods.fista.pruner"):
-        prune_(tiny_model("llama"), FistaConfig(sparsity=0.5, K=1, max_outer=1), ids)
+        prune_(tiny_model("llama"), FISTAConfig(sparsity=0.5, K=1, max_outer=1), ids)
     return [r.getMessage() for r in caplog.records if "calibration tokens" in r.getMessage()]
 
 

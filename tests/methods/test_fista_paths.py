@@ -5,15 +5,15 @@ import pytest
 import torch
 from testing_utils import calibration_ids, tiny_model
 
-from optimum_prune import FistaConfig, prune_
+from optimum_prune import FISTAConfig, prune_
 from optimum_prune.calibration.stats import CrossGramStats, GramStats
-from optimum_prune.methods.fista import FistaPruner
+from optimum_prune.methods.fista import FISTAPruner
 from optimum_prune.methods.fista.functional import fista_prune, shrink_refit, spectral_gram
 from optimum_prune.methods.unstructured import input_groups, write_target
 from optimum_prune.modeling.architectures import weight_oi
 
 
-class _ReferencePruner(FistaPruner):
+class _ReferencePruner(FISTAPruner):
     """The straightforward path: per input group, the dense copy and the pruned layer each run over every chunk
     (`run.paired_inputs`), and the eigendecomposition is computed up front."""
 
@@ -61,11 +61,11 @@ class _ReferencePruner(FistaPruner):
 )  # fmt: skip
 def test_fast_path_equals_reference_path(pattern, ridge, arch, rounding, monkeypatch):
     ids = calibration_ids(4, 16)
-    cfg = FistaConfig(sparsity=0.5, pattern=pattern, K=5, max_outer=6, ridge=ridge, rounding_score=rounding)
+    cfg = FISTAConfig(sparsity=0.5, pattern=pattern, K=5, max_outer=6, ridge=ridge, rounding_score=rounding)
     model = tiny_model(arch)
     reference = tiny_model(arch)
     report = prune_(model, cfg, ids)
-    monkeypatch.setattr(FistaPruner, "prune_layer", _ReferencePruner.prune_layer)
+    monkeypatch.setattr(FISTAPruner, "prune_layer", _ReferencePruner.prune_layer)
     prune_(reference, cfg, ids)
     for (name, a), (_, b) in zip(model.named_parameters(), reference.named_parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)  # float32 sums in another order
@@ -79,20 +79,20 @@ def test_reused_passes_change_nothing(arch, resumed, monkeypatch):
     # the next layer's inputs from the dense pass, and down_proj's pruned pass run on the MLP's recorded inputs
     # (not the whole layer again): the same weights, bit for bit, as running everything afresh
     ids = calibration_ids(4, 16)
-    cfg = FistaConfig(sparsity=0.5, K=5, max_outer=6)
+    cfg = FISTAConfig(sparsity=0.5, K=5, max_outer=6)
     resumes = []
-    stats = FistaPruner._pruned_stats
+    stats = FISTAPruner._pruned_stats
 
     def spy(self, run, i, layer, path, dense_x, resume, save):
         resumes.append(resume is not None)
         return stats(self, run, i, layer, path, dense_x, resume, save)
 
-    monkeypatch.setattr(FistaPruner, "_pruned_stats", spy)
+    monkeypatch.setattr(FISTAPruner, "_pruned_stats", spy)
     fast = tiny_model(arch)
     prune_(fast, cfg, ids)
     assert any(resumes) == resumed  # OPT's fc1 / fc2 sit in the decoder layer itself: nothing to resume from
-    monkeypatch.setattr(FistaPruner, "reuse_passes", False)
-    monkeypatch.setattr(FistaPruner, "take_dense_outputs", lambda self: None)
+    monkeypatch.setattr(FISTAPruner, "reuse_passes", False)
+    monkeypatch.setattr(FISTAPruner, "take_dense_outputs", lambda self: None)
     resumes.clear()
     slow = tiny_model(arch)
     prune_(slow, cfg, ids)
@@ -108,11 +108,11 @@ def test_refit_strength_shrinks_each_layer_toward_its_dense_weights(arch, patter
     ids = calibration_ids(4, 16)
     dense = tiny_model(arch)
     full = tiny_model(arch)
-    prune_(full, FistaConfig(sparsity=0.5, pattern=pattern, K=5, max_outer=6, refit_strength=1.0), ids)
+    prune_(full, FISTAConfig(sparsity=0.5, pattern=pattern, K=5, max_outer=6, refit_strength=1.0), ids)
     for strength in (0.0, 0.4):
         model = tiny_model(arch)
         report = prune_(
-            model, FistaConfig(sparsity=0.5, pattern=pattern, K=5, max_outer=6, refit_strength=strength), ids
+            model, FISTAConfig(sparsity=0.5, pattern=pattern, K=5, max_outer=6, refit_strength=strength), ids
         )
         assert report.measured == pytest.approx(0.5, abs=1e-3)
         changed = 0
@@ -129,16 +129,16 @@ def test_refit_strength_shrinks_each_layer_toward_its_dense_weights(arch, patter
 
 
 def test_paper_preset_is_one_argument_away():
-    paper = FistaConfig.paper(pattern="2:4", eps=1e-2)
+    paper = FISTAConfig.paper(pattern="2:4", eps=1e-2)
     assert (paper.pattern, paper.sparsity, paper.eps) == ("2:4", 0.5, 1e-2)
     assert paper.ridge == 0.0 and paper.inter_layer == "dense" and paper.warm_start == "wanda"
     assert (paper.K, paper.T, paper.lam0, paper.xi) == (20, 3, 1e-5, 0.3)
-    assert FistaConfig.from_dict(paper.to_dict()) == paper
+    assert FISTAConfig.from_dict(paper.to_dict()) == paper
     # the default differs from the paper in the stop rule and the shrunk re-fit (benchmarks/results/unstructured_*)
-    assert FistaConfig().eps == 1e-2 and FistaConfig.paper().eps == 1e-3
-    assert FistaConfig(eps=1e-3, refit_strength=1.0) == FistaConfig.paper()
+    assert FISTAConfig().eps == 1e-2 and FISTAConfig.paper().eps == 1e-3
+    assert FISTAConfig(eps=1e-3, refit_strength=1.0) == FISTAConfig.paper()
     with pytest.raises(ValueError, match="ridge"):
-        FistaConfig(ridge=-0.1)
+        FISTAConfig(ridge=-0.1)
     assert paper.refit_strength == 1.0
     with pytest.raises(ValueError, match=r"refit_strength.*\[0, 1\]"):
-        FistaConfig(refit_strength=1.5)
+        FISTAConfig(refit_strength=1.5)

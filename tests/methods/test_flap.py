@@ -1,8 +1,9 @@
 import torch
 from testing_utils import calibration_ids, tiny_model
 
-from optimum_prune import FLAPConfig, compute_plan
+from optimum_prune import FLAPConfig
 from optimum_prune.methods.flap.functional import bias_compensation, fluctuation_metric
+from optimum_prune.prune import _compute_plan
 
 
 def test_bias_compensation_preserves_the_output_mean():
@@ -26,7 +27,7 @@ def test_wifv_metric_matches_definition():
 
 def test_flap_plan_adds_biases_on_output_projections():
     model = tiny_model("llama")
-    spec, plan = compute_plan(model, FLAPConfig(pruning_ratio=0.3), calibration_ids())
+    spec, plan = _compute_plan(model, FLAPConfig(pruning_ratio=0.3), calibration_ids())
     for lp in plan.layers.values():
         if lp.keep_channels is not None:
             assert spec.mlp_out_path in lp.biases

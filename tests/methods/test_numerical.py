@@ -1,9 +1,9 @@
-"""Numerical Pruning math against direct float64 references (SPEC §A.2, §G)."""
+"""Numerical Pruning math against direct float64 references (docs/methods/numerical.md)."""
 
 import pytest
 import torch
 
-from optimum_prune import NumericalPruningConfig
+from optimum_prune import NumericalConfig
 from optimum_prune.methods.numerical.functional import (
     compensate,
     compensate_with_bias,
@@ -146,10 +146,10 @@ def test_head_scores_are_the_units_scores_in_channel_units(arch, gqa_mode):
     z = numerical_scores(W, stats.gram, 0.3)
     per_unit = view.group_size if gqa_mode == "group" else 1
     zu = numerical_scores(W, stats.gram, 0.3, unit_size=per_unit * view.head_dim)
-    cfg = NumericalPruningConfig(pruning_ratio=0.3, gqa_mode=gqa_mode)
+    cfg = NumericalConfig(pruning_ratio=0.3, gqa_mode=gqa_mode)
     head = NumericalPruner(cfg)._head_scores(view, stats)
     torch.testing.assert_close(head, ((zu - z.mean()) / z.std()).repeat_interleave(per_unit))
-    paper_cfg = NumericalPruningConfig.paper(pruning_ratio=0.3, gqa_mode=gqa_mode)
+    paper_cfg = NumericalConfig.paper(pruning_ratio=0.3, gqa_mode=gqa_mode)
     paper = NumericalPruner(paper_cfg)._head_scores(view, stats)
     torch.testing.assert_close(paper, z.view(view.num_heads, view.head_dim).mean(1))
 
@@ -197,7 +197,7 @@ def test_bias_compensation_equals_least_squares_with_intercept(keep):
 
 def test_bias_compensation_needs_compensation():
     with pytest.raises(ValueError, match="needs compensate=True"):
-        NumericalPruningConfig(compensate=False, compensation_bias=True)
+        NumericalConfig(compensate=False, compensation_bias=True)
 
 
 def test_compensation_beats_plain_removal():
@@ -212,7 +212,7 @@ def test_compensation_beats_plain_removal():
 
 @pytest.mark.parametrize(("arch", "gqa"), [("llama", False), ("llama_gqa", True)])
 def test_head_cost_is_alpha_in_mlp_channel_units(arch, gqa):
-    """α = 4·D_h/3 for an MHA head; (2·n_rep + 2)·D_h/3 for a KV group (SPEC §A.1-A.2), in MLP-channel units."""
+    """α = 4·D_h/3 for an MHA head; (2·n_rep + 2)·D_h/3 for a KV group, in MLP-channel units."""
     from testing_utils import tiny_model
 
     from optimum_prune.methods.numerical import NumericalPruner
@@ -221,7 +221,7 @@ def test_head_cost_is_alpha_in_mlp_channel_units(arch, gqa):
     model = tiny_model(arch)
     spec = get_spec(model)
     view = layer_view(get_layers(model, spec)[0], 0, spec, model.config)
-    pruner = NumericalPruner(NumericalPruningConfig())
+    pruner = NumericalPruner(NumericalConfig())
     _, head_cost, members, _ = pruner._head_units(view, torch.zeros(view.num_heads))
     channel_cost = 3 * model.config.hidden_size  # gate row + up row + down column
     n_rep = view.group_size
@@ -242,7 +242,7 @@ def test_sequential_compensation_equals_dense_refit_where_inputs_are_still_dense
     models = {}
     for mode in ("dense", "sequential"):
         models[mode] = tiny_model("opt")
-        cfg = NumericalPruningConfig(pruning_ratio=0.3, compensation_inputs=mode, compensation_bias=bias)
+        cfg = NumericalConfig(pruning_ratio=0.3, compensation_inputs=mode, compensation_bias=bias)
         prune_(models[mode], cfg, ids)
     spec = get_spec(models["dense"])
     first = [get_layers(m, spec)[0].get_submodule(spec.o_path) for m in models.values()]
@@ -309,7 +309,7 @@ def test_loss_ranking_scores_units_by_loss_per_parameter(arch):
     stats = {"attn": GramStats(view.num_heads * view.head_dim), "mlp": GramStats(view.intermediate_size)}
     for s in stats.values():
         s.update(torch.randn(64, s.sum.shape[0], generator=g) + 0.3)
-    pruner = NumericalPruner(NumericalPruningConfig(ranking="loss", standardize_per_layer=False))
+    pruner = NumericalPruner(NumericalConfig(ranking="loss", standardize_per_layer=False))
     head, chan = pruner.score_layer(view, stats)
     W_o, W_d = weight_oi(view.o_proj).detach(), weight_oi(view.mlp_out).detach()
     per_q_head, per_group = head_costs(view)
@@ -324,7 +324,7 @@ def test_loss_ranking_scores_units_by_loss_per_parameter(arch):
     chan_expected = removal_losses(W_d, stats["mlp"].gram, torch.arange(view.intermediate_size)[:, None], damp)
     torch.testing.assert_close(chan, chan_expected / mlp_channel_cost(view))
     # standardised: a unit's loss per channel, in the units of the module's single-channel losses
-    head_std, chan_std = NumericalPruner(NumericalPruningConfig(ranking="loss")).score_layer(view, stats)
+    head_std, chan_std = NumericalPruner(NumericalConfig(ranking="loss")).score_layer(view, stats)
     single = removal_losses(W_o, stats["attn"].gram, torch.arange(view.num_heads * d)[:, None], damp)
     unit = removal_losses(W_o, stats["attn"].gram, groups, damp) / (gsz * d)
     torch.testing.assert_close(head_std, ((unit - single.mean()) / single.std()).repeat_interleave(gsz))
@@ -333,7 +333,7 @@ def test_loss_ranking_scores_units_by_loss_per_parameter(arch):
 
 def test_loss_ranking_rejects_score_options():
     with pytest.raises(ValueError, match="ranking='loss'"):
-        NumericalPruningConfig(ranking="loss", solver="newton", lambda_=10.0)
+        NumericalConfig(ranking="loss", solver="newton", lambda_=10.0)
 
 
 def test_literal_alpha_is_the_unit_cost_in_mlp_channels():
@@ -350,12 +350,12 @@ def test_literal_alpha_is_the_unit_cost_in_mlp_channels():
 
 
 def test_paper_preset_is_the_papers_setting():
-    cfg = NumericalPruningConfig.paper(pruning_ratio=0.3, round_to=8)
+    cfg = NumericalConfig.paper(pruning_ratio=0.3, round_to=8)
     assert (cfg.pruning_ratio, cfg.round_to, cfg.ranking) == (0.3, 8, "cost_weighted")
     assert not cfg.standardize_per_layer and not cfg.compensation_bias and cfg.compensation_inputs == "dense"
     assert cfg.lambda_ is None and cfg.compensate and cfg.compensation_damping == 0.01
     assert cfg.head_score == "channel_mean"
-    default = NumericalPruningConfig()  # the measured default differs from the paper in allocation and damping
+    default = NumericalConfig()  # the measured default differs from the paper in allocation and damping
     assert default.standardize_per_layer and default.compensation_damping == 0.1 and default.head_score == "unit"
-    assert NumericalPruningConfig.paper(literal=True).ranking == "literal"
-    assert NumericalPruningConfig.from_dict(cfg.to_dict()) == cfg
+    assert NumericalConfig.paper(literal=True).ranking == "literal"
+    assert NumericalConfig.from_dict(cfg.to_dict()) == cfg

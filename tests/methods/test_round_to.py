@@ -7,7 +7,7 @@ import torch
 from testing_utils import calibration_ids
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from optimum_prune import FLAPConfig, MagnitudePruningConfig, NumericalPruningConfig, StructuredPruningConfig, prune_
+from optimum_prune import FLAPConfig, MagnitudeConfig, NumericalConfig, StructuredPruningConfig, prune_
 from optimum_prune.functional.allocation import round_kept_channels
 
 
@@ -32,13 +32,13 @@ def _wide_llama(seed: int = 0):
 
 def test_default_is_64_and_round_to_1_stays_available():
     assert StructuredPruningConfig().round_to == 64
-    for cls in (NumericalPruningConfig, FLAPConfig, MagnitudePruningConfig):
+    for cls in (NumericalConfig, FLAPConfig, MagnitudeConfig):
         assert cls().round_to == 64
         assert cls(round_to=1).round_to == 1
 
 
 @pytest.mark.parametrize("allocation", ["global", "uniform"])
-@pytest.mark.parametrize("cls", [NumericalPruningConfig, FLAPConfig, MagnitudePruningConfig])
+@pytest.mark.parametrize("cls", [NumericalConfig, FLAPConfig, MagnitudeConfig])
 def test_default_keeps_multiples_of_64(cls, allocation):
     model = _wide_llama()
     report = prune_(model, cls(pruning_ratio=0.3, allocation=allocation), calibration_ids())
@@ -52,7 +52,7 @@ def test_default_keeps_multiples_of_64(cls, allocation):
 
 def test_round_to_1_keeps_exact_allocation():
     model = _wide_llama()
-    prune_(model, NumericalPruningConfig(pruning_ratio=0.3, round_to=1), calibration_ids())
+    prune_(model, NumericalConfig(pruning_ratio=0.3, round_to=1), calibration_ids())
     widths = [layer.mlp.down_proj.in_features for layer in model.model.layers]
     assert any(w % 64 for w in widths), widths  # unaligned widths: the alignment really comes from round_to
 

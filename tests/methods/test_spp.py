@@ -11,7 +11,7 @@ import pytest
 import torch
 from testing_utils import ARCHS, calibration_ids, logits, tiny_model
 
-from optimum_prune import AutoPrunedModelForCausalLM, AutoPruner, NumericalPruningConfig, prune_, save_pruned
+from optimum_prune import AutoPrunedModelForCausalLM, AutoPruner, NumericalConfig, prune_, save_pruned_model
 from optimum_prune.methods.spp import SolutionPath, SolutionPathError, SPPConfig, SPPSearchError
 from optimum_prune.methods.spp.functional import bregman_step_, init_state, removal_order, select_removed
 from optimum_prune.methods.spp.masks import SearchMasks, attach_masks
@@ -27,8 +27,8 @@ def _state(model):
 
 
 def _reference_code(grads, lr, lam, kappa, betas, eps, interval, nu=None):
-    """SPEC §D.2 "code", written out with Python floats: AdamW on M, Z += s_t κ (M_{k+1} − Γ), Γ = max(Z − λ, 0);
-    with `nu`, AdamW on ∇L + (M − Γ)/ν (the coupled loss's gradient)."""
+    """The released code's dynamics (`faithful_to="code"`), written out with Python floats: AdamW on M,
+    Z += s_t κ (M_{k+1} − Γ), Γ = max(Z − λ, 0); with `nu`, AdamW on ∇L + (M − Γ)/ν (the coupled loss's gradient)."""
     n = len(grads[0])
     M, Z, G, m, v = [1.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
     entry, record = [-1] * n, [0] * n
@@ -168,7 +168,7 @@ def test_one_search_a_family_that_reloads_exactly(tmp_path):
     model = tiny_model("llama_gqa")
     dense = logits(model)
     pruner = AutoPruner(model, keep_teacher=False)
-    path = pruner.search(SPPConfig(**FAST), calibration=calibration_ids())
+    path = pruner.search_solution_path(SPPConfig(**FAST), calibration=calibration_ids())
     torch.testing.assert_close(logits(model), dense, rtol=0, atol=0)  # the search changed nothing
     assert not any(p.requires_grad is False for p in model.parameters())
     saved = path.save_pretrained(tmp_path / "path")
@@ -184,7 +184,7 @@ def test_one_search_a_family_that_reloads_exactly(tmp_path):
         rep = prune_(member, SPPConfig(pruning_ratio=ratio, solution_path=str(saved), **FAST))  # no calibration
         assert abs(rep.measured - ratio) < 0.03 and rep.calibration is None and not rep.info["searched"]
         params.append(rep.params_after)
-        save_pruned(member, tmp_path / f"out{ratio}")
+        save_pruned_model(member, tmp_path / f"out{ratio}")
         cfg = json.loads((tmp_path / f"out{ratio}" / "config.json").read_text())
         assert cfg["model_type"] == "optimum_pruned_llama" and any("qk_head_dim" in x for x in cfg["pruned_layers"])
         for impl in ("eager", "sdpa"):
@@ -207,7 +207,7 @@ def test_generation_with_cache_and_reduced_scale(tmp_path):
     out = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
     with torch.no_grad():
         assert int(model(out[:, :-1], use_cache=False).logits[0, -1].argmax()) == int(out[0, -1])
-    save_pruned(model, tmp_path / "out")
+    save_pruned_model(model, tmp_path / "out")
     reloaded = AutoPrunedModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager")
     assert reloaded.model.layers[0].self_attn.scaling == attn.scaling
     torch.testing.assert_close(logits(reloaded), logits(model), rtol=0, atol=0)
@@ -216,14 +216,14 @@ def test_generation_with_cache_and_reduced_scale(tmp_path):
 def test_mlp_only_uniform_family_member_loads_with_stock_transformers(tmp_path):
     model = tiny_model("llama")
     prune_(model, SPPConfig(pruning_ratio=0.2, prune_attention=False, allocation="uniform", **FAST), calibration_ids())
-    save_pruned(model, tmp_path / "out")
+    save_pruned_model(model, tmp_path / "out")
     assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "llama"
 
 
 def test_bad_paths_ratios_and_configs_fail_before_anything_changes(tmp_path):
     model = tiny_model("llama")
     short_cfg = {**FAST, "steps": 4}
-    short = AutoPruner(model, keep_teacher=False).search(SPPConfig(**short_cfg), calibration_ids())
+    short = AutoPruner(model).search_solution_path(SPPConfig(**short_cfg), calibration_ids())
     assert short.entered_fraction() < 0.5
     where = str(short.save_pretrained(tmp_path / "short"))
     files = {p.name: p.read_bytes() for p in (tmp_path / "short").iterdir()}
@@ -242,9 +242,7 @@ def test_bad_paths_ratios_and_configs_fail_before_anything_changes(tmp_path):
         prune_(tiny_model("llama", seed=1), SPPConfig(pruning_ratio=0.5, solution_path=where))
     with pytest.raises(SolutionPathError, match="llama model with 3 layers"):
         prune_(tiny_model("opt"), SPPConfig(pruning_ratio=0.5, solution_path=where))
-    mlp_path = AutoPruner(model, keep_teacher=False).search(
-        SPPConfig(prune_attention=False, **FAST), calibration_ids()
-    )
+    mlp_path = AutoPruner(model).search_solution_path(SPPConfig(prune_attention=False, **FAST), calibration_ids())
     with pytest.raises(SolutionPathError, match="no attention units"):
         prune_(model, SPPConfig(solution_path=str(mlp_path.save_pretrained(tmp_path / "mlp")), **FAST))
     assert all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
@@ -279,8 +277,8 @@ def test_pruned_head_dims_refused_by_head_pruning_and_gguf_export():
     model = tiny_model("llama")
     prune_(model, SPPConfig(pruning_ratio=0.3, **FAST), calibration_ids())
     with pytest.raises(ValueError, match="pruned q/k or v/o head dimensions"):
-        prune_(model, NumericalPruningConfig(pruning_ratio=0.2, round_to=1), calibration_ids())
-    prune_(model, NumericalPruningConfig(pruning_ratio=0.1, round_to=1, prune_attention=False), calibration_ids())
+        prune_(model, NumericalConfig(pruning_ratio=0.2, round_to=1), calibration_ids())
+    prune_(model, NumericalConfig(pruning_ratio=0.1, round_to=1, prune_attention=False), calibration_ids())
     with pytest.raises(GGUFExportError, match="head dimensions"):
         gguf_layout(model)  # what export_gguf checks before it writes anything
 
@@ -299,7 +297,7 @@ def test_image_search_needs_a_classifier_and_labels():
     pixels, _ = image_calibration(model, subset)
     by_image = {p.sum().item(): e["labels"] for p, e in zip(calibration_for("vit"), examples)}
     assert calibration_labels(subset).tolist() == [by_image[p.sum().item()] for p in pixels]
-    path = AutoPruner(model, keep_teacher=False).search(SPPConfig(**{**FAST, "steps": 3}), calibration=subset)
+    path = AutoPruner(model).search_solution_path(SPPConfig(**{**FAST, "steps": 3}), calibration=subset)
     assert path.steps == 3
     snap = _state(model)
     for config in (SPPConfig(pruning_ratio=0.3, **FAST), SPPRIAConfig(sparsity=0.5, steps=2)):
@@ -308,6 +306,6 @@ def test_image_search_needs_a_classifier_and_labels():
     backbone = tiny_model("dinov2_backbone")
     backbone_snap = _state(backbone)
     with pytest.raises(ValueError, match="Dinov2Model has no classification head"):
-        AutoPruner(backbone, keep_teacher=False).search(SPPConfig(**FAST), calibration=examples)
+        AutoPruner(backbone).search_solution_path(SPPConfig(**FAST), calibration=examples)
     assert all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
     assert all(torch.equal(v, backbone_snap[k]) for k, v in backbone.state_dict().items())

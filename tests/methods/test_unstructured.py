@@ -5,8 +5,8 @@ import torch
 from testing_utils import calibration_ids, logits, tiny_model
 
 from optimum_prune import (
-    FistaConfig,
-    MagnitudePruningConfig,
+    FISTAConfig,
+    MagnitudeConfig,
     RIAConfig,
     SparseGPTConfig,
     WandaConfig,
@@ -16,7 +16,7 @@ from optimum_prune import (
 from optimum_prune.modeling.semi_structured import check_semi_structured_support, find_non_24_layers
 
 
-@pytest.mark.parametrize("cfg_cls", [WandaConfig, SparseGPTConfig, RIAConfig, FistaConfig])
+@pytest.mark.parametrize("cfg_cls", [WandaConfig, SparseGPTConfig, RIAConfig, FISTAConfig])
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
@@ -44,13 +44,13 @@ def test_pattern_not_dividing_the_width_fails_before_touching_weights():
 def test_fista_is_never_worse_than_its_warm_start_and_beats_magnitude():
     ids = calibration_ids(8, 16)
     model = tiny_model("llama")
-    report = prune_(model, FistaConfig(sparsity=0.5, K=10, max_outer=5), ids)
+    report = prune_(model, FISTAConfig(sparsity=0.5, K=10, max_outer=5), ids)
     for layer_info in report.info["layers"].values():
         for path, res in layer_info.items():
             assert res["error_best"] <= res["error_init"] * (1 + 1e-6), path
     dense = logits(tiny_model("llama"), ids)
     mag = tiny_model("llama")
-    prune_(mag, MagnitudePruningConfig(pattern="unstructured", sparsity=0.5, per="matrix"))
+    prune_(mag, MagnitudeConfig(pattern="unstructured", sparsity=0.5, per="matrix"))
     err_fista = (logits(model, ids) - dense).pow(2).mean()
     err_mag = (logits(mag, ids) - dense).pow(2).mean()
     assert err_fista < err_mag
@@ -84,7 +84,7 @@ def test_semi_structured_conversion_on_gpu():
     model = LlamaForCausalLM(
         LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=4, vocab_size=128)
     ).eval()
-    prune_(model, MagnitudePruningConfig(pattern="2:4", sparsity=0.5))
+    prune_(model, MagnitudeConfig(pattern="2:4", sparsity=0.5))
     ids = calibration_ids(2, 64).cuda()
     ref = model.half().cuda()(ids).logits.float()
     assert to_semi_structured_(model)

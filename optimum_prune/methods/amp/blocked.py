@@ -9,8 +9,8 @@ without autograd on the n×n tensors.
 - Tiles: the logits are one matmul per (query block, sequence, KV group); the fast path goes through those tiles one
   at a time in three preallocated buffers (`rows·g × keys` floats, 0.8 MB at SmolLM2's g = 3, 128 rows, 512 keys)
   that stay in cache, and writes its matmuls into their destinations (`out=`, `addmm_`).
-- Backward in closed form (SPEC §C.2), in place on each tile: `c = f̃ − f`, `p1 = c∘f̃` (`c∘f` for Algorithm 1's
-  printed variant), `dS = p1 − rowsum(p1)·f̃`, `dq = dS·k`, `dk += dSᵀ·q`.
+- Backward in closed form (the paper's Theorem D.5), in place on each tile: `c = f̃ − f`, `p1 = c∘f̃` (`c∘f` for
+  Algorithm 1's printed variant), `dS = p1 − rowsum(p1)·f̃`, `dq = dS·k`, `dk += dSᵀ·q`.
 The logits are the same per-tile products in the reference path (`probs`, which `attention.attention_probs` uses
 and autograd differentiates) and in the fast path, so both round alike, the dense probabilities come from the same
 code and the step-0 loss is exactly zero.

@@ -1,4 +1,5 @@
-"""The paper's closed-form gradients and its fused-W descent (SPEC §C.2), kept as float64 references for the tests."""
+"""The paper's closed-form gradients and its fused-W descent (Theorem D.5), kept as float64 references for the
+tests."""
 
 from __future__ import annotations
 

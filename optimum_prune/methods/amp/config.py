@@ -1,4 +1,4 @@
-"""Configuration of AMP, attention-matrix pruning (Liang et al., arXiv 2410.11261; SPEC §C)."""
+"""Configuration of AMP, attention-matrix pruning (Liang et al., arXiv 2410.11261; docs/methods/amp.md)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from ...modeling.targets import normalize_targets
-from ..unstructured import UnstructuredConfigMixin, choice
+from ..unstructured import UnstructuredPruningConfig, choice
 
 __all__ = ["AMPConfig"]
 
@@ -14,30 +14,32 @@ _SCORE_PATH = ("q_proj", "k_proj")
 
 
 @dataclass
-class AMPConfig(UnstructuredConfigMixin):
+class AMPConfig(UnstructuredPruningConfig):
     """AMP: real-valued masks on `q_proj` / `k_proj` (initialised to ones) are optimised by gradient descent with
     momentum so that the pruned softmax attention matrix matches the dense one, through the model's real attention
     (GQA, q/k norms and biases, RoPE after masking, scaling, causal mask, sliding window); then each matrix keeps
-    its largest mask values. https://arxiv.org/abs/2410.11261 (Alg. 1 and the separate-mask form of §6; SPEC §C).
+    its largest mask values. https://arxiv.org/abs/2410.11261 (Alg. 1 and the separate-mask form of §6).
 
-    The defaults are the paper's real-model settings and the spec's resolutions of its ambiguities (§C.7), except
-    the ranking (`score`), where the paper's reading measured far worse; each literal reading is one argument away.
+    The defaults are the paper's real-model settings and our resolutions of its ambiguities (docs/methods/amp.md),
+    except the ranking (`score`), where the paper's reading measured far worse; each literal reading is one argument
+    away.
 
     Args:
         sparsity (`float`, defaults to `0.5`) / pattern (`str`, defaults to `"unstructured"`): see
-            `UnstructuredConfigMixin`. N:M keeps the N largest mask values of every group of M inputs of a row.
+            `UnstructuredPruningConfig`. N:M keeps the N largest mask values of every group of M inputs of a row.
         targets (`tuple[str, ...]`, defaults to `("q_proj", "k_proj")`): `"q_proj"` and/or `"k_proj"`; AMP only
             prunes the attention score path (prune v/o and the MLP with another config of a recipe).
-        lambda_ (`float`, defaults to `0.05`): λ of the regulariser `½λ(‖M_Q‖² + ‖M_K‖²)` (§C.7.3; Eq. (1) printed
-            without λ is `lambda_=1`).
+        lambda_ (`float`, defaults to `0.05`): λ of the regulariser `½λ(‖M_Q‖² + ‖M_K‖²)` (the setup's λ; Eq. (1)
+            printed without λ is `lambda_=1`).
         lr (`float`, defaults to `0.005`): step size η.
         steps (`int`, defaults to `100`): gradient steps T (the paper does not state it for real models).
         momentum (`float`, defaults to `0.9`): heavy-ball β (`0` for plain gradient descent).
         regularizer (`str`, defaults to `"unscaled"`): `"unscaled"` averages the data term over the calibration
-            sequences and adds λM as is (§C.7.4 resolution); `"divided_by_k"` is Algorithm 1 literally,
-            `(η/k)(Σ_j W∘X_jᵀp_jX_j + λM)`.
+            sequences and adds λM as is (the single-sample gradient of the paper's theory); `"divided_by_k"` is
+            Algorithm 1 literally, `(η/k)(Σ_j W∘X_jᵀp_jX_j + λM)`.
         gradient (`str`, defaults to `"exact"`): `"exact"` uses `p1 = c∘f̃` (Theorem D.5; autograd);
-            `"algorithm1"` uses the dense `f` as printed in Algorithm 1, line 12 (§C.7.1).
+            `"algorithm1"` uses the dense `f` as printed in Algorithm 1, line 12 (a finite-difference check shows it is
+            off by ~1e-2).
         score (`str`, defaults to `"masked_weight"`): binarisation ranks by `|M∘W|`, or by the mask value itself
             (`"mask"`, the paper). Measured on SmolLM2 (`benchmarks/attention.py`, paper λ/η/steps), ranking by the
             mask value gives a relative attention error of 0.76-1.6 at ρ = 0.5 (the masks stay within ~1e-4 of a

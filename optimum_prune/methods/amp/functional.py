@@ -1,6 +1,6 @@
 """AMP math (Liang et al., "Beyond Linear Approximations: A Novel Pruning Approach for Attention Matrix",
-arXiv 2410.11261; SPEC §C): masks on W_Q / W_K optimised by gradient descent so that the pruned softmax attention
-matrix matches the dense one.
+arXiv 2410.11261; docs/methods/amp.md): masks on W_Q / W_K optimised by gradient descent so that the pruned softmax
+attention matrix matches the dense one.
 
 `attention_probs` recomputes one attention module's probabilities from its q/k weights with the module's own
 pieces: q/k biases, per-head q/k norms (Qwen 3, Gemma 3), the module's `apply_rotary_pos_emb` applied *after*
@@ -96,7 +96,7 @@ def amp_masks(
         inp (`AttentionInputs`): calibration inputs and the module's scoring details.
         Wq, Wk (`torch.Tensor`, `(out, in)`): dense weights; bq, bk: biases.
         lambda_, lr, steps, momentum: λ, η, T, β.
-        regularizer (`str`): `"unscaled"` (SPEC §C.7.4 resolution: data term averaged over samples, λM added
+        regularizer (`str`): `"unscaled"` (our reading: data term averaged over samples, λM added
             as is) or `"divided_by_k"` (Algorithm 1 literally: `(η/k)(Σ_j … + λM)`).
         gradient (`str`): `"exact"` (autograd, `p1 = c∘f̃`, Theorem D.5) or `"algorithm1"` (`p1 = c∘f` with the dense
             f, as printed in Algorithm 1, line 12).

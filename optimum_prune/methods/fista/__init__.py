@@ -1,7 +1,13 @@
+from ..._deprecation import deprecated_getattr, renamed
 from ..registry import register_pruning_method
-from .config import FistaConfig
-from .pruner import FistaPruner
+from .config import FISTAConfig
+from .pruner import FISTAPruner
 
-__all__ = ["FistaConfig", "FistaPruner"]
+__all__ = ["FISTAConfig", "FISTAPruner"]
 
-register_pruning_method("fista", config_cls=FistaConfig, pruner_cls=FistaPruner)
+register_pruning_method("fista", config_cls=FISTAConfig, pruner_cls=FISTAPruner)
+
+# old names, kept for one release
+__getattr__ = deprecated_getattr(
+    __name__, globals(), renamed(__name__, FistaConfig="FISTAConfig", FistaPruner="FISTAPruner")
+)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..unstructured import UnstructuredConfigMixin, choice
+from ..._deprecation import deprecated_getattr, renamed
+from ..unstructured import UnstructuredPruningConfig, choice
 
-__all__ = ["FistaConfig"]
+__all__ = ["FISTAConfig"]
 
-# The paper's setting (SPEC §B.4, LLaMA), applied by `FistaConfig.paper()`.
+# The paper's setting (its LLaMA hyperparameters), applied by `FISTAConfig.paper()`.
 _PAPER = {
     "warm_start": "wanda",
     "lam0": 1e-5,
@@ -25,18 +26,18 @@ _PAPER = {
 
 
 @dataclass
-class FistaConfig(UnstructuredConfigMixin):
+class FISTAConfig(UnstructuredPruningConfig):
     """FISTAPruner: per projection, the ℓ1-regularised layer-wise reconstruction `½‖W*X* − WX‖² + λ‖W*‖₁` solved
     with FISTA, rounded to the exact pattern, with λ adapted by the rounding-error ratio ξ, and intra-layer error
-    correction. https://arxiv.org/abs/2404.09773 (Alg. 1, Eqs. 5, 8, 9; SPEC §B). Defaults follow the paper (LLaMA
-    settings) except the stop rule `eps=1e-2` (paper: 1e-3) and the shrunk re-fit `refit_strength=0.75` (paper: 1),
-    measured end to end to generalise better (and, for `eps`, to run at < 3× SparseGPT's time);
-    `FistaConfig.paper()` pins the paper's setting. The spec's recommended
-    resolutions of the paper's ambiguities are the defaults, the literal readings are options.
+    correction. https://arxiv.org/abs/2404.09773 (Alg. 1, Eqs. 5, 8, 9; docs/methods/fista.md). Defaults follow the
+    paper (LLaMA settings) except the stop rule `eps=1e-2` (paper: 1e-3) and the shrunk re-fit `refit_strength=0.75`
+    (paper: 1), measured end to end to generalise better (and, for `eps`, to run at < 3× SparseGPT's time);
+    `FISTAConfig.paper()` pins the paper's setting. Our resolutions of the paper's ambiguities are the defaults, the
+    literal readings are options.
 
     Args:
         sparsity (`float`, defaults to `0.5`) / pattern (`str`, defaults to `"unstructured"`): see
-            `UnstructuredConfigMixin`.
+            `UnstructuredPruningConfig`.
         warm_start (`str`, defaults to `"wanda"`): `"wanda"` (paper, LLaMA) or `"sparsegpt"` (paper, OPT). On
             SmolLM2-135M (32 × 512 BBC tokens) SparseGPT's start fits the calibration kind of text better (held-out
             BBC perplexity 47.5 vs 48.4 at 50%, 77.7 vs 83.6 at 2:4) and transfers far worse (Python docs 35.6 vs
@@ -131,10 +132,10 @@ class FistaConfig(UnstructuredConfigMixin):
     refit_strength: float = 0.75
 
     @classmethod
-    def paper(cls, sparsity: float = 0.5, pattern: str = "unstructured", **kwargs) -> FistaConfig:
-        """The paper's setting (LLaMA column of SPEC §B.4), for reproducing it: Wanda warm start, λ₀ = 1e-5, ξ = 0.3,
+    def paper(cls, sparsity: float = 0.5, pattern: str = "unstructured", **kwargs) -> FISTAConfig:
+        """The paper's setting (its LLaMA hyperparameters), for reproducing it: Wanda warm start, λ₀ = 1e-5, ξ = 0.3,
         K = 20, T = 3, ε = 1e-3, no ridge, the outer loop stopped and the kept solution chosen on the calibration
-        error, intra-layer error correction with dense layer inputs. The spec's resolutions of the paper's
+        error, intra-layer error correction with dense layer inputs. Our resolutions of the paper's
         ambiguities stay (Beck–Teboulle momentum, log-λ bisection); pass `momentum="paper"`,
         `lambda_search="paper"` for the printed forms.
 
@@ -165,3 +166,7 @@ class FistaConfig(UnstructuredConfigMixin):
             )
         if not 0 < self.xi < 1:
             raise ValueError(f"`xi` must be in (0, 1), got {self.xi}.")
+
+
+# old name, kept for one release
+__getattr__ = deprecated_getattr(__name__, globals(), renamed(__name__, FistaConfig="FISTAConfig"))

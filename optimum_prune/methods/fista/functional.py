@@ -1,4 +1,5 @@
-"""FISTAPruner (Zhao et al., "A Convex-optimization-based Layer-wise Post-training Pruner for LLMs"; SPEC §B).
+"""FISTAPruner (Zhao et al., "A Convex-optimization-based Layer-wise Post-training Pruner for LLMs";
+docs/methods/fista.md).
 
 For one operator with dense weight `W` (m×n), dense input `X` (n×p) and pruned-network input `X*` (n×p):
 
@@ -49,7 +50,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _SEARCH = ("log", "paper")
-_LOG_FLOOR = 1e-12  # lower end of the geometric bisection while no lower bound is known (SPEC §B.5 [R])
+_LOG_FLOOR = 1e-12  # lower end of the geometric bisection while no lower bound is known (the paper gives no bracket)
 _CHUNK = 2048  # columns of an n×n Gram converted to float64 at a time
 
 

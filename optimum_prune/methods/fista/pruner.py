@@ -9,6 +9,7 @@ import time
 import torch
 from torch import nn
 
+from ..._deprecation import deprecated_getattr, renamed
 from ...calibration.hooks import capture_inputs
 from ...calibration.stats import CrossGramStats, GramStats, SquaredNormStats
 from ...functional.masks import keep_mask
@@ -17,10 +18,10 @@ from ...utils.distributed import assign_ranks, broadcast_, broadcast_object, ran
 from ..sparsegpt.functional import sparsegpt_prune
 from ..unstructured import SequentialPruner, input_groups, write_target
 from ..wanda.functional import wanda_scores
-from .config import FistaConfig
+from .config import FISTAConfig
 from .functional import fista_prune, lipschitz_constant, shrink_refit, spectral_gram
 
-__all__ = ["FistaPruner"]
+__all__ = ["FISTAPruner"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ logger = logging.getLogger(__name__)
 MIN_TOKENS_PER_FEATURE = 40
 
 
-class FistaPruner(SequentialPruner):
+class FISTAPruner(SequentialPruner):
     """FISTAPruner (https://arxiv.org/abs/2404.09773).
 
     Lifecycle, per decoder layer (its input is the dense model's hidden state by default):
@@ -55,8 +56,8 @@ class FistaPruner(SequentialPruner):
       - the next layer receives the dense (paper) or the pruned outputs.
     """
 
-    config_cls = FistaConfig
-    config: FistaConfig
+    config_cls = FISTAConfig
+    config: FISTAConfig
 
     def _dense_pass(self, run, i: int, dense: nn.Module, paths: list[str], keep: set[str], energy: dict):
         """One pass of the dense layer copy over every chunk: the dense-input Gram of every input group, and the
@@ -138,7 +139,7 @@ class FistaPruner(SequentialPruner):
                 "tokens at the expense of text of other kinds (on SmolLM2-135M, 4x more calibration tokens improved "
                 "its perplexity on text unlike the calibration set by 1-5%%). Use more calibration tokens (the default "
                 "CalibrationConfig is 128 x 2048), and keep the default eps=1e-2 rather than the paper's 1e-3 (see "
-                "FistaConfig.eps).",
+                "FISTAConfig.eps).",
                 count, n, path, MIN_TOKENS_PER_FEATURE,
             )  # fmt: skip
 
@@ -249,3 +250,7 @@ def _parent(path: str) -> str:
 
 class _StopForward(Exception):
     """Raised by a capture hook once the input it needs is recorded: the rest of the layer's forward is skipped."""
+
+
+# old name, kept for one release
+__getattr__ = deprecated_getattr(__name__, globals(), renamed(__name__, FistaPruner="FISTAPruner"))

@@ -13,7 +13,7 @@ __all__ = ["FLAPConfig"]
 class FLAPConfig(StructuredPruningConfig):
     """FLAP: fluctuation-based structured pruning with bias compensation (baseline of Numerical Pruning).
 
-    Paper: https://arxiv.org/abs/2312.11983; formulas from the official code (SPEC §E). Inherits the
+    Paper: https://arxiv.org/abs/2312.11983; formulas from the official code. Inherits the
     `StructuredPruningConfig` fields; `allocation="global"` with `standardize=True` is FLAP's AL-AM structure.
 
     Args:

@@ -1,4 +1,4 @@
-"""FLAP metrics and bias compensation (SPEC §E). `W` is `(d_out, D)` (PyTorch layout)."""
+"""FLAP metrics and bias compensation (as the official code computes them). `W` is `(d_out, D)` (PyTorch layout)."""
 
 from __future__ import annotations
 

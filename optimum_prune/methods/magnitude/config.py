@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..._deprecation import deprecated_getattr, renamed
 from ...config import StructuredPruningConfig, _choice
 from ...functional.masks import parse_pattern
 from ..unstructured import validate_sparsity, validate_targets
 
-__all__ = ["MagnitudePruningConfig"]
+__all__ = ["MagnitudeConfig"]
 
 
 @dataclass
-class MagnitudePruningConfig(StructuredPruningConfig):
+class MagnitudeConfig(StructuredPruningConfig):
     """Data-free magnitude pruning, structured or unstructured / N:M.
 
     Structured (`pattern="structured"`, the default): a head (or KV group) / MLP channel scores the mean squared
@@ -25,7 +26,7 @@ class MagnitudePruningConfig(StructuredPruningConfig):
         sparsity (`float`, defaults to `0.5`): fraction zeroed per projection (unstructured / N:M only).
         per (`str`, defaults to `"matrix"`): unstructured comparison group, `"matrix"` or `"row"`.
         targets (`tuple[str, ...] | None`, defaults to `None`): unstructured / N:M only: the projections to prune,
-            by role (see `UnstructuredConfigMixin`); `None` = all.
+            by role (see `UnstructuredPruningConfig`); `None` = all.
     """
 
     method = "magnitude"
@@ -50,3 +51,7 @@ class MagnitudePruningConfig(StructuredPruningConfig):
     @property
     def nm(self) -> tuple[int, int] | None:
         return None if self.pattern in ("structured", "unstructured") else parse_pattern(self.pattern)
+
+
+# old name, kept for one release
+__getattr__ = deprecated_getattr(__name__, globals(), renamed(__name__, MagnitudePruningConfig="MagnitudeConfig"))

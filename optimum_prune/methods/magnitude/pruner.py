@@ -8,7 +8,7 @@ from ...functional.masks import keep_mask
 from ...modeling.architectures import LayerView, weight_oi
 from ..structured import StructuredPruner
 from ..unstructured import SequentialPruner
-from .config import MagnitudePruningConfig
+from .config import MagnitudeConfig
 
 __all__ = ["MagnitudePruner"]
 
@@ -31,9 +31,9 @@ class MagnitudePruner(StructuredPruner, SequentialPruner):
       - allocation and removal as for every structured method; no compensation.
     """
 
-    config_cls = MagnitudePruningConfig
+    config_cls = MagnitudeConfig
     requires_calibration = False
-    config: MagnitudePruningConfig
+    config: MagnitudeConfig
 
     def score_layer(self, view: LayerView, stats):
         spec, h, kv, d = view.spec, view.num_heads, view.num_kv_heads, view.head_dim

@@ -5,24 +5,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..._deprecation import deprecated_getattr, renamed
 from ...config import StructuredPruningConfig, _choice
 
-__all__ = ["NumericalPruningConfig"]
+__all__ = ["NumericalConfig"]
 
 
 @dataclass
-class NumericalPruningConfig(StructuredPruningConfig):
+class NumericalConfig(StructuredPruningConfig):
     """Numerical Pruning: Newton "numerical scores" of the o_proj / down_proj input channels, global cost-weighted
     ranking of heads (or KV groups) and MLP channels, and closed-form compensation of o_proj / down_proj.
 
-    Paper: https://arxiv.org/abs/2412.12441 (Alg. 1, Eqs. 6-7, Thm. 3). Resolutions of the paper's gaps follow
-    SPEC §A.7; every alternative is an option here. Inherits the `StructuredPruningConfig` fields.
+    Paper: https://arxiv.org/abs/2412.12441 (Alg. 1, Eqs. 6-7, Thm. 3). Where the paper leaves a choice open, the
+    default is our resolution and every alternative is an option (docs/methods/numerical.md). Inherits the
+    `StructuredPruningConfig` fields.
 
     The defaults are the best setting measured by `benchmarks/np_allocation.py` (SmolLM2-135M and Gemma-3-270M,
     held-out BBC news and the Python docs): each module's scores standardised before the global ranking and a
     refit damped 10× more than the paper's reading. The paper's own setting (raw per-module scores, whose mean is
     1 − ρ in every module, so the global ranking degenerates into a per-module quota, and γ = 0.01) is
-    `NumericalPruningConfig.paper(pruning_ratio=...)`.
+    `NumericalConfig.paper(pruning_ratio=...)`.
 
     Args:
         lambda_ (`float | None`, defaults to `None`): weight of the soft count constraint. `None` is the exact
@@ -34,7 +36,7 @@ class NumericalPruningConfig(StructuredPruningConfig):
         compensate (`bool`, defaults to `True`): refit the kept input channels of o_proj / down_proj (Thm. 3).
         compensation_damping (`float`, defaults to `0.1`): relative ridge γ / mean(diag H) of the refit; raised
             10× on Cholesky failure. Larger values shrink the refit towards the original weights: less fit to the
-            calibration text, more robust on other text (0.1 beat SPEC's 0.01 on both texts of SmolLM2).
+            calibration text, more robust on other text (0.1 beat the paper's 0.01 on both texts of SmolLM2).
         ranking (`str`, defaults to `"cost_weighted"`): `"cost_weighted"` (the numerical scores, α = 4·D_h/3 as a
             parameter cost, the FLAP-style threshold; the ratio then counts parameters), `"literal"` (the printed
             formula: head scores × α, unit-count threshold; α is the unit's cost in MLP channels, 4·D_h/3 for an MHA
@@ -59,8 +61,8 @@ class NumericalPruningConfig(StructuredPruningConfig):
             alone, or `‖W_:,j‖²·Var(x_j)` with `compensation_bias`, FLAP's metric). The refit always uses the
             full Gram.
         compensation_inputs (`str`, defaults to `"dense"`): `"dense"` refits on the dense model's inputs (the same
-            Grams as the scores; the paper's setting as read by SPEC §A.2) or `"sequential"` (an extension, not in the
-            paper): after the masks are fixed, layers are refitted in order on the inputs produced by the already
+            Grams as the scores; the paper's setting, which leaves it implicit) or `"sequential"` (an extension, not in
+            the paper): after the masks are fixed, layers are refitted in order on the inputs produced by the already
             pruned and compensated layers, `W'_K = W·C[:, K]·(X*_KᵀX*_K)⁻¹` with the cross-Gram `C = XᵀX*`.
         compensation_bias (`bool`, defaults to `False`): refit a bias of o_proj / down_proj together with the kept
             weights (least squares with an intercept, on centred inputs; an extension, not in the paper). It
@@ -84,9 +86,9 @@ class NumericalPruningConfig(StructuredPruningConfig):
     compensation_bias: bool = False
 
     @classmethod
-    def paper(cls, pruning_ratio: float = 0.2, literal: bool = False, **kwargs) -> NumericalPruningConfig:
-        """The paper's setting, for reproducing it (SPEC §A.2 / §A.7): each module's exact-constraint numerical
-        scores ranked together in one global cost-weighted ranking (α = 4·D_h/3 as a parameter cost), no
+    def paper(cls, pruning_ratio: float = 0.2, literal: bool = False, **kwargs) -> NumericalConfig:
+        """The paper's setting, for reproducing it (docs/methods/numerical.md): each module's exact-constraint
+        numerical scores ranked together in one global cost-weighted ranking (α = 4·D_h/3 as a parameter cost), no
         standardisation, a head scored by the mean of its channels' scores, dense compensation of the weights only
         (no bias).
 
@@ -132,3 +134,7 @@ class NumericalPruningConfig(StructuredPruningConfig):
         for name in ("score_damping", "compensation_damping"):
             if getattr(self, name) < 0:
                 raise ValueError(f"`{name}` must be >= 0.")
+
+
+# old name, kept for one release
+__getattr__ = deprecated_getattr(__name__, globals(), renamed(__name__, NumericalPruningConfig="NumericalConfig"))

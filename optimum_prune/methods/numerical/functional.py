@@ -1,5 +1,5 @@
-"""Numerical Pruning math (SPEC §A.2), in PyTorch layout: `W` is `(d_out, D)`, the module computes `y = x Wᵀ`;
-`H = XᵀX / N` is the `(D, D)` Gram of the module's inputs. Paper layout is `W_paper = Wᵀ`.
+"""Numerical Pruning math (docs/methods/numerical.md), in PyTorch layout: `W` is `(d_out, D)`, the module computes
+`y = x Wᵀ`; `H = XᵀX / N` is the `(D, D)` Gram of the module's inputs. Paper layout is `W_paper = Wᵀ`.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def numerical_scores(
     damping: float = 1e-6,
     unit_size: int = 1,
 ) -> torch.Tensor:
-    """Closed-form minimiser of `f(z) = ½ Σ_i ‖X W_i − X (z∘W_i)‖² + ½ λ (1ᵀz − r)²` (Eqs. 6-7; SPEC §A.2).
+    """Closed-form minimiser of `f(z) = ½ Σ_i ‖X W_i − X (z∘W_i)‖² + ½ λ (1ᵀz − r)²` (Eqs. 6-7).
 
     `z* = 1 − c·u` with `u = A⁻¹1`, `s = 1ᵀu`, `c = λ(D−r)/(1+λs)` (or `(D−r)/s` for λ → ∞). Dead channels
     (`diag A = 0`) score −∞ and are pruned first.
@@ -174,7 +174,7 @@ def removal_losses(
 def compensate(
     W: torch.Tensor, H: torch.Tensor, keep: torch.Tensor, damping: float = 0.01
 ) -> tuple[torch.Tensor, float]:
-    """Least-squares refit of the kept input channels (Thm. 3, cheap form; SPEC §A.2).
+    """Least-squares refit of the kept input channels (Thm. 3, cheap form).
 
     `W[:, K] += W[:, P] · H[P, K] · (H[K, K] + γI)⁻¹`, then columns P are zero; γ = damping · mean(diag H).
 

@@ -14,7 +14,7 @@ from ...plan import LayerPlan, PruningPlan
 from ...runtime.session import current_session
 from ..base import RunnerFactory
 from ..structured import StructuredPruner, head_costs, mlp_channel_cost, resolve_gqa_mode
-from .config import NumericalPruningConfig
+from .config import NumericalConfig
 from .functional import (
     compensate,
     compensate_with_bias,
@@ -61,9 +61,9 @@ class NumericalPruner(StructuredPruner):
       - finalize_layer: least-squares compensation of o_proj / down_proj on the kept channels.
     """
 
-    config_cls = NumericalPruningConfig
+    config_cls = NumericalConfig
     requires_calibration = True
-    config: NumericalPruningConfig
+    config: NumericalConfig
 
     def keep_stats(self) -> bool:
         return self.config.compensate

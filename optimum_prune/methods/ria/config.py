@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..unstructured import UnstructuredConfigMixin, choice
+from ..unstructured import UnstructuredPruningConfig, choice
 
 __all__ = ["RIAConfig"]
 
 
 @dataclass
-class RIAConfig(UnstructuredConfigMixin):
+class RIAConfig(UnstructuredPruningConfig):
     """RIA: relative importance `|W_ij|/Σ_k|W_kj| + |W_ij|/Σ_k|W_ik|` times `‖X_j‖^a`. https://openreview.net/forum?id=Tr0lPx9woF
 
     Args:
         sparsity (`float`, defaults to `0.5`) / pattern (`str`, defaults to `"unstructured"`): see
-            `UnstructuredConfigMixin`.
+            `UnstructuredPruningConfig`.
         a (`float`, defaults to `0.5`): exponent of the activation norm.
         per (`str`, defaults to `"matrix"`): comparison group of the unstructured mask (`"matrix"`, the RIA code's
             default, or `"row"`).

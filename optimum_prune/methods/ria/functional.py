@@ -1,14 +1,16 @@
-"""RIA: relative importance and activations (Zhang et al., ICLR 2024; SPEC §E), plus N:M channel reallocation.
+"""RIA: relative importance and activations (Zhang et al., ICLR 2024), plus N:M channel reallocation.
 
 `RIA_ij = (|W_ij| / Σ_k |W_kj| + |W_ij| / Σ_k |W_ik|) * ||X_j||_2^a`: the first term normalises over the column (all
 outputs that read input `j`), the second over the row (all inputs of output `i`). Default `a = 0.5`.
 
 Channel reallocation (N:M only) permutes input channels before the N:M selection so that every group of `M` holds
 channels of different importance. The returned mask is valid N:M in the **permuted** column order only; realising a
-speedup needs the inputs permuted the same way. The optional linear-sum-assignment refinement needs `scipy`.
+speedup needs the inputs permuted the same way. The optional linear-sum-assignment refinement needs `scipy` (the `lsa` extra).
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import torch
 
@@ -69,7 +71,7 @@ def _interleave_strips(scores: torch.Tensor, m: int) -> torch.Tensor:
 
 def _lsa_round(scores: torch.Tensor, seg: torch.Tensor, n: int, m: int, slot: int, chunk: int | None) -> torch.Tensor:
     """One linear-sum-assignment pass: re-assigns the channel in `slot` of every group of `seg` optimally."""
-    from scipy.optimize import linear_sum_assignment  # noqa: PLC0415  (optional dep: scipy)
+    from scipy.optimize import linear_sum_assignment  # noqa: PLC0415  (optional dep: the `lsa` extra, checked by the caller)
 
     S = scores[:, seg]  # (out, L)
     rows, L = S.shape
@@ -103,7 +105,7 @@ def ria_channel_reallocation(
         n (`int`): nonzeros kept per group.
         m (`int`): group size; must divide `in_features`.
         lsa (`bool`, defaults to `False`): refine the permutation with one linear-sum-assignment pass per slot
-            (needs `scipy`; the total retained score never decreases).
+            (needs `scipy`, the `lsa` extra; the total retained score never decreases).
         lsa_blocks (`int`, defaults to `1`): split the channels into this many independent assignment problems
             (RIA's "fast" mode), trading quality for an `O((in/m/blocks)^3)` cost.
         lsa_chunk (`int`, *optional*): target groups evaluated at once; by default sized to about 2**26 elements.
@@ -118,6 +120,8 @@ def ria_channel_reallocation(
     S = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
     perm = _interleave_strips(S, m)  # (in,)
     if lsa:
+        if importlib.util.find_spec("scipy") is None:
+            raise ImportError("lsa=True solves linear sum assignments with scipy: pip install 'optimum-prune[lsa]'.")
         n_groups = S.shape[1] // m
         if lsa_blocks < 1 or n_groups % lsa_blocks != 0:
             raise ValueError(f"lsa_blocks={lsa_blocks} must divide the number of groups ({n_groups}).")

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..unstructured import UnstructuredConfigMixin
+from ..unstructured import UnstructuredPruningConfig
 
 __all__ = ["SparseGPTConfig"]
 
 
 @dataclass
-class SparseGPTConfig(UnstructuredConfigMixin):
+class SparseGPTConfig(UnstructuredPruningConfig):
     """SparseGPT: OBS column sweep with lazy block updates; masks chosen per block of columns.
     https://arxiv.org/abs/2301.00774
 
     Args:
         sparsity (`float`, defaults to `0.5`) / pattern (`str`, defaults to `"unstructured"`): see
-            `UnstructuredConfigMixin`.
+            `UnstructuredPruningConfig`.
         blocksize (`int`, defaults to `128`): columns per lazy-update block (and per mask-selection block).
         percdamp (`float`, defaults to `0.01`): damping, as a fraction of mean(diag H); 10× on Cholesky failure.
     """

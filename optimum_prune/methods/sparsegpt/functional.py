@@ -1,4 +1,4 @@
-"""SparseGPT (Frantar & Alistarh, ICML 2023; SPEC §E): OBS column sweep with lazy block updates.
+"""SparseGPT (Frantar & Alistarh, ICML 2023): OBS column sweep with lazy block updates.
 
 With `U` the upper Cholesky factor of `H⁻¹` (`H = X Xᵀ` damped), columns are processed left to right. For column `j`
 the pruned entries `w_j - q_j` are removed and the error is spread over the not-yet-processed columns:

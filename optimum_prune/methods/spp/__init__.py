@@ -29,7 +29,7 @@ register_pruning_method("spp_ria", config_cls=SPPRIAConfig, pruner_cls=SPPRIAPru
 
 
 def search_solution_path(model: nn.Module, config: SPPConfig, calibration: Any, tokenizer: Any = None) -> SolutionPath:
-    """Run SPP's search on `model` (left unchanged) and return its `SolutionPath` (`AutoPruner.search` calls this).
+    """Run SPP's search on `model` (left unchanged) and return its `SolutionPath` (`AutoPruner.search_solution_path` calls this).
 
     Args:
         model (`PreTrainedModel`): a supported model.

@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...config import StructuredPruningConfig, _choice
-from ..unstructured import UnstructuredConfigMixin
+from ..unstructured import UnstructuredPruningConfig
 
 __all__ = ["SPPConfig", "SPPRIAConfig", "SEARCH_FIELDS"]
 
 
 @dataclass
 class _SearchFields:
-    """Fields of the search (SPEC §D.2 / §D.6); documented in `SPPConfig`."""
+    """Fields of the search; documented in `SPPConfig` and docs/methods/spp.md."""
 
     faithful_to: str = "code"
     steps: int = 300
@@ -75,7 +75,7 @@ SEARCH_FIELDS = tuple(f.name for f in dataclasses.fields(_SearchFields))
 @dataclass
 class SPPConfig(StructuredPruningConfig, _SearchFields):
     """Solution Path Pruning: one search gives the whole family of structures from dense to sparse; any
-    `pruning_ratio` is then extracted from the path in seconds (https://arxiv.org/abs/2501.03289, SPEC §D).
+    `pruning_ratio` is then extracted from the path in seconds (https://arxiv.org/abs/2501.03289; docs/methods/spp.md).
 
     Masks on the inner dimensions of coupled pairs (QK: head dimensions of q and k, shared by every head of a layer,
     rotary `rotate_half` pairs (j, j + d/2) tied; VO: head dimensions of v and the matching o_proj inputs; MLP:
@@ -106,13 +106,14 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             some that never entered, ranked by `tie_break`); otherwise such a ratio is an error.
         head_dim_multiple (`int`, defaults to `8`): keep a multiple of this many q/k and v/o dimensions per head
             (rotary pairs count 2), for GEMM-friendly shapes; `1` keeps the exact widths.
-        attention_scale (`str`, defaults to `"original"`): `"original"` keeps `1/√d_h` (SPEC §D.6.7; exact for
-            post-training use) or `"reduced"` (`1/√d_qk`, what the authors' `compress_model` does before fine-tuning).
+        attention_scale (`str`, defaults to `"original"`): `"original"` keeps `1/√d_h` (the dense model's logits; exact
+            for post-training use) or `"reduced"` (`1/√d_qk`, what the authors' `compress_model` does before
+            fine-tuning).
         fold_masks (`bool`, defaults to `False`): multiply the searched mask values of the kept units into the
             weights (q/k rows, v rows, down columns or fc1 rows), so the extracted model computes what the masked
             model did at the end of the search; the authors' `compress_model` keeps the weights as they were.
-        faithful_to (`str`, defaults to `"code"`): the dynamics, SPEC §D.2. `"code"` (the released optimizer): an
-            AdamW step on `M` on the task loss only (weight decay 0, `eps`, `betas`), then
+        faithful_to (`str`, defaults to `"code"`): the dynamics (docs/methods/spp.md). `"code"` (the released
+            optimizer): an AdamW step on `M` on the task loss only (weight decay 0, `eps`, `betas`), then
             `Z ← Z + s_t·κ·(M_{k+1} − Γ)` with `s_t = lr/(1 − β1^t)` and the one-sided `Γ = max(Z − λ, 0)`. `"paper"`
             (Eq. 10): `M ← M − κ·lr·(∇L + (M − Γ)/ν)`, `Z ← Z + (lr/ν)(M_k − Γ)`, `Γ = κ·sign(Z)·max(|Z| − λ, 0)`.
         steps (`int`, defaults to `300`): optimizer steps of the search (`epochs` overrides it).
@@ -153,7 +154,7 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
 
     @classmethod
     def code(cls, pruning_ratio: float = 0.2, **kwargs: Any) -> SPPConfig:
-        """The authors' released code (SPEC §D.2 [C]): AdamW dynamics, λ = 3, lr 1e-3 (their search script),
+        """The authors' released code: AdamW dynamics, λ = 3, lr 1e-3 (their search script),
         `step_record` ranking every 20 steps, separate pools and the reduced softmax scale of `compress_model` (their
         pipeline fine-tunes afterwards). Ties are still broken by `Z` (the code keeps every tied unit)."""
         settings = {"faithful_to": "code", "lambda_": 3.0, "lr": 1e-3, "interval": 20, "statistic": "step_record",
@@ -186,9 +187,9 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
 
 
 @dataclass
-class SPPRIAConfig(UnstructuredConfigMixin, _SearchFields):
+class SPPRIAConfig(UnstructuredPruningConfig, _SearchFields):
     """**Experimental.** SPP combined with RIA for unstructured / N:M LLM pruning (the paper's Table 5; its
-    "Algorithm 2" and LLM code were never published, so this is SPEC §D.4's reconstruction).
+    "Algorithm 2" and LLM code were never published, so this is our reconstruction: docs/methods/spp.md).
 
     One search (as `SPPConfig`'s, same fields) with an elementwise mask on every targeted weight and the LM loss;
     then RIA's layer-by-layer pass (pruned outputs feed the next layer) prunes each matrix's lowest-scoring
@@ -197,10 +198,10 @@ class SPPRIAConfig(UnstructuredConfigMixin, _SearchFields):
 
     Args:
         sparsity (`float`, defaults to `0.5`) / pattern (`str`, defaults to `"unstructured"`) / targets: see
-            `UnstructuredConfigMixin`.
+            `UnstructuredPruningConfig`.
         combine (`str`, defaults to `"masked"`): how the path enters the score: `"masked"` (RIA of the mask-scaled
-            weights `W∘M`, SPEC §D.4 (a)), `"scaled"` (RIA(W) times the path's order normalised to [0, 1] per matrix,
-            (b)) or `"support"` (the units in the path's support at the matching density first, RIA within, (c)).
+            weights `W∘M`), `"scaled"` (RIA(W) times the path's order normalised to [0, 1] per matrix)
+            or `"support"` (the units in the path's support at the matching density first, RIA within).
         a (`float`, defaults to `0.5`) / per (`str`, defaults to `"matrix"`): RIA's activation exponent and comparison
             group.
         statistic / tie_break: the path statistic (as in `SPPConfig`).

@@ -1,5 +1,5 @@
-"""SPP math (SPEC §D.2), pure tensor code: one Linearized-Bregman step on a mask vector, the importance order a
-solution path defines, and the cost-weighted selection of the units to remove.
+"""SPP math (docs/methods/spp.md), pure tensor code: one Linearized-Bregman step on a mask vector, the importance order
+a solution path defines, and the cost-weighted selection of the units to remove.
 
 Notation: `M` the mask (initialised to 1), `Γ` its sparse companion, `Z` the dual variable (both initialised to 0).
 A unit *enters* the path when `Γ` becomes non-zero; the support of `Γ` grows from empty to dense, important units

@@ -4,7 +4,7 @@ Per decoder layer (its current geometry, so an already pruned model works too):
   - `qk`: head dimensions of q and k, one mask shared by every head of the layer (query and KV heads alike, so GQA
     groups stay intact); on rotary models one unit per `rotate_half` pair (j, j + d/2), the mask multiplying both;
   - `vo`: head dimensions of v, shared by every KV head (the o_proj inputs they feed go with them);
-  - `mlp`: channels; the mask multiplies the input of down_proj on gated MLPs (SwiGLU: `silu(gate)·up`, SPEC §D.1 [R])
+  - `mlp`: channels; the mask multiplies the input of down_proj on gated MLPs (SwiGLU: `silu(gate)·up`; our extension)
     and the fc1 output before the activation on two-layer MLPs (the authors' ViT code).
 The masks multiply projection outputs (q/k before any q/k norm and before the rotary embedding, which commutes with a
 mask tied over each pair), so a 0/1 mask is exactly the model with those rows / columns zeroed.

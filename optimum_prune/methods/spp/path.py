@@ -58,7 +58,7 @@ class SolutionPath:
     """The solution path of one SPP search: for every unit (a QK pair / dimension, a VO dimension, an MLP channel
     of a layer) when it entered the support, how long it stayed (`step_record`), and the final `Z`, `Γ`, mask.
 
-    Made by `AutoPruner.search` / `optimum_prune.methods.spp.search_solution_path`; `save_pretrained` /
+    Made by `AutoPruner.search_solution_path` / `optimum_prune.methods.spp.search_solution_path`; `save_pretrained` /
     `from_pretrained` write and read it; `SPPConfig(pruning_ratio=r, solution_path=dir)` extracts a model from it.
 
     Args:
@@ -125,7 +125,7 @@ class SolutionPath:
         if not meta_file.is_file() or not tensor_file.is_file():
             raise FileNotFoundError(
                 f"{path} is not a saved solution path (it needs {PATH_CONFIG_NAME} and {PATH_TENSORS_NAME}); make one "
-                "with `AutoPruner.search(...).save_pretrained(dir)` or `optimum-prune search`."
+                "with `AutoPruner.search_solution_path(...).save_pretrained(dir)` or `optimum-prune search`."
             )
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
         if meta.get("format_version") != PATH_FORMAT_VERSION:

@@ -1,10 +1,10 @@
-"""**Experimental** SPP + RIA for unstructured / N:M LLM pruning (the paper's Table 5; SPEC §D.4's reconstruction,
+"""**Experimental** SPP + RIA for unstructured / N:M LLM pruning (the paper's Table 5; our reconstruction,
 since the paper's "Algorithm 2" and its LLM code were never published).
 
   1. One search (`search.train_masks`, the same Trainer loop and Bregman dynamics as structured SPP) with an
      elementwise mask on every targeted weight (`W ∘ M`, through `torch.nn.utils.parametrize`), on the LM loss of
-     the calibration windows. A local reconstruction loss would have zero gradient at `M = 1` (SPEC §D.4), hence the
-     task loss, and hence one global search rather than one per layer.
+     the calibration windows. A local reconstruction loss would have zero gradient at `M = 1` (it is minimal there),
+     hence the task loss, and hence one global search rather than one per layer.
   2. RIA's layer-by-layer pass (pruned outputs feed the next layer): each targeted matrix keeps its highest scores,
      per matrix (or per row / N:M group), with the score `SPPRIAConfig.combine` chooses.
 """

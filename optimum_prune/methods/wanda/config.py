@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..unstructured import UnstructuredConfigMixin, choice
+from ..unstructured import UnstructuredPruningConfig, choice
 
 __all__ = ["WandaConfig"]
 
 
 @dataclass
-class WandaConfig(UnstructuredConfigMixin):
+class WandaConfig(UnstructuredPruningConfig):
     """Wanda: prune the weights with the smallest `|W_ij|·‖X_j‖₂`, no weight update. https://arxiv.org/abs/2306.11695
 
     Args:
         sparsity (`float`, defaults to `0.5`) / pattern (`str`, defaults to `"unstructured"`): see
-            `UnstructuredConfigMixin`.
+            `UnstructuredPruningConfig`.
         per (`str`, defaults to `"row"`): comparison group of the unstructured mask, `"row"` (paper) or `"matrix"`.
     """
 

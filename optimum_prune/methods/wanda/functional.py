@@ -1,4 +1,4 @@
-"""Wanda importance scores (Sun et al., "A Simple and Effective Pruning Approach for Large Language Models"; SPEC §E).
+"""Wanda importance scores (Sun et al., "A Simple and Effective Pruning Approach for Large Language Models").
 
 `S_ij = |W_ij| * ||X_j||_2`, compared within each output row (`per="row"`) or within N:M groups. There is no weight
 update; selection lives in `optimum_prune.functional.masks`.

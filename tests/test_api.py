@@ -1,0 +1,151 @@
+"""The public API: what `optimum_prune` exports, and the old names kept for one release (each warns with a
+`FutureWarning` naming its replacement and still works). pyproject's pytest config ignores FutureWarning globally,
+so every check here asks for the warning explicitly."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import optimum_prune
+from optimum_prune import (
+    AutoPruner,
+    FISTAConfig,
+    MagnitudeConfig,
+    NumericalConfig,
+    PruningConfig,
+    StructuredPruningConfig,
+    UnstructuredPruningConfig,
+    WandaConfig,
+    save_pruned_model,
+)
+from optimum_prune.prune import _compute_plan
+
+RENAMED = [  # (module, old name, new name)
+    ("optimum_prune", "FistaConfig", "FISTAConfig"),
+    ("optimum_prune", "MagnitudePruningConfig", "MagnitudeConfig"),
+    ("optimum_prune", "NumericalPruningConfig", "NumericalConfig"),
+    ("optimum_prune", "save_pruned", "save_pruned_model"),
+    ("optimum_prune.serialization", "save_pruned", "save_pruned_model"),
+    ("optimum_prune.methods.fista", "FistaConfig", "FISTAConfig"),
+    ("optimum_prune.methods.fista", "FistaPruner", "FISTAPruner"),
+    ("optimum_prune.methods.fista.config", "FistaConfig", "FISTAConfig"),
+    ("optimum_prune.methods.fista.pruner", "FistaPruner", "FISTAPruner"),
+    ("optimum_prune.methods.magnitude", "MagnitudePruningConfig", "MagnitudeConfig"),
+    ("optimum_prune.methods.magnitude.config", "MagnitudePruningConfig", "MagnitudeConfig"),
+    ("optimum_prune.methods.numerical", "NumericalPruningConfig", "NumericalConfig"),
+    ("optimum_prune.methods.numerical.config", "NumericalPruningConfig", "NumericalConfig"),
+    ("optimum_prune.methods.unstructured", "UnstructuredConfigMixin", "UnstructuredPruningConfig"),
+]
+
+
+@pytest.mark.parametrize("module, old, new", RENAMED)
+def test_old_names_warn_and_still_work(module, old, new):
+    mod = importlib.import_module(module)
+    with pytest.warns(FutureWarning, match=rf"`{module}\.{old}` is deprecated.*`{module}\.{new}`"):
+        value = getattr(mod, old)
+    assert value is getattr(mod, new)
+    assert old not in mod.__all__ and new in mod.__all__
+
+
+def test_from_import_of_an_old_name_warns():
+    with pytest.warns(FutureWarning, match="FISTAConfig"):
+        from optimum_prune import FistaConfig  # noqa: F401
+    with pytest.warns(FutureWarning, match="save_pruned_model"):
+        from optimum_prune import save_pruned  # noqa: F401
+
+
+def test_new_names_do_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in optimum_prune.__all__:
+            getattr(optimum_prune, name)
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchConfig'"):
+        optimum_prune.NoSuchConfig  # noqa: B018
+
+
+def test_compute_plan_is_private():
+    assert "compute_plan" not in optimum_prune.__all__
+    for module in (optimum_prune, importlib.import_module("optimum_prune.prune")):
+        with pytest.warns(FutureWarning, match=r"compute_plan` is deprecated.*use `prune_`"):
+            assert module.compute_plan is _compute_plan
+
+
+def test_search_is_search_solution_path(monkeypatch):
+    calls = []
+    monkeypatch.setattr(AutoPruner, "search_solution_path", lambda self, config, calibration: calls.append(1) or "P")
+    pruner = AutoPruner(torch.nn.Linear(2, 2))
+    with pytest.warns(FutureWarning, match=r"`AutoPruner.search` is deprecated.*`AutoPruner.search_solution_path`"):
+        assert pruner.search(None, None) == "P"
+    assert calls == [1]
+
+
+def test_config_names_follow_one_rule():
+    """`<Method>Config` with the method's name as its paper writes it (acronyms in capitals), beside a pruner class
+    `<Method>Pruner`; the base classes are `PruningConfig`, `StructuredPruningConfig`, `UnstructuredPruningConfig`."""
+    from optimum_prune.methods.registry import _REGISTRY, available_methods
+
+    available_methods()
+    for name, (config_cls, pruner_cls) in _REGISTRY.items():
+        stem = config_cls.__name__.removesuffix("Config")
+        assert config_cls.__name__.endswith("Config") and not stem.endswith("Pruning"), config_cls.__name__
+        assert pruner_cls.__name__ == stem + "Pruner", (name, pruner_cls.__name__)
+        assert getattr(optimum_prune, config_cls.__name__) is config_cls
+        assert issubclass(config_cls, (StructuredPruningConfig, UnstructuredPruningConfig)), name
+
+
+def test_saved_configs_load_under_the_new_names():
+    """The registry's method names did not change: a config written before the renames loads as the new class."""
+    assert type(PruningConfig.from_dict({"method": "fista", "config_version": 1, "sparsity": 0.5})) is FISTAConfig
+    assert type(PruningConfig.from_dict({"method": "numerical", "pruning_ratio": 0.2})) is NumericalConfig
+    assert type(PruningConfig.from_dict({"method": "magnitude", "pruning_ratio": 0.2})) is MagnitudeConfig
+    assert type(UnstructuredPruningConfig.from_dict({"method": "wanda", "sparsity": 0.6})) is WandaConfig
+    with pytest.raises(ValueError, match="not a UnstructuredPruningConfig"):
+        UnstructuredPruningConfig.from_dict({"method": "numerical", "pruning_ratio": 0.2})
+
+
+def _package_modules():
+    root = Path(optimum_prune.__file__).parent
+    for path in sorted(root.rglob("*.py")):  # every module, also in folders without an __init__.py
+        name = ".".join(("optimum_prune", *path.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
+        if ".cli" not in name:  # the CLI's UserError is its own exit signal, never raised to a caller
+            yield importlib.import_module(name)
+
+
+def test_every_error_class_is_exported():
+    errors = {
+        obj
+        for module in _package_modules()
+        for name, obj in vars(module).items()
+        if inspect.isclass(obj)
+        and issubclass(obj, Exception)
+        and obj.__module__.startswith("optimum_prune")
+        and not name.startswith("_")
+    }
+    assert {e.__name__ for e in errors} >= {"GGUFExportError", "SolutionPathError", "UnsupportedArchitectureError"}
+    for error in errors:
+        assert error.__name__ in optimum_prune.__all__ and getattr(optimum_prune, error.__name__) is error, error
+
+
+def test_save_and_load_names_match():
+    assert save_pruned_model.__name__ == "save_pruned_model" and "load_pruned_model" in optimum_prune.__all__
+
+
+def test_teacher_copy_is_made_only_when_asked():
+    from testing_utils import tiny_model
+
+    config = MagnitudeConfig(pruning_ratio=0.4, round_to=1)
+    plain = AutoPruner.from_pretrained(tiny_model("llama"))
+    plain.prune(config)
+    assert plain._teacher is None
+    with pytest.raises(ValueError, match="keep_teacher=True"):
+        plain.teacher()
+    kept = AutoPruner.from_pretrained(tiny_model("llama"), keep_teacher=True)
+    kept.prune(config)
+    width = kept.teacher().model.layers[0].mlp.up_proj.out_features
+    assert width == 96 > kept.model.model.layers[0].mlp.up_proj.out_features
