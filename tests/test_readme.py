@@ -42,7 +42,11 @@ PLANNED = {
 }
 SKIP = re.compile(r"<!-- docs-test: skip \((.+?)\) -->\n```")
 # Long settings of the python examples, shortened for the tiny model.
-_SHORTER = {"max_steps=200": "max_steps=2"}
+_SHORTER = {
+    "max_steps=200": "max_steps=2",
+    "AMPConfig(sparsity=0.5)": "AMPConfig(sparsity=0.5, steps=3)",
+    "limit=20": "limit=5",
+}
 
 
 def _name(page: Path) -> str:
