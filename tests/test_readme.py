@@ -312,7 +312,11 @@ def test_docs_page_examples_run_as_written(page, readme_world, capsys):
             for long, short in _SHORTER.items():
                 code = code.replace(long, short)
             code = code.replace('"path/to/model"', repr(str(readme_world)))
-            exec(compile(code, f"{_name(page)} python block {i}", "exec"), namespace)  # noqa: S102
+            try:
+                exec(compile(code, f"{_name(page)} python block {i}", "exec"), namespace)  # noqa: S102
+            except Exception as error:
+                hint = "a block that cannot run on the tiny model says why: <!-- docs-test: skip (reason) --> above it"
+                raise AssertionError(f"{_name(page)} python block {i} fails ({hint})") from error
             ran += 1
         elif language == "bash":
             for line in _command_lines(code):
