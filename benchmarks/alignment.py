@@ -126,7 +126,7 @@ def both(d: dict[str, Any], key: str) -> str:
     return f"{fmt(d.get(key))} / {fmt(d.get(key + '_best'))}"
 
 
-def write_markdown(result: dict[str, Any], path: Path) -> None:
+def markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
     dense = result["dense"]
     lines = [
@@ -157,7 +157,7 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         lines += ["", note]
     if result.get("partial"):
         lines += ["", f"**Partial run**: {result['partial']}"]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
     def save() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-        write_markdown(result, out.with_suffix(".md"))
+        out.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
 
     speed_round_to = {
         m: (args.round_to if m in args.speed_all else [r for r in args.round_to if r in (1, 64)]) for m in args.methods
@@ -314,7 +314,7 @@ def llama_speed_only(args: argparse.Namespace, out: Path, workdir: Path) -> int:
         logger.info("%s: %s", method, {n: runs[n]["llama_cpp"] for n in paths})
     result["partial"] = None
     out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-    write_markdown(result, out.with_suffix(".md"))
+    out.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
     return 0
 
 

@@ -45,7 +45,7 @@ GRID = [(0.005, 0.05, "unscaled"), (0.005, 0.05, "divided_by_k"), (0.05, 0.05, "
         (50.0, 0.002, "unscaled"), (50.0, 0.0005, "unscaled"), (200.0, 0.001, "unscaled")]  # fmt: skip
 
 
-def render(result: dict) -> str:
+def markdown(result: dict) -> str:
     s = result["setup"]
     lines = [
         "# AMP: λ / η regimes on SmolLM2-135M (relative attention error of q/k at ρ = 0.5)",
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 rec["amp"][key] = r
                 print(f"layer {i} {key}: {r}", flush=True)
                 out.write_text(json.dumps(result, indent=1) + "\n")
-                out.with_suffix(".md").write_text(render(result))
+                out.with_suffix(".md").write_text(markdown(result))
         run.advance(run.run_layer(i))
     return 0
 

@@ -105,7 +105,7 @@ def run_cell(WQ, WK, X, reading, args) -> dict[str, float]:
     return out
 
 
-def render(result: dict) -> str:
+def markdown(result: dict) -> str:
     s = result["setup"]
     lines = [
         "# AMP synthetic experiment (paper §6.1, Figure 2 at n = 128, ρ = 0.5)",
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         }  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (RESULTS / f"{args.name}.md").write_text(render(result))
+    (RESULTS / f"{args.name}.md").write_text(markdown(result))
     return 0
 
 

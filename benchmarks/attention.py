@@ -45,7 +45,8 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from benchmarks._attention_report import ATTN, MLP, render_markdown  # noqa: E402
+from benchmarks._attention_report import ATTN, MLP
+from benchmarks._attention_report import render_markdown as markdown  # noqa: E402
 from optimum_prune import AMPConfig, AutoPruner, CalibrationConfig, SparseGPTConfig, WandaConfig, __version__  # noqa: E402
 from optimum_prune.calibration.data import (  # noqa: E402
     bbc_news_dir,
@@ -111,7 +112,7 @@ def write_outputs(result: dict[str, Any], json_path: Path) -> None:
     tmp = json_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
     tmp.replace(json_path)
-    json_path.with_suffix(".md").write_text(render_markdown(result))
+    json_path.with_suffix(".md").write_text(markdown(result))
 
 
 def qk_weights(model) -> dict[str, torch.Tensor]:
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     # several invocations may write the same results at once (every write merges what is on disk)
     json_path = Path(args.output_dir) / f"{args.name}.json"
     if args.render_only:
-        json_path.with_suffix(".md").write_text(render_markdown(json.loads(json_path.read_text())))
+        json_path.with_suffix(".md").write_text(markdown(json.loads(json_path.read_text())))
         return 0
     if args.threads:
         torch.set_num_threads(args.threads)

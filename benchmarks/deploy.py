@@ -40,7 +40,6 @@ from typing import Any
 os.environ.setdefault("TQDM_DISABLE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _llamacpp  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from _shared import head_documents, reuse_calibration_pass  # noqa: E402
@@ -92,7 +91,7 @@ def _fmt(v: Any, f: str = "{:.2f}") -> str:
     return f.format(v) if isinstance(v, (int, float)) else "n/a"
 
 
-def write_markdown(result: dict[str, Any], path: Path) -> None:
+def markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
     lines = [
         "# SmolLM2-135M in llama.cpp: dense vs Numerical Pruning",
@@ -132,10 +131,12 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         ]
     if result.get("partial"):
         lines += ["", f"**Partial run**: {result['partial']}"]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
+    import _llamacpp  # the `llamacpp` extra; its absence raises an ImportError naming it
+
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     torch.set_num_threads(args.work_threads)  # on a loaded machine one thread is much faster than two
@@ -182,7 +183,7 @@ def main(argv=None) -> int:
     def save() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-        write_markdown(result, out.with_suffix(".md"))
+        out.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
 
     files: dict[str, dict[str, str]] = {t: {} for t in OUTTYPES}
 
@@ -223,6 +224,8 @@ def main(argv=None) -> int:
 
 
 def measure_speed(result: dict[str, Any], files: dict, prompt: list[int], args: argparse.Namespace, out: Path) -> int:
+    import _llamacpp
+
     result["speed"] = {}
     for outtype in OUTTYPES:
         result["partial"] = f"speed of {outtype} running"
@@ -231,11 +234,11 @@ def measure_speed(result: dict[str, Any], files: dict, prompt: list[int], args: 
         )
         result["speed"][outtype] = speed
         out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-        write_markdown(result, out.with_suffix(".md"))
+        out.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
     result["partial"] = None
     result["host"]["loadavg_end"] = os.getloadavg()
     out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-    write_markdown(result, out.with_suffix(".md"))
+    out.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
     return 0
 
 

@@ -231,6 +231,12 @@ def _git_rev() -> str | None:
         return None
 
 
+def _label(res: dict[str, Any], variant: str) -> str:
+    """A variant's label: recorded in the results file (since the harness), else the script's current one."""
+    recorded = res.get("labels", {}).get(variant)
+    return recorded or (VARIANTS[variant][3] if variant in VARIANTS else variant)
+
+
 def markdown(res: dict[str, Any]) -> str:
     s = res["settings"]
     texts = [("bbc", "held-out BBC"), ("pydocs", "Python docs (out of domain)")]
@@ -275,7 +281,7 @@ def markdown(res: dict[str, Any]) -> str:
                     if v != "flap" and flap is not None and flap.get(t + k):
                         cell += f" ({100 * (x / flap[t + k] - 1):+.1f}%)"
                     cells.append(cell)
-                lines.append(f"| {VARIANTS[v][3]} | " + " | ".join(cells) + " |")
+                lines.append(f"| {_label(res, v)} | " + " | ".join(cells) + " |")
     lines += ["", "Measured ratio / decide time (s) per run:", ""]
     for r in runs:
         lines.append(f"- {r['variant']} @ {r['ratio']:g}: measured {r['measured']:.3f}, {r['prune_s']:.1f} s")

@@ -234,7 +234,7 @@ def write_outputs(result: dict[str, Any], json_path: Path, md_path: Path) -> Non
     tmp = json_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(jsonable(result), indent=1) + "\n")
     tmp.replace(json_path)
-    md_path.write_text(render_markdown(result))
+    md_path.write_text(markdown(result))
 
 
 def _ppl(x: Any) -> str:
@@ -288,7 +288,7 @@ def _fista_table(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_markdown(result: dict[str, Any]) -> str:
+def markdown(result: dict[str, Any]) -> str:
     s = result["setup"]
     runs = {r["key"]: r for r in result["runs"]}
     methods = list(dict.fromkeys([*s["methods"], *(r["method"] for r in result["runs"])]))  # incl. resumed runs
@@ -621,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     result["status"] = "complete"
     result["total_wall_s"] = time.perf_counter() - t0
     write_outputs(result, json_path, md_path)
-    print(render_markdown(result), flush=True)
+    print(markdown(result), flush=True)
     return 0
 
 

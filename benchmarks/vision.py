@@ -32,7 +32,6 @@ import datetime
 import json
 import logging
 import os
-import platform
 import statistics
 import sys
 import time
@@ -43,10 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _vision as data  # noqa: E402
 import torch  # noqa: E402
-import transformers  # noqa: E402
 from transformers import Dinov2ForImageClassification  # noqa: E402
 
-import optimum_prune  # noqa: E402
 from optimum_prune import (  # noqa: E402
     AutoPrunedModelForImageClassification,
     FinetuneConfig,
@@ -270,10 +267,11 @@ def markdown(res: dict) -> str:
                               for n, r in runs.items() if "extract_s" in r) + "."]  # fmt: skip
     probe = res.get("probe", {})
     conv = res.get("conversion", {})
+    v = res.get("versions", {})
     lines += ["", f"Linear probe: {probe.get('train')} train images, train accuracy {probe.get('train_accuracy', 0):.4f}. "
               f"Converted backbone vs onnxruntime: max |diff| {conv.get('max_abs_diff_vs_onnxruntime', float('nan')):.1e}. "
-              f"optimum_prune {optimum_prune.__version__}, transformers {transformers.__version__}, torch "
-              f"{torch.__version__}, {platform.machine()}.", ""]  # fmt: skip
+              f"optimum_prune {v.get('optimum_prune')}, transformers {v.get('transformers')}, torch "
+              f"{v.get('torch')}, {res.get('host', {}).get('machine')}.", ""]  # fmt: skip
     return "\n".join(lines)
 
 
