@@ -489,3 +489,52 @@ def speed_verdict(ratios: Sequence[float]) -> str:
     if s["q1"] <= 1.0 <= s["q3"]:
         return "tie"
     return "faster" if s["median"] > 1.0 else "slower"
+
+
+# ---------------------------------------------------------------------------------------------------------- markdown
+def protocol_line(res: dict[str, Any]) -> str:
+    """One markdown line stating the protocol a result was made under (empty for results that predate it)."""
+    p = res.get("protocol")
+    if not p:
+        return ""
+    texts = []
+    for name in p["eval_texts"]:
+        c = p["corpora"].get(name, {})
+        n = c.get(p["split"], {}).get("documents")
+        sha = (c.get(p["split"], {}).get("sha256") or "")[:8]
+        scored = [v for k, v in p["scored_tokens"].items() if k.startswith(name + "@")]
+        texts.append(
+            f"{CORPORA[name].label if name in CORPORA else name} ({n} documents, sha {sha}"
+            + (f", {min(scored)} scored tokens" if scored else "")
+            + ")"
+        )
+    calib = ", ".join(f"{c['num_samples']} × {c['seq_len']} {c['corpus']}" for c in p.get("calibration", []))
+    line = (
+        f"- Protocol (benchmarks/README.md): documents split calibration / selection / test (seed {p['seed']}); "
+        f"evaluated on the **{p['split']}** split: {'; '.join(texts)}"
+        + (f"; calibration windows: {calib} (calibration split)" if calib else "")
+        + "."
+    )
+    if not p.get("meets_min_scored_tokens", True):
+        line += f" **Below the protocol's {MIN_SCORED_TOKENS} scored tokens per text (a smoke run).**"
+    return line
+
+
+def text_label(name: str) -> str:
+    return CORPORA[name].label if name in CORPORA else name
+
+
+def round_ratios(reference: Sequence[float], other: Sequence[float], name: str) -> dict[str, Any]:
+    """Per-round ratios `reference[i] / other[i]` of two interleaved timing series (times: > 1 means `other` is
+    faster), with their spread and verdict, as `{name}_rounds`, `{name}_spread`, `{name}_verdict`."""
+    ratios = [a / b for a, b in zip(reference, other) if b]
+    return {f"{name}_rounds": ratios, f"{name}_spread": spread(ratios), f"{name}_verdict": speed_verdict(ratios)}
+
+
+def spread_note(record: dict[str, Any], name: str) -> str:
+    """` (IQR a–b, tie)` after a ratio in a table, when `record` holds its per-round spread (empty otherwise)."""
+    sp = record.get(f"{name}_spread")
+    if not sp or not sp.get("n"):
+        return ""
+    verdict = record.get(f"{name}_verdict")
+    return f" (IQR {sp['q1']:.2f}–{sp['q3']:.2f}{', tie' if verdict == 'tie' else ''})"
