@@ -1,0 +1,115 @@
+"""Every benchmark script's entry point runs on a tiny random model and a few tokens of the real corpora, and writes a
+results JSON that records the evaluation protocol and renders to its markdown: a library change that breaks a
+benchmark fails `make test`. Scripts needing an optional dependency (llama.cpp, a GPU) skip, naming it, only when it
+is absent."""
+
+import importlib
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+TINY_EVAL = ["--eval-tokens", "64", "--eval-seq-len", "32"]
+TINY_CALIB = ["--num-samples", "2", "--seq-len", "32"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, smollm2_tokenizer, tiny_llama):
+    """The conftest's tiny Llama (SmolLM2 vocabulary) saved with its tokenizer, as `--model` takes it."""
+    path = tmp_path_factory.mktemp("bench") / "tiny-llama"
+    tiny_llama.save_pretrained(path)
+    smollm2_tokenizer.save_pretrained(path)
+    return path
+
+
+def _needs(module: str, why: str):
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{why}: the optional dependency `{module}` is not installed")
+
+
+def _corpora():
+    if shutil.which("bible") is None:
+        pytest.skip("the third evaluation text needs Debian's bible-kjv (make install installs it)")
+
+
+def _run(script: str, argv: list[str], out: Path) -> dict:
+    import render
+
+    module = importlib.import_module(script)
+    rc = module.main([*argv, "--output", str(out)])
+    assert rc in (None, 0) or isinstance(rc, dict), f"{script}.main returned {rc}"
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert result["renderer"] == script
+    assert out.with_suffix(".md").read_text(encoding="utf-8") == render.render(result)
+    return result
+
+
+def _check_protocol(result: dict, split: str = "test", texts=("bbc", "python_docs", "kjv")):
+    p = result["protocol"]
+    assert p["split"] == split
+    assert set(p["eval_texts"]) == set(texts)
+    for name in texts:
+        sets = p["corpora"][name]
+        hashes = {sets[s]["sha256"] for s in ("calibration", "selection", "test")}
+        assert len(hashes) == 3, f"{name}: the three document sets must differ"
+        assert any(k.startswith(name + "@") and v > 0 for k, v in p["scored_tokens"].items())
+    assert p["meets_min_scored_tokens"] is False  # a smoke run scores a few tokens and says so
+
+
+def test_structured(tiny_dir, tmp_path):
+    _corpora()
+    argv = ["--model", str(tiny_dir), "--ratios", "0.3", "--calib-batch-size", "2", *TINY_CALIB, *TINY_EVAL]
+    argv += ["--speed-repeats", "2", "--speed-warmup", "0", "--prompt-len", "8", "--new-tokens", "2"]
+    result = _run("structured", argv, tmp_path / "structured.json")
+    _check_protocol(result)
+    assert {r["method"] for r in result["runs"]} == {"numerical", "flap", "magnitude"}
+    for r in result["runs"]:
+        assert set(r["ppl_texts"]) == {"bbc", "python_docs", "kjv"}
+        assert len(r["speed"]["prefill_speedup_rounds"]) == 2
+        assert r["speed"]["prefill_speedup_verdict"] in ("faster", "slower", "tie")
+
+
+def test_harness_split_is_by_document_seeded_and_disjoint():
+    import harness
+
+    docs = [f"document {i}" for i in range(103)]
+    a, b = harness.split_corpus(docs, seed=0), harness.split_corpus(docs, seed=0)
+    assert a == b
+    assert harness.split_corpus(docs, seed=1) != a
+    sets = [set(a[s]) for s in harness.SPLITS]
+    assert sum(map(len, sets)) == len(docs) and set().union(*sets) == set(docs)
+    assert [len(x) for x in sets] == [52, 26, 25]
+    assert harness.documents_hash(a["test"]) != harness.documents_hash(a["selection"])
+    with pytest.raises(ValueError, match="'selection' .* or 'test'"):
+        harness.Protocol(split="calibration")
+
+
+def test_harness_spread_and_tie():
+    import harness
+
+    s = harness.spread([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert (s["median"], s["q1"], s["q3"], s["iqr"]) == (3.0, 2.0, 4.0, 2.0)
+    assert harness.speed_verdict([1.3, 1.25, 1.35, 1.4]) == "faster"
+    assert harness.speed_verdict([0.8, 0.85, 0.9]) == "slower"
+    assert harness.speed_verdict([0.9, 1.2, 1.0, 1.1, 0.95]) == "tie"  # a median of 1.0x inside its spread
+    r = harness.round_ratios([10.0, 10.0, 10.0, 10.0], [5.0, 12.5, 8.0, 10.0], "x")
+    assert r["x_rounds"] == [2.0, 0.8, 1.25, 1.0] and r["x_verdict"] == "tie"
+    assert harness.round_ratios([10.0, 10.0, 10.0], [5.0, 5.0, 4.0], "x")["x_verdict"] == "faster"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="2:4 sparse kernels need an NVIDIA GPU (none here)")
+def test_semi_structured(tiny_dir, tmp_path):
+    result = _run(
+        "semi_structured",
+        ["--model", str(tiny_dir), "--batch", "1", "--seq", "32", "--warmup", "1", "--repeats", "2"],
+        tmp_path / "semi.json",
+    )
+    assert result["rows"][0]["speedup"] > 0
