@@ -113,3 +113,10 @@ def test_semi_structured(tiny_dir, tmp_path):
         tmp_path / "semi.json",
     )
     assert result["rows"][0]["speedup"] > 0
+
+
+def test_amp_synthetic(tmp_path):
+    argv = ["--d", "8", "--n", "6", "--k", "2", "--steps", "3", "--seeds", "0", "--scales", "1/sqrt(d)"]
+    result = _run("amp_synthetic", argv, tmp_path / "amp_synthetic.json")
+    b = result["scales"]["1/sqrt(d)"]["baselines"]
+    assert 0 < b["wanda_fused"] < 10 and 0 < b["sparsegpt_fused"] < 10
