@@ -284,7 +284,7 @@ class Protocol:
             "eval_tokens": self.eval_tokens,
             "eval_seq_len": self.eval_seq_len,
             "scored_tokens": scored,
-            "meets_min_scored_tokens": least is not None and least >= self.min_scored_tokens,
+            "meets_min_scored_tokens": least >= self.min_scored_tokens if least is not None else not self.eval_texts,
             "calibration": list(self._calibration.values()),
             "corpora": corpora,
         }
@@ -509,9 +509,10 @@ def protocol_line(res: dict[str, Any]) -> str:
             + ")"
         )
     calib = ", ".join(f"{c['num_samples']} × {c['seq_len']} {c['corpus']}" for c in p.get("calibration", []))
+    evaluated = f"evaluated on the **{p['split']}** split: {'; '.join(texts)}" if texts else "no text evaluated"
     line = (
         f"- Protocol (benchmarks/README.md): documents split calibration / selection / test (seed {p['seed']}); "
-        f"evaluated on the **{p['split']}** split: {'; '.join(texts)}"
+        + evaluated
         + (f"; calibration windows: {calib} (calibration split)" if calib else "")
         + "."
     )

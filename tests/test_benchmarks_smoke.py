@@ -120,3 +120,11 @@ def test_amp_synthetic(tmp_path):
     result = _run("amp_synthetic", argv, tmp_path / "amp_synthetic.json")
     b = result["scales"]["1/sqrt(d)"]["baselines"]
     assert 0 < b["wanda_fused"] < 10 and 0 < b["sparsegpt_fused"] < 10
+
+
+def test_amp_regimes(tiny_dir, tmp_path):
+    argv = ["--model", str(tiny_dir), "--layers", "1", *TINY_CALIB, "--steps", "3", "--grid", "2"]
+    result = _run("amp_regimes", argv, tmp_path / "amp_regimes.json")
+    assert result["protocol"]["calibration"][0]["corpus"] == "bbc"
+    rec = result["layers"]["1"]
+    assert len(rec["amp"]) == 2 and rec["baselines"]["wanda"] > 0
