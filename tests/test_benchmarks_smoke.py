@@ -128,3 +128,21 @@ def test_amp_regimes(tiny_dir, tmp_path):
     assert result["protocol"]["calibration"][0]["corpus"] == "bbc"
     rec = result["layers"]["1"]
     assert len(rec["amp"]) == 2 and rec["baselines"]["wanda"] > 0
+
+
+def test_fista_calibration_size(tiny_dir, tmp_path):
+    argv = ["--model", str(tiny_dir), "--sizes", "2x16,4x16", "--eps", "1e-3", "--layer", "1", "--held-out", "2x16"]
+    result = _run("fista_calibration_size", argv, tmp_path / "fista_size.json")
+    assert result["protocol"]["split"] == "selection"
+    assert set(result["runs"]) == {"q_proj", "gate_proj", "down_proj"}
+    run = result["runs"]["q_proj"]["4x16 eps=0.001"]
+    assert run["outer_steps"] >= 1 and run["calibration_error"][-1] <= run["calibration_error"][0]
+
+
+def test_fista_generalization(tiny_dir, tmp_path):
+    _corpora()
+    argv = ["--model", str(tiny_dir), "--layers", "1", "--num-samples", "2", "--seq-len", "16", "--eval-samples", "2"]
+    argv += ["--variants", "paper"]
+    result = _run("fista_generalization", argv, tmp_path / "fista_gen.json")
+    run = result["runs"]["q_proj L1|2:4"]
+    assert set(run["errors"]["FISTA paper"]) == {"calibration", "held-out BBC", "OOD", "OOD prose"}
