@@ -156,3 +156,17 @@ def test_np_allocation(tiny_dir, tmp_path):
     _check_protocol(result, split="selection")
     assert {r["variant"] for r in result["runs"]} == {"flap", "np_paper", "np_unit_owl"}
     assert all(r["bbc"] > 0 and r["pydocs"] > 0 and r["kjv"] > 0 for r in result["runs"])
+
+
+def test_alignment(tiny_dir, tmp_path):
+    _corpora()
+    argv = ["--model", str(tiny_dir), "--methods", "magnitude", "flap", "--round-to", "1", "8", *TINY_CALIB]
+    argv += [*TINY_EVAL, "--repeats", "2", "--prompt-len", "8", "--speed-all", "flap", "--workdir", str(tmp_path)]
+    result = _run("alignment", argv, tmp_path / "alignment.json")
+    _check_protocol(result)
+    assert len(result["runs"]) == 4
+    flap = [r for r in result["runs"] if r["method"] == "flap"]
+    assert all(len(r["torch_prefill_speedup_rounds"]) == 2 for r in flap)
+    assert {r["ppl_kjv"] > 0 for r in result["runs"]} == {True}
+    if importlib.util.find_spec("llama_cpp") is None:
+        assert "llama.cpp speed not measured" in result["partial"]
