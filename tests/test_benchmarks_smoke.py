@@ -170,3 +170,13 @@ def test_alignment(tiny_dir, tmp_path):
     assert {r["ppl_kjv"] > 0 for r in result["runs"]} == {True}
     if importlib.util.find_spec("llama_cpp") is None:
         assert "llama.cpp speed not measured" in result["partial"]
+
+
+def test_deploy(tiny_dir, tmp_path):
+    _needs("llama_cpp", "deploy.py runs the exported GGUF files in llama.cpp (the `llamacpp` extra)")
+    _corpora()
+    argv = ["--model", str(tiny_dir), "--ratios", "0.3", "--allocations", "global", *TINY_CALIB, *TINY_EVAL]
+    argv += ["--repeats", "1", "--prompt-len", "8", "--new-tokens", "2", "--workdir", str(tmp_path)]
+    result = _run("deploy", argv, tmp_path / "deploy.json")
+    _check_protocol(result)
+    assert set(result["models"]) == {"dense", "NP 30% per-layer"}
