@@ -195,3 +195,19 @@ def test_spp(tiny_dir, tmp_path):
     assert all(set(r["lora"]) >= {"bbc", "python", "kjv"} for r in result["rows"].values())
     assert set(result["unstructured"]) == {"spp_ria", "ria", "wanda"}
     assert "random@0.3" in result["ablation"] and "0.3" in result["speed"]
+
+
+def test_unstructured(tiny_dir, tmp_path):
+    _corpora()
+    argv = ["--model", str(tiny_dir), *TINY_CALIB, "--calib-batch-size", "2", *TINY_EVAL]
+    argv += ["--methods", "wanda,fista", "--patterns", "unstructured,2:4", "--fista-opt", "K=5"]
+    argv += ["--sweep", "0.3", "--sweep-methods", "wanda", "--weights-dir", str(tmp_path / "w")]
+    result = _run("unstructured", argv, tmp_path / "unstructured.json")
+    _check_protocol(result)
+    assert result["status"] == "complete" and len(result["runs"]) == 5
+    assert all(
+        r["ppl"] == r["ppl_texts"]["bbc"] and r["ppl_ood"] == r["ppl_texts"]["python_docs"] for r in result["runs"]
+    )
+    # scoring again from the saved weights gives the same perplexities
+    again = _run("unstructured", [*argv, "--from-weights"], tmp_path / "again.json")
+    assert [r["ppl"] for r in again["runs"]] == [r["ppl"] for r in result["runs"]]
