@@ -211,3 +211,17 @@ def test_unstructured(tiny_dir, tmp_path):
     # scoring again from the saved weights gives the same perplexities
     again = _run("unstructured", [*argv, "--from-weights"], tmp_path / "again.json")
     assert [r["ppl"] for r in again["runs"]] == [r["ppl"] for r in result["runs"]]
+
+
+def test_attention(tiny_dir, tmp_path):
+    _corpora()
+    argv = ["--model", str(tiny_dir), *TINY_CALIB, *TINY_EVAL, "--steps", "2", "--attn", "wanda,amp"]
+    argv += ["--mlp", "dense,wanda", "--error-layers", "1", "--rhos", "0.5", "--cache-dir", str(tmp_path / "c")]
+    result = _run("attention", argv, tmp_path / "attention.json")
+    _check_protocol(result)
+    assert set(result["rows"]) == {"wanda|dense", "amp|dense", "wanda|wanda", "amp|wanda"}
+    assert all(r["ppl_kjv"] > 0 for r in result["rows"].values())
+    speed = _run(
+        "attention", [*argv, "--speed", "--speed-layers", "1", "--speed-steps", "1"], tmp_path / "attention.json"
+    )
+    assert speed["speed"] and speed["rows"] == result["rows"]
