@@ -225,3 +225,17 @@ def test_attention(tiny_dir, tmp_path):
         "attention", [*argv, "--speed", "--speed-layers", "1", "--speed-steps", "1"], tmp_path / "attention.json"
     )
     assert speed["speed"] and speed["rows"] == result["rows"]
+
+
+def test_recovery(tiny_dir, tmp_path):
+    _corpora()
+    _needs("lm_eval", "recovery.py scores the BBC topic task with lm-eval (the `eval` extra)")
+    argv = ["--model", str(tiny_dir), "--methods", "flap30", "fista24", "--num-samples", "2", "--calib-seq-len", "32"]
+    argv += ["--fista-max-outer", "1", "--steps", "1", "--batch-size", "1", "--seq-len", "16", "--lora-r", "2"]
+    argv += [*TINY_EVAL, "--zero-shot-limit", "2"]
+    result = _run("recovery", argv, tmp_path / "recovery.json")
+    _check_protocol(result)
+    assert result["status"] == "Complete."
+    for row in result["rows"].values():
+        assert {"pruned", "lora", "lora_kd"} <= set(row)
+        assert row["lora"]["ppl_kjv"] > 0 and row["lora"]["bbc_topic_n"] == 2
