@@ -239,3 +239,12 @@ def test_recovery(tiny_dir, tmp_path):
     for row in result["rows"].values():
         assert {"pruned", "lora", "lora_kd"} <= set(row)
         assert row["lora"]["ppl_kjv"] > 0 and row["lora"]["bbc_topic_n"] == 2
+
+
+def test_scale(tiny_dir, tmp_path):
+    argv = ["--model", str(tiny_dir), "--runs", "smollm2-mem-wanda", "smollm2-low-np", "--work-dir", str(tmp_path)]
+    result = _run("scale", argv, tmp_path / "scale.json")
+    assert result["protocol"]["calibration"][0]["corpus"] == "bbc"
+    for name in ("smollm2-mem-wanda", "smollm2-low-np"):
+        rank = result["runs"][name]["ranks"][0]
+        assert rank["vmhwm_bytes"] > 0 and rank["seconds"]["prune"] > 0 and 0 < rank["measured"] < 1
