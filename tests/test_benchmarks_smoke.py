@@ -248,3 +248,35 @@ def test_scale(tiny_dir, tmp_path):
     for name in ("smollm2-mem-wanda", "smollm2-low-np"):
         rank = result["runs"][name]["ranks"][0]
         assert rank["vmhwm_bytes"] > 0 and rank["seconds"]["prune"] > 0 and 0 < rank["measured"] < 1
+
+
+@pytest.fixture(scope="module")
+def tiny_vision(tmp_path_factory):
+    """A tiny random DINOv2 classifier (5 labels, 16 px) and 120 random 16 px images, as vision.py takes them."""
+    import numpy as np
+    from testing_utils import tiny_model
+
+    root = tmp_path_factory.mktemp("vision")
+    tiny_model("dinov2").save_pretrained(root / "model")
+    gen = np.random.default_rng(0)
+    images = gen.integers(0, 256, size=(120, 16, 16, 3), dtype=np.uint8)
+    np.savez(root / "images.npz", images=images, labels=gen.integers(0, 5, size=120))
+    return root
+
+
+def test_vision(tiny_vision, tmp_path):
+    argv = ["--model", str(tiny_vision / "model"), "--images", str(tiny_vision / "images.npz"), "--size", "16"]
+    argv += ["--methods", "magnitude", "flap", "--ratios", "0.3", "--calibration", "4", "--test", "8"]
+    argv += ["--ft-images", "4", "--ft-steps", "1", "--ft-batch", "2", "--cache-dir", str(tmp_path / "cache")]
+    out = tmp_path / "vision.json"
+    result = _run("vision", argv, out)
+    assert set(result["runs"]) == {"dense", "magnitude_0.3", "flap_0.3"}
+    assert result["vision_protocol"]["split"] == "test"
+    assert {k: v["images"] for k, v in result["vision_protocol"]["sets"].items()} == {
+        "test": 24,
+        "calibration": 6,
+        "train": 78,
+        "selection": 12,
+    }
+    timed = _run("vision", [*argv, "--timing", "--timing-batch", "2", "--repeats", "2"], out)
+    assert set(timed["timing"]["speedup"]) == {"dense", "magnitude_0.3", "flap_0.3"}
