@@ -10,7 +10,7 @@ PYTEST_WORKERS ?= 2
 # Use this checkout's sources even when another checkout's editable install is active in the same environment.
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 CHECK_DIRS := optimum_prune tests $(wildcard examples benchmarks)
-BENCH_SCRIPTS := $(sort $(filter-out benchmarks/_%,$(wildcard benchmarks/*.py)))
+BENCH_SCRIPTS := $(sort $(filter-out benchmarks/_% benchmarks/harness.py benchmarks/render.py,$(wildcard benchmarks/*.py)))
 
 .PHONY: help install demo test style quality bench
 

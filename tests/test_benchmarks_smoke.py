@@ -280,3 +280,9 @@ def test_vision(tiny_vision, tmp_path):
     }
     timed = _run("vision", [*argv, "--timing", "--timing-batch", "2", "--repeats", "2"], out)
     assert set(timed["timing"]["speedup"]) == {"dense", "magnitude_0.3", "flap_0.3"}
+
+
+def test_every_script_has_a_smoke_test():
+    scripts = {p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_")} - {"harness", "render"}
+    missing = sorted(s for s in scripts if f"test_{s}" not in globals())
+    assert not missing, f"benchmark scripts without a smoke test here: {missing}"
