@@ -237,14 +237,15 @@ def main(argv=None) -> int:
                 result["partial"] = f"llama.cpp speed not measured: {e}"
                 save()
                 continue
-            speed = _llamacpp.compare_speed(
-                {"dense": paths["dense"], **{n: paths[n] for n in kept}},
-                prompt[0].tolist(),
-                new_tokens=args.new_tokens,
-                warmup=1,
-                repeats=args.repeats,
-                n_threads=args.threads,
-            )
+            with harness.timing_lock():
+                speed = _llamacpp.compare_speed(
+                    {"dense": paths["dense"], **{n: paths[n] for n in kept}},
+                    prompt[0].tolist(),
+                    new_tokens=args.new_tokens,
+                    warmup=1,
+                    repeats=args.repeats,
+                    n_threads=args.threads,
+                )
             for name in kept:
                 runs[name]["llama_cpp"] = {k: v for k, v in speed[name].items() if k != "samples"}
                 Path(paths.pop(name)).unlink()
@@ -276,14 +277,15 @@ def llama_speed_only(args: argparse.Namespace, out: Path, workdir: Path) -> int:
         paths = {n: workdir / f"{n}.f16.gguf" for n in runs if (workdir / f"{n}.f16.gguf").is_file()}
         if not paths:
             continue
-        speed = _llamacpp.compare_speed(
-            {"dense": str(workdir / "dense.f16.gguf"), **{n: str(p) for n, p in paths.items()}},
-            prompt,
-            new_tokens=args.new_tokens,
-            warmup=1,
-            repeats=args.repeats,
-            n_threads=args.threads,
-        )
+        with harness.timing_lock():
+            speed = _llamacpp.compare_speed(
+                {"dense": str(workdir / "dense.f16.gguf"), **{n: str(p) for n, p in paths.items()}},
+                prompt,
+                new_tokens=args.new_tokens,
+                warmup=1,
+                repeats=args.repeats,
+                n_threads=args.threads,
+            )
         for name in paths:
             runs[name]["llama_cpp"] = {k: v for k, v in speed[name].items() if k != "samples"}
         result.setdefault("llama_cpp_dense", {})[method] = {k: v for k, v in speed["dense"].items() if k != "samples"}

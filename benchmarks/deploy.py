@@ -218,9 +218,10 @@ def measure_speed(result: dict[str, Any], files: dict, prompt: list[int], args: 
     result["speed"] = {}
     for outtype in OUTTYPES:
         result["partial"] = f"speed of {outtype} running"
-        speed = _llamacpp.compare_speed(
-            files[outtype], prompt, new_tokens=args.new_tokens, repeats=args.repeats, n_threads=args.threads
-        )
+        with harness.timing_lock():
+            speed = _llamacpp.compare_speed(
+                files[outtype], prompt, new_tokens=args.new_tokens, repeats=args.repeats, n_threads=args.threads
+            )
         result["speed"][outtype] = speed
         harness.write_results(result, out, "deploy")
     result["partial"] = None

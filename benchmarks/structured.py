@@ -313,10 +313,11 @@ def remeasure_speed(args: argparse.Namespace, dense: torch.nn.Module, tokenizer:
                     f"{r['method']} r={ratio}: rebuilt model has {n} parameters, recorded {r['params']}"
                 )
         t0 = time.perf_counter()
-        speed = compare_speed(
-            {"dense": dense, **twins}, tokenizer, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-            warmup=args.speed_warmup, repeats=args.speed_repeats,
-        )  # fmt: skip
+        with harness.timing_lock():
+            speed = compare_speed(
+                {"dense": dense, **twins}, tokenizer, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                warmup=args.speed_warmup, repeats=args.speed_repeats,
+            )  # fmt: skip
         for r in runs:
             if r.get("speed") is not None and "speed_during_run" not in r:
                 r["speed_during_run"] = r["speed"]
@@ -661,10 +662,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             continue
         # speed: dense and every model pruned at this ratio, interleaved round by round (dense is the reference)
         t0 = time.perf_counter()
-        speed = compare_speed(
-            {"dense": dense, **pruned}, tokenizer, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-            warmup=args.speed_warmup, repeats=args.speed_repeats,
-        )  # fmt: skip
+        with harness.timing_lock():
+            speed = compare_speed(
+                {"dense": dense, **pruned}, tokenizer, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                warmup=args.speed_warmup, repeats=args.speed_repeats,
+            )  # fmt: skip
         t_speed = time.perf_counter() - t0
         for run in res["runs"]:
             if run["ratio"] == ratio and run["method"] in pruned:

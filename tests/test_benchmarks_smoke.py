@@ -44,7 +44,11 @@ def _run(script: str, argv: list[str], out: Path) -> dict:
     import render
 
     module = importlib.import_module(script)
-    rc = module.main([*argv, "--output", str(out)])
+    threads = torch.get_num_threads()
+    try:
+        rc = module.main([*argv, "--output", str(out)])
+    finally:
+        torch.set_num_threads(threads)  # scripts may pin their own thread count
     assert rc in (None, 0) or isinstance(rc, dict), f"{script}.main returned {rc}"
     result = json.loads(out.read_text(encoding="utf-8"))
     assert result["renderer"] == script
