@@ -18,6 +18,14 @@ BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 TINY_EVAL = ["--eval-tokens", "64", "--eval-seq-len", "32"]
+
+
+@pytest.fixture(autouse=True)
+def _own_timing_lock(tmp_path, monkeypatch):
+    """Smoke runs never wait for (or block) a real benchmark holding the machine's timing lock."""
+    monkeypatch.setenv("OPTIMUM_PRUNE_TIMING_LOCK", str(tmp_path / "timing.lock"))
+
+
 TINY_CALIB = ["--num-samples", "2", "--seq-len", "32"]
 
 
