@@ -49,7 +49,6 @@ import optimum_prune  # noqa: E402
 from optimum_prune import AutoPruner, CalibrationConfig  # noqa: E402
 from optimum_prune.calibration.data import (  # noqa: E402
     bbc_news_dir,
-    describe_calibration,
     get_calibration_batches,
     load_texts,
     python_docs_dir,
@@ -231,8 +230,6 @@ class Protocol:
             batch_size=batch_size,
         )
         ids = get_calibration_batches(cfg, tokenizer)
-        desc = describe_calibration(cfg, tokenizer)
-        desc.pop("source", None)
         key = f"{corpus}:{num_samples}x{seq_len}:seed{cfg.seed}"
         self._calibration[key] = {
             "corpus": corpus,
