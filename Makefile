@@ -14,11 +14,12 @@ BENCH_SCRIPTS := $(sort $(filter-out benchmarks/_%,$(wildcard benchmarks/*.py)))
 
 .PHONY: help install demo test style quality bench
 
-# Measured once and recorded in one place (DEMO_DURATION in optimum_prune/demo.py, also quoted by the README).
-DEMO_DURATION = $(shell sed -n 's/^DEMO_DURATION = "\(.*\)"$$/\1/p' optimum_prune/demo.py)
+# The demo's wall time, read from the committed run's results file (written by `optimum-prune demo`).
+DEMO_RESULTS := benchmarks/results/demo_smollm2.json
+DEMO_DURATION = $(shell awk -F': ' '/"total_s"/ {printf "%.1f min", $$2 / 60}' $(DEMO_RESULTS) 2>/dev/null)
 
 help:
-	@echo "make demo     install, then prune SmolLM2-135M on BBC news and print the dense-vs-pruned table ($(DEMO_DURATION))"
+	@echo "make demo     install, then prune SmolLM2-135M on BBC news and print the dense-vs-pruned table (last recorded run: $(or $(DEMO_DURATION),n/a), $(DEMO_RESULTS:.json=.md))"
 	@echo "make test     install, then run the test suite"
 	@echo "make style    ruff fix + format;  make quality  ruff lint + format check"
 	@echo "make bench    run every benchmarks/*.py script with its defaults (long: tens of minutes each)"
