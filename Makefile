@@ -51,6 +51,15 @@ quality:
 	$(PYTHON) -m ruff check $(CHECK_DIRS)
 	$(PYTHON) -m ruff format --check $(CHECK_DIRS)
 
-bench: install
+# A script with the module-level line `REQUIRES = "cuda"` is skipped, with a message, where torch sees no CUDA device.
+# (BENCH_DEPS= skips the install step, e.g. for the test of this target.)
+BENCH_DEPS ?= install
+bench: $(BENCH_DEPS)
 	@if [ -z "$(BENCH_SCRIPTS)" ]; then echo "no benchmark scripts in benchmarks/ yet"; fi
-	@set -e; for script in $(BENCH_SCRIPTS); do echo "== $$script"; $(PYTHON) $$script; done
+	@set -e; cuda=$$($(PYTHON) -c "import torch; print(int(torch.cuda.is_available()))"); \
+	for script in $(BENCH_SCRIPTS); do \
+		if [ "$$cuda" != 1 ] && grep -q '^REQUIRES = "cuda"' $$script; then \
+			echo "== $$script: skipped (needs a CUDA GPU; torch sees none)"; continue; \
+		fi; \
+		echo "== $$script"; $(PYTHON) $$script; \
+	done

@@ -24,6 +24,7 @@ from optimum_prune import AutoPruner, MagnitudePruningConfig, prune_, to_semi_st
 from optimum_prune.modeling.semi_structured import check_semi_structured_support
 
 RESULTS = Path(__file__).parent / "results"
+REQUIRES = "cuda"  # `make bench` skips this script, with a message, where torch sees no CUDA device
 
 
 def _time_prefill(model, ids, warmup: int, repeats: int) -> list[float]:
