@@ -362,7 +362,7 @@ def _spreads(speed: dict[str, Any]) -> str:
             cells.append(f"{what} undetermined")
         else:
             cells.append(f"{what} {sp['median']:.2f}x [{sp['q1']:.2f}, {sp['q3']:.2f}] {sp['verdict']}")
-    return ", ".join(cells) + " (a tie: |median - 1| <= Q3 - Q1)"
+    return ", ".join(cells) + " (tie when |median - 1| <= Q3 - Q1)"
 
 
 def format_demo_markdown(result: dict[str, Any]) -> str:
