@@ -300,6 +300,15 @@ def compare_speed(
         logger.info(
             "%s: prefill %.2f ms, decode %.1f tok/s", name, res["prefill_ms_median"], res["decode_tokens_per_s"]
         )
+        if name != names[0]:
+            per_round = ratios[name]["per_round"]
+            logger.info(
+                "%s vs %s, per round: prefill %s, decode %s",
+                name,
+                names[0],
+                _ratio_cell(per_round["prefill_speedup"]),
+                _ratio_cell(per_round["decode_speedup"]),
+            )
     return {"settings": settings, "models": results, "ratios": ratios}
 
 
