@@ -14,11 +14,14 @@ BENCH_SCRIPTS := $(sort $(filter-out benchmarks/_% benchmarks/harness.py benchma
 
 .PHONY: help install demo test smoke style quality bench
 
-# Measured once and recorded in one place (DEMO_DURATION in optimum_prune/demo.py, also quoted by the README).
-DEMO_DURATION = $(shell sed -n 's/^DEMO_DURATION = "\(.*\)"$$/\1/p' optimum_prune/demo.py)
+# The demo's wall time, read from the committed run's results file (written by `optimum-prune demo`).
+DEMO_RESULTS := benchmarks/results/demo_smollm2.json
+DEMO_DURATION = $(shell $(PYTHON) -c 'import json, sys; r = json.load(open(sys.argv[1])); \
+	load = r["settings"]["speed"].get("load_average_1min") or [float("nan")]; \
+	print("%.1f min at load average %.0f" % (r["timings_s"]["total_s"] / 60, max(load)))' $(DEMO_RESULTS) 2>/dev/null)
 
 help:
-	@echo "make demo     install, then prune SmolLM2-135M on BBC news and print the dense-vs-pruned table ($(DEMO_DURATION))"
+	@echo "make demo     install, then prune SmolLM2-135M on BBC news and print the dense-vs-pruned table (last recorded run: $(or $(DEMO_DURATION),n/a), $(DEMO_RESULTS:.json=.md))"
 	@echo "make test     install, then run the test suite"
 	@echo "make smoke    the package without extras in a fresh venv: every public entry point on tiny models (~3 min)"
 	@echo "make style    ruff fix + format;  make quality  ruff lint + format check"
@@ -59,9 +62,18 @@ quality:
 	$(PYTHON) -m ruff check $(CHECK_DIRS)
 	$(PYTHON) -m ruff format --check $(CHECK_DIRS)
 
-bench: install
+# A script with the module-level line `REQUIRES = "cuda"` is skipped, with a message, where torch sees no CUDA device.
+# (BENCH_DEPS= skips the install step, e.g. for the test of this target.)
+BENCH_DEPS ?= install
+bench: $(BENCH_DEPS)
 	@if [ -z "$(BENCH_SCRIPTS)" ]; then echo "no benchmark scripts in benchmarks/ yet"; fi
-	@set -e; for script in $(BENCH_SCRIPTS); do echo "== $$script"; $(PYTHON) $$script; done
+	@set -e; cuda=$$($(PYTHON) -c "import torch; print(int(torch.cuda.is_available()))"); \
+	for script in $(BENCH_SCRIPTS); do \
+		if [ "$$cuda" != 1 ] && grep -q '^REQUIRES = "cuda"' $$script; then \
+			echo "== $$script: skipped (needs a CUDA GPU; torch sees none)"; continue; \
+		fi; \
+		echo "== $$script"; $(PYTHON) $$script; \
+	done
 
 # The documentation site (mkdocs.yml, docs/): MkDocs + Material, API reference by mkdocstrings from the docstrings.
 .PHONY: docs docs-install docs-build

@@ -23,6 +23,8 @@ from harness import RESULTS_DIR
 from optimum_prune import MagnitudeConfig, prune_, to_semi_structured_
 from optimum_prune.modeling.semi_structured import check_semi_structured_support
 
+REQUIRES = "cuda"  # `make bench` skips this script, with a message, where torch sees no CUDA device
+
 
 def _time_prefill(model, ids, warmup: int, repeats: int) -> list[float]:
     out = []
