@@ -28,6 +28,7 @@ LEGACY_RENDERERS = {
     "amp_regimes_": "amp_regimes",
     "amp_synthetic": "amp_synthetic",
     "attention_": "attention",
+    "demo_": "optimum_prune.demo:format_demo_markdown",  # `make demo`'s results file (written by the library)
     "deploy_": "deploy",
     "fista_calibration_size": "fista_calibration_size",
     "fista_generalization_": "fista_generalization",
@@ -55,9 +56,10 @@ def renderer_name(result: dict[str, Any], stem: str | None = None) -> str:
 
 
 def render(result: dict[str, Any], stem: str | None = None) -> str:
-    """The markdown of `result` (a loaded results JSON)."""
-    module = importlib.import_module(renderer_name(result, stem))
-    return module.markdown(result)
+    """The markdown of `result` (a loaded results JSON): its renderer's `markdown(result)`, or the function a
+    `"module:function"` renderer names."""
+    module, _, function = renderer_name(result, stem).partition(":")
+    return getattr(importlib.import_module(module), function or "markdown")(result)
 
 
 def render_file(path: Path) -> str:
