@@ -116,6 +116,11 @@ def test_every_code_block_is_python_or_bash_and_skips_say_why():
     for page in PAGES:
         text = _text(page)
         for language, _code, _ in _fenced(text):
+            if language == "py":  # a source file of the package included verbatim (pymdownx.snippets)
+                assert re.fullmatch(r'(\s*--8<-- "[^"]+"\s*)+', _code), (
+                    f"{_name(page)}: a ```py block that is not an include"
+                )
+                continue
             assert language in ("python", "bash"), f"{_name(page)}: a ```{language} block the tests do not check"
         for match in re.finditer(r"<!-- docs-test: skip", text):
             assert SKIP.match(text, match.start()), f"{_name(page)}: a skip comment not right above a block"
@@ -165,13 +170,27 @@ def test_inline_code_names_exist_and_calls_construct():
             continue  # AutoPruner arguments (`gguf_file=...`, `overwrite=True`)
         owners = [c for c in configs if set(kwargs) <= {f.name for f in dataclasses.fields(c)}]
         assert owners, f"{page}: `{span}`: no config has the option(s) {sorted(kwargs)}"
-        for owner in owners:
-            owner(**kwargs)
+        errors = []
+        for owner in owners:  # an option name two configs share (`momentum`) needs one that takes the value
+            try:
+                owner(**kwargs)
+            except (TypeError, ValueError) as error:
+                errors.append(f"{owner.__name__}: {error}")
+        assert len(errors) < len(owners), f"{page}: `{span}`: " + "; ".join(errors)
 
 
 def _slugs(text: str) -> set[str]:
+    """The anchors of a page's headings: their slugs, and explicit ids (`## Title {#id}`, attr_list)."""
     titles = re.findall(r"^#+ (.+)$", text, re.M)
-    return {re.sub(r"[^\w\- ]", "", t.lower()).replace(" ", "-") for t in titles}
+    explicit = {m for t in titles for m in re.findall(r"\{#([\w-]+)\}", t)}
+    return explicit | {re.sub(r"[^\w\- ]", "", t.lower()).replace(" ", "-") for t in titles}
+
+
+def _generated_anchors(target: Path) -> bool:
+    """Pages whose headings exist only once the site is built (API reference entries, the results page assembled by
+    docs/hooks.py): `mkdocs build --strict` checks the anchors into them."""
+    text = _text(target) if target.suffix == ".md" else ""
+    return DOCS in target.parents and (re.search(r"^::: ", text, re.M) is not None or target.name == "results.md")
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_name)
@@ -193,7 +212,7 @@ def test_links_point_to_existing_files_and_headings(page):
         if not target.exists() and not site and target.relative_to(REPO).as_posix() in PLANNED:
             continue
         assert target.exists(), f"{_name(page)} links to {link}, which does not exist"
-        if anchor:
+        if anchor and not _generated_anchors(target):
             assert anchor in _slugs(_text(target)), f"{_name(page)}: no heading for #{anchor} in {target.name}"
 
 
@@ -306,7 +325,9 @@ def test_command_line_examples_run_as_written(readme_world, capsys):
     capsys.readouterr()
 
 
-DOC_PAGES = sorted(p for p in DOCS.rglob("*.md") if any(skip is None for _, _, skip in _fenced(_text(p))))
+DOC_PAGES = sorted(
+    p for p in DOCS.rglob("*.md") if any(skip is None and lang != "py" for lang, _, skip in _fenced(_text(p)))
+)
 
 
 @pytest.mark.parametrize("page", DOC_PAGES, ids=_name)
