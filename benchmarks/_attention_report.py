@@ -34,6 +34,13 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"Dense: BBC **{_f(result.get('dense', {}).get('ppl_bbc'))}**, Python docs "
         f"**{_f(result.get('dense', {}).get('ppl_pydocs'))}**.",
         "",
+    ]
+    if result.get("protocol"):  # results made under the protocol: its record and the third text
+        import harness
+
+        lines += [harness.protocol_line(result) + " KJV Bible perplexity per cell: `ppl_kjv` in the JSON (dense "
+                  f"{_f(result.get('dense', {}).get('ppl_kjv'))}).", ""]  # fmt: skip
+    lines += [
         "## Perplexity: BBC held-out / Python docs (pruning time, s)",
         "",
         "| MLP \\ q,k by | " + " | ".join(ATTN[a] for a in attn) + " |",

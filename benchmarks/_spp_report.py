@@ -56,6 +56,11 @@ def markdown(res: dict) -> str:
         "decode × | prune time (s) |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    if res.get("protocol"):
+        import harness
+
+        lines[9:9] = [harness.protocol_line(res) + " (This run: calibration and LoRA on the calibration split; the "
+                      "table's BBC / Python columns and the KJV list below on the evaluation split.)"]  # fmt: skip
     dense_layers = (64, 64, 1536)
     for ratio in a["ratios"]:
         speed = res.get("speed", {}).get(str(ratio), {}).get("ratios", {})
@@ -71,6 +76,11 @@ def markdown(res: dict) -> str:
                 f"{_f(p['python'])} | {_f(lo.get('bbc'))} | {_f(lo.get('python'))} | "
                 f"{_f(sp.get('prefill_speedup'))} | {_f(sp.get('decode_speedup'))} | {t} |"
             )
+    if any("kjv" in row["pruned"] for row in res["rows"].values()):
+        lines += ["", f"KJV Bible perplexity (the protocol's third text; dense {_f(dense.get('kjv'))}), pruned / + LoRA:",
+                  ""]  # fmt: skip
+        for key, row in res["rows"].items():
+            lines.append(f"- {key}: {_f(row['pruned'].get('kjv'))} / {_f(row.get('lora', {}).get('kjv'))}")
     lines += ["", "SPP widths kept (mean over layers):", ""]
     for ratio in a["ratios"]:
         row = res["rows"].get(f"spp@{ratio}")

@@ -43,8 +43,12 @@ CACHE = Path(os.environ.get("OPTIMUM_PRUNE_VISION_CACHE", "/tmp/optimum_prune_vi
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet normalisation (DINOv2's image processor)
 DEFAULT_SIZE = 112  # 8×8 patches of 14 px (+ CLS): DINOv2 interpolates its 37×37 position grid
-SPLIT_SIZES = {"test": 2000, "calibration": 512}  # `train`: the remaining 7,488 images
+# fractions of the images (of CIFAR-10's 10,000: 2,000 test, 512 calibration, 1,000 selection; `train`: the 6,488
+# between calibration and selection, so the probe's and the fine-tuning's images are those of the runs before the
+# selection split existed)
+SPLIT_FRACTIONS = {"test": 0.2, "calibration": 0.0512, "selection": 0.1}
 SPLIT_SEED = 0
+IMAGES: Path | None = None  # an `.npz` of `images` (N, H, W, 3) uint8 and `labels` (N,) used instead of CIFAR-10
 PROBE_TRAIN = 2500  # train-split images the linear probe is fitted on (its first ones)
 _BIGBENCH = "bigbench==1.0.0"
 _TASK = "bigbench/benchmark_tasks/cifar10_classification/base64/task.json"
@@ -175,8 +179,9 @@ def _bigbench_sdist() -> Path:
 
 
 def cifar10_test() -> tuple[np.ndarray, np.ndarray]:
-    """The 10,000 CIFAR-10 test images as uint8 `(N, 32, 32, 3)` and their labels `(N,)` (cached as .npz)."""
-    path = CACHE / "cifar10_test.npz"
+    """The 10,000 CIFAR-10 test images as uint8 `(N, 32, 32, 3)` and their labels `(N,)` (cached as .npz), or the
+    images of `IMAGES` when set."""
+    path = IMAGES or CACHE / "cifar10_test.npz"
     if not path.is_file():
         from PIL import Image
 
@@ -198,18 +203,19 @@ def cifar10_test() -> tuple[np.ndarray, np.ndarray]:
 
 
 def splits() -> dict[str, np.ndarray]:
-    """Indices of the fixed `train` / `calibration` / `test` split: disjoint slices of one seeded permutation, kept
-    in that random order (the task file lists the images class by class, so any prefix of a split is a random
-    sample, classes mixed)."""
-    n = 10_000
+    """Indices of the fixed `train` / `calibration` / `selection` / `test` split: disjoint slices of one seeded
+    permutation, kept in that random order (the task file lists the images class by class, so any prefix of a split
+    is a random sample, classes mixed). `selection`: where settings (e.g. the fine-tuning rate) are chosen."""
+    n = len(cifar10_test()[1])
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED)).numpy()
-    test, calib = SPLIT_SIZES["test"], SPLIT_SIZES["calibration"]
-    return {"test": perm[:test], "calibration": perm[test : test + calib], "train": perm[test + calib :]}
+    test, calib, sel = (max(1, round(n * SPLIT_FRACTIONS[k])) for k in ("test", "calibration", "selection"))
+    return {"test": perm[:test], "calibration": perm[test : test + calib], "train": perm[test + calib : n - sel],
+            "selection": perm[n - sel :]}  # fmt: skip
 
 
 def pixel_values(size: int = DEFAULT_SIZE) -> torch.Tensor:
     """All 10,000 images resized (bicubic) to `size`×`size` and normalised: float16 `(N, 3, size, size)`, cached."""
-    path = CACHE / f"cifar10_pixels_{size}.pt"
+    path = CACHE / (f"{IMAGES.stem}_pixels_{size}.pt" if IMAGES else f"cifar10_pixels_{size}.pt")
     if not path.is_file():
         images, _ = cifar10_test()
         out = torch.empty(len(images), 3, size, size, dtype=torch.float16)
@@ -218,6 +224,7 @@ def pixel_values(size: int = DEFAULT_SIZE) -> torch.Tensor:
             x = torch.from_numpy(images[s : s + 500]).permute(0, 3, 1, 2).float() / 255  # (b, 3, 32, 32)
             x = torch.nn.functional.interpolate(x, size=(size, size), mode="bicubic", align_corners=False)
             out[s : s + 500] = ((x.clamp(0, 1) - mean) / std).half()
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         torch.save(out, tmp)
         os.replace(tmp, path)

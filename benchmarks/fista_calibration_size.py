@@ -14,7 +14,6 @@ Output: `results/fista_calibration_size.json` and `.md`. A run takes ~10 min on 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -23,22 +22,16 @@ from typing import Any
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
+import harness  # noqa: E402
 import torch  # noqa: E402
 
 import optimum_prune.methods.fista.functional as fista  # noqa: E402
-from optimum_prune import AutoPruner, CalibrationConfig, __version__  # noqa: E402
-from optimum_prune.calibration.data import (  # noqa: E402
-    bbc_news_dir,
-    get_calibration_batches,
-    load_texts,
-    split_documents,
-)
-from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir  # noqa: E402
+from optimum_prune import CalibrationConfig, __version__  # noqa: E402
+from optimum_prune.calibration.data import get_calibration_batches  # noqa: E402
 from optimum_prune.functional.masks import keep_mask  # noqa: E402
 from optimum_prune.methods.fista.solver import spectral_gram  # noqa: E402
 from optimum_prune.methods.wanda.functional import wanda_scores  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PROJECTIONS = {"q_proj": "self_attn.q_proj", "gate_proj": "mlp.gate_proj", "down_proj": "mlp.down_proj"}
 
 
@@ -142,6 +135,9 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{held[min(n_ref, len(held) - 1)] / held[0]:.3f} | {held[best] / held[0]:.3f} ({best}) | "
                 f"{r['eigenvalues_below_1e-3_L']} |"
             )
+    if result.get("protocol"):
+        lines += ["", harness.protocol_line(result) + " Calibration Grams: windows of the calibration split; "
+                  "held-out Gram: the evaluation split."]  # fmt: skip
     lines += ["", f"Machine: {result['machine']}; load average at the start {result['load_average']}.", ""]
     return "\n".join(lines)
 
@@ -151,16 +147,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="8x256,32x512", help="calibration sets, NUMxLEN, smallest first")
     parser.add_argument("--eps", default="1e-3,1e-2", help="FISTAConfig.eps values, the default first")
     parser.add_argument("--layer", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--name", default="fista_calibration_size")
+    parser.add_argument("--held-out", default="32x512", help="held-out Gram's windows, NUMxLEN (default: 32x512)")
+    parser.add_argument(
+        "--split",
+        choices=("selection", "test"),
+        default="selection",
+        help="held-out set (default: selection, as the study chooses FISTA's settings)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the document split")
+    harness.add_model_args(parser)
+    parser.set_defaults(threads=1)
+    parser.add_argument("--output", type=Path, default=harness.RESULTS_DIR / "fista_calibration_size.json")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
     sizes = args.sizes.split(",")
-    docs = load_texts(bbc_news_dir())
-    calib_docs, held_docs = split_documents(docs, 0.5, 0)
-    pruner = AutoPruner.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF_FILE, torch_dtype="float32")
-    model, tokenizer = pruner.model.eval(), pruner.tokenizer
-    held_out = capture_grams(model, tokenizer, args.layer, held_docs, 32, 512, seed=1)
+    protocol = harness.Protocol(split=args.split, seed=args.seed, eval_texts=())
+    calib_docs, held_docs = protocol.documents("bbc", "calibration"), protocol.documents("bbc")
+    model, tokenizer, model_desc = harness.load_model(args)
+    hn, hl = (int(x) for x in args.held_out.split("x"))
+    held_out = capture_grams(model, tokenizer, args.layer, held_docs, hn, hl, seed=1)
     grams = {}
     for size in sizes:
         n, length = (int(x) for x in size.split("x"))
@@ -171,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             "sizes": sizes,
             "eps": [float(e) for e in args.eps.split(",")],
             "layer": args.layer,
-            "held_out": "32 x 512",
+            "held_out": args.held_out.replace("x", " x "),
+            "model": model_desc,
             "threads": args.threads,
             "note": "dense inputs (X* = X) for every projection.",
         },
@@ -187,9 +192,10 @@ def main(argv: list[str] | None = None) -> int:
                 run = run_fista(W, grams[size][proj], held_out[proj], eps)
                 result["runs"][proj][f"{size} eps={eps:g}"] = run
                 print(proj, size, eps, {k: v for k, v in run.items() if not isinstance(v, list)}, flush=True)
-                RESULTS.mkdir(exist_ok=True)  # rewritten after every run: an interrupted run leaves partial results
-                (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
-                (RESULTS / f"{args.name}.md").write_text(markdown(result))
+                # rewritten after every run: an interrupted run leaves partial results
+                result["protocol"] = protocol.record()
+                harness.write_results({**harness.environment(argv, "fista_calibration_size.py"), **result},
+                                      args.output, "fista_calibration_size")  # fmt: skip
     print(markdown(result))
     return 0
 

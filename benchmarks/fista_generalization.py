@@ -33,19 +33,20 @@ from typing import Any
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
+import harness  # noqa: E402
 import torch  # noqa: E402
 from fista_calibration_size import PROJECTIONS, capture_grams  # noqa: E402
 
-from optimum_prune import AutoPruner, __version__  # noqa: E402
-from optimum_prune.calibration.data import bbc_news_dir, load_texts, python_docs_dir, split_documents  # noqa: E402
-from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir  # noqa: E402
+from optimum_prune import __version__  # noqa: E402
 from optimum_prune.functional.masks import keep_mask  # noqa: E402
 from optimum_prune.methods.fista.functional import fista_prune, reconstruction_error  # noqa: E402
 from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune  # noqa: E402
 from optimum_prune.methods.wanda.functional import wanda_scores  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
-SETS = ("calibration", "held-out BBC", "OOD")
+SETS = ("calibration", "held-out BBC", "OOD")  # of the results written before the protocol
+# token sets of a run under the protocol: name -> corpus of its evaluation documents (None: the calibration windows)
+PROTOCOL_SETS = {"calibration": None, "held-out BBC": "bbc", "OOD": "python_docs", "OOD prose": "kjv"}
+SHORT = {"calibration": "cal", "held-out BBC": "BBC", "OOD": "OOD", "OOD prose": "KJV"}
 # name -> fista_prune keyword arguments (the paper's setting is {})
 VARIANTS = {
     "paper": {},
@@ -72,6 +73,8 @@ def prune_all(W: torch.Tensor, G: torch.Tensor, pattern: str, variants: dict[str
 
 def markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
+    sets = tuple(s.get("sets", SETS))
+    short = " / ".join(SHORT[x] for x in sets)
     lines = [
         f"# FISTA generalization, layer-wise (SmolLM2-135M, calibration {s['num_samples']} x 512 BBC tokens)",
         "",
@@ -81,21 +84,26 @@ def markdown(result: dict[str, Any]) -> str:
         "Last rows: geometric mean over the projections.",
         "",
     ]
+    if result.get("protocol"):
+        lines[-1:-1] = [
+            harness.protocol_line(result) + f" Token sets: {', '.join(sets)} ('OOD prose': the KJV Bible).",
+            "",
+        ]
     for pattern in s["patterns"]:
         rows = {k: v for k, v in result["runs"].items() if v["pattern"] == pattern}
         if not rows:
             continue
         methods = list(next(iter(rows.values()))["errors"])
-        lines += [f"## {pattern}", "", "| method | " + " | ".join(f"{k.split('|')[0]}: cal / BBC / OOD" for k in rows)
-                  + " | geo-mean cal / BBC / OOD | time (s) |", "|---|" + "---|" * (len(rows) + 2)]  # fmt: skip
+        lines += [f"## {pattern}", "", "| method | " + " | ".join(f"{k.split('|')[0]}: {short}" for k in rows)
+                  + f" | geo-mean {short} | time (s) |", "|---|" + "---|" * (len(rows) + 2)]  # fmt: skip
         for m in methods:
-            cells, logs = [], {x: [] for x in SETS}
+            cells, logs = [], {x: [] for x in sets}
             for r in rows.values():
-                rel = [r["errors"][m][x] / r["errors"]["SparseGPT"][x] for x in SETS]
-                for x, v in zip(SETS, rel):
+                rel = [r["errors"][m][x] / r["errors"]["SparseGPT"][x] for x in sets]
+                for x, v in zip(sets, rel):
                     logs[x].append(v)
                 cells.append(" / ".join(f"{v:.3f}" for v in rel))
-            geo = " / ".join(f"{statistics.geometric_mean(logs[x]):.3f}" for x in SETS)
+            geo = " / ".join(f"{statistics.geometric_mean(logs[x]):.3f}" for x in sets)
             secs = sum(r["seconds"].get(m, 0.0) for r in rows.values())
             lines.append(f"| {m} | " + " | ".join(cells) + f" | **{geo}** | {secs:.0f} |")
         lines.append("")
@@ -109,33 +117,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patterns", default="2:4")
     parser.add_argument("--num-samples", type=int, default=32, help="calibration windows of 512 tokens")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma list of names in VARIANTS")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--seq-len", type=int, default=512, help="window length of every token set (default: 512)")
+    parser.add_argument("--eval-samples", type=int, default=32, help="windows of each held-out set (default: 32)")
+    parser.add_argument(
+        "--split",
+        choices=("selection", "test"),
+        default="selection",
+        help="held-out sets (default: selection: the study chooses FISTA's settings)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the document split")
     parser.add_argument("--resume", action="store_true")
+    harness.add_model_args(parser)
+    parser.add_argument(
+        "--output", type=Path, default=None, help="results JSON (default: results/fista_generalization_<N>x512)"
+    )
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     variants = {k: VARIANTS[k] for k in args.variants.split(",")}
-    name = f"fista_generalization_{args.num_samples}x512"
-    json_path = RESULTS / f"{name}.json"
+    json_path = args.output or harness.RESULTS_DIR / f"fista_generalization_{args.num_samples}x{args.seq_len}.json"
+    protocol = harness.Protocol(split=args.split, seed=args.seed, eval_texts=())
+    model, tokenizer, model_desc = harness.load_model(args)
     result: dict[str, Any] = {
         "settings": {"layers": [int(x) for x in args.layers.split(",")], "patterns": args.patterns.split(","),
-                     "num_samples": args.num_samples, "variants": variants, "threads": torch.get_num_threads()},
+                     "num_samples": args.num_samples, "variants": variants, "threads": torch.get_num_threads(),
+                     "sets": list(PROTOCOL_SETS), "model": model_desc, "seq_len": args.seq_len},
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, optimum_prune {__version__}",
         "load_average": round(os.getloadavg()[0], 1),
         "runs": {},
     }  # fmt: skip
     if args.resume and json_path.exists():
         result["runs"] = json.loads(json_path.read_text())["runs"]
-    calib_docs, held_docs = split_documents(load_texts(bbc_news_dir()), 0.5, 0)
-    ood_docs = load_texts(python_docs_dir())
-    pruner = AutoPruner.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF_FILE, torch_dtype="float32")
-    model, tokenizer = pruner.model.eval(), pruner.tokenizer
+    sets = result["settings"]["sets"]
     for layer in result["settings"]["layers"]:
         grams = {
-            "calibration": capture_grams(model, tokenizer, layer, calib_docs, args.num_samples, 512, seed=0),
-            "held-out BBC": capture_grams(model, tokenizer, layer, held_docs, 32, 512, seed=1),
-            "OOD": capture_grams(model, tokenizer, layer, ood_docs, 32, 512, seed=1),
-        }
+            name: capture_grams(model, tokenizer, layer, protocol.documents("bbc", "calibration"), args.num_samples,
+                                args.seq_len, seed=0)
+            if corpus is None
+            else capture_grams(model, tokenizer, layer, protocol.documents(corpus), args.eval_samples, args.seq_len,
+                               seed=1)
+            for name, corpus in PROTOCOL_SETS.items()
+        }  # fmt: skip
         block = model.model.layers[layer]
         for proj, path in PROJECTIONS.items():
             W = block.get_submodule(path).weight.detach().float()  # (out, in)
@@ -144,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                 if key in result["runs"]:
                     continue
                 pruned = prune_all(W, grams["calibration"][proj], pattern, variants)
-                errors = {m: {x: reconstruction_error(r["W"], W, *(grams[x][proj],) * 3) for x in SETS}
+                errors = {m: {x: reconstruction_error(r["W"], W, *(grams[x][proj],) * 3) for x in sets}
                           for m, r in pruned.items()}  # fmt: skip
                 result["runs"][key] = {
                     "pattern": pattern, "errors": errors,
@@ -152,9 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                     "outer_steps": {m: r["outer"] for m, r in pruned.items() if "outer" in r},
                 }  # fmt: skip
                 print(key, {m: round(e["OOD"] / errors["SparseGPT"]["OOD"], 3) for m, e in errors.items()}, flush=True)
-                RESULTS.mkdir(exist_ok=True)
-                json_path.write_text(json.dumps(result, indent=1) + "\n")
-                json_path.with_suffix(".md").write_text(markdown(result))
+                result["protocol"] = protocol.record()
+                harness.write_results({**harness.environment(argv, "fista_generalization.py"), **result}, json_path,
+                                      "fista_generalization")  # fmt: skip
     print(markdown(result))
     return 0
 

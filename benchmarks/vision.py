@@ -32,7 +32,6 @@ import datetime
 import json
 import logging
 import os
-import platform
 import statistics
 import sys
 import time
@@ -42,11 +41,10 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _vision as data  # noqa: E402
+import harness  # noqa: E402
 import torch  # noqa: E402
-import transformers  # noqa: E402
-from transformers import Dinov2ForImageClassification  # noqa: E402
+from transformers import AutoModelForImageClassification  # noqa: E402
 
-import optimum_prune  # noqa: E402
 from optimum_prune import (  # noqa: E402
     AutoPrunedModelForImageClassification,
     FinetuneConfig,
@@ -74,7 +72,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ratios", nargs="+", type=float, default=[0.2, 0.4])
     p.add_argument("--size", type=int, default=data.DEFAULT_SIZE, help="input resolution (px)")
     p.add_argument("--calibration", type=int, default=128, help="calibration images")
-    p.add_argument("--test", type=int, default=1000, help="test images scored (first of the test split)")
+    p.add_argument("--test", type=int, default=1000, help="images scored (the first of the --split split)")
+    p.add_argument(
+        "--split",
+        choices=("selection", "test"),
+        default="test",
+        help="images scored: 'selection' to choose settings (e.g. --ft-lr), 'test' to report",
+    )
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="a local image-classifier directory instead of the DINOv2 + linear probe (smoke runs)",
+    )
+    p.add_argument(
+        "--images",
+        type=Path,
+        default=None,
+        help="an .npz of `images` (N, H, W, 3) uint8 and `labels` used instead of CIFAR-10 (smoke runs)",
+    )
+    p.add_argument("--cache-dir", type=Path, default=None, help=f"derived files (default: {data.CACHE})")
     p.add_argument("--ft-images", type=int, default=1000, help="fine-tuning images (train split, after the probe's)")
     p.add_argument("--ft-steps", type=int, default=30)
     p.add_argument("--ft-batch", type=int, default=16)
@@ -108,15 +125,28 @@ def _load_results(path: Path) -> dict:
 
 
 def _write(args, res: dict) -> None:
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.output.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(res, indent=2) + "\n")
-    os.replace(tmp, args.output)
-    args.output.with_suffix(".md").write_text(markdown(res))
+    harness.write_results(res, args.output, "vision")
+
+
+def _classifier_dir(args) -> Path:
+    return args.model if args.model is not None else data.probe_classifier_dir(args.size)
+
+
+def _protocol(args) -> dict:
+    """The image splits used (index hashes and sizes), as the protocol records documents."""
+    import hashlib
+
+    parts = data.splits()
+    return {
+        "split": args.split, "seed": data.SPLIT_SEED, "images": str(args.images or "CIFAR-10 test set (bigbench)"),
+        "sets": {k: {"images": len(v), "sha256": hashlib.sha256(v.astype("int64").tobytes()).hexdigest()}
+                 for k, v in parts.items()},
+    }  # fmt: skip
 
 
 def _settings(args) -> dict:
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("timing", "output")}
+    skip = ("timing", "output", "argv")
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in skip}
 
 
 def _spp_search(args) -> dict:
@@ -146,16 +176,21 @@ def _config(args, res: dict, method: str, ratio: float, dense, calibration):
 
 def quality(args, res: dict) -> None:
     torch.set_num_threads(args.threads)
-    dense = Dinov2ForImageClassification.from_pretrained(data.probe_classifier_dir(args.size)).eval()
-    test_x, test_y = data.examples("test", args.size, limit=args.test)
+    dense = AutoModelForImageClassification.from_pretrained(_classifier_dir(args)).eval()
+    test_x, test_y = data.examples(args.split, args.size, limit=args.test)
     calib_x, calib_y = data.examples("calibration", args.size, limit=args.calibration)
-    train_x, train_y = data.examples("train", args.size, limit=data.PROBE_TRAIN + args.ft_images)
-    ft = slice(data.PROBE_TRAIN, data.PROBE_TRAIN + args.ft_images)  # images the probe was not fitted on
+    probe = 0 if args.model is not None else data.PROBE_TRAIN  # a given classifier was not probed on `train`
+    train_x, train_y = data.examples("train", args.size, limit=probe + args.ft_images)
+    ft = slice(probe, probe + args.ft_images)  # images the probe was not fitted on
     ft_examples = data.as_trainer_examples(train_x[ft], train_y[ft])
     calibration = data.as_trainer_examples(calib_x, calib_y)
     res["settings"] = _settings(args)
-    res["conversion"] = json.loads((data.dinov2_small_dir() / "conversion.json").read_text())
-    res["probe"] = json.loads((data.probe_classifier_dir(args.size) / "probe.json").read_text())
+    if args.model is None:
+        res["conversion"] = json.loads((data.dinov2_small_dir() / "conversion.json").read_text())
+        res["probe"] = json.loads((data.probe_classifier_dir(args.size) / "probe.json").read_text())
+    env = harness.environment(None if args.argv is None else args.argv, "vision.py")
+    res.update(versions=env["versions"], environment=env, vision_protocol=_protocol(args))
+    res.setdefault("host", {})["machine"] = env["host"]["machine"]
     if "dense" not in res["runs"] and not args.no_dense:
         t0 = time.perf_counter()
         res["runs"]["dense"] = {"method": "dense", "ratio": 0.0, "params": sum(p.numel() for p in dense.parameters()),
@@ -186,7 +221,7 @@ def quality(args, res: dict) -> None:
             }  # fmt: skip
             if method == "spp":
                 res["runs"][name]["extract_s"] = report.info["extract_s"]
-            res["host_loadavg"] = os.getloadavg()
+            res["host_loadavg"] = harness.loadavg()
             _write(args, res)
             logger.info("%s: %s", name, {k: v for k, v in res["runs"][name].items() if k not in ("ft_loss", "layers")})
 
@@ -195,22 +230,23 @@ def quality(args, res: dict) -> None:
 def timing(args, res: dict) -> None:
     """Forward latency of `--timing-batch` images, every model interleaved per round (rotating order)."""
     torch.set_num_threads(args.threads)
-    models = {"dense": Dinov2ForImageClassification.from_pretrained(data.probe_classifier_dir(args.size))}
+    models = {"dense": AutoModelForImageClassification.from_pretrained(_classifier_dir(args))}
     for path in sorted(_saved_dir(args, "x").parent.iterdir()):  # every pruned model the quality runs saved
         models[path.name] = AutoPrunedModelForImageClassification.from_pretrained(path)
-    x, _ = data.examples("test", args.size, limit=args.timing_batch)
+    x, _ = data.examples(args.split, args.size, limit=args.timing_batch)
     times = {n: [] for n in models}
     cpu = {n: [] for n in models}  # process CPU time: with 1 thread, the compute cost, much less sensitive to load
     names = list(models)
-    load_start = os.getloadavg()
-    for rnd in range(args.repeats + 1):  # round 0 is the warm-up
-        for k in range(len(names)):
-            n = names[(k + rnd) % len(names)]
-            t0, c0 = time.perf_counter(), time.process_time()
-            models[n].eval()(pixel_values=x)
-            if rnd:
-                times[n].append(time.perf_counter() - t0)
-                cpu[n].append(time.process_time() - c0)
+    load_start = harness.loadavg()
+    with harness.timing_lock():
+        for rnd in range(args.repeats + 1):  # round 0 is the warm-up
+            for k in range(len(names)):
+                n = names[(k + rnd) % len(names)]
+                t0, c0 = time.perf_counter(), time.process_time()
+                models[n].eval()(pixel_values=x)
+                if rnd:
+                    times[n].append(time.perf_counter() - t0)
+                    cpu[n].append(time.process_time() - c0)
     med = {n: statistics.median(t) for n, t in times.items()}
     cpu_med = {n: statistics.median(t) for n, t in cpu.items()}
     res["timing"] = {
@@ -219,7 +255,9 @@ def timing(args, res: dict) -> None:
         "speedup": {n: med["dense"] / m for n, m in med.items()},
         "cpu_ms_median": {n: 1e3 * m for n, m in cpu_med.items()},
         "cpu_speedup": {n: cpu_med["dense"] / m for n, m in cpu_med.items()},
-        "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
+        "loadavg_start": load_start, "loadavg_end": harness.loadavg(),
+        "ms_rounds": {n: [1e3 * x for x in t] for n, t in times.items()},
+        "speedup_rounds": {n: harness.round_ratios(times["dense"], t, "speedup") for n, t in times.items() if n != "dense"},
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
     }  # fmt: skip
     _write(args, res)
@@ -232,7 +270,8 @@ def markdown(res: dict) -> str:
     lines = [
         "# DINOv2-S/14 + linear probe on CIFAR-10: structured pruning (CPU)",
         "",
-        f"Input {s.get('size')} px; accuracy on the first {s.get('test')} images of the test split; calibration: "
+        f"Input {s.get('size')} px; accuracy on the first {s.get('test')} images of the "
+        f"{(res.get('vision_protocol') or {}).get('split', 'test')} split; calibration: "
         f"{s.get('calibration')} images of the calibration split (the same for every method); fine-tuning: full, "
         f"{s.get('ft_steps')} steps × {s.get('ft_batch')} images, lr {s.get('ft_lr')} (cosine), on "
         f"{s.get('ft_images')} train-split images the probe was not fitted on. Latency: forward of "
@@ -268,18 +307,29 @@ def markdown(res: dict) -> str:
                   + "; ".join(f"{n}: " + ", ".join(f"{sum(x[k] for x in r['layers']) / len(r['layers']):.0f}"
                                                    for k in (1, 2, 3))
                               for n, r in runs.items() if "extract_s" in r) + "."]  # fmt: skip
+    vp = res.get("vision_protocol")
+    if vp:  # results made under the protocol: the image splits used
+        lines += ["", "Protocol (benchmarks/README.md): images split train / calibration / selection / test (seed "
+                  f"{vp['seed']}; {vp['images']}); accuracy on the **{vp['split']}** split. Split sizes and index "
+                  "hashes: " + "; ".join(f"{k} {v['images']} ({v['sha256'][:8]})" for k, v in vp["sets"].items())
+                  + "."]  # fmt: skip
     probe = res.get("probe", {})
     conv = res.get("conversion", {})
+    v = res.get("versions", {})
     lines += ["", f"Linear probe: {probe.get('train')} train images, train accuracy {probe.get('train_accuracy', 0):.4f}. "
               f"Converted backbone vs onnxruntime: max |diff| {conv.get('max_abs_diff_vs_onnxruntime', float('nan')):.1e}. "
-              f"optimum_prune {optimum_prune.__version__}, transformers {transformers.__version__}, torch "
-              f"{torch.__version__}, {platform.machine()}.", ""]  # fmt: skip
+              f"optimum_prune {v.get('optimum_prune')}, transformers {v.get('transformers')}, torch "
+              f"{v.get('torch')}, {res.get('host', {}).get('machine')}.", ""]  # fmt: skip
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
+    args.argv = argv
+    data.IMAGES = args.images
+    if args.cache_dir is not None:
+        data.CACHE = args.cache_dir
     res = _load_results(args.output)
     if args.merge:  # runs of the same protocol done by parallel partial runs (`--ratios ... --no-dense`)
         for path in args.merge:

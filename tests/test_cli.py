@@ -222,6 +222,23 @@ def test_demo_table_formatting():
     assert "n/a" in format_demo_table(result)
 
 
+def test_committed_demo_results_are_rendered_from_their_json():
+    """benchmarks/results/demo_smollm2.md is `format_demo_markdown` of the JSON next to it (the figures the README and
+    `make help` quote come from that run, never from a hand-written string)."""
+    from optimum_prune.cli.demo import DEMO_RESULTS_NAME, format_demo_markdown, format_demo_table
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    result = json.loads((results / f"{DEMO_RESULTS_NAME}.json").read_text(encoding="utf-8"))
+    markdown = (results / f"{DEMO_RESULTS_NAME}.md").read_text(encoding="utf-8")
+    assert markdown == format_demo_markdown(result)
+    assert f"| held-out perplexity | {result['dense']['perplexity']:.2f} | {result['pruned']['perplexity']:.2f} |" in (
+        markdown
+    )
+    assert f"| total | {result['timings_s']['total_s']:.1f} |" in markdown
+    verdict = result["speed"]["ratios"]["pruned"]["per_round"]["prefill_speedup"]["verdict"]
+    assert verdict in ("faster", "slower", "tie") and verdict in markdown and verdict in format_demo_table(result)
+
+
 def test_prune_amp_and_a_recipe_file(model_dir, calib_file, tmp_path, capsys):
     from optimum_prune import AMPConfig, PruningConfig, WandaConfig
 

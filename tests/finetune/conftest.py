@@ -10,6 +10,13 @@ def docs():
     return load_texts(bbc_news_dir())[::50][:40]
 
 
+@pytest.fixture(scope="session")
+def learnable_docs():
+    """10 short documents repeating one sentence: a random tiny model starts near uniform over the 49k-token
+    vocabulary (perplexity ~5e4) and a few optimizer steps measurably fit it (also on the held-out documents)."""
+    return [f"Document {i}. " + "the cat sat on the mat and the dog ate the bone. " * 12 for i in range(10)]
+
+
 @pytest.fixture
 def make_tiny(smollm2_tokenizer):
     """A fresh 2-layer random Llama over the SmolLM2 vocabulary (the tests mutate it)."""

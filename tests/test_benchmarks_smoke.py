@@ -1,0 +1,300 @@
+"""Every benchmark script's entry point runs on a tiny random model and a few tokens of the real corpora, and writes a
+results JSON that records the evaluation protocol and renders to its markdown: a library change that breaks a
+benchmark fails `make test`. Scripts needing an optional dependency (llama.cpp, a GPU) skip, naming it, only when it
+is absent."""
+
+import importlib
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+TINY_EVAL = ["--eval-tokens", "64", "--eval-seq-len", "32"]
+
+
+@pytest.fixture(autouse=True)
+def _own_timing_lock(tmp_path, monkeypatch):
+    """Smoke runs never wait for (or block) a real benchmark holding the machine's timing lock."""
+    monkeypatch.setenv("OPTIMUM_PRUNE_TIMING_LOCK", str(tmp_path / "timing.lock"))
+
+
+TINY_CALIB = ["--num-samples", "2", "--seq-len", "32"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, smollm2_tokenizer, tiny_llama):
+    """The conftest's tiny Llama (SmolLM2 vocabulary) saved with its tokenizer, as `--model` takes it."""
+    path = tmp_path_factory.mktemp("bench") / "tiny-llama"
+    tiny_llama.save_pretrained(path)
+    smollm2_tokenizer.save_pretrained(path)
+    return path
+
+
+def _needs(module: str, why: str):
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{why}: the optional dependency `{module}` is not installed")
+
+
+def _corpora():
+    if shutil.which("bible") is None:
+        pytest.skip("the third evaluation text needs Debian's bible-kjv (make install installs it)")
+
+
+def _run(script: str, argv: list[str], out: Path) -> dict:
+    import render
+
+    module = importlib.import_module(script)
+    threads = torch.get_num_threads()
+    try:
+        rc = module.main([*argv, "--output", str(out)])
+    finally:
+        torch.set_num_threads(threads)  # scripts may pin their own thread count
+    assert rc in (None, 0) or isinstance(rc, dict), f"{script}.main returned {rc}"
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert result["renderer"] == script
+    assert out.with_suffix(".md").read_text(encoding="utf-8") == render.render(result)
+    return result
+
+
+def _check_protocol(result: dict, split: str = "test", texts=("bbc", "python_docs", "kjv")):
+    p = result["protocol"]
+    assert p["split"] == split
+    assert set(p["eval_texts"]) == set(texts)
+    for name in texts:
+        sets = p["corpora"][name]
+        hashes = {sets[s]["sha256"] for s in ("calibration", "selection", "test")}
+        assert len(hashes) == 3, f"{name}: the three document sets must differ"
+        assert any(k.startswith(name + "@") and v > 0 for k, v in p["scored_tokens"].items())
+    assert p["meets_min_scored_tokens"] is False  # a smoke run scores a few tokens and says so
+
+
+def test_structured(tiny_dir, tmp_path):
+    _corpora()
+    argv = ["--model", str(tiny_dir), "--ratios", "0.3", "--calib-batch-size", "2", *TINY_CALIB, *TINY_EVAL]
+    argv += ["--speed-repeats", "2", "--speed-warmup", "0", "--prompt-len", "8", "--new-tokens", "2"]
+    result = _run("structured", argv, tmp_path / "structured.json")
+    _check_protocol(result)
+    assert {r["method"] for r in result["runs"]} == {"numerical", "flap", "magnitude"}
+    for r in result["runs"]:
+        assert set(r["ppl_texts"]) == {"bbc", "python_docs", "kjv"}
+        assert len(r["speed"]["prefill_speedup_rounds"]) == 2
+        assert r["speed"]["prefill_speedup_verdict"] in ("faster", "slower", "tie")
+
+
+def test_harness_split_is_by_document_seeded_and_disjoint():
+    import harness
+
+    docs = [f"document {i}" for i in range(103)]
+    a, b = harness.split_corpus(docs, seed=0), harness.split_corpus(docs, seed=0)
+    assert a == b
+    assert harness.split_corpus(docs, seed=1) != a
+    sets = [set(a[s]) for s in harness.SPLITS]
+    assert sum(map(len, sets)) == len(docs) and set().union(*sets) == set(docs)
+    assert [len(x) for x in sets] == [52, 26, 25]
+    assert harness.documents_hash(a["test"]) != harness.documents_hash(a["selection"])
+    with pytest.raises(ValueError, match="'selection' .* or 'test'"):
+        harness.Protocol(split="calibration")
+
+
+def test_harness_spread_and_tie():
+    import harness
+
+    s = harness.spread([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert (s["median"], s["q1"], s["q3"], s["iqr"]) == (3.0, 2.0, 4.0, 2.0)
+    assert harness.speed_verdict([1.3, 1.25, 1.35, 1.4]) == "faster"
+    assert harness.speed_verdict([0.8, 0.85, 0.9]) == "slower"
+    assert harness.speed_verdict([0.9, 1.2, 1.0, 1.1, 0.95]) == "tie"  # a median of 1.0x inside its spread
+    r = harness.round_ratios([10.0, 10.0, 10.0, 10.0], [5.0, 12.5, 8.0, 10.0], "x")
+    assert r["x_rounds"] == [2.0, 0.8, 1.25, 1.0] and r["x_verdict"] == "tie"
+    assert harness.round_ratios([10.0, 10.0, 10.0], [5.0, 5.0, 4.0], "x")["x_verdict"] == "faster"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="2:4 sparse kernels need an NVIDIA GPU (none here)")
+def test_semi_structured(tiny_dir, tmp_path):
+    result = _run(
+        "semi_structured",
+        ["--model", str(tiny_dir), "--batch", "1", "--seq", "32", "--warmup", "1", "--repeats", "2"],
+        tmp_path / "semi.json",
+    )
+    assert result["rows"][0]["speedup"] > 0
+
+
+def test_amp_synthetic(tmp_path):
+    argv = ["--d", "8", "--n", "6", "--k", "2", "--steps", "3", "--seeds", "0", "--scales", "1/sqrt(d)"]
+    result = _run("amp_synthetic", argv, tmp_path / "amp_synthetic.json")
+    b = result["scales"]["1/sqrt(d)"]["baselines"]
+    assert 0 < b["wanda_fused"] < 10 and 0 < b["sparsegpt_fused"] < 10
+
+
+def test_amp_regimes(tiny_dir, tmp_path):
+    argv = ["--model", str(tiny_dir), "--layers", "1", *TINY_CALIB, "--steps", "3", "--grid", "2"]
+    result = _run("amp_regimes", argv, tmp_path / "amp_regimes.json")
+    assert result["protocol"]["calibration"][0]["corpus"] == "bbc"
+    rec = result["layers"]["1"]
+    assert len(rec["amp"]) == 2 and rec["baselines"]["wanda"] > 0
+
+
+def test_fista_calibration_size(tiny_dir, tmp_path):
+    argv = ["--model", str(tiny_dir), "--sizes", "2x16,4x16", "--eps", "1e-3", "--layer", "1", "--held-out", "2x16"]
+    result = _run("fista_calibration_size", argv, tmp_path / "fista_size.json")
+    assert result["protocol"]["split"] == "selection"
+    assert set(result["runs"]) == {"q_proj", "gate_proj", "down_proj"}
+    run = result["runs"]["q_proj"]["4x16 eps=0.001"]
+    assert run["outer_steps"] >= 1 and run["calibration_error"][-1] <= run["calibration_error"][0]
+
+
+def test_fista_generalization(tiny_dir, tmp_path):
+    _corpora()
+    argv = ["--model", str(tiny_dir), "--layers", "1", "--num-samples", "2", "--seq-len", "16", "--eval-samples", "2"]
+    argv += ["--variants", "paper"]
+    result = _run("fista_generalization", argv, tmp_path / "fista_gen.json")
+    run = result["runs"]["q_proj L1|2:4"]
+    assert set(run["errors"]["FISTA paper"]) == {"calibration", "held-out BBC", "OOD", "OOD prose"}
+
+
+def test_np_allocation(tiny_dir, tmp_path):
+    _corpora()
+    argv = ["--model", str(tiny_dir), "--variants", "flap", "np_paper", "np_unit_owl", "--ratios", "0.3"]
+    argv += [*TINY_CALIB, *TINY_EVAL, "--stats-cache", str(tmp_path / "stats")]
+    result = _run("np_allocation", argv, tmp_path / "np.json")
+    _check_protocol(result, split="selection")
+    assert {r["variant"] for r in result["runs"]} == {"flap", "np_paper", "np_unit_owl"}
+    assert all(r["bbc"] > 0 and r["pydocs"] > 0 and r["kjv"] > 0 for r in result["runs"])
+
+
+def test_alignment(tiny_dir, tmp_path):
+    _corpora()
+    argv = ["--model", str(tiny_dir), "--methods", "magnitude", "flap", "--round-to", "1", "8", *TINY_CALIB]
+    argv += [*TINY_EVAL, "--repeats", "2", "--prompt-len", "8", "--speed-all", "flap", "--workdir", str(tmp_path)]
+    result = _run("alignment", argv, tmp_path / "alignment.json")
+    _check_protocol(result)
+    assert len(result["runs"]) == 4
+    flap = [r for r in result["runs"] if r["method"] == "flap"]
+    assert all(len(r["torch_prefill_speedup_rounds"]) == 2 for r in flap)
+    assert {r["ppl_kjv"] > 0 for r in result["runs"]} == {True}
+    if importlib.util.find_spec("llama_cpp") is None:
+        assert "llama.cpp speed not measured" in result["partial"]
+
+
+def test_deploy(tiny_dir, tmp_path):
+    _needs("llama_cpp", "deploy.py runs the exported GGUF files in llama.cpp (the `llamacpp` extra)")
+    _corpora()
+    argv = ["--model", str(tiny_dir), "--ratios", "0.3", "--allocations", "global", *TINY_CALIB, *TINY_EVAL]
+    argv += ["--repeats", "1", "--prompt-len", "8", "--new-tokens", "2", "--workdir", str(tmp_path)]
+    result = _run("deploy", argv, tmp_path / "deploy.json")
+    _check_protocol(result)
+    assert set(result["models"]) == {"dense", "NP 30% per-layer"}
+
+
+def test_spp(tiny_dir, tmp_path):
+    _corpora()
+    argv = ["--model", str(tiny_dir), "--ratios", "0.3", "--num-samples", "2", "--calib-seq-len", "32", *TINY_EVAL]
+    argv += ["--search-steps", "10", "--search-lr", "0.08", "--search-lambda", "0.7", "--spp-round-to", "1"]
+    argv += ["--head-dim-multiple", "1", "--ria-search-steps", "2", "--lora-steps", "1", "--lora-batch-size", "1"]
+    argv += ["--lora-seq-len", "16", "--speed-repeats", "1", "--ablation-ratios", "0.3", "--workdir", str(tmp_path)]
+    argv += ["--phases", "quality", "recovery", "unstructured", "ablation", "speed"]
+    result = _run("spp", argv, tmp_path / "spp.json")
+    _check_protocol(result)
+    assert set(result["rows"]) == {"spp@0.3", "np@0.3", "flap@0.3"}
+    assert all(set(r["lora"]) >= {"bbc", "python", "kjv"} for r in result["rows"].values())
+    assert set(result["unstructured"]) == {"spp_ria", "ria", "wanda"}
+    assert "random@0.3" in result["ablation"] and "0.3" in result["speed"]
+
+
+def test_unstructured(tiny_dir, tmp_path):
+    _corpora()
+    argv = ["--model", str(tiny_dir), *TINY_CALIB, "--calib-batch-size", "2", *TINY_EVAL]
+    argv += ["--methods", "wanda,fista", "--patterns", "2:4", "--fista-opt", "K=5"]
+    argv += ["--sweep", "0.3", "--sweep-methods", "wanda", "--weights-dir", str(tmp_path / "w")]
+    result = _run("unstructured", argv, tmp_path / "unstructured.json")
+    _check_protocol(result)
+    assert result["status"] == "complete" and len(result["runs"]) == 3  # wanda, fista at 2:4; wanda at 30%
+    assert all(
+        r["ppl"] == r["ppl_texts"]["bbc"] and r["ppl_ood"] == r["ppl_texts"]["python_docs"] for r in result["runs"]
+    )
+    # scoring again from the saved weights gives the same perplexities
+    again = _run("unstructured", [*argv, "--from-weights"], tmp_path / "again.json")
+    assert [r["ppl"] for r in again["runs"]] == [r["ppl"] for r in result["runs"]]
+
+
+def test_attention(tiny_dir, tmp_path):
+    _corpora()
+    argv = ["--model", str(tiny_dir), *TINY_CALIB, *TINY_EVAL, "--steps", "2", "--attn", "wanda,amp"]
+    argv += ["--mlp", "dense,wanda", "--error-layers", "1", "--rhos", "0.5", "--cache-dir", str(tmp_path / "c")]
+    result = _run("attention", argv, tmp_path / "attention.json")
+    _check_protocol(result)
+    assert set(result["rows"]) == {"wanda|dense", "amp|dense", "wanda|wanda", "amp|wanda"}
+    assert all(r["ppl_kjv"] > 0 for r in result["rows"].values())
+    speed = _run(
+        "attention", [*argv, "--speed", "--speed-layers", "1", "--speed-steps", "1"], tmp_path / "attention.json"
+    )
+    assert speed["speed"] and speed["rows"] == result["rows"]
+
+
+def test_recovery(tiny_dir, tmp_path):
+    _corpora()
+    _needs("lm_eval", "recovery.py scores the BBC topic task with lm-eval (the `eval` extra)")
+    argv = ["--model", str(tiny_dir), "--methods", "flap30", "fista24", "--num-samples", "2", "--calib-seq-len", "32"]
+    argv += ["--fista-max-outer", "1", "--steps", "1", "--batch-size", "1", "--seq-len", "16", "--lora-r", "2"]
+    argv += [*TINY_EVAL, "--zero-shot-limit", "2"]
+    result = _run("recovery", argv, tmp_path / "recovery.json")
+    _check_protocol(result)
+    assert result["status"] == "Complete."
+    for row in result["rows"].values():
+        assert {"pruned", "lora", "lora_kd"} <= set(row)
+        assert row["lora"]["ppl_kjv"] > 0 and row["lora"]["bbc_topic_n"] == 2
+
+
+def test_scale(tiny_dir, tmp_path):
+    argv = ["--model", str(tiny_dir), "--runs", "smollm2-mem-wanda", "smollm2-low-np", "--work-dir", str(tmp_path)]
+    result = _run("scale", argv, tmp_path / "scale.json")
+    assert result["protocol"]["calibration"][0]["corpus"] == "bbc"
+    for name in ("smollm2-mem-wanda", "smollm2-low-np"):
+        rank = result["runs"][name]["ranks"][0]
+        assert rank["vmhwm_bytes"] > 0 and rank["seconds"]["prune"] > 0 and 0 < rank["measured"] < 1
+
+
+@pytest.fixture(scope="module")
+def tiny_vision(tmp_path_factory):
+    """A tiny random DINOv2 classifier (5 labels, 16 px) and 120 random 16 px images, as vision.py takes them."""
+    import numpy as np
+    from testing_utils import tiny_model
+
+    root = tmp_path_factory.mktemp("vision")
+    tiny_model("dinov2").save_pretrained(root / "model")
+    gen = np.random.default_rng(0)
+    images = gen.integers(0, 256, size=(120, 16, 16, 3), dtype=np.uint8)
+    np.savez(root / "images.npz", images=images, labels=gen.integers(0, 5, size=120))
+    return root
+
+
+def test_vision(tiny_vision, tmp_path):
+    argv = ["--model", str(tiny_vision / "model"), "--images", str(tiny_vision / "images.npz"), "--size", "16"]
+    argv += ["--methods", "magnitude", "flap", "--ratios", "0.3", "--calibration", "4", "--test", "8"]
+    argv += ["--ft-images", "4", "--ft-steps", "1", "--ft-batch", "2", "--cache-dir", str(tmp_path / "cache")]
+    out = tmp_path / "vision.json"
+    result = _run("vision", argv, out)
+    assert set(result["runs"]) == {"dense", "magnitude_0.3", "flap_0.3"}
+    assert result["vision_protocol"]["split"] == "test"
+    assert {k: v["images"] for k, v in result["vision_protocol"]["sets"].items()} == {
+        "test": 24,
+        "calibration": 6,
+        "train": 78,
+        "selection": 12,
+    }
+    timed = _run("vision", [*argv, "--timing", "--timing-batch", "2", "--repeats", "2"], out)
+    assert set(timed["timing"]["speedup"]) == {"dense", "magnitude_0.3", "flap_0.3"}
+
+
+def test_every_script_has_a_smoke_test():
+    scripts = {p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_")} - {"harness", "render"}
+    missing = sorted(s for s in scripts if f"test_{s}" not in globals())
+    assert not missing, f"benchmark scripts without a smoke test here: {missing}"
