@@ -56,6 +56,7 @@ from optimum_prune.calibration.data import (  # noqa: E402
 from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir  # noqa: E402
 from optimum_prune.evaluation import perplexity  # noqa: E402
 from optimum_prune.methods.structured import CalibrationStatsCache, reuse_calibration_stats  # noqa: E402
+from optimum_prune.runtime.checkpoint import jsonable  # noqa: E402  (tensors, paths, numpy scalars)
 
 __all__ = [
     "CORPORA",
@@ -435,19 +436,6 @@ def setup_logging() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------- results
-def jsonable(obj: Any) -> Any:
-    """Tensors, paths and tuples as JSON values (recursively)."""
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, torch.Tensor):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
-
-
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text, encoding="utf-8")

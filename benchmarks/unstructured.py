@@ -35,7 +35,6 @@ import argparse
 import copy
 import gc
 import json
-import math
 import os
 import platform
 import statistics
@@ -166,18 +165,6 @@ def fista_summary(layers_info: dict) -> dict[str, Any]:
     }
 
 
-def jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, torch.Tensor):
-        return obj.tolist()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    return obj
-
-
 def run_key(method: str, sparsity: float, pattern: str) -> str:
     return f"{method}|{pattern}|{sparsity:g}"
 
@@ -222,7 +209,7 @@ def score_from_weights(
 
 def write_outputs(result: dict[str, Any], json_path: Path, md_path: Path | None = None) -> None:
     """`json_path` and its markdown through the harness (`md_path`: always `json_path` with `.md`)."""
-    harness.write_results(jsonable(result), json_path, "unstructured")
+    harness.write_results(result, json_path, "unstructured")
 
 
 def _ppl(x: Any) -> str:
