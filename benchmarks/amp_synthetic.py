@@ -1,4 +1,4 @@
-"""AMP's synthetic experiment (Liang et al., arXiv 2410.11261, §6.1 / Figure 2; SPEC §C.3), under every reading the
+"""AMP's synthetic experiment (Liang et al., arXiv 2410.11261, §6.1 / Figure 2), under every reading the
 paper admits, side by side with Wanda and SparseGPT on the same W and X.
 
 Data (paper): d = 64, W_Q, W_K = the rank-4 truncated SVD of N(0,1) d×d matrices, W = W_Q W_Kᵀ, k Gaussian X
@@ -43,7 +43,7 @@ SCALES = {"1/sqrt(d)": -0.5, "d^-1/4": -0.25, "1": 0.0}
 
 
 def synthetic(d: int, n: int, k: int, seed: int, x_scale: float):
-    """SPEC §C.3 data; returns W_Q, W_K (paper layout d × d, right-multiplied) and the k samples (k, n, d)."""
+    """The paper's synthetic data (§6.1); returns W_Q, W_K (paper layout d × d, right-multiplied) and the k samples (k, n, d)."""
     g = torch.Generator().manual_seed(seed)
 
     def rank4():

@@ -10,7 +10,7 @@ setting). Protocol, identical for every cell:
 Every method gets the *same* calibration token ids (calibration half of the BBC corpus); perplexity is measured on
 the held-out BBC half and, out of domain, on the Python documentation (`python_docs_dir()`, never calibrated on).
 
-Relative attention error `‖f̃ − f‖²/‖f‖²` per layer (SPEC §C.3 metric) at ρ = 0.3 / 0.5 / 0.7 for both AMPs, Wanda
+Relative attention error `‖f̃ − f‖²/‖f‖²` per layer (the paper's §6 metric) at ρ = 0.3 / 0.5 / 0.7 for both AMPs, Wanda
 and SparseGPT on q/k, with the dense model's inputs (AMP's masks do not depend on ρ: one descent per layer).
 
 Speed (`--speed`): seconds per AMP step at the run's calibration size on `--speed-layers` layers, the fast path and
