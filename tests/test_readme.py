@@ -358,3 +358,10 @@ def test_docs_page_examples_run_as_written(page, readme_world, capsys):
                 ran += 1
     assert ran, f"{_name(page)}: no example ran"
     capsys.readouterr()
+
+
+def test_readme_stays_a_front_page():
+    """The README is what it is, how to install and start, which method, and links: at most 12 KB. Everything else
+    (method details, guides, results) lives in docs/ and benchmarks/, where it is generated or tested."""
+    size = (REPO / "README.md").stat().st_size
+    assert size <= 12_000, f"README.md is {size} bytes: move the detail into a docs page and link it"
