@@ -46,7 +46,7 @@ if str(BENCH_DIR) not in sys.path:  # scripts import their private helpers (`_ll
     sys.path.insert(0, str(BENCH_DIR))
 
 import optimum_prune  # noqa: E402
-from optimum_prune import AutoPruner, CalibrationConfig  # noqa: E402
+from optimum_prune import AutoPruner, CalibrationConfig, CalibrationStatsCache, reuse_calibration_stats  # noqa: E402  # noqa: E402
 from optimum_prune.calibration.data import (  # noqa: E402
     bbc_news_dir,
     get_calibration_batches,
@@ -55,7 +55,6 @@ from optimum_prune.calibration.data import (  # noqa: E402
 )
 from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir  # noqa: E402
 from optimum_prune.evaluation import perplexity  # noqa: E402
-from optimum_prune.methods.structured import CalibrationStatsCache, reuse_calibration_stats  # noqa: E402
 from optimum_prune.runtime.checkpoint import jsonable  # noqa: E402  (tensors, paths, numpy scalars)
 
 __all__ = [

@@ -14,6 +14,7 @@ from .methods.registry import available_methods, register_pruning_method
 from .methods.ria import RIAConfig
 from .methods.sparsegpt import SparseGPTConfig
 from .methods.spp import SolutionPath, SolutionPathError, SPPConfig, SPPRIAConfig, SPPSearchError
+from .methods.stats_cache import CalibrationStatsCache, reuse_calibration_stats
 from .methods.unstructured import UnstructuredPruningConfig
 from .methods.wanda import WandaConfig
 from .modeling.architectures import UnsupportedArchitectureError, supported_model_types
@@ -34,6 +35,7 @@ __all__ = [
     "AutoPrunedModelForCausalLM",
     "AutoPrunedModelForImageClassification",
     "CalibrationConfig",
+    "CalibrationStatsCache",
     "FISTAConfig",
     "FLAPConfig",
     "FinetuneConfig",
@@ -65,6 +67,7 @@ __all__ = [
     "load_pruned_model",
     "prune_",
     "register_pruning_method",
+    "reuse_calibration_stats",
     "save_pruned_model",
     "supported_model_types",
     "to_semi_structured_",

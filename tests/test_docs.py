@@ -120,7 +120,7 @@ def test_results_hook_shows_every_results_file(tmp_path):
     try:
         spec.loader.exec_module(hooks)
     except ModuleNotFoundError as e:  # mkdocs is the [docs] extra
-        pytest.skip(f"needs the [docs] extra: {e}")
+        pytest.fail(f"needs the [docs] extra (make install installs it): {e}")
     text = hooks.results_markdown(REPO)
     for path in (REPO / "benchmarks" / "results").glob("*.md"):
         assert f"{{#{path.stem}}}" in text
@@ -154,7 +154,7 @@ def test_hf_args_blocks_become_lists():
     try:
         spec.loader.exec_module(ext)
     except ModuleNotFoundError as e:  # griffe comes with the [docs] extra
-        pytest.skip(f"needs the [docs] extra: {e}")
+        pytest.fail(f"needs the [docs] extra (make install installs it): {e}")
     doc = (
         "Summary.\n\nArgs:\n    a (`int`, defaults to `1`) / b (`str`): both\n        continued.\n"
         "    kwargs: the rest.\n\nReturns:\n    `int`: one."

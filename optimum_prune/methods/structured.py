@@ -11,13 +11,8 @@ Lifecycle:
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import copy
 import hashlib
-import json
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -38,6 +33,7 @@ from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, la
 from ..plan import LayerPlan, PruningPlan
 from ..runtime.session import current_session
 from .base import BasePruner, RunnerFactory, refuse_pruned_head_dims
+from .stats_cache import CalibrationStatsCache, active_stats_cache, reuse_calibration_stats, tensor_digest
 
 __all__ = [
     "CalibrationStatsCache",
@@ -128,97 +124,6 @@ def resolve_gqa_mode(mode: str, view: LayerView) -> str:
     return mode
 
 
-# Config fields read only after the calibration pass (allocation, rounding): runs that differ only in these can share
-# one pass. `allocation` counts as "owl or not" (OWL's pass also measures outliers).
-_AFTER_CALIBRATION = ("pruning_ratio", "allocation", "round_to", "owl_lambda")
-
-
-def _tensor_digest(h: Any, t: torch.Tensor) -> None:
-    t = t.detach()
-    h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-    h.update(t.cpu().contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-
-
-class CalibrationStatsCache:
-    """The results of structured calibration passes (scores, statistics, OWL outliers), keyed by what they depend
-    on: the method and its configuration without the fields read only afterwards (`pruning_ratio`, `round_to`,
-    `owl_lambda`, and `allocation` except whether it is `"owl"`), the calibration token ids and the blocks' weights.
-
-    Activate one with [`reuse_calibration_stats`]; while active, a structured prune whose key is already in the
-    cache skips its calibration pass and uses a deep copy of the stored result, which is what the pass would
-    compute again: sweeps over ratios and allocations of one method on one model pay for one pass. Runs inside a
-    checkpointed, low-memory or distributed session never use it (they already save what they need).
-    """
-
-    def __init__(self) -> None:
-        self._entries: dict[str, tuple] = {}
-        self.hits = 0
-        self.misses = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def clear(self) -> None:
-        self._entries.clear()
-
-    @staticmethod
-    def key(pruner: StructuredPruner, views: list[LayerView]) -> str | None:
-        """The cache key of `pruner`'s calibration pass over the blocks `views`, or `None` when it cannot be
-        identified (calibration data not attached)."""
-        cfg = {k: v for k, v in pruner.config.to_dict().items() if k not in _AFTER_CALIBRATION}
-        cfg["owl"] = pruner.config.allocation == "owl"
-        calib = pruner._calibration_digest if pruner.needs_calibration else "data-free"
-        if calib is None:
-            return None
-        h = hashlib.sha256()
-        for view in views:
-            for name, p in view.layer.named_parameters():
-                if p.device.type == "meta":
-                    return None
-                h.update(name.encode())
-                _tensor_digest(h, p)
-        blob = {"class": type(pruner).__qualname__, "config": cfg, "calibration": calib, "weights": h.hexdigest()}
-        return json.dumps(blob, sort_keys=True, default=str)
-
-    def get(self, key: str) -> tuple | None:
-        entry = self._entries.get(key)
-        if entry is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        return copy.deepcopy(entry)
-
-    def put(self, key: str, value: tuple) -> None:
-        self._entries[key] = copy.deepcopy(value)
-
-
-_ACTIVE_CACHE: contextvars.ContextVar[CalibrationStatsCache | None] = contextvars.ContextVar(
-    "optimum_prune_calibration_stats_cache", default=None
-)
-
-
-@contextlib.contextmanager
-def reuse_calibration_stats(cache: CalibrationStatsCache | None = None) -> Iterator[CalibrationStatsCache]:
-    """Within the block, structured prunes (NP, FLAP, magnitude) that differ only in `pruning_ratio`, `allocation`
-    (other than OWL), `round_to` or `owl_lambda`, on the same weights and calibration ids, share one calibration
-    pass (see [`CalibrationStatsCache`]). Pass a `cache` to keep the passes across several blocks.
-
-    Example:
-        ```python
-        with reuse_calibration_stats() as cache:
-            for ratio in (0.1, 0.2, 0.3):
-                model = copy.deepcopy(dense)
-                prune_(model, NumericalConfig(pruning_ratio=ratio), calibration=ids)
-        ```
-    """
-    cache = CalibrationStatsCache() if cache is None else cache
-    token = _ACTIVE_CACHE.set(cache)
-    try:
-        yield cache
-    finally:
-        _ACTIVE_CACHE.reset(token)
-
-
 class StructuredPruner(BasePruner):
     """Base of the structured methods; see the module docstring for the lifecycle."""
 
@@ -248,7 +153,7 @@ class StructuredPruner(BasePruner):
         """Records a digest of the calibration ids (the key of [`reuse_calibration_stats`])."""
         if isinstance(data, torch.Tensor):
             h = hashlib.sha256()
-            _tensor_digest(h, data)
+            tensor_digest(h, data)
             self._calibration_digest = h.hexdigest()
 
     def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
@@ -296,7 +201,7 @@ class StructuredPruner(BasePruner):
 
     def _collect(self, views: list[LayerView], runner: RunnerFactory | None):
         """`_collect_pass`, or its stored result inside [`reuse_calibration_stats`] (never in an active session)."""
-        cache = _ACTIVE_CACHE.get()
+        cache = active_stats_cache()
         key = None if (cache is None or current_session().active) else CalibrationStatsCache.key(self, views)
         if key is None:
             return self._collect_pass(views, runner)
