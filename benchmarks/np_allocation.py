@@ -76,6 +76,8 @@ VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
     "np_unit_pools": (_NP, _UNIT, {"pools": True}, "NP, unit, separate attention / MLP pools"),
     "np_unit_flapbudget": (_NP, _UNIT, {"budgets_from": "flap"}, "NP, unit, FLAP's layer budgets (diagnostic)"),
     "np_unit_d1": (_NP, {**_UNIT, "compensation_damping": 1.0}, {}, "NP, unit, damping 1"),
+    "np_unit_d10": (_NP, {**_UNIT, "compensation_damping": 10.0}, {}, "NP, unit, damping 10"),
+    "np_unit_norefit": (_NP, {**_UNIT, "compensate": False}, {}, "NP, unit, no refit (mask only)"),
     "np_unit_owl": (_NP, {**_UNIT, **_OWL}, {}, "NP, unit, OWL budgets (M 5, λ 0.08)"),
     "np_unit_owl15": (_NP, {**_UNIT, **_OWL, "owl_lambda": 0.15}, {}, "NP, unit, OWL budgets (M 5, λ 0.15)"),
     "np_unit_owl_bias": (_NP, {**_UNIT, **_OWL, **_BIAS}, {}, "NP, unit, OWL, bias refit"),
