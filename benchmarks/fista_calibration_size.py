@@ -148,13 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eps", default="1e-3,1e-2", help="FISTAConfig.eps values, the default first")
     parser.add_argument("--layer", type=int, default=0)
     parser.add_argument("--held-out", default="32x512", help="held-out Gram's windows, NUMxLEN (default: 32x512)")
-    parser.add_argument(
-        "--split",
-        choices=("selection", "test"),
-        default="selection",
-        help="held-out set (default: selection, as the study chooses FISTA's settings)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the document split")
+    harness.add_split_args(parser, split="selection", what="held-out set (the study chooses FISTA's settings)")
     harness.add_model_args(parser)
     parser.set_defaults(threads=1)
     parser.add_argument("--output", type=Path, default=harness.RESULTS_DIR / "fista_calibration_size.json")

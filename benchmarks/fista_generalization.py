@@ -119,13 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma list of names in VARIANTS")
     parser.add_argument("--seq-len", type=int, default=512, help="window length of every token set (default: 512)")
     parser.add_argument("--eval-samples", type=int, default=32, help="windows of each held-out set (default: 32)")
-    parser.add_argument(
-        "--split",
-        choices=("selection", "test"),
-        default="selection",
-        help="held-out sets (default: selection: the study chooses FISTA's settings)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the document split")
+    harness.add_split_args(parser, split="selection", what="held-out sets (the study chooses FISTA's settings)")
     parser.add_argument("--resume", action="store_true")
     harness.add_model_args(parser)
     parser.add_argument(

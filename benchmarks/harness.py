@@ -287,15 +287,21 @@ class Protocol:
         }
 
 
-def add_protocol_args(p: argparse.ArgumentParser, *, split: str = "test", eval_tokens: int = DEFAULT_EVAL_TOKENS):
-    """`--split`, `--seed`, `--eval-texts`, `--eval-tokens`, `--eval-seq-len`."""
+def add_split_args(p: argparse.ArgumentParser, *, split: str = "test", what: str = "evaluation set"):
+    """`--split` (`selection` to choose defaults / sweep, `test` to report) and `--seed` (of the document split)."""
     p.add_argument(
         "--split",
         choices=("selection", "test"),
         default=split,
-        help=f"evaluation set: 'selection' to choose defaults / sweep, 'test' to report (default: {split})",
+        help=f"{what}: 'selection' to choose defaults / sweep, 'test' to report (default: {split})",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the document split and calibration windows")
+    return p
+
+
+def add_protocol_args(p: argparse.ArgumentParser, *, split: str = "test", eval_tokens: int = DEFAULT_EVAL_TOKENS):
+    """`--split`, `--seed`, `--eval-texts`, `--eval-tokens`, `--eval-seq-len`."""
+    add_split_args(p, split=split)
     p.add_argument(
         "--eval-texts", nargs="+", choices=EVAL_TEXTS, default=list(EVAL_TEXTS), help="texts scored (default: all)"
     )

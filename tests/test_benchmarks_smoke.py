@@ -45,7 +45,9 @@ def _needs(module: str, why: str):
 
 def _corpora():
     if shutil.which("bible") is None:
-        pytest.skip("the third evaluation text needs Debian's bible-kjv (make install installs it)")
+        pytest.fail(
+            "the third evaluation text needs Debian's bible-kjv: make install installs it (apt-get install bible-kjv)"
+        )
 
 
 def _run(script: str, argv: list[str], out: Path) -> dict:
