@@ -124,7 +124,7 @@ def read_target(view: LayerView, t: Target) -> torch.Tensor:
 def write_target(view: LayerView, t: Target, W: torch.Tensor) -> None:
     with torch.no_grad():
         full = weight_oi(view.module(t.path))
-        full[t.rows(full.shape[0])] = W.to(full.dtype)
+        full[t.rows(full.shape[0])] = W.to(full.device, full.dtype)
 
 
 def target_sparsity(model: nn.Module, spec: ArchitectureSpec, targets: Sequence[Target]) -> dict[str, tuple]:

@@ -3,6 +3,7 @@ RoPE after masking, GQA groups, scaling, soft-capping, causal mask, sliding wind
 
 from __future__ import annotations
 
+import copy
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -76,11 +77,20 @@ class AttentionInputs:
             scaling=float(attn.scaling),
             sliding_window=getattr(attn, "sliding_window", None),
             softcap=getattr(attn, "attn_logit_softcapping", None),
-            q_norm=getattr(attn, "q_norm", None),
-            k_norm=getattr(attn, "k_norm", None),
+            q_norm=_norm_on(getattr(attn, "q_norm", None), xs),
+            k_norm=_norm_on(getattr(attn, "k_norm", None), xs),
             apply_rope=apply,
             causal=getattr(attn, "is_causal", True),
         )
+
+
+def _norm_on(norm: nn.Module | None, xs) -> nn.Module | None:
+    """The q/k norm on the device of the captured inputs: a `device=` run captures them on the accelerator and moves
+    the layer back, so the norm is copied there (it is only read)."""
+    param = None if norm is None or not xs else next(norm.parameters(), None)
+    if param is None or param.device == xs[0].device:
+        return norm
+    return copy.deepcopy(norm).to(xs[0].device)
 
 
 def attention_mask(n: int, causal: bool = True, sliding_window: int | None = None, device=None) -> torch.Tensor:

@@ -103,7 +103,9 @@ class AMPPruner(SequentialPruner):
         if run is None:
             raise ValueError("AMP needs calibration data: pass `calibration=`.")
         inp = self._capture(run, view)
-        Wq, bq, Wk, bk = _qk(view)
+        # the descent runs where the layer's inputs were captured (a `device=` run streams the layer there and back)
+        device = inp.xs[0].device if inp.xs else None
+        Wq, bq, Wk, bk = (None if w is None else w.to(device) for w in _qk(view))
         roles = {t.role for t in self.targets}
         try:
             Mq, Mk, info = self.masks(inp, Wq, Wk, bq, bk, roles, desc=f"amp: layer {view.index} steps")

@@ -45,7 +45,7 @@ class FLAPPruner(StructuredPruner):
         head = chan = None
         if "attn" in stats:
             s = stats["attn"]
-            m = fluctuation_metric(weight_oi(view.o_proj).detach().cpu(), s.mean, s.var, cfg.metric)
+            m = fluctuation_metric(weight_oi(view.o_proj).detach().cpu(), s.mean.cpu(), s.var.cpu(), cfg.metric)
             if cfg.square_attention_metric:
                 m = m * m
             if cfg.standardize:
@@ -53,7 +53,7 @@ class FLAPPruner(StructuredPruner):
             head = m.view(view.num_heads, view.head_dim).mean(1)
         if "mlp" in stats:
             s = stats["mlp"]
-            chan = fluctuation_metric(weight_oi(view.mlp_out).detach().cpu(), s.mean, s.var, cfg.metric)
+            chan = fluctuation_metric(weight_oi(view.mlp_out).detach().cpu(), s.mean.cpu(), s.var.cpu(), cfg.metric)
             if cfg.standardize:
                 chan = standardize(chan)
         return head, chan
@@ -62,7 +62,7 @@ class FLAPPruner(StructuredPruner):
         W = weight_oi(module).detach()
         mask = torch.ones(W.shape[1], dtype=torch.bool)
         mask[keep.cpu()] = False
-        b = bias_compensation(W.cpu(), stats.mean, mask.nonzero()[:, 0])
+        b = bias_compensation(W.cpu(), stats.mean.cpu(), mask.nonzero()[:, 0])
         if getattr(module, "bias", None) is not None:
             b = b + module.bias.detach().double().cpu()
         return b.to(W.dtype)
