@@ -123,6 +123,25 @@ VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
         "NP, loss ranking without correlations, std, bias refit",
     ),
     "np_dunit_bias": (_NP, {**_UNIT, **_BIAS, "score_correlations": False}, {}, "NP, unit, no correlations, bias"),
+    "np_fluct_bias": (_NP, {**_UNIT, **_BIAS, "scores": "fluctuation"}, {}, "NP, FLAP's metric, bias refit"),
+    "np_fluct_bias_d1": (
+        _NP,
+        {**_UNIT, **_BIAS, "scores": "fluctuation", "compensation_damping": 1.0},
+        {},
+        "NP, FLAP's metric, bias refit, damping 1",
+    ),
+    "np_unit_cbias_flapbudget": (
+        _NP,
+        {**_UNIT, **_BIAS},
+        {"centred_scores": True, "budgets_from": "flap"},
+        "NP, unit, centred scores, bias refit, FLAP's layer budgets (diagnostic)",
+    ),
+    "np_unit_norefit_flapbudget": (
+        _NP,
+        {**_UNIT, "compensate": False},
+        {"budgets_from": "flap"},
+        "NP, unit, no refit, FLAP's layer budgets (diagnostic)",
+    ),
     "np_loss_std_owl": (_NP, {**_LOSS, **_OWL}, {}, "NP, loss ranking, std, OWL"),
     "np_loss_std_bias_owl": (_NP, {**_LOSS, **_OWL, **_BIAS}, {}, "NP, loss ranking, std, bias refit, OWL"),
 }

@@ -50,6 +50,11 @@ METHOD_CASES = [
     (NumericalConfig, {"pruning_ratio": 0.3, "round_to": 1, "ranking": "loss"}, 0.08),
     (
         NumericalConfig,
+        {"pruning_ratio": 0.3, "round_to": 1, "scores": "fluctuation", "compensation_bias": True},
+        0.08,
+    ),
+    (
+        NumericalConfig,
         {
             "pruning_ratio": 0.3,
             "round_to": 1,

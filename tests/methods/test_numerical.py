@@ -359,3 +359,47 @@ def test_paper_preset_is_the_papers_setting():
     assert default.standardize_per_layer and default.compensation_damping == 0.1 and default.head_score == "unit"
     assert NumericalConfig.paper(literal=True).ranking == "literal"
     assert NumericalConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_fluctuation_metric_is_flaps_from_the_gram():
+    """`scores="fluctuation"` computes FLAP's ‖W_:,j‖²·Var(x_j) from NP's Gram and mean (float64 reference)."""
+    from optimum_prune.calibration.stats import GramStats
+    from optimum_prune.methods.flap.functional import fluctuation_scores
+
+    W, X, _ = _problem(D=12, N=300)
+    X = X + torch.linspace(-2, 2, 12, dtype=torch.float64)  # channel means matter: Var, not E[x²]
+    stats = GramStats(12, dtype=torch.float64)
+    stats.update(X)
+    var = X.var(0, unbiased=False)
+    ref = var * (W * W).sum(0)
+    ref = (ref - ref.mean()) / ref.std()
+    mean = stats.mean.double()
+    got = fluctuation_scores(W, mean, stats.gram.diagonal().double() - mean * mean)
+    torch.testing.assert_close(got, ref)
+    heads = fluctuation_scores(W, mean, var, square=True, head_dim=4)  # FLAP's attention: squared, head mean
+    sq = (var * (W * W).sum(0)) ** 2
+    torch.testing.assert_close(heads, ((sq - sq.mean()) / sq.std()).view(3, 4).mean(1))
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama_gqa"])
+def test_fluctuation_scores_choose_flaps_units(arch):
+    """Without compensation, NP with `scores="fluctuation"` removes exactly the heads and channels FLAP removes."""
+    from testing_utils import calibration_ids, tiny_model
+
+    from optimum_prune import FLAPConfig
+    from optimum_prune.prune import _compute_plan
+
+    ids = calibration_ids(8, 16)
+    _, flap = _compute_plan(tiny_model(arch), FLAPConfig(pruning_ratio=0.3, round_to=1, bias_compensation=False), ids)
+    np_cfg = NumericalConfig(pruning_ratio=0.3, round_to=1, scores="fluctuation", compensate=False)
+    _, npf = _compute_plan(tiny_model(arch), np_cfg, ids)
+    assert flap.layers and flap.summary() == npf.summary()
+    for i, lp in flap.layers.items():
+        assert lp.keep_heads == npf.layers[i].keep_heads and lp.keep_channels == npf.layers[i].keep_channels
+
+
+def test_fluctuation_scores_take_the_cost_weighted_ranking():
+    with pytest.raises(ValueError, match="scores='fluctuation'"):
+        NumericalConfig(scores="fluctuation", ranking="loss")
+    with pytest.raises(ValueError, match="scores"):
+        NumericalConfig(scores="fluctation")

@@ -10,7 +10,7 @@ from ...modeling.surgery import head_rows
 from ...plan import LayerPlan
 from ..structured import StructuredPruner
 from .config import FLAPConfig
-from .functional import bias_compensation, fluctuation_metric, standardize
+from .functional import bias_compensation, fluctuation_scores
 
 __all__ = ["FLAPPruner"]
 
@@ -45,17 +45,14 @@ class FLAPPruner(StructuredPruner):
         head = chan = None
         if "attn" in stats:
             s = stats["attn"]
-            m = fluctuation_metric(weight_oi(view.o_proj).detach().cpu(), s.mean.cpu(), s.var.cpu(), cfg.metric)
-            if cfg.square_attention_metric:
-                m = m * m
-            if cfg.standardize:
-                m = standardize(m)
-            head = m.view(view.num_heads, view.head_dim).mean(1)
+            W = weight_oi(view.o_proj).detach().cpu()
+            head = fluctuation_scores(
+                W, s.mean.cpu(), s.var.cpu(), cfg.metric, cfg.square_attention_metric, cfg.standardize, view.head_dim
+            )
         if "mlp" in stats:
             s = stats["mlp"]
-            chan = fluctuation_metric(weight_oi(view.mlp_out).detach().cpu(), s.mean.cpu(), s.var.cpu(), cfg.metric)
-            if cfg.standardize:
-                chan = standardize(chan)
+            W = weight_oi(view.mlp_out).detach().cpu()
+            chan = fluctuation_scores(W, s.mean.cpu(), s.var.cpu(), cfg.metric, standardized=cfg.standardize)
         return head, chan
 
     def _bias(self, module, stats: MomentStats, keep: torch.Tensor) -> torch.Tensor:

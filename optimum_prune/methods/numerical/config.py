@@ -64,6 +64,11 @@ class NumericalConfig(StructuredPruningConfig):
             Grams as the scores; the paper's setting, which leaves it implicit) or `"sequential"` (an extension, not in
             the paper): after the masks are fixed, layers are refitted in order on the inputs produced by the already
             pruned and compensated layers, `W'_K = W·C[:, K]·(X*_KᵀX*_K)⁻¹` with the cross-Gram `C = XᵀX*`.
+        scores (`str`, defaults to `"numerical"`): what ranks the units. `"numerical"`: the paper's numerical scores
+            (above); `"fluctuation"`: FLAP's fluctuation metric `‖W_:,j‖²·Var(x_j)` of each input channel (computed
+            from the same Gram and mean; a head scores by the mean of its channels' squared metric, as FLAP's code),
+            standardised per module (`standardize_per_layer`) and ranked the same way, NP's closed-form refit still
+            compensating. An extension, not in the paper (docs/methods/numerical.md says when it wins).
         compensation_bias (`bool`, defaults to `False`): refit a bias of o_proj / down_proj together with the kept
             weights (least squares with an intercept, on centred inputs; an extension, not in the paper). It
             subsumes FLAP's bias compensation (the removed channels' mean contribution) and adds bias parameters
@@ -84,6 +89,7 @@ class NumericalConfig(StructuredPruningConfig):
     score_correlations: bool = True
     compensation_inputs: str = "dense"
     compensation_bias: bool = False
+    scores: str = "numerical"
 
     @classmethod
     def paper(cls, pruning_ratio: float = 0.2, literal: bool = False, **kwargs) -> NumericalConfig:
@@ -107,6 +113,7 @@ class NumericalConfig(StructuredPruningConfig):
             "compensate": True,
             "compensation_inputs": "dense",
             "compensation_bias": False,
+            "scores": "numerical",
         }
         return cls(pruning_ratio=pruning_ratio, **{**settings, **kwargs})
 
@@ -116,6 +123,12 @@ class NumericalConfig(StructuredPruningConfig):
         _choice("solver", self.solver, ("closed_form", "newton"))
         _choice("ranking", self.ranking, ("cost_weighted", "literal", "loss"))
         _choice("head_score", self.head_score, ("unit", "channel_mean"))
+        _choice("scores", self.scores, ("numerical", "fluctuation"))
+        if self.scores == "fluctuation" and (self.ranking != "cost_weighted" or self.solver != "closed_form"):
+            raise ValueError(
+                "scores='fluctuation' ranks units by FLAP's metric with the cost-weighted ranking: it takes "
+                "ranking='cost_weighted' and solver='closed_form' (the numerical solvers do not apply)."
+            )
         if self.ranking == "loss" and self.solver != "closed_form":
             raise ValueError(
                 "ranking='loss' ranks units by their removal loss, not by numerical scores: solver='newton' does "

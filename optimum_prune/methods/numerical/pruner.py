@@ -13,6 +13,7 @@ from ...modeling.surgery import apply_layer_plan_, head_rows
 from ...plan import LayerPlan, PruningPlan
 from ...runtime.session import current_session
 from ..base import RunnerFactory
+from ..flap.functional import fluctuation_scores
 from ..structured import StructuredPruner, head_costs, mlp_channel_cost, resolve_gqa_mode
 from .config import NumericalConfig
 from .functional import (
@@ -102,12 +103,32 @@ class NumericalPruner(StructuredPruner):
     def score_layer(self, view: LayerView, stats):
         if self.config.ranking == "loss":
             return self._loss_scores(view, stats)
+        if self.config.scores == "fluctuation":
+            return self._fluctuation_scores(view, stats)
         head = chan = None
         if "attn" in stats:
             head = self._head_scores(view, stats["attn"])  # (H,)
         if "mlp" in stats:
             chan = self._scores(weight_oi(view.mlp_out).detach(), stats["mlp"])  # (I,)
             chan = _standardize(chan) if self.config.standardize_per_layer else chan
+        return head, chan
+
+    def _fluctuation_scores(self, view: LayerView, stats):
+        """`scores="fluctuation"`: FLAP's metric, from the Gram's diagonal and the mean (Var = E[x²] − E[x]²)."""
+        std = self.config.standardize_per_layer
+
+        def moments(s: GramStats) -> tuple[torch.Tensor, torch.Tensor]:
+            mean = s.mean.double().cpu()
+            return mean, (s.gram.diagonal().double().cpu() - mean * mean).clamp_min(0)
+
+        head = chan = None
+        if "attn" in stats:
+            W = weight_oi(view.o_proj).detach().cpu()
+            head = fluctuation_scores(
+                W, *moments(stats["attn"]), square=True, standardized=std, head_dim=view.head_dim
+            )
+        if "mlp" in stats:
+            chan = fluctuation_scores(weight_oi(view.mlp_out).detach().cpu(), *moments(stats["mlp"]), standardized=std)
         return head, chan
 
     def _losses(self, W: torch.Tensor, stats: GramStats, groups: torch.Tensor) -> torch.Tensor:
