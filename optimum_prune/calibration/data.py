@@ -111,16 +111,22 @@ def _read_source(source: Any, *, split: str, text_column: str) -> list[str]:
         return list(source)
     if isinstance(source, (str, os.PathLike)):
         path = Path(source).expanduser()
-        if path.is_file():
+        try:
+            is_file, is_dir = path.is_file(), path.is_dir()
+        except (OSError, ValueError):  # not a possible path (a name too long, a NUL byte): text passed as a path
+            is_file = is_dir = False
+        if is_file:
             return _read_jsonl(path, text_column) if path.suffix == ".jsonl" else [_read_text_file(path)]
-        if path.is_dir():
+        if is_dir:
             files = sorted(p for p in path.rglob("*.txt") if p.is_file())
             if not files:
                 raise ValueError(f"Directory {str(path)!r} contains no *.txt files.")
             return [_read_text_file(p) for p in files]
         if isinstance(source, str) and source.lower() in KNOWN_DATASETS:
             return _load_named_dataset(source.lower(), split=split, text_column=text_column)
-        raise ValueError(f"{str(source)!r} is neither an existing file/directory nor a known dataset name. "
+        shown = str(source) if len(str(source)) <= 80 else str(source)[:77] + "..."
+        hint = " A string is read as a path or a dataset name; to use the text itself, pass it in a list: [text]."
+        raise ValueError(f"{shown!r} is neither an existing file/directory nor a known dataset name.{hint} "
                          f"Accepted: {_ACCEPTED_FORMS}.")  # fmt: skip
     if _is_hf_dataset(source):
         return _read_hf_dataset(source, split=split, text_column=text_column)

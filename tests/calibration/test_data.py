@@ -120,6 +120,15 @@ def test_unknown_string_lists_accepted_forms():
         load_texts("no_such_dataset_or_file")
 
 
+def test_text_passed_as_a_string_says_to_wrap_it_in_a_list():
+    """A long text given where a path is expected used to raise the OS's "File name too long"."""
+    text = "The quick brown fox jumps over the lazy dog. " * 40
+    for source in (text, "a short sentence, not a path", "bad\x00name"):
+        with pytest.raises(ValueError, match=r"pass it in a list: \[text\]"):
+            load_texts(source)
+    assert load_texts([text]) == [text]
+
+
 def test_named_dataset_offline_fails_fast(tmp_path):
     code = textwrap.dedent(
         """
