@@ -74,6 +74,7 @@ def test_prune_end_to_end(model_dir, calib_file, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["perplexity"] > 1
     bench = ["bench", str(model_dir), str(out), "--prompt-len", "8", "--new-tokens", "2", "--warmup", "0"]
     assert main([*bench, "--repeats", "1", "--output", str(tmp_path / "bench.json")]) == 0
+    assert "| model | prefill ms (median) |" in capsys.readouterr().err  # the comparison as a table, to read
     speed = json.loads((tmp_path / "bench.json").read_text())
     assert speed["ratios"][str(out)]["parameter_ratio"] < 1
 

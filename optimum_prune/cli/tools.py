@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..evaluation import benchmark_speed, compare_speed, perplexity
+from ..evaluation import benchmark_speed, compare_speed, format_speed, perplexity
 from ..evaluation.zero_shot import resolve_tasks
 from ..export import export_gguf
 from .common import UserError, _check_parent, _load, _texts, _write_json, require_causal_lm
@@ -59,6 +59,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         result = {"model": args.models[0], **benchmark_speed(loaded[args.models[0]][0], tokenizer, **kw)}
     else:
         result = compare_speed({name: m for name, (m, _) in loaded.items()}, tokenizer, **kw)
+        print(format_speed(result), file=sys.stderr)  # the table to read; the JSON (stdout or --output) to keep
     _write_json(result, args.output)
     return 0
 
