@@ -55,7 +55,7 @@ TEXT_KEYS = {"bbc": "bbc", "python_docs": "pydocs", "kjv": "kjv"}
 # "centred_scores" (numerical scores on the input covariance: the objective with an intercept), "scores_from"
 # ("flap": FLAP's scores with NP's compensation, a diagnostic).
 _NP = NumericalConfig
-_STD = {"ranking": "cost_weighted", "standardize_per_layer": True, "compensation_damping": 0.1}
+_STD = {"ranking": "cost_weighted", "standardize_per_layer": True, "compensation_damping": 0.1, "scores": "numerical"}
 _UNIT = {**_STD, "head_score": "unit"}
 _OWL = {"allocation": "owl", "owl_threshold": 5.0, "owl_lambda": 0.08}
 _LOSS = {**_UNIT, "ranking": "loss"}
@@ -64,7 +64,12 @@ VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
     "flap": (FLAPConfig, {}, {}, "FLAP"),
     "np_paper": (
         _NP,
-        {"standardize_per_layer": False, "head_score": "channel_mean", "compensation_damping": 0.01},
+        {
+            "standardize_per_layer": False,
+            "head_score": "channel_mean",
+            "compensation_damping": 0.01,
+            "scores": "numerical",
+        },
         {},
         "NP, paper setting",
     ),

@@ -129,7 +129,8 @@ def gguf_layout(model: nn.Module) -> dict[str, Any]:
     extra = sorted(biases - _BIASES[arch])
     if extra:
         raise GGUFExportError(
-            f"llama.cpp's {arch} graph has no bias for {extra}; prune without compensation_bias for this model."
+            f"llama.cpp's {arch} graph has no bias for {extra}: prune this model without the bias refit "
+            "(NumericalConfig(compensation_bias=False), FLAPConfig(bias_compensation=False))."
         )
     act = getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None)
     if act != _ACTIVATION[base]:

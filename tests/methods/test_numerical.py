@@ -403,3 +403,33 @@ def test_fluctuation_scores_take_the_cost_weighted_ranking():
         NumericalConfig(scores="fluctuation", ranking="loss")
     with pytest.raises(ValueError, match="scores"):
         NumericalConfig(scores="fluctation")
+
+
+def test_auto_scores_switch_at_the_measured_light_ratio():
+    """The default ranks by FLAP's metric with a bias refit below 25%, by the numerical scores from 25%; every
+    explicit setting wins over the automatic one, and the paper preset is always numerical without a bias."""
+    from optimum_prune.methods.numerical.config import LIGHT_RATIO
+
+    light, heavy = NumericalConfig(pruning_ratio=0.2), NumericalConfig(pruning_ratio=LIGHT_RATIO)
+    assert (light.scores, light.resolved_scores, light.refit_bias) == ("auto", "fluctuation", True)
+    assert (heavy.resolved_scores, heavy.refit_bias) == ("numerical", False)
+    assert not NumericalConfig(pruning_ratio=0.1, compensation_bias=False).refit_bias
+    assert NumericalConfig(pruning_ratio=0.1, compensate=False).refit_bias is False
+    assert NumericalConfig(pruning_ratio=0.1, scores="numerical").resolved_scores == "numerical"
+    assert NumericalConfig(pruning_ratio=0.5, scores="fluctuation").refit_bias
+    assert NumericalConfig(pruning_ratio=0.1, ranking="loss").resolved_scores == "numerical"
+    paper = NumericalConfig.paper(pruning_ratio=0.1)
+    assert (paper.resolved_scores, paper.refit_bias) == ("numerical", False)
+    assert NumericalConfig.from_dict(light.to_dict()) == light
+
+
+def test_auto_default_below_the_light_ratio_is_the_fluctuation_ranking_with_bias():
+    from testing_utils import calibration_ids, tiny_model
+
+    from optimum_prune.prune import _compute_plan
+
+    ids = calibration_ids(8, 16)
+    _, auto = _compute_plan(tiny_model("llama_gqa"), NumericalConfig(pruning_ratio=0.2, round_to=1), ids)
+    explicit = NumericalConfig(pruning_ratio=0.2, round_to=1, scores="fluctuation", compensation_bias=True)
+    _, ref = _compute_plan(tiny_model("llama_gqa"), explicit, ids)
+    assert auto.summary() == ref.summary() and any(lp.biases for lp in auto.layers.values())

@@ -10,6 +10,10 @@ from ...config import StructuredPruningConfig, _choice
 
 __all__ = ["NumericalConfig"]
 
+# Below this pruning ratio `scores="auto"` ranks units by FLAP's fluctuation metric (with a bias refit), from it by the
+# numerical scores: the crossover measured on the selection split (docs/methods/numerical.md, issue 27's screening).
+LIGHT_RATIO = 0.25
+
 
 @dataclass
 class NumericalConfig(StructuredPruningConfig):
@@ -64,15 +68,18 @@ class NumericalConfig(StructuredPruningConfig):
             Grams as the scores; the paper's setting, which leaves it implicit) or `"sequential"` (an extension, not in
             the paper): after the masks are fixed, layers are refitted in order on the inputs produced by the already
             pruned and compensated layers, `W'_K = W·C[:, K]·(X*_KᵀX*_K)⁻¹` with the cross-Gram `C = XᵀX*`.
-        scores (`str`, defaults to `"numerical"`): what ranks the units. `"numerical"`: the paper's numerical scores
+        scores (`str`, defaults to `"auto"`): what ranks the units. `"numerical"`: the paper's numerical scores
             (above); `"fluctuation"`: FLAP's fluctuation metric `‖W_:,j‖²·Var(x_j)` of each input channel (computed
             from the same Gram and mean; a head scores by the mean of its channels' squared metric, as FLAP's code),
             standardised per module (`standardize_per_layer`) and ranked the same way, NP's closed-form refit still
-            compensating. An extension, not in the paper (docs/methods/numerical.md says when it wins).
-        compensation_bias (`bool`, defaults to `False`): refit a bias of o_proj / down_proj together with the kept
-            weights (least squares with an intercept, on centred inputs; an extension, not in the paper). It
+            compensating (an extension, not in the paper); `"auto"`: `"fluctuation"` below a pruning ratio of 0.25,
+            `"numerical"` from 0.25 (measured: FLAP's metric with NP's refit wins at 10-20% on text unlike the
+            calibration text, the numerical scores win by far at 30-50%; docs/methods/numerical.md).
+        compensation_bias (`bool | None`, defaults to `None`): refit a bias of o_proj / down_proj together with the
+            kept weights (least squares with an intercept, on centred inputs; an extension, not in the paper). It
             subsumes FLAP's bias compensation (the removed channels' mean contribution) and adds bias parameters
-            to those projections, as FLAP does.
+            to those projections, as FLAP does. `None`: on with the fluctuation metric (whose variance is centred),
+            off with the numerical scores. Qwen3 / Gemma-3 GGUF exports take no such bias (set it to `False`).
     """
 
     method = "numerical"
@@ -88,8 +95,24 @@ class NumericalConfig(StructuredPruningConfig):
     head_score: str = "unit"
     score_correlations: bool = True
     compensation_inputs: str = "dense"
-    compensation_bias: bool = False
-    scores: str = "numerical"
+    compensation_bias: bool | None = None
+    scores: str = "auto"
+
+    @property
+    def resolved_scores(self) -> str:
+        """`scores` with `"auto"` resolved for this pruning ratio (the loss / literal rankings and the Newton solver
+        always use the numerical scores)."""
+        if self.scores != "auto":
+            return self.scores
+        plain = self.ranking == "cost_weighted" and self.solver == "closed_form"
+        return "fluctuation" if plain and self.pruning_ratio < LIGHT_RATIO else "numerical"
+
+    @property
+    def refit_bias(self) -> bool:
+        """Whether the refit fits a bias: `compensation_bias`, or with `None` whether the fluctuation metric ranks."""
+        if self.compensation_bias is not None:
+            return self.compensation_bias
+        return self.compensate and self.resolved_scores == "fluctuation"
 
     @classmethod
     def paper(cls, pruning_ratio: float = 0.2, literal: bool = False, **kwargs) -> NumericalConfig:
@@ -123,7 +146,7 @@ class NumericalConfig(StructuredPruningConfig):
         _choice("solver", self.solver, ("closed_form", "newton"))
         _choice("ranking", self.ranking, ("cost_weighted", "literal", "loss"))
         _choice("head_score", self.head_score, ("unit", "channel_mean"))
-        _choice("scores", self.scores, ("numerical", "fluctuation"))
+        _choice("scores", self.scores, ("auto", "numerical", "fluctuation"))
         if self.scores == "fluctuation" and (self.ranking != "cost_weighted" or self.solver != "closed_form"):
             raise ValueError(
                 "scores='fluctuation' ranks units by FLAP's metric with the cost-weighted ranking: it takes "
@@ -140,7 +163,7 @@ class NumericalConfig(StructuredPruningConfig):
             raise ValueError(
                 "solver='newton' iterates the penalised objective and needs a finite `lambda_` (e.g. 10)."
             )
-        if self.compensation_bias and not self.compensate:
+        if self.compensation_bias is True and not self.compensate:
             raise ValueError("compensation_bias=True refits a bias during compensation: it needs compensate=True.")
         if not isinstance(self.newton_iters, int) or self.newton_iters < 1:
             raise ValueError(f"`newton_iters` must be a positive int, got {self.newton_iters!r}.")

@@ -103,7 +103,7 @@ class NumericalPruner(StructuredPruner):
     def score_layer(self, view: LayerView, stats):
         if self.config.ranking == "loss":
             return self._loss_scores(view, stats)
-        if self.config.scores == "fluctuation":
+        if self.config.resolved_scores == "fluctuation":
             return self._fluctuation_scores(view, stats)
         head = chan = None
         if "attn" in stats:
@@ -134,7 +134,7 @@ class NumericalPruner(StructuredPruner):
     def _losses(self, W: torch.Tensor, stats: GramStats, groups: torch.Tensor) -> torch.Tensor:
         cfg = self.config
         H = stats.gram.to(W.device)
-        if cfg.compensation_bias:  # the refit with an intercept acts on the covariance
+        if cfg.refit_bias:  # the refit with an intercept acts on the covariance
             mu = stats.mean.to(W.device)
             H = H.double() - torch.outer(mu, mu)
         if not cfg.score_correlations:  # independent inputs: no refit can help, L*(P) = Σ_{j∈P} ‖W_:,j‖²·H_jj
@@ -178,7 +178,7 @@ class NumericalPruner(StructuredPruner):
             mod = view.module(path)
             W = weight_oi(mod).detach()
             H, keep = stats[name].gram.to(W.device), keep.to(W.device)
-            if self.config.compensation_bias:
+            if self.config.refit_bias:
                 plan.weights[path], b, res = compensate_with_bias(W, H, stats[name].mean, keep, damp)
                 plan.biases[path] = _plus_bias(b, mod)
             else:
@@ -254,7 +254,7 @@ class NumericalPruner(StructuredPruner):
         Wd = W.double()
         Cg, Gg = C.gram.to(W.device), Gs.gram.to(W.device)  # (D, D) each
         b = None
-        if self.config.compensation_bias:  # intercept: centre both sides (see `compensate_with_bias`)
+        if self.config.refit_bias:  # intercept: centre both sides (see `compensate_with_bias`)
             mx, mxs = (m.to(W.device) for m in C.means)
             Cg, Gg = Cg - torch.outer(mx, mxs), Gg - torch.outer(mxs, mxs)
         G_kk = Gg[keep][:, keep]  # (k, k)
@@ -262,6 +262,6 @@ class NumericalPruner(StructuredPruner):
         rhs = (Wd @ Cg[:, keep] - Wd[:, keep] @ G_kk).T  # (k, d_out)
         W_new = torch.zeros_like(Wd)
         W_new[:, keep] = Wd[:, keep] + damped_cholesky_solve(G_kk, rhs, self.config.compensation_damping).T
-        if self.config.compensation_bias:
+        if self.config.refit_bias:
             b = (Wd @ mx - W_new @ mxs).to(W.dtype)  # (d_out,) mean dense output minus mean refitted output
         return W_new.to(W.dtype), b
