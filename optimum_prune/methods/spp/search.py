@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import tempfile
 import time
 from typing import Any
@@ -21,7 +22,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, default_da
 from ...calibration.images import LabelledImages, calibration_labels, check_labels
 from ...modeling.architectures import ArchitectureSpec, get_layers, is_image_model, layer_view
 from ...utils.training import build_training_arguments, quiet
-from .functional import bregman_step_, init_state
+from .functional import auto_nu, bregman_step_, init_state
 from .masks import MaskSet, SearchMasks, attach_masks, layer_units
 from .path import SolutionPath, model_identity
 
@@ -37,32 +38,55 @@ class SPPSearchError(FloatingPointError, ValueError):
 
 
 class BregmanOptimizer(torch.optim.Optimizer):
-    """Runs `bregman_step_` on every mask; keeps, per step, how many units of each kind are in the support."""
+    """Runs `bregman_step_` on every mask; keeps, per step, how many units of each kind are in the support.
 
-    def __init__(self, masks: MaskSet, settings: dict[str, Any]) -> None:
+    With `nu="auto"`, the first step sets one ν per unit kind (`qk`, `vo`, `mlp`, or a search's own keys) from the
+    RMS of that kind's mask gradients at `M = 1` (`functional.auto_nu`): the one backward pass it costs is the first
+    step's own. `total_steps` (when known) lets the first step refuse a `"paper"` search whose measured ν leaves it
+    too short for any unit to enter."""
+
+    def __init__(self, masks: MaskSet, settings: dict[str, Any], total_steps: int | None = None) -> None:
         self.keys = [(i, kind) for i, kind, _ in masks.items()]
         super().__init__([p for _, _, p in masks.items()], {"lr": settings["lr"]})
-        self.settings = {k: settings[k] for k in ("faithful_to", "lambda_", "kappa", "nu", "eps", "interval")}
+        self.settings = {k: settings[k] for k in ("faithful_to", "lambda_", "kappa", "eps", "interval")}
         self.settings["coupling"] = bool(settings.get("coupling"))
         self.settings["betas"] = tuple(settings["betas"])
+        self._nu_setting, self._nu_scale = settings.get("nu", 100.0), float(settings.get("nu_scale", 1.0))
+        self._check = settings.get("check_search_length")
+        self.total_steps = total_steps
+        self.nu: dict[str, float] = {}
         self.support: dict[str, list[int]] = {kind: [] for _, kind in self.keys}
+
+    def _resolve_nu(self, grads: list[torch.Tensor]) -> None:
+        kinds = list(self.support)
+        if self._nu_setting == "auto":
+            self.nu = {k: auto_nu([g for (_, kind), g in zip(self.keys, grads) if kind == k], self._nu_scale)
+                       for k in kinds}  # fmt: skip
+        else:
+            self.nu = dict.fromkeys(kinds, float(self._nu_setting))
+        logger.info("SPP search: nu per kind %s", {k: round(v, 4) for k, v in self.nu.items()})
+        if self._check is not None and self.settings["faithful_to"] == "paper":
+            self._check(self.total_steps, nu=min(self.nu.values()))
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         counts = dict.fromkeys(self.support, 0)
         params = [p for g in self.param_groups for p in g["params"]]
-        for (layer, kind), p in zip(self.keys, params):
-            grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        for (layer, kind), grad in zip(self.keys, grads):
             if not torch.isfinite(grad).all():
                 raise SPPSearchError(
                     f"The mask gradient of layer {layer} ({kind}) is NaN/Inf at step {self.steps + 1}; the search "
                     "stopped and the model was left unchanged. Lower `lr`, or search in float32."
                 )
+        if not self.nu:
+            self._resolve_nu(grads)
+        for (_, kind), p, grad in zip(self.keys, params, grads):
             state = self.state[p]
             if not state:
                 state.update(init_state(p, self.settings["faithful_to"]))
-            bregman_step_(p, grad.to(p.dtype), state, lr=self.param_groups[0]["lr"], **self.settings)
+            bregman_step_(p, grad.to(p.dtype), state, lr=self.param_groups[0]["lr"], nu=self.nu[kind], **self.settings)
             counts[kind] += int((state["gamma"] != 0).sum())
         for kind, n in counts.items():
             self.support[kind].append(n)
@@ -231,7 +255,11 @@ def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> 
     dataset = _Windows(data) if isinstance(data, torch.Tensor) else data  # (image models: see `search_dataset`)
     if len(dataset) == 0:
         raise ValueError("The calibration data is empty.")
-    optimizer = BregmanOptimizer(masks, config.search_settings())
+    per_epoch = math.ceil(len(dataset) / (config.batch_size * config.gradient_accumulation_steps))
+    total = config.steps if config.epochs is None else math.ceil(per_epoch * config.epochs)
+    config.check_search_length(total)  # before any step (an `epochs` search is checked here, on the data's size)
+    settings = {**config.search_settings(), "check_search_length": config.check_search_length}
+    optimizer = BregmanOptimizer(masks, settings, total)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="optimum_prune_spp_") as tmp, _search_session(model, masks):
         args = _training_arguments(config, tmp)
@@ -250,6 +278,7 @@ def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> 
                 optimizer.density())  # fmt: skip
     return {
         "stats": optimizer.statistics(),
+        "nu": optimizer.nu,
         "support": {k: torch.tensor(v) for k, v in optimizer.support.items()},
         "steps": optimizer.steps,
         "seconds": seconds,
@@ -287,5 +316,6 @@ def run_search(
         "seed": config.seed,
         "calibration": calibration,
         "loss_history": out["losses"],
+        "nu": out["nu"],
     }
     return SolutionPath(out["stats"], meta, out["support"])
