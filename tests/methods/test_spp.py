@@ -458,3 +458,55 @@ def test_a_search_too_short_to_enter_anything_is_refused_before_it_runs():
             prune_(model, config, calibration_ids())
     assert all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
     assert all(p.requires_grad for p in model.parameters()) and not any(m._forward_hooks for m in model.modules())
+
+
+def test_compensation_is_the_least_squares_refit_of_the_kept_inputs(tmp_path):
+    """compensate=True: o_proj on its kept v/o inputs and down_proj on its kept channels are the least-squares fit of
+    the dense layer's output on the dense model's inputs (float64 lstsq, damping 0); extracting from a saved path
+    then needs calibration, and says so before anything changes."""
+    model = tiny_model("llama_gqa")
+    ids = calibration_ids()
+    path = AutoPruner(model).search_solution_path(SPPConfig(**FAST), calibration=ids)
+    where = str(path.save_pretrained(tmp_path / "path"))
+    inputs = {}
+    hooks = [m.register_forward_pre_hook(lambda m, a, n=n: inputs.__setitem__(n, a[0].detach().double()))
+             for n, m in model.named_modules() if n.endswith(("o_proj", "down_proj"))]  # fmt: skip
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    cfg = {**FAST, "pruning_ratio": 0.3, "solution_path": where}
+    refit, plain = copy.deepcopy(model), copy.deepcopy(model)
+    rep = prune_(refit, SPPConfig(**cfg, compensate=True, compensation_damping=0.0), ids)
+    prune_(plain, SPPConfig(**cfg))
+    assert rep.info["compensate_s"] > 0 and rep.info["compensation_residuals"]
+    checked = 0
+    for i, (layer, dense_layer) in enumerate(zip(refit.model.layers, model.model.layers)):
+        att = layer.self_attn
+        kept_vo = [j for j in range(12) if any(torch.equal(att.v_proj.weight[r], dense_layer.self_attn.v_proj.weight[j])
+                                                for r in range(att.vo_head_dim))]  # fmt: skip
+        for name, new, dense, cols in (
+            ("o_proj", att.o_proj, dense_layer.self_attn.o_proj,
+             (torch.arange(6)[:, None] * 12 + torch.tensor(kept_vo)[None]).reshape(-1)),
+            ("down_proj", layer.mlp.down_proj, dense_layer.mlp.down_proj, None),
+        ):  # fmt: skip
+            if new.weight.shape == dense.weight.shape:
+                continue  # nothing removed here
+            X = inputs[f"model.layers.{i}.self_attn.o_proj" if name == "o_proj" else f"model.layers.{i}.mlp.down_proj"]
+            X = X.reshape(-1, X.shape[-1])
+            if cols is None:  # the kept channels: up_proj rows that survived
+                up, dense_up = layer.mlp.up_proj.weight, dense_layer.mlp.up_proj.weight
+                cols = torch.tensor([next(j for j in range(96) if torch.equal(dense_up[j], r)) for r in up])
+            target = X @ dense.weight.double().T  # (N, d_out): the dense output
+            ref = torch.linalg.lstsq(X[:, cols], target).solution.T  # (d_out, k)
+            torch.testing.assert_close(new.weight.double(), ref, rtol=1e-4, atol=1e-5)
+            assert not torch.allclose(plain.model.layers[i].get_submodule(
+                "self_attn.o_proj" if name == "o_proj" else "mlp.down_proj").weight.double(), ref, atol=1e-3)  # fmt: skip
+            checked += 1
+    assert checked >= 2
+    snap = _state(model)
+    with pytest.raises(ValueError, match="calibration"):
+        prune_(model, SPPConfig(**cfg, compensate=True))
+    assert all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="fold_masks"):
+        SPPConfig(compensate=True, fold_masks=True)

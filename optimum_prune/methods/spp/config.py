@@ -140,6 +140,12 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
         fold_masks (`bool`, defaults to `False`): multiply the searched mask values of the kept units into the
             weights (q/k rows, v rows, down columns or fc1 rows), so the extracted model computes what the masked
             model did at the end of the search; the authors' `compress_model` keeps the weights as they were.
+        compensate (`bool`, defaults to `False`): after extraction, refit o_proj on its kept v/o inputs and down_proj
+            (fc2) on its kept channels by Numerical Pruning's closed-form least squares (`NumericalConfig`'s
+            compensation, on the Grams of the dense model's inputs: one calibration pass, so extracting from a
+            saved path then needs calibration data too). Not with `fold_masks`.
+        compensation_damping (`float`, defaults to `0.1`): relative ridge of that refit, γ / mean(diag H) (as
+            `NumericalConfig.compensation_damping`).
         faithful_to (`str`, defaults to `"coupled"`): the dynamics (docs/methods/spp.md). `"coupled"`: AdamW on the
             gradient of the paper's coupled loss (Eq. 9), `∇L + (M − Γ)/ν`, which pulls every mask towards `Γ` (0
             until the unit enters), then `Z ← Z + lr·κ·(M_{k+1} − Γ)` and the one-sided `Γ = max(Z − λ, 0)`: a unit
@@ -194,6 +200,8 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
     head_dim_multiple: int = 8
     attention_scale: str = "original"
     fold_masks: bool = False
+    compensate: bool = False
+    compensation_damping: float = 0.1
 
     @classmethod
     def code(cls, pruning_ratio: float = 0.2, **kwargs: Any) -> SPPConfig:
@@ -224,6 +232,14 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             raise ValueError(f"`head_dim_multiple` must be a positive int, got {self.head_dim_multiple!r}.")
         if self.head_dim_multiple < 1:
             raise ValueError(f"`head_dim_multiple` must be >= 1, got {self.head_dim_multiple}.")
+        if not isinstance(self.compensate, bool):
+            raise ValueError(f"`compensate` must be a bool, got {self.compensate!r}.")
+        if self.compensate and self.fold_masks:
+            raise ValueError("compensate=True refits o_proj / down_proj on the dense model's weights; it cannot be "
+                             "combined with fold_masks=True (which rescales them). Choose one.")  # fmt: skip
+        damping = self.compensation_damping
+        if isinstance(damping, bool) or not isinstance(damping, (int, float)) or not damping >= 0:
+            raise ValueError(f"`compensation_damping` must be a number >= 0, got {damping!r}.")
         if self.extrapolate is not None and not isinstance(self.extrapolate, bool):
             raise ValueError(f"`extrapolate` must be True, False or None (auto), got {self.extrapolate!r}.")
         if self.solution_path is not None:
