@@ -91,6 +91,11 @@ def markdown(res: dict) -> str:
                   ""]  # fmt: skip
         for key, row in res["rows"].items():
             lines.append(f"- {key}: {_f(row['pruned'].get('kjv'))} / {_f(row.get('lora', {}).get('kjv'))}")
+    rho = search.get("spearman_mlp")
+    if rho:
+        lines += ["", f"Path vs a plain importance score: Spearman correlation between an MLP channel's place in the "
+                  f"path's order and ‖W_down[:, j]‖·‖X_j‖, per layer: mean {sum(rho) / len(rho):.2f}, range "
+                  f"{min(rho):.2f} to {max(rho):.2f} (≈ 0 for a path that carries no information)."]  # fmt: skip
     lines += ["", "SPP widths kept (mean over layers):", ""]
     for ratio in a["ratios"]:
         row = res["rows"].get(f"spp@{ratio}")

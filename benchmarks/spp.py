@@ -133,6 +133,40 @@ def evaluate(model, tokenizer, protocol: harness.Protocol, args) -> dict[str, fl
     return out
 
 
+def path_vs_magnitude(path: SolutionPath, dense, calib: torch.Tensor, windows: int = 32) -> list[float]:
+    """Per layer, the Spearman correlation between an MLP channel's place in the path's order (kept longer = higher)
+    and a plain importance score, ‖W_down[:, j]‖·‖X_j‖ on `windows` calibration windows (a path that carries no
+    information gives ≈ 0)."""
+    from optimum_prune.methods.spp.functional import removal_order
+    from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view, weight_oi
+
+    spec = get_spec(dense)
+    views = [layer_view(layer, i, spec, dense.config) for i, layer in enumerate(get_layers(dense, spec))]
+    sq = {}
+    hooks = [v.mlp_out.register_forward_pre_hook(
+        lambda m, a, i=v.index: sq.__setitem__(i, sq.get(i, 0) + a[0].detach().double().pow(2).sum((0, 1))))
+        for v in views if (v.index, "mlp") in path.stats]  # fmt: skip
+    try:
+        with torch.no_grad():
+            for batch in calib[:windows].split(8):
+                dense(batch)
+    finally:
+        for h in hooks:
+            h.remove()
+
+    def ranks(x: torch.Tensor) -> torch.Tensor:
+        return x.argsort().argsort().double()
+
+    out = []
+    for i in sorted(sq):
+        st = path.stats[(i, "mlp")]
+        order = removal_order(st["entry"], st["record"], st["z"], st["gamma"])  # least important first
+        score = weight_oi(views[i].mlp_out).detach().double().norm(dim=0) * sq[i].sqrt()
+        rho = torch.corrcoef(torch.stack([ranks(order.argsort().double()), ranks(score)]))[0, 1]
+        out.append(round(float(rho), 4))
+    return out
+
+
 # SPP rows besides the default extraction: the other compensation setting, and the permutation control (the path's
 # order replaced by a random one within each pool: what the path's information is worth)
 SPP_ROWS = ("spp_refit", "spp_norefit", "spp_random")
@@ -151,6 +185,8 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
                      "support": {k: v.tolist() for k, v in path.support.items()},
                      "path_bytes": sum(f.stat().st_size for f in path_dir.iterdir()), "settings": path.meta["search"],
                      "nu": path.meta.get("nu"), "calibration": [args.search_samples, args.search_seq_len]}  # fmt: skip
+    if "spearman_mlp" not in res["search"]:
+        res["search"]["spearman_mlp"] = path_vs_magnitude(path, dense, calib)
     write(res, out)
     random_dir = work / "paths" / "random"
     if not (random_dir / "solution_path.json").is_file():
@@ -243,12 +279,23 @@ ABLATION = {
 
 
 def _random_path(path_dir: Path, out_dir: Path) -> None:
-    """The default path with every pool's order replaced by a random one (seed 0): the control."""
+    """The path with its statistics (entry, step_record, Z, Γ) permuted at random (seed 0) among the units of each
+    pool of `pools="separate"` (attention: every layer's QK and VO units; MLP: every layer's channels): the same
+    values, in an order that carries no information (the control)."""
+    from optimum_prune.methods.spp.extract import POOLS
+
     path = SolutionPath.from_pretrained(path_dir)
     g = torch.Generator().manual_seed(0)
-    for st in path.stats.values():
-        st["entry"] = torch.randperm(st["entry"].numel(), generator=g).to(torch.int32)
-        st["z"] = torch.rand(st["z"].numel(), generator=g)
+    for kinds in POOLS["separate"].values():
+        keys = [key for key in sorted(path.stats) if key[1] in kinds]
+        if not keys:
+            continue
+        sizes = [path.stats[key]["entry"].numel() for key in keys]
+        perm = torch.randperm(sum(sizes), generator=g)
+        for name in ("entry", "record", "z", "gamma"):
+            shuffled = torch.cat([path.stats[key][name] for key in keys])[perm]
+            for key, part in zip(keys, shuffled.split(sizes)):
+                path.stats[key][name] = part.clone()
     path.save_pretrained(out_dir, overwrite=True)
 
 

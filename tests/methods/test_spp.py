@@ -510,3 +510,24 @@ def test_compensation_is_the_least_squares_refit_of_the_kept_inputs(tmp_path):
     assert all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
     with pytest.raises(ValueError, match="fold_masks"):
         SPPConfig(compensate=True, fold_masks=True)
+
+
+def test_sampled_labels_follow_the_model_and_rank_planted_units_on_any_text():
+    """search_labels="sampled": next tokens drawn from the dense model's own predictions (the empirical frequencies
+    match its softmax), so a search on arbitrary text (random ids here) still puts the dead units first."""
+    from optimum_prune.methods.spp.search import sampled_labels
+
+    model, planted = _planted()
+    context = calibration_ids(1, 5, seed=3).expand(3000, 5)
+    labels = sampled_labels(model, context, batch_size=1000)
+    assert (labels[:, 0] == -100).all()
+    with torch.no_grad():
+        probs = torch.softmax(model(context[:1]).logits[0, 2].float(), -1)
+    freq = torch.bincount(labels[:, 3], minlength=probs.numel()).double() / labels.shape[0]
+    assert 0.5 * float((freq - probs.double()).abs().sum()) < 0.1  # total variation to the model's distribution
+    config = SPPConfig(search_labels="sampled", **SHAPE)
+    path = AutoPruner(model).search_solution_path(config, calibration=calibration_ids(128, 32, seed=1))
+    pos = _positions(path)
+    assert max(pos[(1, "qk")][0], pos[(1, "vo")][0]) <= 2 and int(pos[(1, "mlp")][:8].max()) < 16
+    with pytest.raises(ValueError, match="search_labels"):
+        SPPConfig(search_labels="soft")

@@ -30,6 +30,7 @@ class _SearchFields:
     nu: float | str = "auto"
     nu_scale: float = 1.0
     coupling: bool = False
+    search_labels: str = "data"
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-4
     interval: int = 20
@@ -39,6 +40,7 @@ class _SearchFields:
 
     def _validate_search(self) -> None:
         _choice("faithful_to", self.faithful_to, ("coupled", "code", "paper"))
+        _choice("search_labels", self.search_labels, ("data", "sampled"))
         for name in ("steps", "batch_size", "gradient_accumulation_steps", "interval"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -176,6 +178,10 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             times the typical loss gradient; larger values pull less (more units enter).
         coupling (`bool`, defaults to `False`): in `"code"`, step AdamW on `∇L + (M − Γ)/ν` (Z still with the
             bias-corrected `s_t`); `"coupled"` and `"paper"` always couple.
+        search_labels (`str`, defaults to `"data"`): the targets of the search's language-model loss: `"data"` (the
+            calibration text's next tokens) or `"sampled"` (next tokens drawn from the dense model's own predictions,
+            one no-grad pass before the search: the loss then measures how much the masks change the model's output,
+            with zero expected gradient at `M = 1`, instead of how well they fit the calibration text). Causal LMs.
         betas / eps: Adam's (`"code"`; eps 1e-4 as in the code).
         interval (`int`, defaults to `20`): steps between `step_record` updates (the code's default; 10 in its
             script).

@@ -26,7 +26,15 @@ from .functional import auto_nu, bregman_step_, init_state
 from .masks import MaskSet, SearchMasks, attach_masks, layer_units
 from .path import SolutionPath, model_identity
 
-__all__ = ["SPPSearchError", "BregmanOptimizer", "run_search", "search_dataset", "search_views", "train_masks"]
+__all__ = [
+    "SPPSearchError",
+    "BregmanOptimizer",
+    "run_search",
+    "sampled_labels",
+    "search_dataset",
+    "search_views",
+    "train_masks",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -113,15 +121,26 @@ class BregmanOptimizer(torch.optim.Optimizer):
         return out
 
 
-def search_dataset(model: nn.Module, data: Any, source: Any = None, what: str = "SPP's search") -> Any:
+def search_dataset(
+    model: nn.Module, data: Any, source: Any = None, what: str = "SPP's search", labels: str = "data", seed: int = 0
+) -> Any:
     """What a search trains the masks on: causal-LM windows of the token ids `data` (the model shifts the labels),
     or, for an image classifier, the calibration images `data` with the labels of `source` (the `calibration`
     argument they came from) for its cross-entropy. A dataset / list of examples is passed through. Raises a
-    `ValueError` for an image model without a classification head or images without labels."""
+    `ValueError` for an image model without a classification head or images without labels.
+
+    `labels="sampled"` (causal LMs): every next token is drawn from the dense model's own prediction at that
+    position (`sampled_labels`), so the loss is an unbiased sample of the cross-entropy against the model itself:
+    its expected gradient at `M = 1` is zero and it grows with how much removing a unit changes the model's output,
+    not with how well the unit fits the calibration text."""
     if not isinstance(data, torch.Tensor):
         return data
     if not is_image_model(model):
+        if labels == "sampled":
+            return _Windows(data, sampled_labels(model, data, seed))
         return _Windows(data)
+    if labels == "sampled":
+        raise ValueError(f"{what}: search_labels='sampled' is for causal language models; use 'data'.")
     labels = calibration_labels(source) if source is not None else None
     check_labels(model, labels, what)
     if len(labels) != len(data):
@@ -129,17 +148,36 @@ def search_dataset(model: nn.Module, data: Any, source: Any = None, what: str = 
     return LabelledImages(data, labels)
 
 
-class _Windows(torch.utils.data.Dataset):
-    """Calibration token windows as causal-LM examples (the model shifts the labels)."""
+@torch.no_grad()
+def sampled_labels(model: nn.Module, ids: torch.Tensor, seed: int = 0, batch_size: int = 8) -> torch.Tensor:
+    """`(N, L)` labels for the windows `ids`: position `t + 1` holds a token drawn from the model's distribution after
+    `ids[:, : t + 1]` (temperature 1, generator seeded by `seed`); position 0 is ignored (-100). One no-grad pass."""
+    was_training, device = model.training, next(model.parameters()).device
+    model.eval()
+    g = torch.Generator().manual_seed(seed)
+    out = torch.full_like(ids, -100)
+    try:
+        for start in range(0, ids.shape[0], batch_size):
+            chunk = ids[start : start + batch_size].to(device)
+            logits = model(chunk, use_cache=False).logits[:, :-1].float().cpu()  # (B, L-1, V)
+            probs = torch.softmax(logits, dim=-1).reshape(-1, logits.shape[-1])
+            out[start : start + chunk.shape[0], 1:] = torch.multinomial(probs, 1, generator=g).view(chunk.shape[0], -1)
+    finally:
+        model.train(was_training)
+    return out
 
-    def __init__(self, ids: torch.Tensor) -> None:
-        self.ids = ids
+
+class _Windows(torch.utils.data.Dataset):
+    """Calibration token windows as causal-LM examples (the model shifts the labels); `labels`: other targets."""
+
+    def __init__(self, ids: torch.Tensor, labels: torch.Tensor | None = None) -> None:
+        self.ids, self.labels = ids, ids if labels is None else labels
 
     def __len__(self) -> int:
         return self.ids.shape[0]
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+        return {"input_ids": self.ids[i], "labels": self.labels[i]}
 
 
 class _SearchTrainer(Trainer):
@@ -252,7 +290,9 @@ def _search_session(model: nn.Module, masks: nn.Module):
 def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> dict[str, Any]:
     """Train `masks` (attached to the model by the context manager `attach`) with the Bregman dynamics of `config`
     on `data`; returns the optimizer's statistics, the support history, steps, seconds and the loss log."""
-    dataset = _Windows(data) if isinstance(data, torch.Tensor) else data  # (image models: see `search_dataset`)
+    if isinstance(data, torch.Tensor):  # (image models, sampled labels: see `search_dataset`)
+        data = search_dataset(model, data, labels=config.search_labels, seed=config.seed)
+    dataset = data
     if len(dataset) == 0:
         raise ValueError("The calibration data is empty.")
     per_epoch = math.ceil(len(dataset) / (config.batch_size * config.gradient_accumulation_steps))
