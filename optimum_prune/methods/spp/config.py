@@ -162,8 +162,8 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             `lambda_`) is refused before it runs.
         epochs (`float | None`, defaults to `None`): passes over the calibration data instead of `steps`.
         batch_size (`int`, defaults to `8`) / gradient_accumulation_steps (`int`, defaults to `1`): sequences per
-            step (per device), and accumulation. Use at least 8 sequences a step and several times
-            `steps·batch_size / epochs` windows: one sequence a step fits the masks to its noise.
+            step (per device), and accumulation. One sequence a step fits the masks to that sequence's noise; the
+            defaults see 960 windows, e.g. 256 calibration windows about four times each.
         lr (`float`, defaults to `3e-2`): step size (Adam's lr in `"coupled"` / `"code"`, α in `"paper"`).
         lambda_ (`float`, defaults to `1.0`): the soft threshold λ (the code: 3; paper Table 8: 15 or 3). In
             `"coupled"` a unit holding `M ≈ m` enters after ≈ λ/(lr·m) steps (33 steps at `m = 1` with the
