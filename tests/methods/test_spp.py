@@ -28,8 +28,17 @@ from optimum_prune.modeling.architectures import get_spec
 # A short search on the tiny models whose units enter over several steps (a few never): a real path, in 10 steps.
 # (The released code's dynamics: the machinery tests need most units to enter; the default dynamics' ranking is
 # tested on its own below.)
-FAST = {"faithful_to": "code", "steps": 10, "batch_size": 1, "lr": 0.08, "lambda_": 0.7, "betas": (0.5, 0.9), "round_to": 1,
-        "head_dim_multiple": 1}  # fmt: skip
+FAST = {
+    "faithful_to": "code",
+    "steps": 10,
+    "batch_size": 1,
+    "lr": 0.08,
+    "lambda_": 0.7,
+    "betas": (0.5, 0.9),
+    "round_to": 1,
+    "head_dim_multiple": 1,
+    "compensate": False,
+}  # fmt: skip  (no refit: extraction without data)
 
 
 def _state(model):
@@ -476,9 +485,10 @@ def test_compensation_is_the_least_squares_refit_of_the_kept_inputs(tmp_path):
     for h in hooks:
         h.remove()
     cfg = {**FAST, "pruning_ratio": 0.3, "solution_path": where}
+    cfg.pop("compensate")
     refit, plain = copy.deepcopy(model), copy.deepcopy(model)
-    rep = prune_(refit, SPPConfig(**cfg, compensate=True, compensation_damping=0.0), ids)
-    prune_(plain, SPPConfig(**cfg))
+    rep = prune_(refit, SPPConfig(**cfg, compensation_damping=0.0), ids)  # compensate=True: the default
+    prune_(plain, SPPConfig(**cfg, compensate=False))
     assert rep.info["compensate_s"] > 0 and rep.info["compensation_residuals"]
     checked = 0
     for i, (layer, dense_layer) in enumerate(zip(refit.model.layers, model.model.layers)):

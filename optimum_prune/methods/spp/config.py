@@ -121,8 +121,8 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
 
     Args:
         solution_path (`str | None`, defaults to `None`): a directory written by `SolutionPath.save_pretrained`: the
-            ratio is extracted from it, no calibration and no search (the path must come from this model and these
-            settings). `None`: search first (needs calibration).
+            ratio is extracted from it with no search, and with no calibration when `compensate=False` (the path
+            must come from this model and these settings). `None`: search first (needs calibration).
         pools (`str`, defaults to `"separate"`): `"separate"` (the authors' code: attention units (QK + VO) and MLP
             channels are thresholded separately, each losing the same fraction of its parameters) or
             `"cost_weighted"` (one pool: all units by entry, cut where the removed parameters reach the ratio).
@@ -142,7 +142,7 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
         fold_masks (`bool`, defaults to `False`): multiply the searched mask values of the kept units into the
             weights (q/k rows, v rows, down columns or fc1 rows), so the extracted model computes what the masked
             model did at the end of the search; the authors' `compress_model` keeps the weights as they were.
-        compensate (`bool`, defaults to `False`): after extraction, refit o_proj on its kept v/o inputs and down_proj
+        compensate (`bool`, defaults to `True`): after extraction, refit o_proj on its kept v/o inputs and down_proj
             (fc2) on its kept channels by Numerical Pruning's closed-form least squares (`NumericalConfig`'s
             compensation, on the Grams of the dense model's inputs: one calibration pass, so extracting from a
             saved path then needs calibration data too). Not with `fold_masks`.
@@ -206,7 +206,7 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
     head_dim_multiple: int = 8
     attention_scale: str = "original"
     fold_masks: bool = False
-    compensate: bool = False
+    compensate: bool = True
     compensation_damping: float = 0.1
 
     @classmethod
