@@ -40,8 +40,9 @@ def markdown(res: dict) -> str:
         "- Model: SmolLM2-135M-Instruct (`SmolLM2-135M-Instruct.Q4_1.gguf` dequantized to float32), CPU, "
         f"{a['threads']} torch thread(s).",
         f"- Data: BBC news split with `split_documents(docs, 0.5, seed=0)`; {a['num_samples']} × "
-        f"{a['calib_seq_len']} calibration token ids from the first half, identical for every method (SPP trains its "
-        "masks on them, NP / FLAP / RIA / Wanda calibrate on them); LoRA trains on the first half too.",
+        f"{a['calib_seq_len']} calibration token ids from the first half, identical for every method (NP / FLAP / RIA / "
+        "Wanda calibrate on them, SPP's refit and, in runs before SPP searched on windows of its own (below), its "
+        "search); LoRA trains on the first half too.",
         f"- Perplexity: first {a['eval_tokens']} tokens, windows of {a['eval_seq_len']}: **BBC** = held-out half "
         "(shuffled, seed 0), **Python** = Python 3.11 documentation sources (out of domain).",
         f"- SPP: one search of {search.get('steps')} steps (settings "
