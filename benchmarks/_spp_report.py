@@ -5,7 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 NAMES = {"spp": "SPP", "np": "NP", "flap": "FLAP", "spp_ria": "SPP + RIA (experimental)", "ria": "RIA",
-         "wanda": "Wanda"}  # fmt: skip
+         "wanda": "Wanda", "spp_refit": "SPP + refit", "spp_norefit": "SPP, no refit",
+         "spp_random": "SPP, random order (control)"}  # fmt: skip
+ROWS = ("spp", "spp_refit", "spp_norefit", "spp_random", "np", "flap")
+
+
+_SHOWN = ("faithful_to", "lr", "lambda_", "batch_size", "nu_scale")
 
 
 def _f(x: Any, spec: str = ".2f") -> str:
@@ -35,15 +40,20 @@ def markdown(res: dict) -> str:
         "- Model: SmolLM2-135M-Instruct (`SmolLM2-135M-Instruct.Q4_1.gguf` dequantized to float32), CPU, "
         f"{a['threads']} torch thread(s).",
         f"- Data: BBC news split with `split_documents(docs, 0.5, seed=0)`; {a['num_samples']} × "
-        f"{a['calib_seq_len']} calibration token ids from the first half, identical for every method (SPP trains its "
-        "masks on them, NP / FLAP / RIA / Wanda calibrate on them); LoRA trains on the first half too.",
+        f"{a['calib_seq_len']} calibration token ids from the first half, identical for every method (NP / FLAP / RIA / "
+        "Wanda calibrate on them, SPP's refit and, in runs before SPP searched on windows of its own (below), its "
+        "search); LoRA trains on the first half too.",
         f"- Perplexity: first {a['eval_tokens']} tokens, windows of {a['eval_seq_len']}: **BBC** = held-out half "
         "(shuffled, seed 0), **Python** = Python 3.11 documentation sources (out of domain).",
-        f"- SPP: one search of {search.get('steps')} steps (batch 1, settings "
-        f"`{ {k: v for k, v in (search.get('settings') or {}).items() if k in ('faithful_to', 'lr', 'lambda_')} }`) "
+        f"- SPP: one search of {search.get('steps')} steps (settings "
+        f"`{ {k: v for k, v in (search.get('settings') or {}).items() if k in _SHOWN} }`, ν per unit kind "
+        f"{ {k: round(v, 1) for k, v in (search.get('nu') or {}).items()} }) on "
+        f"{' × '.join(map(str, search.get('calibration') or ['the calibration']))} windows of the calibration split "
         f"in {_f(search.get('search_seconds'), '.0f')} s; units that entered the path: {search.get('entered')}; the "
         f"saved path is {_f((search.get('path_bytes') or 0) / 1e6, '.2f')} MB. Every ratio is then extracted from "
-        "the saved path with `SPPConfig(pruning_ratio=r, solution_path=...)`, no calibration. NP and FLAP: defaults "
+        "the saved path with `SPPConfig(pruning_ratio=r, solution_path=...)` (the refit of `o_proj` / `down_proj`, "
+        "`compensate=True`, takes one calibration pass on the ids above; without it extraction needs no data). "
+        "`random order`: the path's entries and Z permuted within each pool (the control). NP and FLAP: defaults "
         "(`round_to=64`), one calibration pass shared by the ratios (`reuse_calibration_pass`), so their prune "
         "time at the first ratio includes the pass and later ones do not.",
         f"- LoRA recovery: r=16, all projections, {a['lora_steps']} steps × batch {a['lora_batch_size']} × "
@@ -64,13 +74,14 @@ def markdown(res: dict) -> str:
     dense_layers = (64, 64, 1536)
     for ratio in a["ratios"]:
         speed = res.get("speed", {}).get(str(ratio), {}).get("ratios", {})
-        for method in ("spp", "np", "flap"):
+        for method in ROWS:
             row = res["rows"].get(f"{method}@{ratio}")
             if row is None:
-                lines.append(f"| {ratio} | {NAMES[method]} | not run | | | | | | | | |")
+                if method in ("spp", "np", "flap"):
+                    lines.append(f"| {ratio} | {NAMES[method]} | not run | | | | | | | | |")
                 continue
             p, lo, sp = row["pruned"], row.get("lora", {}), speed.get(method, {})
-            t = f"{row['extract_s']:.2f} (extract)" if method == "spp" else _f(row["prune_s"], ".1f")
+            t = f"{row['extract_s']:.2f} (extract)" if method.startswith("spp") else _f(row["prune_s"], ".1f")
             lines.append(
                 f"| {ratio} | {NAMES[method]} | {row['measured']:.3f} | {row['params'] / 1e6:.1f} | {_f(p['bbc'])} | "
                 f"{_f(p['python'])} | {_f(lo.get('bbc'))} | {_f(lo.get('python'))} | "
@@ -81,6 +92,11 @@ def markdown(res: dict) -> str:
                   ""]  # fmt: skip
         for key, row in res["rows"].items():
             lines.append(f"- {key}: {_f(row['pruned'].get('kjv'))} / {_f(row.get('lora', {}).get('kjv'))}")
+    rho = search.get("spearman_mlp")
+    if rho:
+        lines += ["", f"Path vs a plain importance score: Spearman correlation between an MLP channel's place in the "
+                  f"path's order and ‖W_down[:, j]‖·‖X_j‖, per layer: mean {sum(rho) / len(rho):.2f}, range "
+                  f"{min(rho):.2f} to {max(rho):.2f} (≈ 0 for a path that carries no information)."]  # fmt: skip
     lines += ["", "SPP widths kept (mean over layers):", ""]
     for ratio in a["ratios"]:
         row = res["rows"].get(f"spp@{ratio}")
@@ -104,15 +120,17 @@ def markdown(res: dict) -> str:
             "",
             "BBC / Python perplexity of the model extracted at each ratio. `default`: the path above; `step_record`, "
             '`cost_weighted`, `fold_masks`: the same path cut with `statistic="step_record"`, '
-            '`pools="cost_weighted"`, `fold_masks=True`; `coupled`: `coupling=True, nu=100, lambda_=1` (150 steps); '
-            '`paper`: `faithful_to="paper", lr=3, nu=300, lambda_=0.5` (150 steps); both cut with '
-            "`extrapolate=True` (entered fraction in the JSON); `random`: the default path's order replaced by a "
-            "random one (the control).",
+            '`pools="cost_weighted"`, `fold_masks=True` (no refit); `code`: a search with the authors\' dynamics '
+            '(`faithful_to="code"`: no pull towards Γ), the other settings as the default\'s, cut with '
+            "`extrapolate=True` (entered fraction in the JSON); `coupled` / `paper`: earlier runs' variants; "
+            "`random`: the default path's order replaced by a random one (the control).",
             "",
             "| variant | " + " | ".join(f"{r}" for r in ratios) + " |",
             "|---|" + "---:|" * len(ratios),
         ]
-        for name in ("default", "step_record", "cost_weighted", "fold_masks", "coupled", "paper", "random"):
+        for name in ("default", "step_record", "cost_weighted", "fold_masks", "code", "coupled", "paper", "random"):
+            if not any(f"{name}@{r}" in ab for r in ratios):
+                continue
             cells = []
             for r in ratios:
                 x = ab.get(f"{name}@{r}")

@@ -71,12 +71,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ratios", nargs="+", type=float, default=[0.1, 0.2, 0.3, 0.5])
     p.add_argument("--num-samples", type=int, default=64, help="calibration sequences (all methods)")
     p.add_argument("--calib-seq-len", type=int, default=256)
-    p.add_argument("--search-steps", type=int, default=300, help="SPP search steps (batch 1)")
+    p.add_argument("--search-steps", type=int, default=None, help="SPP search steps (default: SPPConfig's)")
+    p.add_argument("--search-samples", type=int, default=256, help="calibration windows SPP's search trains on")
+    p.add_argument("--search-seq-len", type=int, default=128, help="their length in tokens")
+    p.add_argument("--search-batch-size", type=int, default=None, help="default: SPPConfig's")
     p.add_argument("--search-lr", type=float, default=None, help="default: SPPConfig's")
     p.add_argument("--search-lambda", type=float, default=None, help="default: SPPConfig's")
     p.add_argument("--spp-round-to", type=int, default=None, help="SPPConfig.round_to (default: SPPConfig's)")
     p.add_argument("--head-dim-multiple", type=int, default=None, help="SPPConfig.head_dim_multiple (default: its)")
-    p.add_argument("--ria-search-steps", type=int, default=48, help="SPP + RIA elementwise search steps")
+    p.add_argument(
+        "--ria-search-steps",
+        type=int,
+        default=48,
+        help="SPP + RIA elementwise search steps (its lr / lambda: --search-lr / --search-lambda)",
+    )
     harness.add_protocol_args(p)
     p.add_argument("--lora-steps", type=int, default=16)
     p.add_argument("--lora-batch-size", type=int, default=2)
@@ -101,13 +109,15 @@ def write(res: dict, path: Path) -> None:
     harness.write_results(res, path, "spp")
 
 
+def search_settings(args) -> dict:
+    """The search options given on the command line (the rest: SPPConfig's defaults)."""
+    names = {"steps": args.search_steps, "lr": args.search_lr, "lambda_": args.search_lambda,
+             "batch_size": args.search_batch_size}  # fmt: skip
+    return {k: v for k, v in names.items() if v is not None}
+
+
 def spp_config(args, ratio: float = 0.2, **kw) -> SPPConfig:
-    search = {"steps": args.search_steps}
-    if args.search_lr is not None:
-        search["lr"] = args.search_lr
-    if args.search_lambda is not None:
-        search["lambda_"] = args.search_lambda
-    return SPPConfig(pruning_ratio=ratio, **search, **spp_shape(args), **kw)
+    return SPPConfig(pruning_ratio=ratio, **search_settings(args), **spp_shape(args), **kw)
 
 
 def spp_shape(args) -> dict:
@@ -123,37 +133,88 @@ def evaluate(model, tokenizer, protocol: harness.Protocol, args) -> dict[str, fl
     return out
 
 
-def phase_quality(res, args, dense, tokenizer, data, calib, work: Path, out: Path) -> None:
+def path_vs_magnitude(path: SolutionPath, dense, calib: torch.Tensor, windows: int = 32) -> list[float]:
+    """Per layer, the Spearman correlation between an MLP channel's place in the path's order (kept longer = higher)
+    and a plain importance score, ‖W_down[:, j]‖·‖X_j‖ on `windows` calibration windows (a path that carries no
+    information gives ≈ 0)."""
+    from optimum_prune.methods.spp.functional import removal_order
+    from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view, weight_oi
+
+    spec = get_spec(dense)
+    views = [layer_view(layer, i, spec, dense.config) for i, layer in enumerate(get_layers(dense, spec))]
+    sq = {}
+    hooks = [v.mlp_out.register_forward_pre_hook(
+        lambda m, a, i=v.index: sq.__setitem__(i, sq.get(i, 0) + a[0].detach().double().pow(2).sum((0, 1))))
+        for v in views if (v.index, "mlp") in path.stats]  # fmt: skip
+    try:
+        with torch.no_grad():
+            for batch in calib[:windows].split(8):
+                dense(batch)
+    finally:
+        for h in hooks:
+            h.remove()
+
+    def ranks(x: torch.Tensor) -> torch.Tensor:
+        return x.argsort().argsort().double()
+
+    out = []
+    for i in sorted(sq):
+        st = path.stats[(i, "mlp")]
+        order = removal_order(st["entry"], st["record"], st["z"], st["gamma"])  # least important first
+        score = weight_oi(views[i].mlp_out).detach().double().norm(dim=0) * sq[i].sqrt()
+        rho = torch.corrcoef(torch.stack([ranks(order.argsort().double()), ranks(score)]))[0, 1]
+        out.append(round(float(rho), 4))
+    return out
+
+
+# SPP rows besides the default extraction: the other compensation setting, and the permutation control (the path's
+# order replaced by a random one within each pool: what the path's information is worth)
+SPP_ROWS = ("spp_refit", "spp_norefit", "spp_random")
+
+
+def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: Path, out: Path) -> None:
     if "dense" not in res:
         res["dense"] = {**evaluate(dense, tokenizer, data, args), "params": sum(p.numel() for p in dense.parameters())}
         write(res, out)
     path_dir = work / "solution_path"
     if not (path_dir / "solution_path.json").is_file():
-        path = search_solution_path(dense, spp_config(args), calib)
+        path = search_solution_path(dense, spp_config(args), search_calib)
         path.save_pretrained(path_dir, overwrite=True)
     path = SolutionPath.from_pretrained(path_dir)
     res["search"] = {**path.summary(), "loss_history": path.meta.get("loss_history"),
                      "support": {k: v.tolist() for k, v in path.support.items()},
-                     "path_bytes": sum(f.stat().st_size for f in path_dir.iterdir()), "settings": path.meta["search"]}  # fmt: skip
+                     "path_bytes": sum(f.stat().st_size for f in path_dir.iterdir()), "settings": path.meta["search"],
+                     "nu": path.meta.get("nu"), "calibration": [args.search_samples, args.search_seq_len]}  # fmt: skip
+    if "spearman_mlp" not in res["search"]:
+        res["search"]["spearman_mlp"] = path_vs_magnitude(path, dense, calib)
     write(res, out)
+    random_dir = work / "paths" / "random"
+    if not (random_dir / "solution_path.json").is_file():
+        _random_path(path_dir, random_dir)
+    comp = SPPConfig().compensate  # the default; the other setting is the extra row
     configs = {
         "spp": lambda r: spp_config(args, r, solution_path=str(path_dir)),
+        "spp_refit" if not comp else "spp_norefit": lambda r: spp_config(
+            args, r, solution_path=str(path_dir), compensate=not comp
+        ),
+        "spp_random": lambda r: spp_config(args, r, solution_path=str(random_dir)),
         "np": lambda r: NumericalConfig(pruning_ratio=r),
         "flap": lambda r: FLAPConfig(pruning_ratio=r),
     }
     with harness.reuse_calibration_stats():
         for ratio in args.ratios:
-            for method in STRUCTURED:
+            for method in configs:
                 key = f"{method}@{ratio}"
                 if key in res["rows"] and (work / "models" / key).is_dir():
                     continue
                 model = copy.deepcopy(dense)
                 config = configs[method](ratio)
-                report = prune_(model, config, None if method == "spp" else calib)
+                needs = method.startswith("np") or method == "flap" or config.compensate
+                report = prune_(model, config, calib if needs else None)
                 row = {"method": method, "ratio": ratio, "measured": report.measured, "params": report.params_after,
                        "prune_s": report.timings["total_s"], "config": report.config}  # fmt: skip
-                if method == "spp":
-                    row["extract_s"] = report.info["extract_s"]
+                if method.startswith("spp"):
+                    row["extract_s"] = report.info["extract_s"] + report.info.get("compensate_s", 0.0)
                     row["layers"] = [(x.get("qk_head_dim", x["head_dim"]), x.get("vo_head_dim", x["head_dim"]),
                                       x["intermediate_size"]) for x in report.layers]  # fmt: skip
                 row["pruned"] = evaluate(model, tokenizer, data, args)
@@ -187,7 +248,7 @@ def phase_recovery(res, args, dense, tokenizer, data, train_docs, work: Path, ou
 
 def phase_unstructured(res, args, dense, tokenizer, data, calib, out: Path) -> None:
     configs = {
-        "spp_ria": SPPRIAConfig(sparsity=0.5, steps=args.ria_search_steps),
+        "spp_ria": SPPRIAConfig(sparsity=0.5, **{**search_settings(args), "steps": args.ria_search_steps}),
         "ria": RIAConfig(sparsity=0.5),
         "wanda": WandaConfig(sparsity=0.5),
     }
@@ -205,41 +266,51 @@ def phase_unstructured(res, args, dense, tokenizer, data, calib, out: Path) -> N
         gc.collect()
 
 
-# name -> (search settings, or None for the default path; extraction settings). The coupled and paper searches ran
-# 150 steps and did not enter every unit: they are cut with extrapolate=True (never-entered units ranked by Z).
+# name -> (search settings, or None for the default path; extraction settings). `code`: the authors' dynamics (no
+# pull towards Γ) with the default step sizes and data, cut with extrapolate=True (never-entered units ranked by Z).
 ABLATION = {
     "default": (None, {}),
     "step_record": (None, {"statistic": "step_record"}),
     "cost_weighted": (None, {"pools": "cost_weighted"}),
-    "fold_masks": (None, {"fold_masks": True}),
-    "coupled": ({"steps": 150, "lr": 0.01, "lambda_": 1.0, "nu": 100.0, "coupling": True}, {"extrapolate": True}),
-    "paper": ({"steps": 150, "faithful_to": "paper", "lr": 3.0, "lambda_": 0.5, "nu": 300.0}, {"extrapolate": True}),
+    "fold_masks": (None, {"fold_masks": True, "compensate": False}),
+    "code": ({"faithful_to": "code"}, {"extrapolate": True}),
     "random": (None, {}),
 }
 
 
 def _random_path(path_dir: Path, out_dir: Path) -> None:
-    """The default path with every pool's order replaced by a random one (seed 0): the control."""
+    """The path with its statistics (entry, step_record, Z, Γ) permuted at random (seed 0) among the units of each
+    pool of `pools="separate"` (attention: every layer's QK and VO units; MLP: every layer's channels): the same
+    values, in an order that carries no information (the control)."""
+    from optimum_prune.methods.spp.extract import POOLS
+
     path = SolutionPath.from_pretrained(path_dir)
     g = torch.Generator().manual_seed(0)
-    for st in path.stats.values():
-        st["entry"] = torch.randperm(st["entry"].numel(), generator=g).to(torch.int32)
-        st["z"] = torch.rand(st["z"].numel(), generator=g)
+    for kinds in POOLS["separate"].values():
+        keys = [key for key in sorted(path.stats) if key[1] in kinds]
+        if not keys:
+            continue
+        sizes = [path.stats[key]["entry"].numel() for key in keys]
+        perm = torch.randperm(sum(sizes), generator=g)
+        for name in ("entry", "record", "z", "gamma"):
+            shuffled = torch.cat([path.stats[key][name] for key in keys])[perm]
+            for key, part in zip(keys, shuffled.split(sizes)):
+                path.stats[key][name] = part.clone()
     path.save_pretrained(out_dir, overwrite=True)
 
 
-def phase_ablation(res, args, dense, tokenizer, data, calib, work: Path, out: Path) -> None:
+def phase_ablation(res, args, dense, tokenizer, data, calib, search_calib, work: Path, out: Path) -> None:
     default_dir = work / "solution_path"
     for name, (search, extract) in ABLATION.items():
         path_dir = default_dir if search is None and name != "random" else work / "paths" / name
         if name == "random" and not (path_dir / "solution_path.json").is_file():
             _random_path(default_dir, path_dir)
         if search is not None and not (path_dir / "solution_path.json").is_file():
-            search_solution_path(dense, SPPConfig(**search, **spp_shape(args)), calib).save_pretrained(
-                path_dir, overwrite=True
-            )
+            search_solution_path(
+                dense, SPPConfig(**{**search_settings(args), **search}, **spp_shape(args)), search_calib
+            ).save_pretrained(path_dir, overwrite=True)
         meta = SolutionPath.from_pretrained(path_dir).meta
-        settings = search if search is not None else {"steps": args.search_steps}
+        settings = {**search_settings(args), **(search or {})}
         for ratio in args.ablation_ratios:
             key = f"{name}@{ratio}"
             if key in res["ablation"]:
@@ -248,7 +319,7 @@ def phase_ablation(res, args, dense, tokenizer, data, calib, work: Path, out: Pa
             config = SPPConfig(
                 pruning_ratio=ratio, solution_path=str(path_dir), **settings, **extract, **spp_shape(args)
             )
-            report = prune_(model, config)
+            report = prune_(model, config, calib if config.compensate else None)
             res["ablation"][key] = {"measured": report.measured, "entered": report.info["solution_path"]["entered"],
                                     "search_steps": meta["steps"], **evaluate(model, tokenizer, data, args)}  # fmt: skip
             logger.info("ablation %s: %s", key, res["ablation"][key])
@@ -302,15 +373,16 @@ def main(argv: list[str] | None = None) -> dict:
     PROTOCOL = protocol = harness.Protocol.from_args(args)
     train_docs = protocol.documents("bbc", "calibration")
     calib = protocol.calibration_ids(tokenizer, args.num_samples, args.calib_seq_len)
+    search_calib = protocol.calibration_ids(tokenizer, args.search_samples, args.search_seq_len)
     data = protocol
     if "quality" in args.phases:
-        phase_quality(res, args, dense, tokenizer, data, calib, work, out)
+        phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work, out)
     if "recovery" in args.phases:
         phase_recovery(res, args, dense, tokenizer, data, train_docs, work, out)
     if "unstructured" in args.phases:
         phase_unstructured(res, args, dense, tokenizer, data, calib, out)
     if "ablation" in args.phases:
-        phase_ablation(res, args, dense, tokenizer, data, calib, work, out)
+        phase_ablation(res, args, dense, tokenizer, data, calib, search_calib, work, out)
     if "speed" in args.phases:
         phase_speed(res, args, dense, tokenizer, work, out)
     res["load_average_end"] = (harness.loadavg() or [None])[0]

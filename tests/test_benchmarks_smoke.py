@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from optimum_prune import SPPConfig
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -218,12 +220,15 @@ def test_spp(tiny_dir, tmp_path):
     _corpora()
     argv = ["--model", str(tiny_dir), "--ratios", "0.3", "--num-samples", "2", "--calib-seq-len", "32", *TINY_EVAL]
     argv += ["--search-steps", "10", "--search-lr", "0.08", "--search-lambda", "0.7", "--spp-round-to", "1"]
-    argv += ["--head-dim-multiple", "1", "--ria-search-steps", "2", "--lora-steps", "1", "--lora-batch-size", "1"]
+    argv += ["--search-samples", "4", "--search-seq-len", "32", "--search-batch-size", "2"]
+    argv += ["--head-dim-multiple", "1", "--ria-search-steps", "10", "--lora-steps", "1", "--lora-batch-size", "1"]
     argv += ["--lora-seq-len", "16", "--speed-repeats", "1", "--ablation-ratios", "0.3", "--workdir", str(tmp_path)]
     argv += ["--phases", "quality", "recovery", "unstructured", "ablation", "speed"]
     result = _run("spp", argv, tmp_path / "spp.json")
     _check_protocol(result)
-    assert set(result["rows"]) == {"spp@0.3", "np@0.3", "flap@0.3"}
+    assert set(result["rows"]) == {"spp@0.3", "np@0.3", "flap@0.3", "spp_random@0.3"} | (
+        {"spp_norefit@0.3"} if SPPConfig().compensate else {"spp_refit@0.3"}
+    )
     assert all(set(r["lora"]) >= {"bbc", "python", "kjv"} for r in result["rows"].values())
     assert set(result["unstructured"]) == {"spp_ria", "ria", "wanda"}
     assert "random@0.3" in result["ablation"] and "0.3" in result["speed"]

@@ -95,8 +95,20 @@ METHOD_CASES = [
         },
         0.03,
     ),  # fmt: skip
-    (SPPRIAConfig, {"sparsity": 0.5, "steps": 4, "lr": 0.08, "lambda_": 0.7}, 0.01),
-    (SPPRIAConfig, {"sparsity": 0.5, "pattern": "2:4", "steps": 4, "combine": "support", "targets": ["mlp"]}, 0.01),
+    (SPPRIAConfig, {"sparsity": 0.5, "steps": 4, "lr": 0.08, "lambda_": 0.3}, 0.01),
+    (
+        SPPRIAConfig,
+        {
+            "sparsity": 0.5,
+            "pattern": "2:4",
+            "steps": 4,
+            "lr": 0.08,
+            "lambda_": 0.3,
+            "combine": "support",
+            "targets": ["mlp"],
+        },
+        0.01,
+    ),  # fmt: skip
 ]
 CASE_IDS = [f"{c.method}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for c, kw, _ in METHOD_CASES]
 

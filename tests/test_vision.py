@@ -107,7 +107,7 @@ def test_recipe_on_vision_transformer():
 def test_deit_prunes_and_reloads_exactly(method, tmp_path):
     model = tiny_model("deit")
     if method == "spp":  # per-layer q/k and v/o head dims, searched on the classifier's cross-entropy
-        config = SPPConfig(pruning_ratio=0.3, steps=6, lr=0.08, lambda_=0.7, round_to=1, head_dim_multiple=1)
+        config = SPPConfig(pruning_ratio=0.3, steps=6, lr=0.08, lambda_=0.3, round_to=1, head_dim_multiple=1)
         report = prune_(model, config, calibration_for("deit", labelled=True))
         assert any("qk_head_dim" in layer for layer in report.layers)
     else:

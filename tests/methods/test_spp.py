@@ -13,22 +13,42 @@ from testing_utils import ARCHS, calibration_ids, logits, tiny_model
 
 from optimum_prune import AutoPrunedModelForCausalLM, AutoPruner, NumericalConfig, prune_, save_pruned_model
 from optimum_prune.methods.spp import SolutionPath, SolutionPathError, SPPConfig, SPPSearchError
-from optimum_prune.methods.spp.functional import bregman_step_, init_state, removal_order, select_removed
+from optimum_prune.methods.spp.functional import (
+    auto_nu,
+    bregman_step_,
+    init_state,
+    reachable_z,
+    removal_order,
+    select_removed,
+)
 from optimum_prune.methods.spp.masks import SearchMasks, attach_masks
 from optimum_prune.methods.spp.search import search_views
 from optimum_prune.modeling.architectures import get_spec
 
 # A short search on the tiny models whose units enter over several steps (a few never): a real path, in 10 steps.
-FAST = {"steps": 10, "lr": 0.08, "lambda_": 0.7, "betas": (0.5, 0.9), "round_to": 1, "head_dim_multiple": 1}
+# (The released code's dynamics: the machinery tests need most units to enter; the default dynamics' ranking is
+# tested on its own below.)
+FAST = {
+    "faithful_to": "code",
+    "steps": 10,
+    "batch_size": 1,
+    "lr": 0.08,
+    "lambda_": 0.7,
+    "betas": (0.5, 0.9),
+    "round_to": 1,
+    "head_dim_multiple": 1,
+    "compensate": False,
+}  # fmt: skip  (no refit: extraction without data)
 
 
 def _state(model):
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
-def _reference_code(grads, lr, lam, kappa, betas, eps, interval, nu=None):
+def _reference_code(grads, lr, lam, kappa, betas, eps, interval, nu=None, plain_z=False):
     """The released code's dynamics (`faithful_to="code"`), written out with Python floats: AdamW on M,
-    Z += s_t κ (M_{k+1} − Γ), Γ = max(Z − λ, 0); with `nu`, AdamW on ∇L + (M − Γ)/ν (the coupled loss's gradient)."""
+    Z += s_t κ (M_{k+1} − Γ), Γ = max(Z − λ, 0); with `nu`, AdamW on ∇L + (M − Γ)/ν (the coupled loss's gradient);
+    `plain_z` (`"coupled"`): Z += lr κ (M_{k+1} − Γ)."""
     n = len(grads[0])
     M, Z, G, m, v = [1.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
     entry, record = [-1] * n, [0] * n
@@ -40,7 +60,7 @@ def _reference_code(grads, lr, lam, kappa, betas, eps, interval, nu=None):
             v[i] = b2 * v[i] + (1 - b2) * gi**2
             s = lr / (1 - b1**t)
             M[i] -= s * m[i] / (math.sqrt(v[i]) / math.sqrt(1 - b2**t) + eps)
-            Z[i] += s * kappa * (M[i] - G[i])
+            Z[i] += (lr if plain_z else s) * kappa * (M[i] - G[i])
             G[i] = max(Z[i] - lam, 0.0)
             if G[i] != 0 and entry[i] < 0:
                 entry[i] = t
@@ -64,7 +84,7 @@ def _reference_paper(grads, lr, lam, kappa, nu):
     return M, Z, G, entry
 
 
-@pytest.mark.parametrize("faithful_to", ["code", "code+coupling", "paper"])
+@pytest.mark.parametrize("faithful_to", ["coupled", "code", "code+coupling", "paper"])
 def test_bregman_step_matches_float64_reference(faithful_to):
     coupling = faithful_to == "code+coupling"
     faithful_to = faithful_to.split("+")[0]
@@ -78,10 +98,18 @@ def test_bregman_step_matches_float64_reference(faithful_to):
     for grad in grads:
         g = torch.tensor(grad, dtype=torch.float64)
         bregman_step_(mask, g, state, faithful_to=faithful_to, coupling=coupling, **kw)
-    if faithful_to == "code":
-        nu = kw["nu"] if coupling else None
+    if faithful_to in ("code", "coupled"):
+        nu = kw["nu"] if coupling or faithful_to == "coupled" else None
         M, Z, G, entry, record = _reference_code(
-            grads, kw["lr"], kw["lambda_"], kw["kappa"], kw["betas"], kw["eps"], 5, nu
+            grads,
+            kw["lr"],
+            kw["lambda_"],
+            kw["kappa"],
+            kw["betas"],
+            kw["eps"],
+            5,
+            nu,
+            plain_z=faithful_to == "coupled",
         )
         assert state["record"].tolist() == record
     else:
@@ -91,6 +119,24 @@ def test_bregman_step_matches_float64_reference(faithful_to):
     torch.testing.assert_close(state["gamma"], torch.tensor(G, dtype=torch.float64), rtol=1e-12, atol=1e-12)
     assert state["entry"].tolist() == entry
     assert len(set(entry)) >= 3  # units enter at different steps (or never): the recorded order is exercised
+
+
+def test_auto_nu_and_reachable_z():
+    """ν = nu_scale / RMS of a kind's first-step mask gradients; `reachable_z` is the Z of a unit held at M = 1 (the
+    step-by-step dynamics with zero loss gradient and no pull give the same)."""
+    grads = [torch.tensor([3.0, -4.0]), torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])]
+    assert auto_nu(grads, 2.0) == pytest.approx(2.0 / math.sqrt(25 / 10))
+    with pytest.raises(ValueError, match="all zero"):
+        auto_nu([torch.zeros(3)], 1.0)
+    for mode in ("coupled", "code"):
+        mask = torch.ones(1, dtype=torch.float64)
+        state = init_state(mask, mode)
+        for _ in range(7):
+            mask.fill_(1.0)
+            bregman_step_(mask, torch.zeros(1, dtype=torch.float64), state, faithful_to=mode, lr=0.05, lambda_=99.0,
+                          nu=1e30, betas=(0.9, 0.99))  # fmt: skip
+        assert float(state["z"]) == pytest.approx(reachable_z(mode, 7, 0.05, betas=(0.9, 0.99)), rel=1e-9)
+    assert reachable_z("paper", 10, 0.5, nu=20.0) == pytest.approx(0.25)
 
 
 @pytest.mark.parametrize(
@@ -222,9 +268,9 @@ def test_mlp_only_uniform_family_member_loads_with_stock_transformers(tmp_path):
 
 def test_bad_paths_ratios_and_configs_fail_before_anything_changes(tmp_path):
     model = tiny_model("llama")
-    short_cfg = {**FAST, "steps": 4}
+    short_cfg = {**FAST, "steps": 8, "lambda_": 0.76}
     short = AutoPruner(model).search_solution_path(SPPConfig(**short_cfg), calibration_ids())
-    assert short.entered_fraction() < 0.5
+    assert short.entered_fraction() < 0.6
     where = str(short.save_pretrained(tmp_path / "short"))
     files = {p.name: p.read_bytes() for p in (tmp_path / "short").iterdir()}
     snap = _state(model)
@@ -297,10 +343,10 @@ def test_image_search_needs_a_classifier_and_labels():
     pixels, _ = image_calibration(model, subset)
     by_image = {p.sum().item(): e["labels"] for p, e in zip(calibration_for("vit"), examples)}
     assert calibration_labels(subset).tolist() == [by_image[p.sum().item()] for p in pixels]
-    path = AutoPruner(model).search_solution_path(SPPConfig(**{**FAST, "steps": 3}), calibration=subset)
-    assert path.steps == 3
+    path = AutoPruner(model).search_solution_path(SPPConfig(**{**FAST, "steps": 8}), calibration=subset)
+    assert path.steps == 8
     snap = _state(model)
-    for config in (SPPConfig(pruning_ratio=0.3, **FAST), SPPRIAConfig(sparsity=0.5, steps=2)):
+    for config in (SPPConfig(pruning_ratio=0.3, **FAST), SPPRIAConfig(sparsity=0.5, steps=40)):
         with pytest.raises(ValueError, match="The images have no labels"):
             prune_(model, config, calibration_for("vit"))
     backbone = tiny_model("dinov2_backbone")
@@ -309,3 +355,189 @@ def test_image_search_needs_a_classifier_and_labels():
         AutoPruner(backbone).search_solution_path(SPPConfig(**FAST), calibration=examples)
     assert all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
     assert all(torch.equal(v, backbone_snap[k]) for k, v in backbone.state_dict().items())
+
+
+# ------------------------------------------------------------------------------------------- ranking (issue 29)
+def _self_sampled(model, n: int = 128, length: int = 32) -> torch.Tensor:
+    """Text the model itself generates (temperature 1): on it the expected loss gradient at M = 1 is zero (score
+    identity), as on a trained model's own data, so every live unit's removal costs loss and a dead one costs none."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        return model.generate(calibration_ids(n, 1, seed=1), max_new_tokens=length - 1, do_sample=True, top_k=0,
+                              top_p=1.0, temperature=1.0, pad_token_id=0)  # fmt: skip
+
+
+def _planted(layer: int = 1, k: int = 8):
+    """llama_gqa with dead units planted in `layer`: `k` MLP channels (down_proj columns zero), the first rotary QK
+    pair (q and k rows j, j + d/2 zero in every head) and the first VO dimension (v rows zero)."""
+    model = tiny_model("llama_gqa")
+    att = model.model.layers[layer].self_attn
+    d, cfg = att.head_dim, model.config
+    with torch.no_grad():
+        model.model.layers[layer].mlp.down_proj.weight[:, :k] = 0
+        for proj, heads in ((att.q_proj, cfg.num_attention_heads), (att.k_proj, cfg.num_key_value_heads)):
+            proj.weight.view(heads, d, -1)[:, [0, d // 2]] = 0
+        att.v_proj.weight.view(cfg.num_key_value_heads, d, -1)[:, 0] = 0
+    return model, {(layer, "mlp"): list(range(k)), (layer, "qk"): [0], (layer, "vo"): [0]}
+
+
+def _positions(path: SolutionPath) -> dict[tuple[int, str], torch.Tensor]:
+    """Every unit's place in its pool's removal order (0 = removed first); pools as `pools="separate"`."""
+    out = {}
+    for kinds in (("qk", "vo"), ("mlp",)):
+        keys = [key for key in sorted(path.stats) if key[1] in kinds]
+        st = {s: torch.cat([path.stats[key][s] for key in keys]) for s in ("entry", "record", "z", "gamma")}
+        order = removal_order(st["entry"], st["record"], st["z"], st["gamma"])
+        pos = torch.empty(order.numel(), dtype=torch.long)
+        pos[order] = torch.arange(order.numel())
+        for key, part in zip(keys, pos.split([path.stats[key]["entry"].numel() for key in keys])):
+            out[key] = part
+    return out
+
+
+SHAPE = {"round_to": 1, "head_dim_multiple": 1}
+
+
+def test_planted_dead_units_never_enter_and_are_removed_first():
+    """The default (coupled) dynamics pull every mask towards Γ = 0: a dead unit has no loss gradient to resist,
+    so it never enters and it goes first. (The authors' uncoupled dynamics rank it mid-path: the next test.)"""
+    from optimum_prune.methods.spp.extract import extract_keep
+
+    model, planted = _planted()
+    path = AutoPruner(model).search_solution_path(SPPConfig(**SHAPE), calibration=_self_sampled(model))
+    pos = _positions(path)
+    for key, units in planted.items():
+        assert (path.stats[key]["entry"][units] < 0).all(), key  # never entered
+        assert path.entered_fraction(key[1]) > 0.3  # while other units of the kind did
+    assert max(pos[(1, "qk")][0], pos[(1, "vo")][0]) <= 2  # the dead QK pair and VO dim open the attention order
+    assert int(pos[(1, "mlp")][:8].max()) < 16  # the 8 dead channels among the first 16 of 288 removed
+    keep, _ = extract_keep(path, model, get_spec(model), SPPConfig(pruning_ratio=0.1, **SHAPE))
+    for (layer, kind), units in planted.items():
+        assert not set(units) & set(keep[layer][kind]), (layer, kind)  # removed at 10%
+
+
+def test_authors_code_dynamics_rank_dead_units_mid_path():
+    """`faithful_to="code"` (the released optimizer, the coupling only logged): nothing pulls a mask down, so a dead
+    unit keeps M = 1 and enters at ≈ λ/lr, with the crowd, neither first nor last (documented in docs/methods/spp.md)."""
+    model, planted = _planted()
+    old = {"faithful_to": "code", "steps": 300, "batch_size": 1, "lr": 1e-2, "lambda_": 2.0}  # the former default
+    path = AutoPruner(model).search_solution_path(SPPConfig(**old, **SHAPE), calibration=_self_sampled(model))
+    entries = torch.cat([s["entry"] for s in path.stats.values()])
+    dead = path.stats[(1, "mlp")]["entry"][planted[(1, "mlp")]]
+    assert (dead > 0).all() and (entries > dead.max()).any() and (entries[entries >= 0] < dead.min()).any()
+    assert int(_positions(path)[(1, "mlp")][:8].min()) > 16  # not removed first
+
+
+def _spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    ra, rb = a.argsort().argsort().double(), b.argsort().argsort().double()
+    return float(torch.corrcoef(torch.stack([ra, rb]))[0, 1])
+
+
+def test_paths_from_disjoint_calibration_halves_agree():
+    """Two searches on disjoint halves of the calibration data order the units alike (the former default's orders
+    were noise: Spearman ≈ 0 on this model)."""
+    model = tiny_model("llama_gqa")
+    data = _self_sampled(model)
+    a, b = (
+        _positions(AutoPruner(model).search_solution_path(SPPConfig(**SHAPE), calibration=half))
+        for half in (data[:64], data[64:])
+    )
+    for kinds, least in ((("qk", "vo"), 0.5), (("mlp",), 0.15)):
+        keys = [k for k in sorted(a) if k[1] in kinds]
+        rho = _spearman(torch.cat([a[k] for k in keys]), torch.cat([b[k] for k in keys]))
+        assert rho > least, (kinds, rho)
+
+
+def test_a_search_too_short_to_enter_anything_is_refused_before_it_runs():
+    """The former SPP + RIA benchmark: 48 steps of the code's dynamics at lr 1e-2, λ 2 (a unit at M = 1 enters after
+    ~200 steps) entered no weight, so its "path" was never used. Refused when the config is made, or, for an
+    `epochs` search (steps known from the data) and a `"paper"` search with a measured ν, before the first step."""
+    from optimum_prune import SPPRIAConfig
+
+    with pytest.raises(ValueError, match="cannot enter any unit"):
+        SPPRIAConfig(sparsity=0.5, faithful_to="code", steps=48, lr=1e-2, lambda_=2.0)
+    with pytest.raises(ValueError, match="cannot enter any unit"):
+        SPPConfig(steps=20)  # the default dynamics need ~λ/lr = 33 steps
+    model = tiny_model("llama")
+    snap = _state(model)
+    short_epochs = SPPRIAConfig(sparsity=0.5, epochs=1, batch_size=2, lr=0.08, lambda_=0.4)  # 4 steps on 8 windows
+    paper = SPPConfig(pruning_ratio=0.2, faithful_to="paper", steps=10, lr=1e-3, lambda_=1.0)  # ν measured: too short
+    for config in (short_epochs, paper):
+        with pytest.raises(ValueError, match="cannot enter any unit"):
+            prune_(model, config, calibration_ids())
+    assert all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
+    assert all(p.requires_grad for p in model.parameters()) and not any(m._forward_hooks for m in model.modules())
+
+
+def test_compensation_is_the_least_squares_refit_of_the_kept_inputs(tmp_path):
+    """compensate=True: o_proj on its kept v/o inputs and down_proj on its kept channels are the least-squares fit of
+    the dense layer's output on the dense model's inputs (float64 lstsq, damping 0); extracting from a saved path
+    then needs calibration, and says so before anything changes."""
+    model = tiny_model("llama_gqa")
+    ids = calibration_ids()
+    path = AutoPruner(model).search_solution_path(SPPConfig(**FAST), calibration=ids)
+    where = str(path.save_pretrained(tmp_path / "path"))
+    inputs = {}
+    hooks = [m.register_forward_pre_hook(lambda m, a, n=n: inputs.__setitem__(n, a[0].detach().double()))
+             for n, m in model.named_modules() if n.endswith(("o_proj", "down_proj"))]  # fmt: skip
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    cfg = {**FAST, "pruning_ratio": 0.3, "solution_path": where}
+    cfg.pop("compensate")
+    refit, plain = copy.deepcopy(model), copy.deepcopy(model)
+    rep = prune_(refit, SPPConfig(**cfg, compensation_damping=0.0), ids)  # compensate=True: the default
+    prune_(plain, SPPConfig(**cfg, compensate=False))
+    assert rep.info["compensate_s"] > 0 and rep.info["compensation_residuals"]
+    checked = 0
+    for i, (layer, dense_layer) in enumerate(zip(refit.model.layers, model.model.layers)):
+        att = layer.self_attn
+        kept_vo = [j for j in range(12) if any(torch.equal(att.v_proj.weight[r], dense_layer.self_attn.v_proj.weight[j])
+                                                for r in range(att.vo_head_dim))]  # fmt: skip
+        for name, new, dense, cols in (
+            ("o_proj", att.o_proj, dense_layer.self_attn.o_proj,
+             (torch.arange(6)[:, None] * 12 + torch.tensor(kept_vo)[None]).reshape(-1)),
+            ("down_proj", layer.mlp.down_proj, dense_layer.mlp.down_proj, None),
+        ):  # fmt: skip
+            if new.weight.shape == dense.weight.shape:
+                continue  # nothing removed here
+            X = inputs[f"model.layers.{i}.self_attn.o_proj" if name == "o_proj" else f"model.layers.{i}.mlp.down_proj"]
+            X = X.reshape(-1, X.shape[-1])
+            if cols is None:  # the kept channels: up_proj rows that survived
+                up, dense_up = layer.mlp.up_proj.weight, dense_layer.mlp.up_proj.weight
+                cols = torch.tensor([next(j for j in range(96) if torch.equal(dense_up[j], r)) for r in up])
+            target = X @ dense.weight.double().T  # (N, d_out): the dense output
+            ref = torch.linalg.lstsq(X[:, cols], target).solution.T  # (d_out, k)
+            torch.testing.assert_close(new.weight.double(), ref, rtol=1e-4, atol=1e-5)
+            assert not torch.allclose(plain.model.layers[i].get_submodule(
+                "self_attn.o_proj" if name == "o_proj" else "mlp.down_proj").weight.double(), ref, atol=1e-3)  # fmt: skip
+            checked += 1
+    assert checked >= 2
+    snap = _state(model)
+    with pytest.raises(ValueError, match="calibration"):
+        prune_(model, SPPConfig(**cfg, compensate=True))
+    assert all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="fold_masks"):
+        SPPConfig(compensate=True, fold_masks=True)
+
+
+def test_sampled_labels_follow_the_model_and_rank_planted_units_on_any_text():
+    """search_labels="sampled": next tokens drawn from the dense model's own predictions (the empirical frequencies
+    match its softmax), so a search on arbitrary text (random ids here) still puts the dead units first."""
+    from optimum_prune.methods.spp.search import sampled_labels
+
+    model, planted = _planted()
+    context = calibration_ids(1, 5, seed=3).expand(3000, 5)
+    labels = sampled_labels(model, context, batch_size=1000)
+    assert (labels[:, 0] == -100).all()
+    with torch.no_grad():
+        probs = torch.softmax(model(context[:1]).logits[0, 2].float(), -1)
+    freq = torch.bincount(labels[:, 3], minlength=probs.numel()).double() / labels.shape[0]
+    assert 0.5 * float((freq - probs.double()).abs().sum()) < 0.1  # total variation to the model's distribution
+    config = SPPConfig(search_labels="sampled", **SHAPE)
+    path = AutoPruner(model).search_solution_path(config, calibration=calibration_ids(128, 32, seed=1))
+    pos = _positions(path)
+    assert max(pos[(1, "qk")][0], pos[(1, "vo")][0]) <= 2 and int(pos[(1, "mlp")][:8].max()) < 16
+    with pytest.raises(ValueError, match="search_labels"):
+        SPPConfig(search_labels="soft")

@@ -10,6 +10,7 @@ from typing import Any
 
 from ...config import StructuredPruningConfig, _choice
 from ..unstructured import UnstructuredPruningConfig
+from .functional import reachable_z
 
 __all__ = ["SPPConfig", "SPPRIAConfig", "SEARCH_FIELDS"]
 
@@ -18,16 +19,18 @@ __all__ = ["SPPConfig", "SPPRIAConfig", "SEARCH_FIELDS"]
 class _SearchFields:
     """Fields of the search; documented in `SPPConfig` and docs/methods/spp.md."""
 
-    faithful_to: str = "code"
-    steps: int = 300
+    faithful_to: str = "coupled"
+    steps: int = 120
     epochs: float | None = None
-    batch_size: int = 1
+    batch_size: int = 8
     gradient_accumulation_steps: int = 1
-    lr: float = 1e-2
-    lambda_: float = 2.0
+    lr: float = 3e-2
+    lambda_: float = 1.0
     kappa: float = 1.0
-    nu: float = 100.0
+    nu: float | str = "auto"
+    nu_scale: float = 1.0
     coupling: bool = False
+    search_labels: str = "data"
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-4
     interval: int = 20
@@ -36,12 +39,16 @@ class _SearchFields:
     training_args: dict[str, Any] = field(default_factory=dict)
 
     def _validate_search(self) -> None:
-        _choice("faithful_to", self.faithful_to, ("code", "paper"))
+        _choice("faithful_to", self.faithful_to, ("coupled", "code", "paper"))
+        _choice("search_labels", self.search_labels, ("data", "sampled"))
         for name in ("steps", "batch_size", "gradient_accumulation_steps", "interval"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
-        for name in ("lr", "kappa", "nu", "eps"):
+        if self.nu != "auto" and (isinstance(self.nu, (bool, str)) or not isinstance(self.nu, (int, float))
+                                  or not math.isfinite(self.nu) or self.nu <= 0):  # fmt: skip
+            raise ValueError(f"`nu` must be 'auto' or a positive number, got {self.nu!r}.")
+        for name in ("lr", "kappa", "nu_scale", "eps"):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -63,6 +70,27 @@ class _SearchFields:
             raise ValueError(f"`stop_at_density` must be in (0, 1] or None, got {self.stop_at_density!r}.")
         if not isinstance(self.training_args, dict):
             raise ValueError(f"`training_args` must be a dict of TrainingArguments, got {self.training_args!r}.")
+        self.check_search_length(self.steps if self.epochs is None else None)
+
+    def check_search_length(self, steps: int | None, nu: float | None = None) -> None:
+        """Raise a `ValueError` when `steps` steps cannot enter any unit: a unit whose mask stays at 1 reaches
+        `Z = reachable_z(...)`, and enters only once `Z > lambda_` (`nu`: the coupling of `"paper"`, needed there;
+        `None` with `nu="auto"` skips that check until ν is measured). `steps=None` (an `epochs` search) checks
+        nothing."""
+        if steps is None:
+            return
+        if self.faithful_to == "paper":
+            nu = nu if nu is not None else (None if self.nu == "auto" else float(self.nu))
+            if nu is None:
+                return
+        z = reachable_z(self.faithful_to, steps, self.lr, self.kappa, nu or 1.0, self.betas)
+        if z <= self.lambda_:
+            raise ValueError(
+                f"A search of {steps} steps cannot enter any unit into the path: with lr={self.lr}, kappa={self.kappa}"
+                f"{'' if self.faithful_to != 'paper' else f', nu={nu:.4g}'} and faithful_to={self.faithful_to!r} the "
+                f"dual Z of a unit whose mask stays at 1 reaches only {z:.3g}, below lambda_={self.lambda_}. Search "
+                "longer (`steps`), raise `lr` or lower `lambda_`."
+            )
 
     def search_settings(self) -> dict[str, Any]:
         """The fields that shape the search (what a saved path records and checks)."""
@@ -93,8 +121,8 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
 
     Args:
         solution_path (`str | None`, defaults to `None`): a directory written by `SolutionPath.save_pretrained`: the
-            ratio is extracted from it, no calibration and no search (the path must come from this model and these
-            settings). `None`: search first (needs calibration).
+            ratio is extracted from it with no search, and with no calibration when `compensate=False` (the path
+            must come from this model and these settings). `None`: search first (needs calibration).
         pools (`str`, defaults to `"separate"`): `"separate"` (the authors' code: attention units (QK + VO) and MLP
             channels are thresholded separately, each losing the same fraction of its parameters) or
             `"cost_weighted"` (one pool: all units by entry, cut where the removed parameters reach the ratio).
@@ -102,8 +130,10 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             `Γ` first became non-zero) or `"step_record"` (the code's count of `interval`s spent in the support).
         tie_break (`str`, defaults to `"z"`): orders units with the same statistic (and units that never entered):
             `"z"` (larger dual `Z` = closer to entering = kept first) or `"gamma"` (larger `|Γ|`).
-        extrapolate (`bool`, defaults to `False`): allow ratios the path did not reach (the kept units then include
-            some that never entered, ranked by `tie_break`); otherwise such a ratio is an error.
+        extrapolate (`bool | None`, defaults to `None`): allow ratios the path did not reach (the kept units then
+            include some that never entered, ranked by `tie_break`); `False` makes such a ratio an error. `None`
+            (auto): allowed on a path of the `"coupled"` dynamics, where a unit that never entered has been pulled
+            down by the coupling and its `Z` (the time integral of its mask) ranks it; an error on the others.
         head_dim_multiple (`int`, defaults to `8`): keep a multiple of this many q/k and v/o dimensions per head
             (rotary pairs count 2), for GEMM-friendly shapes; `1` keeps the exact widths.
         attention_scale (`str`, defaults to `"original"`): `"original"` keeps `1/√d_h` (the dense model's logits; exact
@@ -112,22 +142,46 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
         fold_masks (`bool`, defaults to `False`): multiply the searched mask values of the kept units into the
             weights (q/k rows, v rows, down columns or fc1 rows), so the extracted model computes what the masked
             model did at the end of the search; the authors' `compress_model` keeps the weights as they were.
-        faithful_to (`str`, defaults to `"code"`): the dynamics (docs/methods/spp.md). `"code"` (the released
-            optimizer): an AdamW step on `M` on the task loss only (weight decay 0, `eps`, `betas`), then
-            `Z ← Z + s_t·κ·(M_{k+1} − Γ)` with `s_t = lr/(1 − β1^t)` and the one-sided `Γ = max(Z − λ, 0)`. `"paper"`
-            (Eq. 10): `M ← M − κ·lr·(∇L + (M − Γ)/ν)`, `Z ← Z + (lr/ν)(M_k − Γ)`, `Γ = κ·sign(Z)·max(|Z| − λ, 0)`.
-        steps (`int`, defaults to `300`): optimizer steps of the search (`epochs` overrides it).
+        compensate (`bool`, defaults to `True`): after extraction, refit o_proj on its kept v/o inputs and down_proj
+            (fc2) on its kept channels by Numerical Pruning's closed-form least squares (`NumericalConfig`'s
+            compensation, on the Grams of the dense model's inputs: one calibration pass, so extracting from a
+            saved path then needs calibration data too). Not with `fold_masks`.
+        compensation_damping (`float`, defaults to `0.1`): relative ridge of that refit, γ / mean(diag H) (as
+            `NumericalConfig.compensation_damping`).
+        faithful_to (`str`, defaults to `"coupled"`): the dynamics (docs/methods/spp.md). `"coupled"`: AdamW on the
+            gradient of the paper's coupled loss (Eq. 9), `∇L + (M − Γ)/ν`, which pulls every mask towards `Γ` (0
+            until the unit enters), then `Z ← Z + lr·κ·(M_{k+1} − Γ)` and the one-sided `Γ = max(Z − λ, 0)`: a unit
+            stays up only as far as the loss resists its removal, so important units enter first and dead ones never.
+            `"code"` (the authors' released optimizer): an AdamW step on `M` on the task loss only (weight decay 0,
+            `eps`, `betas`), then `Z ← Z + s_t·κ·(M_{k+1} − Γ)` with `s_t = lr/(1 − β1^t)`; nothing pulls a mask down
+            (the code adds the coupling to the loss after `backward()`, for logging), so a unit with no gradient
+            keeps `M = 1` and enters at ≈ λ/lr with the crowd: it ranks dead units mid-path. `"paper"` (Eq. 10):
+            `M ← M − κ·lr·(∇L + (M − Γ)/ν)`, `Z ← Z + (lr/ν)(M_k − Γ)`, `Γ = κ·sign(Z)·max(|Z| − λ, 0)`.
+        steps (`int`, defaults to `120`): optimizer steps of the search (`epochs` overrides it). A search that
+            cannot enter any unit (a unit at `M = 1` reaches `Z = lr·κ·steps` in `"coupled"`, which must pass
+            `lambda_`) is refused before it runs.
         epochs (`float | None`, defaults to `None`): passes over the calibration data instead of `steps`.
-        batch_size (`int`, defaults to `1`) / gradient_accumulation_steps (`int`, defaults to `1`): sequences per
-            step (per device), and accumulation.
-        lr (`float`, defaults to `1e-2`): step size (Adam's lr in `"code"`, α in `"paper"`).
-        lambda_ (`float`, defaults to `2.0`): the soft threshold λ (the code: 3; paper Table 8: 15 or 3). With `lr`
-            it sets how many steps the path takes: a unit whose mask stays near 1 enters after about `λ / lr` steps
-            (on SmolLM2-135M the default path runs from step ~140 to ~260 of 300, every unit entering).
-        kappa (`float`, defaults to `1`) / nu (`float`, defaults to `100`): damping factor κ and coupling ν.
-        coupling (`bool`, defaults to `False`): in `"code"`, step AdamW on `∇L + (M − Γ)/ν` (the gradient of the
-            paper's coupled loss, which pulls masks towards `Γ`) instead of `∇L` alone (the code adds the coupling
-            to the loss only after `backward()`, for logging). `"paper"` always couples.
+        batch_size (`int`, defaults to `8`) / gradient_accumulation_steps (`int`, defaults to `1`): sequences per
+            step (per device), and accumulation. One sequence a step fits the masks to that sequence's noise; the
+            defaults see 960 windows, e.g. 256 calibration windows about four times each.
+        lr (`float`, defaults to `3e-2`): step size (Adam's lr in `"coupled"` / `"code"`, α in `"paper"`).
+        lambda_ (`float`, defaults to `1.0`): the soft threshold λ (the code: 3; paper Table 8: 15 or 3). In
+            `"coupled"` a unit holding `M ≈ m` enters after ≈ λ/(lr·m) steps (33 steps at `m = 1` with the
+            defaults, so the entries spread over the 120 steps down to `m ≈ 0.3`), and a unit with no gradient, whose
+            mask falls to 0 in ≈ 1/lr steps, stops at `Z ≈ 0.5 < λ`: it never enters.
+        kappa (`float`, defaults to `1`): damping factor κ.
+        nu (`float | str`, defaults to `"auto"`): the coupling ν. `"auto"`: one ν per unit kind (q/k, v/o, MLP),
+            `nu_scale / RMS(∇_M L)` of that kind's mask gradients at the first step (the gradient scale, from that
+            step's own backward pass; recorded in the path's `nu`). A number: that ν for every kind (the paper's
+            canonical 100).
+        nu_scale (`float`, defaults to `1.0`): with `nu="auto"`, the pull `(M − Γ)/ν` at `M = 1` is `1/nu_scale`
+            times the typical loss gradient; larger values pull less (more units enter).
+        coupling (`bool`, defaults to `False`): in `"code"`, step AdamW on `∇L + (M − Γ)/ν` (Z still with the
+            bias-corrected `s_t`); `"coupled"` and `"paper"` always couple.
+        search_labels (`str`, defaults to `"data"`): the targets of the search's language-model loss: `"data"` (the
+            calibration text's next tokens) or `"sampled"` (next tokens drawn from the dense model's own predictions,
+            one no-grad pass before the search: the loss then measures how much the masks change the model's output,
+            with zero expected gradient at `M = 1`, instead of how well they fit the calibration text). Causal LMs.
         betas / eps: Adam's (`"code"`; eps 1e-4 as in the code).
         interval (`int`, defaults to `20`): steps between `step_record` updates (the code's default; 10 in its
             script).
@@ -138,7 +192,8 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
         training_args (`dict`, defaults to `{}`): more `TrainingArguments` for the search loop (`bf16`,
             `gradient_checkpointing`, `logging_steps`, ...).
 
-    `SPPConfig.code()` and `SPPConfig.paper()` give the authors' literal settings.
+    `SPPConfig.code()` and `SPPConfig.paper()` give the authors' literal settings; `SPPConfig(faithful_to="code")`
+    their dynamics with our step sizes.
     """
 
     method = "spp"
@@ -147,26 +202,29 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
     pools: str = "separate"
     statistic: str = "entry_time"
     tie_break: str = "z"
-    extrapolate: bool = False
+    extrapolate: bool | None = None
     head_dim_multiple: int = 8
     attention_scale: str = "original"
     fold_masks: bool = False
+    compensate: bool = True
+    compensation_damping: float = 0.1
 
     @classmethod
     def code(cls, pruning_ratio: float = 0.2, **kwargs: Any) -> SPPConfig:
         """The authors' released code: AdamW dynamics, λ = 3, lr 1e-3 (their search script),
         `step_record` ranking every 20 steps, separate pools and the reduced softmax scale of `compress_model` (their
         pipeline fine-tunes afterwards). Ties are still broken by `Z` (the code keeps every tied unit)."""
-        settings = {"faithful_to": "code", "lambda_": 3.0, "lr": 1e-3, "interval": 20, "statistic": "step_record",
-                    "pools": "separate", "attention_scale": "reduced"}  # fmt: skip
+        settings = {"faithful_to": "code", "lambda_": 3.0, "lr": 1e-3, "nu": 100.0, "interval": 20,
+                    "statistic": "step_record", "pools": "separate", "attention_scale": "reduced", "steps": 4000}  # fmt: skip
         return cls(pruning_ratio=pruning_ratio, **{**settings, **kwargs})
 
     @classmethod
     def paper(cls, pruning_ratio: float = 0.2, **kwargs: Any) -> SPPConfig:
         """The paper's Eq. 10 with its Table 8 values for DeiT (κ = 1, λ = 15, lr 8e-4) and the canonical ν = 100;
-        entry-time ranking."""
+        entry-time ranking. A unit at `M = 1` enters after λν/lr ≈ 1.9 million steps, which is what `steps` is set
+        to (a shorter search is refused): these values cannot serve a language model on a CPU."""
         settings = {"faithful_to": "paper", "kappa": 1.0, "lambda_": 15.0, "lr": 8e-4, "nu": 100.0,
-                    "statistic": "entry_time"}  # fmt: skip
+                    "statistic": "entry_time", "steps": 2_000_000}  # fmt: skip
         return cls(pruning_ratio=pruning_ratio, **{**settings, **kwargs})
 
     def __post_init__(self) -> None:
@@ -180,6 +238,16 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             raise ValueError(f"`head_dim_multiple` must be a positive int, got {self.head_dim_multiple!r}.")
         if self.head_dim_multiple < 1:
             raise ValueError(f"`head_dim_multiple` must be >= 1, got {self.head_dim_multiple}.")
+        if not isinstance(self.compensate, bool):
+            raise ValueError(f"`compensate` must be a bool, got {self.compensate!r}.")
+        if self.compensate and self.fold_masks:
+            raise ValueError("compensate=True refits o_proj / down_proj on the dense model's weights; it cannot be "
+                             "combined with fold_masks=True (which rescales them). Choose one.")  # fmt: skip
+        damping = self.compensation_damping
+        if isinstance(damping, bool) or not isinstance(damping, (int, float)) or not damping >= 0:
+            raise ValueError(f"`compensation_damping` must be a number >= 0, got {damping!r}.")
+        if self.extrapolate is not None and not isinstance(self.extrapolate, bool):
+            raise ValueError(f"`extrapolate` must be True, False or None (auto), got {self.extrapolate!r}.")
         if self.solution_path is not None:
             if not isinstance(self.solution_path, (str, os.PathLike)):
                 raise ValueError(f"`solution_path` must be a directory path, got {self.solution_path!r}.")

@@ -52,7 +52,7 @@ def extract_keep(
 
     Raises:
         `SolutionPathError` for a ratio the path does not reach (more units than ever entered would have to stay,
-        unless `config.extrapolate`) or the guards forbid.
+        unless `config.extrapolate`, which defaults to allowing it on a `"coupled"` path) or the guards forbid.
     """
     views = {i: layer_view(layer, i, spec, model.config) for i, layer in enumerate(get_layers(model, spec))}
     wanted = ({"qk", "vo"} if config.prune_attention else set()) | ({"mlp"} if config.prune_mlp else set())
@@ -72,6 +72,9 @@ def extract_keep(
             f"pruning_ratio={config.pruning_ratio} would remove more than every prunable unit ({frac:.2f} of them); "
             "lower the ratio or prune both attention and MLP."
         )
+    extrapolate = config.extrapolate
+    if extrapolate is None:  # "auto": the coupled dynamics rank the units that never entered by Z, ∫ M dt
+        extrapolate = path.meta.get("search", {}).get("faithful_to") == "coupled"
     keep: dict[int, dict[str, list[int]]] = {}
     info: dict[str, Any] = {"pools": {}, "covers_ratios_from": 0.0}
     for name, ks in pools.items():
@@ -97,7 +100,7 @@ def extract_keep(
         info["covers_ratios_from"] = max(info["covers_ratios_from"], covers)
         at_cap = torch.bincount(groups[removed], minlength=len(sizes)) >= torch.tensor(caps)  # guards keep the rest
         kept_never = float(unit_cost[never & ~removed & ~at_cap[groups]].sum())
-        if kept_never > float(unit_cost.max()) and not config.extrapolate:
+        if kept_never > float(unit_cost.max()) and not extrapolate:
             raise SolutionPathError(
                 f"pruning_ratio={config.pruning_ratio} is below what this solution path covers: its {name} units that "
                 f"entered the path make only {1 - never_cost / pool_cost[name]:.3f} of that pool, so it gives ratios "

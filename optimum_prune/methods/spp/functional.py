@@ -15,12 +15,14 @@ import torch
 
 from ...functional.proximal import nonnegative_soft_threshold, soft_threshold
 
-__all__ = ["init_state", "bregman_step_", "removal_order", "select_removed"]
+__all__ = ["init_state", "bregman_step_", "auto_nu", "reachable_z", "removal_order", "select_removed"]
+
+ADAM_MODES = ("coupled", "code")  # the dynamics that step M with AdamW
 
 
 def init_state(mask: torch.Tensor, faithful_to: str) -> dict:
     """The per-mask state: `z`, `gamma`, `entry` (first step with `Γ ≠ 0`, −1 = never), `record` (the code's
-    `step_record`), `step`, and Adam's moments in `"code"` mode."""
+    `step_record`), `step`, and Adam's moments in the AdamW modes (`"coupled"`, `"code"`)."""
     state = {
         "step": 0,
         "z": torch.zeros_like(mask),
@@ -28,7 +30,7 @@ def init_state(mask: torch.Tensor, faithful_to: str) -> dict:
         "entry": torch.full(mask.shape, -1, dtype=torch.int32, device=mask.device),
         "record": torch.zeros(mask.shape, dtype=torch.int32, device=mask.device),
     }
-    if faithful_to == "code":
+    if faithful_to in ADAM_MODES:
         state["exp_avg"] = torch.zeros_like(mask)
         state["exp_avg_sq"] = torch.zeros_like(mask)
     return state
@@ -52,7 +54,9 @@ def bregman_step_(
 ) -> None:
     """One step of the search on one mask vector, in place (`mask` and `state`).
 
-    `"code"` (the authors' `adamw_spp.py`): AdamW on `M` with the task-loss gradient only (weight decay 0), then
+    `"coupled"` (the default): `"code"` with `coupling` always on and `Z ← Z + lr·κ·(M_{k+1} − Γ_k)` (Adam's plain lr,
+    not its bias-corrected step). `"code"` (the authors' `adamw_spp.py`): AdamW on
+    `M` with the task-loss gradient only (weight decay 0), then
     `Z ← Z + s_t·κ·(M_{k+1} − Γ_k)` with Adam's bias-corrected step `s_t = lr / (1 − β1^t)`, and the one-sided
     `Γ = max(Z − λ, 0)`; with `coupling`, AdamW steps on `∇L + (M − Γ)/ν` instead (the gradient of the paper's
     coupled loss, Eq. 9, which the code only logs). `"paper"` (Eq. 10): `M_{k+1} = M_k − κ·lr·(∇L + (M_k − Γ_k)/ν)`,
@@ -64,13 +68,14 @@ def bregman_step_(
         mask (`torch.Tensor` of shape `(n,)`): the mask `M`.
         grad (`torch.Tensor` of shape `(n,)`): `∇_M` of the task loss.
         state (`dict`): from [`init_state`].
-        faithful_to (`str`): `"code"` or `"paper"`.
+        faithful_to (`str`): `"coupled"`, `"code"` or `"paper"`.
         lr / lambda_ / kappa / nu / betas / eps / interval / coupling: see `SPPConfig`.
     """
     state["step"] += 1
     t = state["step"]
     z, gamma = state["z"], state["gamma"]
-    if faithful_to == "code":
+    if faithful_to in ADAM_MODES:
+        coupling = coupling or faithful_to == "coupled"
         b1, b2 = betas
         m, v = state["exp_avg"], state["exp_avg_sq"]
         if coupling:
@@ -80,7 +85,9 @@ def bregman_step_(
         step_size = lr / (1 - b1**t)
         denom = (v.sqrt() / math.sqrt(1 - b2**t)).add_(eps)
         mask.addcdiv_(m, denom, value=-step_size)
-        z.add_(mask - gamma, alpha=step_size * kappa)
+        # "code" scales Z's step by Adam's bias-corrected lr (≈ 10·lr at t = 1, β1 = 0.9: every unit gains Z ≈ 0.6·lr·…
+        # early whatever its mask); "coupled" by lr itself, so Z is exactly lr·κ·Σ (M − Γ)
+        z.add_(mask - gamma, alpha=(step_size if faithful_to == "code" else lr) * kappa)
         gamma.copy_(nonnegative_soft_threshold(z, lambda_))
     elif faithful_to == "paper":
         coupling = mask - gamma  # M_k − Γ_k
@@ -88,11 +95,40 @@ def bregman_step_(
         z.add_(coupling, alpha=lr / nu)
         gamma.copy_(kappa * soft_threshold(z, lambda_))
     else:
-        raise ValueError(f"faithful_to must be 'code' or 'paper', got {faithful_to!r}")
+        raise ValueError(f"faithful_to must be 'coupled', 'code' or 'paper', got {faithful_to!r}")
     entered = gamma != 0
     state["entry"][entered & (state["entry"] < 0)] = t
     if t % interval == 0:
         state["record"] += entered.to(state["record"].dtype)
+
+
+def auto_nu(grads: Sequence[torch.Tensor], nu_scale: float) -> float:
+    """ν from the measured gradient scale: `nu_scale / RMS(∇_M L)` over the masks `grads` of one unit kind (their
+    gradients at `M = 1`, the first step's). The coupling's pull `(M − Γ)/ν` at `M = 1` then equals `1 / nu_scale`
+    times the typical loss gradient, so a unit keeps its mask up only where the loss resists its removal at least
+    that much, whatever the model's or the kind's gradient scale."""
+    sq = sum(float(g.double().pow(2).sum()) for g in grads)
+    n = sum(g.numel() for g in grads)
+    rms = math.sqrt(sq / max(n, 1))
+    if not math.isfinite(rms) or rms <= 0:
+        raise ValueError(
+            "The mask gradients are all zero at the first step, so ν cannot be set from their scale (nu='auto'); "
+            "check that the loss depends on the pruned units, or give `nu` a number."
+        )
+    return nu_scale / rms
+
+
+def reachable_z(
+    faithful_to: str, steps: int, lr: float, kappa: float = 1.0, nu: float = 100.0, betas=(0.9, 0.999)
+) -> float:
+    """The dual `Z` a unit whose mask stays at 1 reaches in `steps` steps (with `Γ = 0`): a unit enters only once `Z`
+    passes λ, so a search with `reachable_z(...) <= lambda_` can enter no unit at all (masks above 1 aside)."""
+    if faithful_to == "coupled":
+        return kappa * lr * steps
+    if faithful_to == "code":
+        b1 = betas[0]
+        return kappa * sum(lr / (1 - b1**t) for t in range(1, steps + 1))
+    return steps * lr / nu
 
 
 def removal_order(

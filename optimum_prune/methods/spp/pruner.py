@@ -7,12 +7,17 @@ import math
 import time
 from typing import Any
 
+import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from ...calibration.images import require_classifier
-from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view
+from ...calibration.stats import GramStats
+from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
+from ...modeling.surgery import dim_rows
 from ...plan import LayerPlan, PruningPlan
 from ..base import BasePruner, RunnerFactory
+from ..numerical.functional import compensate
 from .config import SPPConfig
 from .extract import extract_keep
 from .masks import folded_weights
@@ -44,7 +49,8 @@ class SPPPruner(BasePruner):
     Lifecycle:
       - validate: the architecture has the pairs; a given `solution_path` loads and belongs to this model / config;
       - compute_plan: search (unless a path is given: `run_search`, a Trainer loop on the masks), then cut the path at
-        `pruning_ratio` (`extract_keep`) into per-layer kept q/k, v/o dimensions and MLP channels.
+        `pruning_ratio` (`extract_keep`) into per-layer kept q/k, v/o dimensions and MLP channels; with `compensate`,
+        one calibration pass refits o_proj / down_proj on the kept inputs (`_compensate`).
     The path of the last search or load is `self.solution_path`.
     """
 
@@ -62,7 +68,7 @@ class SPPPruner(BasePruner):
 
     @property
     def needs_calibration(self) -> bool:
-        return self.config.solution_path is None
+        return self.config.solution_path is None or self.config.compensate
 
     def attach_calibration(self, data: Any, description: dict | None = None, source: Any = None) -> None:
         self._data, self._calibration, self._source = data, description, source
@@ -85,7 +91,7 @@ class SPPPruner(BasePruner):
         """Run the search on the attached calibration data (the model is unchanged)."""
         if self._data is None:
             raise ValueError("The SPP search needs calibration data: pass `calibration=CalibrationConfig(...)`.")
-        data = search_dataset(model, self._data, self._source)
+        data = search_dataset(model, self._data, self._source, labels=self.config.search_labels, seed=self.config.seed)
         self.solution_path = run_search(model, spec, self.config, data, self._calibration)
         return self.solution_path
 
@@ -117,5 +123,37 @@ class SPPPruner(BasePruner):
                     lp.scaling = float(view.attn.scaling) * math.sqrt(view.qk_head_dim / len(lp.keep_qk))
             plan.layers[i] = lp
         plan.info["extract_s"] = time.perf_counter() - t1
+        if cfg.compensate:
+            t2 = time.perf_counter()
+            self._compensate(model, spec, runner, keep, plan)
+            plan.info["compensate_s"] = time.perf_counter() - t2
         plan.artifacts["solution_path"] = self.solution_path
         return plan
+
+    def _compensate(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory, keep, plan) -> None:
+        """Refit o_proj (its kept v/o inputs) and down_proj / fc2 (its kept channels) of every layer that lost any,
+        by Numerical Pruning's closed-form least squares (`numerical.functional.compensate`) on the Grams of the
+        dense model's inputs, one layer-by-layer calibration pass. The residuals go to `plan.info`."""
+        run = runner()
+        damping, residuals = self.config.compensation_damping, {}
+        for i, layer in enumerate(tqdm(get_layers(model, spec), desc="spp: compensation", leave=False)):
+            per = keep.get(i, {})
+            view = layer_view(layer, i, spec, model.config)
+            targets = {}
+            if "vo" in per:
+                targets["attn"] = (spec.o_path, dim_rows(view.num_heads, view.vo_head_dim, per["vo"]))
+            if "mlp" in per:
+                targets["mlp"] = (spec.mlp_out_path, torch.as_tensor(per["mlp"], dtype=torch.long))
+            stats = {name: GramStats(weight_oi(view.module(path)).shape[1]) for name, (path, _) in targets.items()}
+            outputs = run.run_layer(
+                i, observe={name: view.module(path) for name, (path, _) in targets.items()},
+                callback=lambda name, x, stats=stats: stats[name].update(x),
+            )  # fmt: skip
+            run.advance(outputs)
+            for name, (path, cols) in targets.items():
+                W = weight_oi(view.module(path)).detach()
+                lp = plan.layers[i]
+                lp.weights[path], residuals[f"{i}.{name}"] = compensate(
+                    W, stats[name].gram.to(W.device), cols.to(W.device), damping
+                )
+        plan.info["compensation_residuals"] = residuals

@@ -103,7 +103,9 @@ class SPPRIAPruner(SequentialPruner):
             for path in sorted({t.path for t in self.targets}):
                 modules[(i, path)] = layer.get_submodule(path)
         masks = MaskSet({key: tuple(m.weight.shape) for key, m in modules.items()})
-        data = search_dataset(model, self._data, self._source, "SPP + RIA's search")
+        data = search_dataset(
+            model, self._data, self._source, "SPP + RIA's search", self.config.search_labels, self.config.seed
+        )
         out = train_masks(model, self.config, data, masks, _parametrized(modules, masks))
         entered = sum(int((s["entry"] >= 0).sum()) for s in out["stats"].values())
         total = sum(s["entry"].numel() for s in out["stats"].values())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import tempfile
 import time
 from typing import Any
@@ -21,11 +22,19 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, default_da
 from ...calibration.images import LabelledImages, calibration_labels, check_labels
 from ...modeling.architectures import ArchitectureSpec, get_layers, is_image_model, layer_view
 from ...utils.training import build_training_arguments, quiet
-from .functional import bregman_step_, init_state
+from .functional import auto_nu, bregman_step_, init_state
 from .masks import MaskSet, SearchMasks, attach_masks, layer_units
 from .path import SolutionPath, model_identity
 
-__all__ = ["SPPSearchError", "BregmanOptimizer", "run_search", "search_dataset", "search_views", "train_masks"]
+__all__ = [
+    "SPPSearchError",
+    "BregmanOptimizer",
+    "run_search",
+    "sampled_labels",
+    "search_dataset",
+    "search_views",
+    "train_masks",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -37,32 +46,55 @@ class SPPSearchError(FloatingPointError, ValueError):
 
 
 class BregmanOptimizer(torch.optim.Optimizer):
-    """Runs `bregman_step_` on every mask; keeps, per step, how many units of each kind are in the support."""
+    """Runs `bregman_step_` on every mask; keeps, per step, how many units of each kind are in the support.
 
-    def __init__(self, masks: MaskSet, settings: dict[str, Any]) -> None:
+    With `nu="auto"`, the first step sets one ν per unit kind (`qk`, `vo`, `mlp`, or a search's own keys) from the
+    RMS of that kind's mask gradients at `M = 1` (`functional.auto_nu`): the one backward pass it costs is the first
+    step's own. `total_steps` (when known) lets the first step refuse a `"paper"` search whose measured ν leaves it
+    too short for any unit to enter."""
+
+    def __init__(self, masks: MaskSet, settings: dict[str, Any], total_steps: int | None = None) -> None:
         self.keys = [(i, kind) for i, kind, _ in masks.items()]
         super().__init__([p for _, _, p in masks.items()], {"lr": settings["lr"]})
-        self.settings = {k: settings[k] for k in ("faithful_to", "lambda_", "kappa", "nu", "eps", "interval")}
+        self.settings = {k: settings[k] for k in ("faithful_to", "lambda_", "kappa", "eps", "interval")}
         self.settings["coupling"] = bool(settings.get("coupling"))
         self.settings["betas"] = tuple(settings["betas"])
+        self._nu_setting, self._nu_scale = settings.get("nu", 100.0), float(settings.get("nu_scale", 1.0))
+        self._check = settings.get("check_search_length")
+        self.total_steps = total_steps
+        self.nu: dict[str, float] = {}
         self.support: dict[str, list[int]] = {kind: [] for _, kind in self.keys}
+
+    def _resolve_nu(self, grads: list[torch.Tensor]) -> None:
+        kinds = list(self.support)
+        if self._nu_setting == "auto":
+            self.nu = {k: auto_nu([g for (_, kind), g in zip(self.keys, grads) if kind == k], self._nu_scale)
+                       for k in kinds}  # fmt: skip
+        else:
+            self.nu = dict.fromkeys(kinds, float(self._nu_setting))
+        logger.info("SPP search: nu per kind %s", {k: round(v, 4) for k, v in self.nu.items()})
+        if self._check is not None and self.settings["faithful_to"] == "paper":
+            self._check(self.total_steps, nu=min(self.nu.values()))
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         counts = dict.fromkeys(self.support, 0)
         params = [p for g in self.param_groups for p in g["params"]]
-        for (layer, kind), p in zip(self.keys, params):
-            grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        for (layer, kind), grad in zip(self.keys, grads):
             if not torch.isfinite(grad).all():
                 raise SPPSearchError(
                     f"The mask gradient of layer {layer} ({kind}) is NaN/Inf at step {self.steps + 1}; the search "
                     "stopped and the model was left unchanged. Lower `lr`, or search in float32."
                 )
+        if not self.nu:
+            self._resolve_nu(grads)
+        for (_, kind), p, grad in zip(self.keys, params, grads):
             state = self.state[p]
             if not state:
                 state.update(init_state(p, self.settings["faithful_to"]))
-            bregman_step_(p, grad.to(p.dtype), state, lr=self.param_groups[0]["lr"], **self.settings)
+            bregman_step_(p, grad.to(p.dtype), state, lr=self.param_groups[0]["lr"], nu=self.nu[kind], **self.settings)
             counts[kind] += int((state["gamma"] != 0).sum())
         for kind, n in counts.items():
             self.support[kind].append(n)
@@ -89,15 +121,26 @@ class BregmanOptimizer(torch.optim.Optimizer):
         return out
 
 
-def search_dataset(model: nn.Module, data: Any, source: Any = None, what: str = "SPP's search") -> Any:
+def search_dataset(
+    model: nn.Module, data: Any, source: Any = None, what: str = "SPP's search", labels: str = "data", seed: int = 0
+) -> Any:
     """What a search trains the masks on: causal-LM windows of the token ids `data` (the model shifts the labels),
     or, for an image classifier, the calibration images `data` with the labels of `source` (the `calibration`
     argument they came from) for its cross-entropy. A dataset / list of examples is passed through. Raises a
-    `ValueError` for an image model without a classification head or images without labels."""
+    `ValueError` for an image model without a classification head or images without labels.
+
+    `labels="sampled"` (causal LMs): every next token is drawn from the dense model's own prediction at that
+    position (`sampled_labels`), so the loss is an unbiased sample of the cross-entropy against the model itself:
+    its expected gradient at `M = 1` is zero and it grows with how much removing a unit changes the model's output,
+    not with how well the unit fits the calibration text."""
     if not isinstance(data, torch.Tensor):
         return data
     if not is_image_model(model):
+        if labels == "sampled":
+            return _Windows(data, sampled_labels(model, data, seed))
         return _Windows(data)
+    if labels == "sampled":
+        raise ValueError(f"{what}: search_labels='sampled' is for causal language models; use 'data'.")
     labels = calibration_labels(source) if source is not None else None
     check_labels(model, labels, what)
     if len(labels) != len(data):
@@ -105,17 +148,36 @@ def search_dataset(model: nn.Module, data: Any, source: Any = None, what: str = 
     return LabelledImages(data, labels)
 
 
-class _Windows(torch.utils.data.Dataset):
-    """Calibration token windows as causal-LM examples (the model shifts the labels)."""
+@torch.no_grad()
+def sampled_labels(model: nn.Module, ids: torch.Tensor, seed: int = 0, batch_size: int = 8) -> torch.Tensor:
+    """`(N, L)` labels for the windows `ids`: position `t + 1` holds a token drawn from the model's distribution after
+    `ids[:, : t + 1]` (temperature 1, generator seeded by `seed`); position 0 is ignored (-100). One no-grad pass."""
+    was_training, device = model.training, next(model.parameters()).device
+    model.eval()
+    g = torch.Generator().manual_seed(seed)
+    out = torch.full_like(ids, -100)
+    try:
+        for start in range(0, ids.shape[0], batch_size):
+            chunk = ids[start : start + batch_size].to(device)
+            logits = model(chunk, use_cache=False).logits[:, :-1].float().cpu()  # (B, L-1, V)
+            probs = torch.softmax(logits, dim=-1).reshape(-1, logits.shape[-1])
+            out[start : start + chunk.shape[0], 1:] = torch.multinomial(probs, 1, generator=g).view(chunk.shape[0], -1)
+    finally:
+        model.train(was_training)
+    return out
 
-    def __init__(self, ids: torch.Tensor) -> None:
-        self.ids = ids
+
+class _Windows(torch.utils.data.Dataset):
+    """Calibration token windows as causal-LM examples (the model shifts the labels); `labels`: other targets."""
+
+    def __init__(self, ids: torch.Tensor, labels: torch.Tensor | None = None) -> None:
+        self.ids, self.labels = ids, ids if labels is None else labels
 
     def __len__(self) -> int:
         return self.ids.shape[0]
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+        return {"input_ids": self.ids[i], "labels": self.labels[i]}
 
 
 class _SearchTrainer(Trainer):
@@ -228,10 +290,16 @@ def _search_session(model: nn.Module, masks: nn.Module):
 def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> dict[str, Any]:
     """Train `masks` (attached to the model by the context manager `attach`) with the Bregman dynamics of `config`
     on `data`; returns the optimizer's statistics, the support history, steps, seconds and the loss log."""
-    dataset = _Windows(data) if isinstance(data, torch.Tensor) else data  # (image models: see `search_dataset`)
+    if isinstance(data, torch.Tensor):  # (image models, sampled labels: see `search_dataset`)
+        data = search_dataset(model, data, labels=config.search_labels, seed=config.seed)
+    dataset = data
     if len(dataset) == 0:
         raise ValueError("The calibration data is empty.")
-    optimizer = BregmanOptimizer(masks, config.search_settings())
+    per_epoch = math.ceil(len(dataset) / (config.batch_size * config.gradient_accumulation_steps))
+    total = config.steps if config.epochs is None else math.ceil(per_epoch * config.epochs)
+    config.check_search_length(total)  # before any step (an `epochs` search is checked here, on the data's size)
+    settings = {**config.search_settings(), "check_search_length": config.check_search_length}
+    optimizer = BregmanOptimizer(masks, settings, total)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="optimum_prune_spp_") as tmp, _search_session(model, masks):
         args = _training_arguments(config, tmp)
@@ -250,6 +318,7 @@ def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> 
                 optimizer.density())  # fmt: skip
     return {
         "stats": optimizer.statistics(),
+        "nu": optimizer.nu,
         "support": {k: torch.tensor(v) for k, v in optimizer.support.items()},
         "steps": optimizer.steps,
         "seconds": seconds,
@@ -287,5 +356,6 @@ def run_search(
         "seed": config.seed,
         "calibration": calibration,
         "loss_history": out["losses"],
+        "nu": out["nu"],
     }
     return SolutionPath(out["stats"], meta, out["support"])
