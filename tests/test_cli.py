@@ -134,7 +134,10 @@ def test_data_free_method_needs_no_calibration(model_dir, tmp_path, capsys):
         (["--method", "numerical"], "needs calibration text"),
         (["--method", "numerical", "--calib", "/no/such/dir"], "neither an existing file"),
         (["--method", "magnitude", "--report", "/no/such/dir/report.json"], "does not exist"),
-        (["--method", "spp", "--ratio", "0.2", "--solution-path", "/no/such/path"], "not a saved solution path"),
+        (
+            ["--method", "spp", "--ratio", "0.2", "--solution-path", "/no/such/path", "--calib", "bbc"],
+            "not a saved solution path",
+        ),
     ],
 )
 def test_user_errors_exit_2_with_one_line(model_dir, tmp_path, capsys, extra, message):

@@ -65,6 +65,8 @@ class CalibrationStatsCache:
         identified (calibration data not attached)."""
         cfg = {k: v for k, v in pruner.config.to_dict().items() if k not in _AFTER_CALIBRATION}
         cfg["owl"] = pruner.config.allocation == "owl"
+        # settings a config derives from the fields above, `pruning_ratio` included (NP's scores="auto")
+        cfg.update({name: getattr(pruner.config, name) for name in getattr(pruner.config, "resolved_settings", ())})
         calib = pruner._calibration_digest if pruner.needs_calibration else "data-free"
         if calib is None:
             return None

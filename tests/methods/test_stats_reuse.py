@@ -31,7 +31,7 @@ def _assert_same(a, b):
 @pytest.mark.parametrize(
     "configs",
     [
-        [NumericalConfig(pruning_ratio=r, round_to=1) for r in (0.1, 0.3, 0.5)],
+        [NumericalConfig(pruning_ratio=r, round_to=1) for r in (0.3, 0.4, 0.5)],
         [FLAPConfig(pruning_ratio=0.3, allocation=a, round_to=1) for a in ("global", "uniform")]
         + [FLAPConfig(pruning_ratio=0.4, round_to=8)],
     ],
@@ -59,6 +59,19 @@ def test_reuse_gives_the_weights_of_a_fresh_pass(tiny_llama, configs):
         _assert_same(a, b)
     # the run that filled the cache and the ones served from it differ from each other (the ratios differ)
     assert sum(p.numel() for p in reused[0].parameters()) != sum(p.numel() for p in reused[-1].parameters())
+
+
+def test_ratios_that_change_nps_scores_do_not_share_a_pass(tiny_llama):
+    """NP's default scores depend on the ratio (`scores="auto"`): 10% and 30% are two passes, and each equals a
+    fresh run."""
+    ids = _ids(0, tiny_llama.config.vocab_size)
+    configs = [NumericalConfig(pruning_ratio=r, round_to=1) for r in (0.1, 0.3)]
+    fresh = [_prune(tiny_llama, c, ids) for c in configs]
+    with reuse_calibration_stats() as cache:
+        reused = [_prune(tiny_llama, c, ids) for c in configs]
+    assert (cache.hits, cache.misses) == (0, 2)
+    for a, b in zip(fresh, reused):
+        _assert_same(a, b)
 
 
 def test_a_different_input_misses(tiny_llama):

@@ -98,6 +98,9 @@ class NumericalConfig(StructuredPruningConfig):
     compensation_bias: bool | None = None
     scores: str = "auto"
 
+    # derived from the fields, the pruning ratio included: what the calibration pass's cache key must also hold
+    resolved_settings = ("resolved_scores", "refit_bias")
+
     @property
     def resolved_scores(self) -> str:
         """`scores` with `"auto"` resolved for this pruning ratio (the loss / literal rankings and the Newton solver
