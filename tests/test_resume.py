@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 from scale_utils import assert_same_state, prune_and_save, saved_state, write_checkpoint
 from testing_utils import calibration_ids
 
@@ -139,6 +140,7 @@ def test_a_killed_run_resumes_at_the_first_unfinished_block(tmp_path, monkeypatc
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": str(torch.get_num_threads()),  # bit-exact comparisons: the parent's thread count
     }
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True)
     assert proc.returncode == -9, proc.stderr[-2000:]
@@ -256,6 +258,7 @@ def test_a_save_killed_midway_leaves_no_model_and_its_remains_are_removed_by_the
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": str(torch.get_num_threads()),  # bit-exact comparisons: the parent's thread count
     }
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True)
     assert proc.returncode == -9, proc.stderr[-2000:]
