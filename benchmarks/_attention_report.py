@@ -6,7 +6,7 @@ import statistics
 from typing import Any
 
 ATTN = {"sparsegpt": "SparseGPT", "wanda": "Wanda", "amp": "AMP (default)", "amp_paper": "AMP (paper)"}
-MLP = {"dense": "Dense MLP", "wanda": "Wanda MLP", "sparsegpt": "SparseGPT MLP"}
+MLP = {"dense": "Dense MLP", "wanda": "Wanda MLP", "sparsegpt": "SparseGPT MLP", "wanda_rest": "Wanda v/o + MLP"}
 _AMP_FIELDS = ("lambda_", "lr", "steps", "momentum", "regularizer", "score")
 
 

@@ -1,20 +1,27 @@
-"""Is there a λ/η regime where AMP's data term competes with its regulariser on a real model? A grid over the step
-size η and the regulariser λ (100 steps, momentum 0.9) on a few SmolLM2-135M layers, scored by the relative attention
-error ‖f̃ − f‖²/‖f‖² of q/k pruned at ρ = 0.5 (dense inputs), against Wanda, SparseGPT and magnitude on the same
-layer. Rescaling the data term (mean instead of sum over heads or positions, `divided_by_k`) is the same as moving
-along this grid: `∇ = g/c + λM` takes the steps of `(η/c, cλ)`.
+"""Is there a regime where AMP's masks carry information (issue 28)? On a few SmolLM2-135M layers (dense inputs,
+calibration windows of the selection split), q/k pruned at ρ = 0.5, scored by the relative attention error
+‖f̃ − f‖²/‖f‖² of the layer against Wanda, SparseGPT and magnitude on the same layer:
 
-Per config and layer: the error after binarising by mask value (paper) and by |M∘W| (library default), the error of
-the soft masks (before binarisation), the mean/std of the masks, the first and last loss. Results are written after
-every config (results/amp_regimes_smollm2.{json,md}); `--resume` skips what is done.
-    python benchmarks/amp_regimes.py                    # ~1.5 h on one shared core
+  1. the scales: mean curvature per mask entry `tr(H)/N` and the largest `L` (H: Gauss-Newton matrix of the attention
+     error at M = 1), hence where the paper's λ = 0.05 sits and how many heavy-ball steps the equilibrium needs;
+  2. the paper's descent (λ = 0.05, η = 0.005, 100 steps), ranked by mask value and by |M∘W|;
+  3. the equilibrium of the quadratic model at λ = λ̂·tr(H)/N (CG, plain and preconditioned by diag(H) + λ), for λ̂
+     over three decades, ranked by the mask, |M∘W| (per matrix / per row) and |M∘W|·‖X_j‖ (per row): the error after
+     binarisation, the soft masks' error and their spread-to-shrink ratio std(M) / (1 − mean(M));
+  4. the refit of the kept masks (`refit_kept`, 200 heavy-ball steps at 1.5/L) from Wanda's support and from the
+     library default's support, against SparseGPT (which compensates the q/k outputs, not the attention).
+
+Writes results/amp_regimes_smollm2.{json,md} after every layer; `--resume` skips finished layers.
+    python benchmarks/amp_regimes.py            # ~10 min on two idle cores
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import time
 from pathlib import Path
 
 os.environ.setdefault("TQDM_DISABLE", "1")
@@ -26,52 +33,125 @@ from optimum_prune.calibration.sequential import LayerwiseRunner  # noqa: E402
 from optimum_prune.calibration.stats import GramStats  # noqa: E402
 from optimum_prune.functional.masks import keep_mask  # noqa: E402
 from optimum_prune.methods.amp.config import AMPConfig  # noqa: E402
-from optimum_prune.methods.amp.functional import amp_masks, binarize, relative_attention_error  # noqa: E402
+from optimum_prune.methods.amp.equilibrium import (  # noqa: E402
+    MaskObjective,
+    curvature_scales,
+    equilibrium_masks,
+    input_norms,
+    refit_kept,
+)
+from optimum_prune.methods.amp.functional import _DataTerm, amp_masks, binarize, relative_attention_error  # noqa: E402
 from optimum_prune.methods.amp.pruner import AMPPruner, _qk  # noqa: E402
 from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune  # noqa: E402
 from optimum_prune.methods.wanda.functional import wanda_scores  # noqa: E402
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view  # noqa: E402
 
-# (η, λ, regularizer): the paper's setting, its Algorithm-1 reading, then larger steps and smaller λ
-GRID = [(0.005, 0.05, "unscaled"), (0.005, 0.05, "divided_by_k"), (0.05, 0.05, "unscaled"), (0.1, 0.05, "unscaled"),
-        (0.5, 0.05, "unscaled"), (5.0, 0.05, "unscaled"), (0.02, 0.2, "unscaled"), (0.05, 0.5, "unscaled"),
-        (0.5, 0.5, "unscaled"), (0.2, 0.02, "unscaled"), (0.5, 0.005, "unscaled"), (5.0, 0.005, "unscaled"),
-        (20.0, 0.005, "unscaled"), (50.0, 0.005, "unscaled"), (100.0, 0.005, "unscaled"), (50.0, 0.01, "unscaled"),
-        (50.0, 0.002, "unscaled"), (50.0, 0.0005, "unscaled"), (200.0, 0.001, "unscaled")]  # fmt: skip
+RANKINGS = {  # name -> (binarize score, per)
+    "mask": ("mask", "matrix"),
+    "|M∘W|": ("masked_weight", "matrix"),
+    "|M∘W| row": ("masked_weight", "row"),
+    "|M∘W|·‖X‖ row": ("masked_weight_input", "row"),
+}
+LAMBDA_REL = (0.001, 0.01, 0.1, 1.0)
+SOLVERS = {"cg": 0, "pcg8": 8, "pcg32": 32}  # name -> Hutchinson probes of the preconditioner (0: plain CG)
+
+
+def _rank(inp, Wq, Wk, bq, bk, M, norm, rho) -> dict:
+    out = {"soft": relative_attention_error(inp, Wq, Wk, Wq * M[0].to(Wq.dtype), Wk * M[1].to(Wk.dtype), bq, bk)}
+    mean, std = float(torch.cat([m.reshape(-1) for m in M]).mean()), float(torch.cat([m.reshape(-1) for m in M]).std())
+    out["mean"], out["spread_to_shrink"] = mean, std / max(abs(1 - mean), 1e-12)
+    for name, (score, per) in RANKINGS.items():
+        new = [W * binarize(m, W, rho, score=score, per=per, input_norm=norm).to(W.dtype) for m, W in zip(M, (Wq, Wk))]
+        out[name] = relative_attention_error(inp, Wq, Wk, *new, bq, bk)
+    return out
+
+
+def study_layer(inp, Wq, Wk, bq, bk, rho: float, cg_steps: int, refit_steps: int) -> dict:
+    Wq, Wk = Wq.float(), Wk.float()
+    X = torch.cat([x.reshape(-1, x.shape[-1]) for x in inp.xs]).float()
+    H = GramStats(X.shape[1])
+    H.update(X)
+    sumsq = X.pow(2).sum(0)
+    norm = input_norms(inp)
+    base = {
+        "wanda": [W * keep_mask(wanda_scores(W, sumsq), rho, None, per="row") for W in (Wq, Wk)],
+        "sparsegpt": [sparsegpt_prune(W, H.gram, rho)[0] for W in (Wq, Wk)],
+        "magnitude": [W * keep_mask(W.abs(), rho, None, per="matrix") for W in (Wq, Wk)],
+    }
+    rec: dict = {"baselines": {m: relative_attention_error(inp, Wq, Wk, *w, bq, bk) for m, w in base.items()}}
+    obj = MaskObjective(_DataTerm(inp, Wq, Wk, bq, bk, 256.0, True, True, False), Wq, Wk)
+    t = time.perf_counter()
+    mean, top, diag32 = curvature_scales(obj, probes=32, power_steps=8)
+    diag8 = curvature_scales(obj, probes=8, power_steps=0, seed=1)[2]
+    eta, beta = 1.5 / top, 0.9
+    rec["scales"] = {
+        "curvature_mean": mean, "curvature_max": top, "ratio": top / mean, "paper_lambda_rel": 0.05 / mean,
+        "seconds": time.perf_counter() - t,
+        # heavy-ball steps T with ηλT/(1 − β) = c at the largest stable-with-margin step η = 1.5/L, for λ = 0.01·tr/N
+        "heavy_ball_steps": {str(c): math.ceil(c * (1 - beta) / (eta * 0.01 * mean)) for c in (1, 3, 10)},
+    }  # fmt: skip
+    Mq, Mk, info = amp_masks(inp, Wq, Wk, bq, bk, lambda_=0.05, lr=0.005, steps=100, progress=False)
+    rec["paper_descent"] = _rank(inp, Wq, Wk, bq, bk, [Mq, Mk], norm, rho)
+    rec["cg"] = {}
+    for solver, probes in SOLVERS.items():
+        diag = {0: None, 8: diag8, 32: diag32}[probes]
+        for lr in LAMBDA_REL:
+            t = time.perf_counter()
+            M, cg = equilibrium_masks(obj, lr * mean, cg_steps, diag, progress=False)
+            r = _rank(inp, Wq, Wk, bq, bk, M, norm, rho)
+            r.update(residual=cg["residuals"][-1], seconds=time.perf_counter() - t)
+            rec["cg"][f"{solver}|{lr}"] = r
+            print(f"  {solver} λ̂={lr}: " + ", ".join(f"{k} {v:.4g}" for k, v in r.items()), flush=True)
+    d = AMPConfig()
+    default_M, _ = equilibrium_masks(obj, d.lambda_rel * mean, d.cg_steps, diag8 if d.precondition else None, False)
+    supports = {
+        "wanda": [(w != 0) for w in base["wanda"]],
+        "amp_default": [binarize(m, W, rho, score=d.score, per=d.per, input_norm=norm) for m, W in zip(default_M, (Wq, Wk))],
+    }  # fmt: skip
+    rec["refit"] = {}
+    for name, keep in supports.items():
+        t = time.perf_counter()
+        R, info = refit_kept(obj, keep, eta, refit_steps, beta, progress=False)
+        err = relative_attention_error(inp, Wq, Wk, (Wq * R[0]).float(), (Wk * R[1]).float(), bq, bk)
+        rec["refit"][name] = {"before": relative_attention_error(inp, Wq, Wk, *[W * k for W, k in zip((Wq, Wk), keep)], bq, bk),
+                              "after": err, "seconds": time.perf_counter() - t}  # fmt: skip
+    return rec
 
 
 def markdown(result: dict) -> str:
     s = result["setup"]
     lines = [
-        "# AMP: λ / η regimes on SmolLM2-135M (relative attention error of q/k at ρ = 0.5)",
+        "# AMP: in which regime do the masks carry information? (SmolLM2-135M, q/k at ρ = 0.5)",
         "",
-        f"`python benchmarks/amp_regimes.py` — {s['num_samples']} x {s['seq_len']} calibration tokens (BBC), dense "
-        f"inputs, {s['steps']} steps, momentum {s['momentum']}. Error ‖f̃ − f‖²/‖f‖² over every sequence and head. "
-        "Per layer: baselines, then AMP binarised by mask value / by abs(M∘W), the soft masks' error, mean ± std of "
-        "M_Q and M_K, loss first → last.",
+        f"`python benchmarks/amp_regimes.py` — {s['num_samples']} x {s['seq_len']} calibration tokens, dense inputs "
+        "per layer. Relative attention error ‖f̃ − f‖²/‖f‖² over every sequence and head (lower is better). λ̂: λ as "
+        f"a multiple of the mean curvature tr(H)/N; CG {s['cg_steps']} iterations (pcgK: preconditioned by "
+        f"diag(H) + λ, K Hutchinson probes); refit {s['refit_steps']} heavy-ball steps at 1.5/L.",
         "",
     ]
     if result.get("protocol"):
-        lines[-1:-1] = [harness.protocol_line(result)]
+        lines += [harness.protocol_line(result), ""]
     for layer, rec in result["layers"].items():
-        b = rec["baselines"]
-        lines += [f"## Layer {layer}", "",
-                  f"Wanda {b['wanda']:.4f}, SparseGPT {b['sparsegpt']:.4f}, magnitude {b['magnitude']:.4f}.", "",
-                  "| η | λ | regulariser | by mask | by abs(M∘W) | soft | M_Q | M_K | loss |",
-                  "|---:|---:|---|---:|---:|---:|---|---|---|"]  # fmt: skip
-        for r in rec["amp"].values():
-            if r.get("diverged"):
-                lines.append(f"| {r['lr']} | {r['lambda_']} | {r['regularizer']} | diverged | | | | | |")
-                continue
-            m = r["masks"]
-            lines.append(
-                f"| {r['lr']} | {r['lambda_']} | {r['regularizer']} | {r['mask']:.4f} | {r['masked_weight']:.4f} | "
-                f"{r['soft']:.3g} | {m[0]:.3f} ± {m[1]:.3f} | {m[2]:.3f} ± {m[3]:.3f} | "
-                f"{r['loss'][0]:.4g} → {r['loss'][1]:.4g} |"
-            )
-        best = min((r for r in rec["amp"].values() if not r.get("diverged")), key=lambda r: r["masked_weight"])
-        lines += ["", f"Best AMP here: η = {best['lr']}, λ = {best['lambda_']}: {best['masked_weight']:.4f} "
-                  f"(Wanda {b['wanda']:.4f}, SparseGPT {b['sparsegpt']:.4f}).", ""]  # fmt: skip
+        b, sc = rec["baselines"], rec["scales"]
+        lines += [
+            f"## Layer {layer}",
+            "",
+            f"Baselines: Wanda {b['wanda']:.4f}, SparseGPT {b['sparsegpt']:.4f}, magnitude {b['magnitude']:.4f}. "
+            f"Curvature: mean {sc['curvature_mean']:.3g}, max {sc['curvature_max']:.3g} (ratio {sc['ratio']:.3g}); "
+            f"the paper's λ = 0.05 is λ̂ = {sc['paper_lambda_rel']:.3g}. Heavy ball to ηλT/(1−β) = 1 / 3 / 10 at "
+            f"λ̂ = 0.01 and η = 1.5/L: " + " / ".join(f"{v:,}" for v in sc["heavy_ball_steps"].values()) + " steps.",
+            "",
+            "| masks | " + " | ".join(RANKINGS) + " | soft | mean M | spread/shrink |",
+            "|---|" + "---:|" * (len(RANKINGS) + 3),
+        ]
+        rows = {"paper descent (λ = 0.05, 100 steps)": rec["paper_descent"]}
+        rows.update({f"{k.split('|')[0]}, λ̂ = {k.split('|')[1]}": v for k, v in rec["cg"].items()})
+        for label, r in rows.items():
+            lines.append(f"| {label} | " + " | ".join(f"{r[n]:.4f}" for n in RANKINGS)
+                         + f" | {r['soft']:.3g} | {r['mean']:.3f} | {r['spread_to_shrink']:.3g} |")  # fmt: skip
+        lines += ["", "Refit of the kept masks: " + "; ".join(
+            f"{k} support {v['before']:.4f} → **{v['after']:.4f}** ({v['seconds']:.0f} s)" for k, v in rec["refit"].items())
+            + f" (SparseGPT {b['sparsegpt']:.4f}).", ""]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -80,25 +160,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", default="2,15,29")
     p.add_argument("--num-samples", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--rho", type=float, default=0.5)
-    p.add_argument(
-        "--grid", type=int, default=len(GRID), help=f"first this many (η, λ) settings (default: {len(GRID)})"
-    )
+    p.add_argument("--cg-steps", type=int, default=30)
+    p.add_argument("--refit-steps", type=int, default=200)
     p.add_argument("--seed", type=int, default=0, help="seed of the document split and calibration windows")
     harness.add_model_args(p)
     p.add_argument("--output", type=Path, default=harness.RESULTS_DIR / "amp_regimes_smollm2.json")
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--render-only", action="store_true")
     args = p.parse_args(argv)
     out = args.output.with_suffix(".json")
+    if args.render_only:
+        out.with_suffix(".md").write_text(markdown(json.loads(out.read_text())))
+        return 0
     env = harness.environment(argv, "amp_regimes.py")
-    setup = {"num_samples": args.num_samples, "seq_len": args.seq_len, "steps": args.steps, "momentum": args.momentum,
-             "rho": args.rho, "torch": torch.__version__, "command": env["command"]}  # fmt: skip
+    setup = {"num_samples": args.num_samples, "seq_len": args.seq_len, "rho": args.rho, "cg_steps": args.cg_steps,
+             "refit_steps": args.refit_steps, "torch": torch.__version__, "command": env["command"]}  # fmt: skip
     result = json.loads(out.read_text()) if args.resume and out.exists() else {"setup": setup, "layers": {}}
     result.update({k: v for k, v in env.items() if k != "command"})
     model, tok, result["setup"]["model"] = harness.load_model(args)
-    # an error study on the calibration windows themselves: only the calibration documents are read
+    # an error study on the calibration windows themselves: only the selection split's calibration documents
     protocol = harness.Protocol(split="selection", seed=args.seed, eval_texts=())
     ids = protocol.calibration_ids(tok, args.num_samples, args.seq_len)
     result["protocol"] = protocol.record()
@@ -106,45 +187,14 @@ def main(argv: list[str] | None = None) -> int:
     run = LayerwiseRunner(model, spec, ids, batch_size=8)
     layers = [int(x) for x in args.layers.split(",")]
     capture = AMPPruner(AMPConfig())._capture
-    rho = args.rho
     for i in range(max(layers) + 1):
-        if i in layers:
+        if i in layers and str(i) not in result["layers"]:
             view = layer_view(get_layers(model, spec)[i], i, spec, model.config)
-            inp = capture(run, view)
+            print(f"layer {i}", flush=True)
             Wq, bq, Wk, bk = _qk(view)
-            rec = result["layers"].setdefault(str(i), {"amp": {}})
-            if "baselines" not in rec:
-                X = torch.cat([x.reshape(-1, x.shape[-1]) for x in inp.xs]).float()
-                H = GramStats(X.shape[1])
-                H.update(X)
-                sumsq = X.pow(2).sum(0)
-                new = {
-                    "wanda": [W * keep_mask(wanda_scores(W, sumsq), rho, None, per="row") for W in (Wq, Wk)],
-                    "sparsegpt": [sparsegpt_prune(W, H.gram, rho)[0] for W in (Wq, Wk)],
-                    "magnitude": [W * keep_mask(W.abs(), rho, None, per="matrix") for W in (Wq, Wk)],
-                }
-                rec["baselines"] = {m: relative_attention_error(inp, Wq, Wk, *w, bq, bk) for m, w in new.items()}
-            for lr, lam, reg in GRID[: args.grid]:
-                key = f"{lr}|{lam}|{reg}"
-                if key in rec["amp"]:
-                    continue
-                r = {"lr": lr, "lambda_": lam, "regularizer": reg}
-                try:
-                    Mq, Mk, info = amp_masks(inp, Wq, Wk, bq, bk, lambda_=lam, lr=lr, steps=args.steps,
-                                             momentum=args.momentum, regularizer=reg, progress=False)  # fmt: skip
-                except FloatingPointError:
-                    r["diverged"] = True
-                else:
-                    for s in ("mask", "masked_weight"):
-                        W2 = [W * binarize(M, W, rho, score=s) for M, W in ((Mq, Wq), (Mk, Wk))]
-                        r[s] = relative_attention_error(inp, Wq, Wk, *W2, bq, bk)
-                    r["soft"] = relative_attention_error(inp, Wq, Wk, Wq * Mq.float(), Wk * Mk.float(), bq, bk)
-                    r["masks"] = [float(Mq.mean()), float(Mq.std()), float(Mk.mean()), float(Mk.std())]
-                    r["loss"] = [info["loss_initial"], info["loss_final"]]
-                    r["seconds"] = info["seconds"]
-                rec["amp"][key] = r
-                print(f"layer {i} {key}: {r}", flush=True)
-                harness.write_results(result, out, "amp_regimes")
+            rec = study_layer(capture(run, view), Wq, Wk, bq, bk, args.rho, args.cg_steps, args.refit_steps)
+            result["layers"][str(i)] = rec
+            harness.write_results(result, out, "amp_regimes")
         run.advance(run.run_layer(i))
     return 0
 

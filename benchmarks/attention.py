@@ -70,6 +70,9 @@ def attn_config(method: str, sparsity: float, steps: int):
 
 
 def mlp_config(method: str, sparsity: float):
+    """Stage 2: the MLP by Wanda / SparseGPT, or `wanda_rest`: Wanda on everything AMP does not prune (v/o, MLP)."""
+    if method == "wanda_rest":
+        return WandaConfig(sparsity=sparsity, targets=["v_proj", "o_proj", "mlp"])
     return {"wanda": WandaConfig, "sparsegpt": SparseGPTConfig}[method](sparsity=sparsity, targets=["mlp"])
 
 

@@ -139,11 +139,13 @@ def test_amp_synthetic(tmp_path):
 
 
 def test_amp_regimes(tiny_dir, tmp_path):
-    argv = ["--model", str(tiny_dir), "--layers", "1", *TINY_CALIB, "--steps", "3", "--grid", "2"]
+    argv = ["--model", str(tiny_dir), "--layers", "1", *TINY_CALIB, "--cg-steps", "2", "--refit-steps", "3"]
     result = _run("amp_regimes", argv, tmp_path / "amp_regimes.json")
     assert result["protocol"]["calibration"][0]["corpus"] == "bbc"
     rec = result["layers"]["1"]
-    assert len(rec["amp"]) == 2 and rec["baselines"]["wanda"] > 0
+    assert rec["baselines"]["wanda"] > 0 and rec["scales"]["curvature_max"] > 0
+    assert len(rec["cg"]) == 12 and all(r["|M∘W|·‖X‖ row"] > 0 for r in rec["cg"].values())
+    assert all(r["after"] <= r["before"] for r in rec["refit"].values())
 
 
 def test_fista_calibration_size(tiny_dir, tmp_path):

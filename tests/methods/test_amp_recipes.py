@@ -47,6 +47,13 @@ def _unchanged(model, before):
         ({"targets": ["query"]}, "Valid targets"),
         ({"regularizer": "per_k"}, "regularizer"),
         ({"gradient": "paper"}, "gradient"),
+        ({"solver": "adam"}, "solver"),
+        ({"cg_steps": 0}, "cg_steps"),
+        ({"refit_steps": -1}, "refit_steps"),
+        ({"lambda_rel": 0.0}, "lambda_rel"),
+        ({"refit_lr": float("nan")}, "refit_lr"),
+        ({"precondition": 1}, "precondition"),
+        ({"score": "wanda"}, "score"),
     ],
 )
 def test_amp_config_errors(kwargs, match):
@@ -59,8 +66,10 @@ def test_amp_paper_preset():
     cfg = AMPConfig.paper()
     assert (cfg.lambda_, cfg.lr, cfg.steps, cfg.momentum) == (0.05, 0.005, 100, 0.9)
     assert (cfg.regularizer, cfg.score, cfg.sparsity) == ("divided_by_k", "mask", 0.5)
+    assert (cfg.solver, cfg.per, cfg.refit_steps) == ("descent", "matrix", 0)
     assert AMPConfig.paper(0.7, steps=3).to_dict() == {**cfg.to_dict(), "sparsity": 0.7, "steps": 3}
-    assert AMPConfig().score == "masked_weight"
+    d = AMPConfig()
+    assert (d.solver, d.score, d.per) == ("cg", "masked_weight_input", "row") and d.refit_steps > 0
 
 
 def test_unknown_and_missing_targets():
@@ -105,31 +114,32 @@ def test_amp_nan_loss_names_the_layer_and_leaves_the_model_unchanged(monkeypatch
 
     monkeypatch.setattr(amp_functional, "_DataTerm", make)
     with pytest.raises(FloatingPointError, match="layer 1"):
-        prune_(model, AMPConfig(steps=2), IDS)
+        prune_(model, AMPConfig(cg_steps=2, refit_steps=2), IDS)
     _unchanged(model, before)
 
 
 def test_amp_real_nan_is_caught():
     model = tiny_model("llama")
     before = _weights(model)
-    with pytest.raises(FloatingPointError, match="layer 0"):
-        prune_(model, AMPConfig(steps=3, lr=1e300, lambda_=1e300), IDS)
-    _unchanged(model, before)
+    for config in (AMPConfig(solver="descent", steps=3, lr=1e300, lambda_=1e300), AMPConfig(refit_lr=1e300)):
+        with pytest.raises(FloatingPointError, match="layer 0"):
+            prune_(model, config, IDS)
+        _unchanged(model, before)
 
 
 def test_amp_report_and_sparsity():
     model = tiny_model("qwen3")
-    report = prune_(model, AMPConfig(steps=3), IDS)
+    report = prune_(model, AMPConfig(cg_steps=3, refit_steps=20), IDS)
     assert set(report.sparsity) == {f"layers.{i}.self_attn.{p}" for i in range(3) for p in ("q_proj", "k_proj")}
     for entry in report.info["layers"].values():
-        assert set(entry) >= {
-            "rel_attention_error_soft",
-            "rel_attention_error_binary",
-            "loss_final",
-            "steps",
-            "seconds",
-        }
-        assert entry["steps"] == 3 and entry["rel_attention_error_binary"] >= 0
+        assert set(entry) >= {"rel_attention_error_soft", "rel_attention_error_binary", "rel_attention_error_refit",
+                              "lambda_", "cg_iterations", "curvature_mean", "curvature_max", "refit_loss", "seconds"}  # fmt: skip
+        assert 1 <= entry["cg_iterations"] <= 3 and entry["rel_attention_error_binary"] > 0
+        assert entry["rel_attention_error_refit"] < entry["rel_attention_error_binary"]
+    report = prune_(tiny_model("qwen3"), AMPConfig.paper(steps=3), IDS)
+    for entry in report.info["layers"].values():
+        assert entry["steps"] == 3 and entry["loss_final"] < entry["loss_initial"]
+        assert "rel_attention_error_refit" not in entry
 
 
 def test_amp_amp_masks_rank_per_matrix_and_nm():
@@ -147,13 +157,13 @@ def test_recipe_runs_in_one_calibration_pass(monkeypatch):
     real = sequential.LayerwiseRunner._capture
     monkeypatch.setattr(sequential.LayerwiseRunner, "_capture", lambda self, *a: (captures.append(1), real(self, *a)))
     model = tiny_model("llama_gqa")
-    recipe = [AMPConfig(steps=2), WandaConfig(targets=["v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])]
+    recipe = [AMPConfig(cg_steps=2, refit_steps=2), WandaConfig(targets=["v_proj", "o_proj", "mlp"])]
     report = prune_(model, recipe, IDS)
     assert len(captures) == 1
     assert [s["method"] for s in report.sections] == ["amp", "wanda"]
     for s in report.sections:
         assert s["measured"] == pytest.approx(0.5, abs=0.01)
-    assert report.sections[0]["layers"][0]["steps"] == 2
+    assert report.sections[0]["layers"][0]["cg_iterations"] <= 2
     assert report.measured == pytest.approx(0.5, abs=0.01) and report.target == pytest.approx(0.5, abs=0.01)
     assert len(report.sparsity) == 3 * 7  # every projection of every layer, each owned by one config
 

@@ -15,37 +15,58 @@ _SCORE_PATH = ("q_proj", "k_proj")
 
 @dataclass
 class AMPConfig(UnstructuredPruningConfig):
-    """AMP: real-valued masks on `q_proj` / `k_proj` (initialised to ones) are optimised by gradient descent with
-    momentum so that the pruned softmax attention matrix matches the dense one, through the model's real attention
-    (GQA, q/k norms and biases, RoPE after masking, scaling, causal mask, sliding window); then each matrix keeps
-    its largest mask values. https://arxiv.org/abs/2410.11261 (Alg. 1 and the separate-mask form of §6).
+    """AMP: real-valued masks on `q_proj` / `k_proj` rank the weights by how much the softmax attention matrix needs
+    them (through the model's real attention: GQA, q/k norms and biases, RoPE after masking, scaling, causal mask,
+    sliding window); each matrix keeps its best-ranked weights, then the kept weights are refitted so that the pruned
+    attention matrix matches the dense one. https://arxiv.org/abs/2410.11261 (Alg. 1 and the separate-mask form of
+    §6).
 
-    The defaults are the paper's real-model settings and our resolutions of its ambiguities (docs/methods/amp.md),
-    except the ranking (`score`), where the paper's reading measured far worse; each literal reading is one argument
-    away.
+    The default runs AMP's objective in the regime where its masks carry information (issue 28, measured in
+    `benchmarks/results/amp_regimes_smollm2.md`): λ relative to the layer's measured curvature, the masks at the
+    equilibrium of the quadratic model (`solver="cg"`), ranking by `|M∘W|·‖X_j‖` per row, and a refit of the kept
+    masks (`refit_steps`). The paper's gradient descent from ones with λ = 0.05 (`solver="descent"`) shrinks every
+    mask uniformly on real models (λ is ~5-25x the mean curvature) and orders them by a transient; its literal
+    setting is `AMPConfig.paper()`.
 
     Args:
         sparsity (`float`, defaults to `0.5`) / pattern (`str`, defaults to `"unstructured"`): see
-            `UnstructuredPruningConfig`. N:M keeps the N largest mask values of every group of M inputs of a row.
+            `UnstructuredPruningConfig`. N:M keeps the N best-ranked entries of every group of M inputs of a row.
         targets (`tuple[str, ...]`, defaults to `("q_proj", "k_proj")`): `"q_proj"` and/or `"k_proj"`; AMP only
             prunes the attention score path (prune v/o and the MLP with another config of a recipe).
-        lambda_ (`float`, defaults to `0.05`): λ of the regulariser `½λ(‖M_Q‖² + ‖M_K‖²)` (the setup's λ; Eq. (1)
-            printed without λ is `lambda_=1`).
-        lr (`float`, defaults to `0.005`): step size η.
-        steps (`int`, defaults to `100`): gradient steps T (the paper does not state it for real models).
-        momentum (`float`, defaults to `0.9`): heavy-ball β (`0` for plain gradient descent).
+        solver (`str`, defaults to `"cg"`): `"cg"`: the masks minimising the quadratic model of the objective at
+            `M = 1`, `(H + λ)(M − 1) = −λ`, `H` the Gauss-Newton matrix of the attention error, by `cg_steps`
+            conjugate-gradient steps, with `λ = lambda_rel × tr(H)/N` (`methods/amp/equilibrium.py`).
+            `"descent"`: the paper's heavy-ball descent from ones (`lambda_`, `lr`, `steps`, `momentum`).
+        lambda_rel (`float`, defaults to `0.01`): λ as a multiple of the layer's mean curvature per mask entry
+            (`solver="cg"`). Measured on three SmolLM2 layers, 0.01 ranks best; from 0.1 the masks shrink and the
+            ranking degrades (the paper's λ is at 5-25).
+        cg_steps (`int`, defaults to `30`): conjugate-gradient iterations (`solver="cg"`; each costs two gradients).
+        precondition (`bool`, defaults to `True`): precondition CG by `diag(H) + λ` (Hutchinson estimate, 8 probes).
+            Without it, 30 steps leave the flat directions, the ones a ranking needs, near 1.
+        lambda_ (`float`, defaults to `0.05`): λ of the regulariser `½λ(‖M_Q‖² + ‖M_K‖²)` for `solver="descent"`
+            (Eq. (1) printed without λ is `lambda_=1`).
+        lr (`float`, defaults to `0.005`): step size η (`solver="descent"`).
+        steps (`int`, defaults to `100`): gradient steps T (`solver="descent"`; the paper does not state it for real
+            models).
+        momentum (`float`, defaults to `0.9`): heavy-ball β of the descent and of the refit (`0` for plain gradient
+            descent).
         regularizer (`str`, defaults to `"unscaled"`): `"unscaled"` averages the data term over the calibration
             sequences and adds λM as is (the single-sample gradient of the paper's theory); `"divided_by_k"` is
-            Algorithm 1 literally, `(η/k)(Σ_j W∘X_jᵀp_jX_j + λM)`.
+            Algorithm 1 literally, `(η/k)(Σ_j W∘X_jᵀp_jX_j + λM)` (`solver="descent"`).
         gradient (`str`, defaults to `"exact"`): `"exact"` uses `p1 = c∘f̃` (Theorem D.5; autograd);
             `"algorithm1"` uses the dense `f` as printed in Algorithm 1, line 12 (a finite-difference check shows it is
             off by ~1e-2).
-        score (`str`, defaults to `"masked_weight"`): binarisation ranks by `|M∘W|`, or by the mask value itself
-            (`"mask"`, the paper). Measured on SmolLM2 (`benchmarks/attention.py`, paper λ/η/steps), ranking by the
-            mask value gives a relative attention error of 0.76-1.6 at ρ = 0.5 (the masks stay within ~1e-4 of a
-            uniform shrink, so their order follows the sign of each entry's gradient, not its importance), against
-            0.005-0.05 for `|M∘W|`; hence the default.
-        per (`str`, defaults to `"matrix"`): unstructured threshold per matrix (paper) or per `"row"`.
+        score (`str`, defaults to `"masked_weight_input"`): binarisation ranks by `|M∘W|·‖X_j‖` (Wanda's score with
+            AMP's masks), by `|M∘W|` (`"masked_weight"`) or by the mask value itself (`"mask"`, the paper). Ranking
+            by the mask value measured worst in every regime (relative attention error 0.6-1.2 at ρ = 0.5 against
+            ~0.02-0.03 for the others).
+        per (`str`, defaults to `"row"`): unstructured threshold per `"row"` (as Wanda) or per `"matrix"` (paper).
+        refit_steps (`int`, defaults to `200`): heavy-ball steps on the kept entries' masks after binarisation
+            (λ = 0; pruned entries stay zero), so that the kept `W∘M` reproduce the dense attention probabilities;
+            `0` keeps the kept weights as they were (the paper).
+        refit_lr (`float`, defaults to `1.5`): the refit's step as a multiple of `1 / L`, `L` the largest
+            curvature of the attention error at `M = 1` (power iteration); heavy ball with β = 0.9 is stable up to
+            ~3.8.
         max_chunk_mb (`float`, defaults to `256`): memory bound of one forward/backward chunk (samples × KV groups);
             the dense probabilities of a layer take another `4·k·H·n²` bytes (see `methods/amp/functional.py`).
         cache_dense (`bool`, defaults to `True`): keep the dense probabilities; `False` recomputes them every step
@@ -55,25 +76,33 @@ class AMPConfig(UnstructuredPruningConfig):
     method = "amp"
 
     targets: tuple[str, ...] | None = _SCORE_PATH
+    solver: str = "cg"
+    lambda_rel: float = 0.01
+    cg_steps: int = 30
+    precondition: bool = True
     lambda_: float = 0.05
     lr: float = 0.005
     steps: int = 100
     momentum: float = 0.9
     regularizer: str = "unscaled"
     gradient: str = "exact"
-    score: str = "masked_weight"
-    per: str = "matrix"
+    score: str = "masked_weight_input"
+    per: str = "row"
+    refit_steps: int = 200
+    refit_lr: float = 1.5
     max_chunk_mb: float = 256.0
     cache_dense: bool = True
 
     @classmethod
     def paper(cls, sparsity: float = 0.5, **kwargs) -> AMPConfig:
-        """The paper's real-model setting, read literally: λ = 0.05, η = 0.005 (§6.2, §6.3), Algorithm 1's update
+        """The paper's real-model setting, read literally: descent from ones, λ = 0.05, η = 0.005 (§6.2, §6.3),
+        Algorithm 1's update
         `M ← M − (η/k)(Σ_j ∇_j + λM)` (the reading under which the synthetic experiment reproduces, see
         `benchmarks/results/amp_synthetic.md`), binarisation by mask value; 100 steps with momentum 0.9 (the paper
         states neither for real models: its synthetic setting). `kwargs` override any field."""
-        fields = {"lambda_": 0.05, "lr": 0.005, "steps": 100, "momentum": 0.9, "regularizer": "divided_by_k"}
-        return cls(sparsity=sparsity, **{**fields, "score": "mask", **kwargs})
+        fields = {"solver": "descent", "lambda_": 0.05, "lr": 0.005, "steps": 100, "momentum": 0.9,
+                  "regularizer": "divided_by_k", "score": "mask", "per": "matrix", "refit_steps": 0}  # fmt: skip
+        return cls(sparsity=sparsity, **{**fields, **kwargs})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -86,9 +115,12 @@ class AMPConfig(UnstructuredPruningConfig):
                 f"AMP prunes only the attention score path (q_proj, k_proj), not {extra}. Prune those with another "
                 "config of a recipe, e.g. [AMPConfig(), WandaConfig(targets=['v_proj', 'o_proj', 'mlp'])]."
             )
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            raise ValueError(f"`steps` must be a positive int, got {self.steps!r}.")
-        for name, lo_ok in (("lr", False), ("lambda_", True), ("max_chunk_mb", False)):
+        for name, lo in (("steps", 1), ("cg_steps", 1), ("refit_steps", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"`{name}` must be an int >= {lo}, got {v!r}.")
+        for name, lo_ok in (("lr", False), ("lambda_", True), ("lambda_rel", False), ("refit_lr", False),
+                            ("max_chunk_mb", False)):  # fmt: skip
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"`{name}` must be a finite number > 0, got {v!r}.")
@@ -100,9 +132,11 @@ class AMPConfig(UnstructuredPruningConfig):
             or not 0 <= self.momentum < 1
         ):
             raise ValueError(f"`momentum` must be in [0, 1), got {self.momentum!r}.")
+        choice("solver", self.solver, ("cg", "descent"))
         choice("regularizer", self.regularizer, ("unscaled", "divided_by_k"))
         choice("gradient", self.gradient, ("exact", "algorithm1"))
-        choice("score", self.score, ("mask", "masked_weight"))
+        choice("score", self.score, ("mask", "masked_weight", "masked_weight_input"))
         choice("per", self.per, ("matrix", "row"))
-        if not isinstance(self.cache_dense, bool):
-            raise ValueError(f"`cache_dense` must be a bool, got {self.cache_dense!r}.")
+        for name in ("cache_dense", "precondition"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"`{name}` must be a bool, got {getattr(self, name)!r}.")

@@ -275,15 +275,23 @@ def binarize(
     nm: tuple[int, int] | None = None,
     score: str = "mask",
     per: str = "matrix",
+    input_norm: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Keep mask from a real-valued AMP mask: the lowest-ranked `sparsity` fraction is pruned.
 
     Args:
-        score (`str`): `"mask"` ranks by the mask value itself (paper), `"masked_weight"` by `|M∘W|`.
+        score (`str`): `"mask"` ranks by the mask value itself (paper), `"masked_weight"` by `|M∘W|`,
+            `"masked_weight_input"` by `|M∘W|·‖X_j‖` (needs `input_norm`, the per-input-feature norm ‖X_j‖).
         per (`str`): unstructured ranking per `"matrix"` (paper) or per `"row"`; N:M always per group of M inputs.
     """
-
-    scores = mask if score == "mask" else (mask * weight.to(mask.dtype)).abs()
+    if score == "mask":
+        scores = mask
+    else:
+        scores = (mask * weight.to(mask.dtype)).abs()
+        if score == "masked_weight_input":
+            if input_norm is None:
+                raise ValueError("score='masked_weight_input' needs `input_norm` (‖X_j‖ per input feature).")
+            scores = scores * input_norm.to(scores)
     return keep_mask(scores, sparsity, nm, per=per)
 
 

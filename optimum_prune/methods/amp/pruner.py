@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import time
 
+import torch
 from torch import nn
 
 from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
@@ -11,11 +13,16 @@ from ...utils.distributed import gather_chunks
 from ..base import refuse_pruned_head_dims
 from ..unstructured import SequentialPruner, write_target
 from .config import AMPConfig
+from .equilibrium import MaskObjective, curvature_scales, equilibrium_masks, input_norms, refit_kept
+from . import functional
 from .functional import AttentionInputs, amp_masks, binarize, relative_attention_error
 
 __all__ = ["AMPPruner"]
 
 logger = logging.getLogger(__name__)
+
+_PROBES = 8  # Hutchinson probes of the curvature's diagonal and trace (two gradients each)
+_POWER_STEPS = 8  # power iterations for the largest curvature (the refit's step)
 
 
 def _qk(view: LayerView):
@@ -37,9 +44,12 @@ class AMPPruner(SequentialPruner):
 
     Lifecycle, per decoder layer (inputs: the outputs of the already-pruned layers):
       - one forward of the layer records what its attention module receives (normed hidden states, RoPE cos/sin);
-      - `amp_masks` optimises the q/k masks against the dense attention probabilities of that layer;
-      - each targeted matrix keeps its largest mask values (per matrix, or N:M per group), weights are zeroed;
-      - the report records the relative attention error before / after binarisation, the loss, steps and time.
+      - the q/k masks are solved against the dense attention probabilities of that layer (`solver="cg"`: the
+        equilibrium at a curvature-relative λ, `equilibrium.py`; `"descent"`: the paper's descent, `amp_masks`);
+      - each targeted matrix keeps its best-ranked entries (`score`, per row / matrix, or N:M per group);
+      - the kept masks are refitted to the dense attention probabilities (`refit_steps`), weights are written;
+      - the report records the relative attention error of the soft masks, after binarisation and after the refit,
+        the solver's numbers and the time.
     """
 
     config_cls = AMPConfig
@@ -76,27 +86,76 @@ class AMPPruner(SequentialPruner):
         xs, rope = gather_chunks(xs), gather_chunks(rope)  # data-parallel: every rank descends on all samples
         return AttentionInputs.from_module(view.attn, xs, rope, view.num_heads, view.num_kv_heads, view.head_dim)
 
-    def masks(self, inp: AttentionInputs, Wq, Wk, bq=None, bk=None, roles=("q_proj", "k_proj"), desc="amp: steps"):
-        """`amp_masks` with this config's settings (real-valued masks, before binarisation)."""
+    def masks(self, inp: AttentionInputs, Wq, Wk, bq=None, bk=None, roles=("q_proj", "k_proj"), desc="amp"):
+        """Real-valued masks (before binarisation) with this config's solver: `(M_Q, M_K, info)`; `info["objective"]`
+        is the layer's `MaskObjective` (for the refit) and `info["curvature_max"]` its largest curvature."""
         cfg = self.config
-        return amp_masks(
-            inp,
-            Wq,
-            Wk,
-            bq,
-            bk,
-            lambda_=cfg.lambda_,
-            lr=cfg.lr,
-            steps=cfg.steps,
-            momentum=cfg.momentum,
-            regularizer=cfg.regularizer,
-            gradient=cfg.gradient,
-            update_q="q_proj" in roles,
-            update_k="k_proj" in roles,
-            max_chunk_mb=cfg.max_chunk_mb,
-            cache_dense=cfg.cache_dense,
-            desc=desc,
-        )
+        update = ("q_proj" in roles, "k_proj" in roles)
+        info: dict = {"objective": None}
+        if cfg.solver == "descent":
+            Mq, Mk, info = amp_masks(
+                inp, Wq, Wk, bq, bk, lambda_=cfg.lambda_, lr=cfg.lr, steps=cfg.steps, momentum=cfg.momentum,
+                regularizer=cfg.regularizer, gradient=cfg.gradient, update_q=update[0], update_k=update[1],
+                max_chunk_mb=cfg.max_chunk_mb, cache_dense=cfg.cache_dense, desc=f"{desc}: steps",
+            )  # fmt: skip
+            info["objective"] = None
+        if cfg.solver == "descent" and not cfg.refit_steps:
+            return Mq, Mk, info
+        dtype = Wq.dtype if Wq.dtype == torch.float64 else torch.float32
+        Wq32, Wk32 = Wq.to(dtype), Wk.to(dtype)
+        bq32, bk32 = (None if b is None else b.to(dtype) for b in (bq, bk))
+        literal = cfg.gradient == "algorithm1"
+        data = functional._DataTerm(inp, Wq32, Wk32, bq32, bk32, cfg.max_chunk_mb, cfg.cache_dense, True, literal)
+        obj = MaskObjective(data, Wq32, Wk32, update)
+        t0 = time.perf_counter()
+        probes = _PROBES if cfg.solver == "cg" else 0
+        mean, top, diag = curvature_scales(obj, probes=probes, power_steps=_POWER_STEPS if cfg.refit_steps else 0)
+        info.update(objective=obj, curvature_mean=mean, curvature_max=top)
+        if cfg.solver == "cg":
+            lam = cfg.lambda_rel * mean
+            (Mq, Mk), cg = equilibrium_masks(
+                obj, lam, cfg.cg_steps, diag if cfg.precondition else None, desc=f"{desc}: cg"
+            )
+            residual = cg["residuals"][-1] if cg["residuals"] else 0.0
+            info.update(lambda_=lam, cg_iterations=cg["iterations"], cg_residual=residual)
+            info["seconds"] = time.perf_counter() - t0
+        return Mq, Mk, info
+
+    def prune_qk(self, inp: AttentionInputs, Wq, Wk, bq=None, bk=None, roles=("q_proj", "k_proj"), desc="amp"):
+        """Pruned (and refitted) `(Wq, Wk)` of one layer and the layer's report entry."""
+        cfg = self.config
+        Mq, Mk, info = self.masks(inp, Wq, Wk, bq, bk, roles, desc)
+        norm = input_norms(inp).to(Wq.device) if cfg.score == "masked_weight_input" else None
+        new, keep = {"q_proj": Wq, "k_proj": Wk}, {"q_proj": None, "k_proj": None}
+        for role, M, W in (("q_proj", Mq, Wq), ("k_proj", Mk, Wk)):
+            if role in roles:
+                keep[role] = binarize(M, W, cfg.sparsity, cfg.nm, score=cfg.score, per=cfg.per, input_norm=norm)
+                new[role] = W * keep[role].to(W.dtype)
+        entry = {
+            "rel_attention_error_soft": relative_attention_error(inp, Wq, Wk, Wq * Mq.to(Wq.dtype), Wk * Mk.to(Wk.dtype), bq, bk),
+            "rel_attention_error_binary": relative_attention_error(inp, Wq, Wk, new["q_proj"], new["k_proj"], bq, bk),
+        }  # fmt: skip
+        for k in ("loss_initial", "loss_final", "steps", "lambda_", "cg_iterations", "cg_residual", "curvature_mean",
+                  "curvature_max", "seconds"):  # fmt: skip
+            if k in info:
+                entry[k] = info[k]
+        if cfg.refit_steps:
+            t0 = time.perf_counter()
+            obj = info["objective"]
+            (Rq, Rk), refit = refit_kept(
+                obj, [keep["q_proj"], keep["k_proj"]], cfg.refit_lr / max(info["curvature_max"], 1e-300),
+                cfg.refit_steps, cfg.momentum, desc=f"{desc}: refit",
+            )  # fmt: skip
+            for role, R, W in (("q_proj", Rq, Wq), ("k_proj", Rk, Wk)):
+                if role in roles:
+                    new[role] = (W.double() * R).to(W.dtype)
+            entry["rel_attention_error_refit"] = relative_attention_error(
+                inp, Wq, Wk, new["q_proj"], new["k_proj"], bq, bk
+            )
+            entry.update(
+                refit_loss=[refit["loss_initial"], refit["loss_final"]], refit_seconds=time.perf_counter() - t0
+            )
+        return new["q_proj"], new["k_proj"], entry
 
     def prune_layer(self, run, view: LayerView, dense: nn.Module | None) -> dict:
         cfg = self.config
@@ -108,28 +167,14 @@ class AMPPruner(SequentialPruner):
         Wq, bq, Wk, bk = (None if w is None else w.to(device) for w in _qk(view))
         roles = {t.role for t in self.targets}
         try:
-            Mq, Mk, info = self.masks(inp, Wq, Wk, bq, bk, roles, desc=f"amp: layer {view.index} steps")
+            new_q, new_k, entry = self.prune_qk(inp, Wq, Wk, bq, bk, roles, desc=f"amp: layer {view.index}")
         except FloatingPointError as e:
             raise FloatingPointError(
-                f"AMP diverged on layer {view.index} ({e}); lower `lr` (now {cfg.lr}) or `momentum`. The model was "
-                "left unchanged."
+                f"AMP diverged on layer {view.index} ({e}); lower `lr` (now {cfg.lr}), `refit_lr` (now "
+                f"{cfg.refit_lr}) or `momentum`. The model was left unchanged."
             ) from e
-        new = {"q_proj": Wq, "k_proj": Wk}
-        for t in self.targets:
-            M, W = (Mq, Wq) if t.role == "q_proj" else (Mk, Wk)
-            keep = binarize(M, W, cfg.sparsity, cfg.nm, score=cfg.score, per=cfg.per)
-            new[t.role] = W * keep.to(W.dtype)
-        soft = relative_attention_error(inp, Wq, Wk, Wq * Mq.to(Wq.dtype), Wk * Mk.to(Wk.dtype), bq, bk)
-        hard = relative_attention_error(inp, Wq, Wk, new["q_proj"], new["k_proj"], bq, bk)
+        new = {"q_proj": new_q, "k_proj": new_k}
         for t in self.targets:
             write_target(view, t, new[t.role])
-        entry = {
-            "rel_attention_error_soft": soft,
-            "rel_attention_error_binary": hard,
-            "loss_initial": info["loss_initial"],
-            "loss_final": info["loss_final"],
-            "steps": info["steps"],
-            "seconds": info["seconds"],
-        }
         logger.info("amp layer %d: %s", view.index, entry)
         return entry
