@@ -7,7 +7,18 @@ from typing import Any
 
 ATTN = {"sparsegpt": "SparseGPT", "wanda": "Wanda", "amp": "AMP (default)", "amp_paper": "AMP (paper)"}
 MLP = {"dense": "Dense MLP", "wanda": "Wanda MLP", "sparsegpt": "SparseGPT MLP", "wanda_rest": "Wanda v/o + MLP"}
-_AMP_FIELDS = ("lambda_", "lr", "steps", "momentum", "regularizer", "score")
+_AMP_FIELDS = (
+    "solver",
+    "lambda_rel",
+    "cg_steps",
+    "lambda_",
+    "lr",
+    "steps",
+    "regularizer",
+    "score",
+    "per",
+    "refit_steps",
+)
 
 
 def _f(x: Any, fmt: str = ".2f") -> str:
@@ -18,40 +29,48 @@ def render_markdown(result: dict[str, Any]) -> str:
     s, rows, st = result["setup"], result["rows"], result.get("stage1", {})
     c = s["calibration"]
     attn = [a for a in ATTN if any(k.startswith(f"{a}|") for k in rows) or a in st]
-    cfgs = result.get("amp_configs", {})
+    mlps = [m for m in MLP if any(k.endswith(f"|{m}") for k in rows)]
+    cfgs = {k: v for k, v in result.get("amp_configs", {}).items() if k in attn}
+    protocol = bool(result.get("protocol"))
+    texts = ["bbc", "pydocs"] + (["kjv"] if protocol else [])
+    names = {"bbc": "BBC", "pydocs": "Python docs", "kjv": "KJV Bible"}
+    where = (
+        f"Perplexity on {s['eval']['tokens']} tokens (windows of {s['eval']['seq_len']}) of each test text"
+        if protocol
+        else f"Perplexity on the first {s['eval']['tokens']} tokens (windows of {s['eval']['seq_len']}) of the "
+        "held-out BBC half (in domain) and of the Python 3.11 documentation (out of domain)"
+    )
     lines = [
         "# AMP (attention-matrix pruning) on SmolLM2-135M: the paper's Table 1",
         "",
-        f"Model `{s['model']}` (dequantized from `{s['gguf_file']}`, float32, CPU, {s['threads']} threads, "
-        f"{s['cpu_count']} CPUs shared with other jobs). Calibration: {c['num_samples']} x {c['seq_len']} tokens of the "
-        "calibration half of the BBC corpus, identical ids for every cell. Perplexity on the first "
-        f"{s['eval']['tokens']} tokens (windows of {s['eval']['seq_len']}) of the held-out BBC half (in domain) and of "
-        "the Python 3.11 documentation (out of domain). Every method prunes 50% of its targets; stage 1 prunes q/k, "
-        "stage 2 the MLP of the stage-1 model; v/o stay dense. AMP configs: "
-        + "; ".join(f"{ATTN[k]}: " + ", ".join(f"{f}={v[f]}" for f in _AMP_FIELDS) for k, v in cfgs.items())
-        + ".",
-        "",
-        f"Dense: BBC **{_f(result.get('dense', {}).get('ppl_bbc'))}**, Python docs "
-        f"**{_f(result.get('dense', {}).get('ppl_pydocs'))}**.",
+        f"Model `{s['model']}` (float32, CPU, {s['threads']} threads, {s['cpu_count']} CPUs shared with other jobs). "
+        f"Calibration: {c['num_samples']} x {c['seq_len']} tokens of the calibration BBC documents, identical ids for "
+        f"every cell. {where}. Every method prunes 50% of its targets; stage 1 prunes q/k, stage 2 the rest of the "
+        "stage-1 model named by the row; v/o stay dense unless the row names them."
+        + "".join(
+            f" {ATTN[k]}: " + ", ".join(f"{f}={v[f]}" for f in _AMP_FIELDS if f in v) + "." for k, v in cfgs.items()
+        ),
         "",
     ]
-    if result.get("protocol"):  # results made under the protocol: its record and the third text
-        import harness
-
-        lines += [harness.protocol_line(result) + " KJV Bible perplexity per cell: `ppl_kjv` in the JSON (dense "
-                  f"{_f(result.get('dense', {}).get('ppl_kjv'))}).", ""]  # fmt: skip
+    if protocol:
+        lines += [harness_protocol_line(result), ""]
+    dense = result.get("dense", {})
     lines += [
-        "## Perplexity: BBC held-out / Python docs (pruning time, s)",
+        "Dense: " + ", ".join(f"{names[t]} **{_f(dense.get(f'ppl_{t}'))}**" for t in texts) + ".",
         "",
-        "| MLP \\ q,k by | " + " | ".join(ATTN[a] for a in attn) + " |",
+        "## Perplexity: " + " / ".join(names[t] for t in texts) + " (pruning time, s)",
+        "",
+        "| stage 2 \\ q,k by | " + " | ".join(ATTN[a] for a in attn) + " |",
         "|---|" + "---:|" * len(attn),
     ]
-    for m, mlabel in MLP.items():
+    for m in mlps:
         cells = []
         for a in attn:
             r = rows.get(f"{a}|{m}")
-            cells.append("not run" if r is None else f"{r['ppl_bbc']:.2f} / {r['ppl_pydocs']:.2f} ({r['time_s']:.0f})")
-        lines.append(f"| {mlabel} | " + " | ".join(cells) + " |")
+            cells.append(
+                "not run" if r is None else " / ".join(f"{r[f'ppl_{t}']:.2f}" for t in texts) + f" ({r['time_s']:.0f})"
+            )
+        lines.append(f"| {MLP[m]} | " + " | ".join(cells) + " |")
     lines += ["", "Whole-model fraction of zero weights per cell: " + ", ".join(
         f"{k} {v['whole_model_sparsity']:.3f}" for k, v in rows.items()) + "."]  # fmt: skip
     if st:
@@ -62,9 +81,11 @@ def render_markdown(result: dict[str, Any]) -> str:
             if amp:
                 soft = [v["rel_attention_error_soft"] for v in amp.values()]
                 hard = [v["rel_attention_error_binary"] for v in amp.values()]
+                refit = [v["rel_attention_error_refit"] for v in amp.values() if "rel_attention_error_refit" in v]
                 lines += [
                     f"{ATTN[a]} per layer (stage 1): relative attention error before binarisation median "
-                    f"{_med(soft):.3g}, after median {_med(hard):.3g} (max {max(hard):.3g})."
+                    f"{_med(soft):.3g}, after median {_med(hard):.3g} (max {max(hard):.3g})"
+                    + (f", after the refit median {_med(refit):.3g} (max {max(refit):.3g})." if refit else ".")
                 ]
     err = result.get("attention_error")
     if err:
@@ -108,6 +129,12 @@ def render_markdown(result: dict[str, Any]) -> str:
     if result.get("status") != "complete":
         lines += ["", f"_Partial results ({result.get('status')}); cells marked 'not run' did not finish._"]
     return "\n".join(lines) + "\n"
+
+
+def harness_protocol_line(result: dict[str, Any]) -> str:
+    import harness
+
+    return harness.protocol_line(result)
 
 
 def _med(xs: list[float]) -> float:

@@ -124,13 +124,29 @@ def markdown(result: dict) -> str:
         "# AMP: in which regime do the masks carry information? (SmolLM2-135M, q/k at ρ = 0.5)",
         "",
         f"`python benchmarks/amp_regimes.py` — {s['num_samples']} x {s['seq_len']} calibration tokens, dense inputs "
-        "per layer. Relative attention error ‖f̃ − f‖²/‖f‖² over every sequence and head (lower is better). λ̂: λ as "
+        "per layer. Columns: the error after binarising by each ranking (ρ = 0.5; mask value per matrix, abs(M∘W) "
+        "per matrix / per row, abs(M∘W)·‖X_j‖ per row). Relative attention error ‖f̃ − f‖²/‖f‖² over every sequence and head (lower is better). λ̂: λ as "
         f"a multiple of the mean curvature tr(H)/N; CG {s['cg_steps']} iterations (pcgK: preconditioned by "
         f"diag(H) + λ, K Hutchinson probes); refit {s['refit_steps']} heavy-ball steps at 1.5/L.",
         "",
     ]
     if result.get("protocol"):
         lines += [harness.protocol_line(result), ""]
+    lines += ["## Summary", "",
+              "| layer | Wanda | SparseGPT | best binarised AMP (masks, ranking) | AMP default, binarised | AMP default + refit |",
+              "|---:|---:|---:|---|---:|---:|"]  # fmt: skip
+    for layer, rec in result["layers"].items():
+        b = rec["baselines"]
+        cands = [
+            (r[n], f"{k.split('|')[0]}, λ̂ = {k.split('|')[1]}, {n.replace('|M∘W|', 'abs(M∘W)')}")
+            for k, r in rec["cg"].items()
+            for n in RANKINGS
+        ]
+        best = min(cands)
+        d = rec["refit"]["amp_default"]
+        lines.append(f"| {layer} | {b['wanda']:.4f} | {b['sparsegpt']:.4f} | {best[0]:.4f} ({best[1]}) | "
+                     f"{d['before']:.4f} | **{d['after']:.4f}** |")  # fmt: skip
+    lines.append("")
     for layer, rec in result["layers"].items():
         b, sc = rec["baselines"], rec["scales"]
         lines += [
@@ -141,7 +157,9 @@ def markdown(result: dict) -> str:
             f"the paper's λ = 0.05 is λ̂ = {sc['paper_lambda_rel']:.3g}. Heavy ball to ηλT/(1−β) = 1 / 3 / 10 at "
             f"λ̂ = 0.01 and η = 1.5/L: " + " / ".join(f"{v:,}" for v in sc["heavy_ball_steps"].values()) + " steps.",
             "",
-            "| masks | " + " | ".join(RANKINGS) + " | soft | mean M | spread/shrink |",
+            "| masks | "
+            + " | ".join(n.replace("|M∘W|", "abs(M∘W)") for n in RANKINGS)
+            + " | soft | mean M | spread/shrink |",
             "|---|" + "---:|" * (len(RANKINGS) + 3),
         ]
         rows = {"paper descent (λ = 0.05, 100 steps)": rec["paper_descent"]}
