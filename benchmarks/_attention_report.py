@@ -71,7 +71,7 @@ def render_markdown(result: dict[str, Any]) -> str:
                 "not run" if r is None else " / ".join(f"{r[f'ppl_{t}']:.2f}" for t in texts) + f" ({r['time_s']:.0f})"
             )
         lines.append(f"| {MLP[m]} | " + " | ".join(cells) + " |")
-    lines += ["", "Whole-model fraction of zero weights per cell: " + ", ".join(
+    lines += ["", "## Times and sparsity", "", "Whole-model fraction of zero weights per cell: " + ", ".join(
         f"{k} {v['whole_model_sparsity']:.3f}" for k, v in rows.items()) + "."]  # fmt: skip
     if st:
         lines += ["", "Stage-1 (q/k) pruning time (wall clock; load average at the end): " + ", ".join(

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import gc
 import hashlib
 import json
@@ -50,7 +51,7 @@ from optimum_prune.calibration.sequential import LayerwiseRunner  # noqa: E402
 from optimum_prune.calibration.stats import GramStats  # noqa: E402
 from optimum_prune.functional.masks import keep_mask  # noqa: E402
 from optimum_prune.methods.amp.blocked import causal_blocks  # noqa: E402
-from optimum_prune.methods.amp.functional import amp_masks, binarize, relative_attention_error  # noqa: E402
+from optimum_prune.methods.amp.functional import amp_masks, relative_attention_error  # noqa: E402
 from optimum_prune.methods.amp.pruner import AMPPruner, _qk  # noqa: E402
 from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune  # noqa: E402
 from optimum_prune.methods.wanda.functional import wanda_scores  # noqa: E402
@@ -120,41 +121,32 @@ def load_qk(model, weights: dict[str, torch.Tensor]) -> None:
 
 
 def error_study(model, ids, layers: list[int], rhos: list[float], steps: int, sparsity: float, batch_size: int):
-    """Per layer (dense inputs): relative attention error of both AMPs, Wanda and SparseGPT on q,k at each ρ."""
+    """Per layer (dense inputs): relative attention error of both AMPs (each run at every ρ: the default's ranking
+    and refit depend on it), Wanda and SparseGPT on q,k at each ρ."""
     spec = get_spec(model)
     run = LayerwiseRunner(model, spec, ids, batch_size=batch_size)
-    amps = {a: AMPPruner(attn_config(a, sparsity, steps)) for a in ("amp", "amp_paper")}
+    configs = {a: attn_config(a, sparsity, steps) for a in ("amp", "amp_paper")}
     out: dict[str, Any] = {}
     for i in range(max(layers) + 1):
         if i in layers:
             view = layer_view(get_layers(model, spec)[i], i, spec, model.config)
-            inp = amps["amp"]._capture(run, view)
+            inp = AMPPruner(configs["amp"])._capture(run, view)
             Wq, bq, Wk, bk = _qk(view)
             X = torch.cat([x.reshape(-1, x.shape[-1]) for x in inp.xs]).float()
             H = GramStats(X.shape[1])
             H.update(X)
             sumsq = X.pow(2).sum(0)
-            masks, rec = {}, {}
-            for a, pr in amps.items():
-                t = time.perf_counter()
-                Mq, Mk, info = pr.masks(inp, Wq, Wk, bq, bk)
-                masks[a] = (Mq, Mk)
-                rec[f"{a}_seconds"], rec[f"{a}_loss"] = (
-                    time.perf_counter() - t,
-                    [info["loss_initial"], info["loss_final"]],
-                )
-            for m in ATTN:
-                rec[m] = {}
+            rec: dict[str, Any] = {m: {} for m in ATTN}
             for r in rhos:
                 new = {
                     "wanda": tuple(W * keep_mask(wanda_scores(W, sumsq), r, None, per="row") for W in (Wq, Wk)),
                     "sparsegpt": tuple(sparsegpt_prune(W.float(), H.gram, r)[0] for W in (Wq, Wk)),
                 }
-                for a, (Mq, Mk) in masks.items():
-                    cfg = amps[a].config
-                    new[a] = tuple(
-                        W * binarize(M, W, r, score=cfg.score, per=cfg.per) for M, W in ((Mq, Wq), (Mk, Wk))
-                    )
+                for a, cfg in configs.items():
+                    t = time.perf_counter()
+                    q2, k2, _ = AMPPruner(dataclasses.replace(cfg, sparsity=r)).prune_qk(inp, Wq, Wk, bq, bk)
+                    new[a] = (q2, k2)
+                    rec[f"{a}_seconds"] = rec.get(f"{a}_seconds", 0.0) + time.perf_counter() - t
                 for m, (q2, k2) in new.items():
                     rec[m][str(r)] = relative_attention_error(inp, Wq, Wk, q2, k2, bq, bk)
             out[str(i)] = rec
