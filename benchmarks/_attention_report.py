@@ -123,7 +123,13 @@ def render_markdown(result: dict[str, Any]) -> str:
                       f"for 30 x 100): the fast path runs at "
                       f"{sp['seconds_per_step'] / sp['floor_seconds_per_step']:.2f}x the floor."]  # fmt: skip
     if "amp" in st and st["amp"].get("timed"):
-        lines += [f"Whole-model AMP run (stage 1 above, {st['amp']['steps']} steps per layer, under the timing lock): "
+        a = result.get("amp_configs", {}).get("amp", {})
+        work = (
+            f"CG {a['cg_steps']} iterations + refit {a['refit_steps']} steps per layer"
+            if a.get("solver") == "cg"
+            else f"{st['amp']['steps']} steps per layer"
+        )
+        lines += [f"Whole-model AMP run (stage 1 above, {work}, a separate timed run on the idle machine): "
                   f"**{st['amp']['time_s'] / 60:.1f} min** wall, {st['amp']['cpu_s'] / 60:.1f} min of process CPU time "
                   f"(load average {st['amp']['load']:.1f} at the end)."]  # fmt: skip
     if result.get("status") != "complete":
