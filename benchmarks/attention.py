@@ -77,7 +77,7 @@ def mlp_config(method: str, sparsity: float):
     return {"wanda": WandaConfig, "sparsegpt": SparseGPTConfig}[method](sparsity=sparsity, targets=["mlp"])
 
 
-_SECTIONS = ("dense", "rows", "stage1", "attention_error", "speed", "speed_other_runs")
+_SECTIONS = ("dense", "rows", "stage1", "attention_error", "speed", "speed_other_runs", "protocol")
 
 
 def merge_disk(result: dict[str, Any], json_path: Path) -> None:

@@ -36,7 +36,7 @@ CASES = {
     "numerical": (NumericalConfig(**NP), True),
     "flap": (FLAPConfig(**NP), False),
     "fista": (FISTAConfig(sparsity=0.5, K=3, max_outer=2), False),
-    "amp": (AMPConfig(sparsity=0.5, steps=3), False),
+    "amp": (AMPConfig(sparsity=0.5, cg_steps=3, refit_steps=3), False),
 }
 ATOL = 1e-5
 
@@ -95,10 +95,12 @@ def test_two_processes_give_the_single_process_result(tmp_path, smollm2_tokenize
         assert (out / name / "config.json").is_file(), log
         report = prune_and_save(src, config, tmp_path / "single" / name, calibration=ids, batch_size=3)
         assert_same_state(saved_state(tmp_path / "single" / name), saved_state(out / name), atol=ATOL)
-        if name == "amp":  # the descent saw every sample on both ranks
+        if name == "amp":  # the solver and the refit saw every sample on both ranks
             dp = json.loads((out / "amp.json").read_text())["info"]["layers"]
             for i, layer in report.info["layers"].items():
-                assert abs(dp[str(i)]["loss_final"] - layer["loss_final"]) < 1e-9 * layer["loss_final"]
+                for key in ("curvature_mean", "lambda_"):
+                    assert abs(dp[str(i)][key] - layer[key]) < 1e-9 * layer[key]
+                assert abs(dp[str(i)]["refit_loss"][1] - layer["refit_loss"][1]) < 1e-9 * layer["refit_loss"][1]
     assert cli_main(_cli_args(src, tmp_path / "cli")) == 0
     assert_same_state(saved_state(tmp_path / "cli"), saved_state(out / "cli"), atol=ATOL)
     # the dying rank: no output where the model is expected, the finished blocks are in the checkpoint
