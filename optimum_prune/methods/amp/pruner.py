@@ -12,9 +12,9 @@ from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, l
 from ...utils.distributed import gather_chunks
 from ..base import refuse_pruned_head_dims
 from ..unstructured import SequentialPruner, write_target
+from . import functional
 from .config import AMPConfig
 from .equilibrium import MaskObjective, curvature_scales, equilibrium_masks, input_norms, refit_kept
-from . import functional
 from .functional import AttentionInputs, amp_masks, binarize, relative_attention_error
 
 __all__ = ["AMPPruner"]
