@@ -140,6 +140,9 @@ def test_amp_report_and_sparsity():
     for entry in report.info["layers"].values():
         assert entry["steps"] == 3 and entry["loss_final"] < entry["loss_initial"]
         assert "rel_attention_error_refit" not in entry
+    report = prune_(tiny_model("llama"), AMPConfig(solver="descent", steps=3, refit_steps=20), IDS)  # descent + refit
+    for entry in report.info["layers"].values():
+        assert entry["steps"] == 3 and entry["rel_attention_error_refit"] < entry["rel_attention_error_binary"]
 
 
 def test_amp_amp_masks_rank_per_matrix_and_nm():

@@ -87,20 +87,20 @@ class AMPPruner(SequentialPruner):
         return AttentionInputs.from_module(view.attn, xs, rope, view.num_heads, view.num_kv_heads, view.head_dim)
 
     def masks(self, inp: AttentionInputs, Wq, Wk, bq=None, bk=None, roles=("q_proj", "k_proj"), desc="amp"):
-        """Real-valued masks (before binarisation) with this config's solver: `(M_Q, M_K, info)`; `info["objective"]`
-        is the layer's `MaskObjective` (for the refit) and `info["curvature_max"]` its largest curvature."""
+        """Real-valued masks (before binarisation) with this config's solver: `(M_Q, M_K, info)`; unless the paper's
+        path runs alone, `info["objective"]` is the layer's `MaskObjective` (for the refit) and
+        `info["curvature_max"]` its largest curvature."""
         cfg = self.config
         update = ("q_proj" in roles, "k_proj" in roles)
-        info: dict = {"objective": None}
+        info: dict = {}
         if cfg.solver == "descent":
             Mq, Mk, info = amp_masks(
                 inp, Wq, Wk, bq, bk, lambda_=cfg.lambda_, lr=cfg.lr, steps=cfg.steps, momentum=cfg.momentum,
                 regularizer=cfg.regularizer, gradient=cfg.gradient, update_q=update[0], update_k=update[1],
                 max_chunk_mb=cfg.max_chunk_mb, cache_dense=cfg.cache_dense, desc=f"{desc}: steps",
             )  # fmt: skip
-            info["objective"] = None
-        if cfg.solver == "descent" and not cfg.refit_steps:
-            return Mq, Mk, info
+            if not cfg.refit_steps:
+                return Mq, Mk, info
         dtype = Wq.dtype if Wq.dtype == torch.float64 else torch.float32
         Wq32, Wk32 = Wq.to(dtype), Wk.to(dtype)
         bq32, bk32 = (None if b is None else b.to(dtype) for b in (bq, bk))
