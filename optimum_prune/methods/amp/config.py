@@ -25,7 +25,7 @@ class AMPConfig(UnstructuredPruningConfig):
     `benchmarks/results/amp_regimes_smollm2.md`): λ relative to the layer's measured curvature, the masks at the
     equilibrium of the quadratic model (`solver="cg"`), ranking by `|M∘W|·‖X_j‖` per row, and a refit of the kept
     masks (`refit_steps`). The paper's gradient descent from ones with λ = 0.05 (`solver="descent"`) shrinks every
-    mask uniformly on real models (λ is ~5-25x the mean curvature) and orders them by a transient; its literal
+    mask uniformly on real models (λ is ~5-26x the mean curvature) and orders them by a transient; its literal
     setting is `AMPConfig.paper()`.
 
     Args:
