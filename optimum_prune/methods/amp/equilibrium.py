@@ -47,10 +47,6 @@ class MaskObjective:
     def __init__(self, data_term, Wq: torch.Tensor, Wk: torch.Tensor, update: tuple[bool, bool] = (True, True)):
         self.data_term, self.dtype, self.update = data_term, Wq.dtype, tuple(update)
         self.W = [Wq.double(), Wk.double()]
-        self.evaluations = 0
-
-    def ones(self) -> Pair:
-        return [torch.ones_like(W) for W in self.W]
 
     def zeros(self) -> Pair:
         return [torch.zeros_like(W) if u else None for W, u in zip(self.W, self.update)]
@@ -59,7 +55,6 @@ class MaskObjective:
         """`(D(M), ∇_M D)` (the gradient of a fixed matrix is None)."""
         masked = [(W * m).to(self.dtype) for W, m in zip(self.W, M)]
         data, gq, gk = self.data_term(masked[0], masked[1], *self.update)
-        self.evaluations += 1
         return data, [None if g is None else g.double() * W for g, W in zip((gq, gk), self.W)]
 
     def gauss_newton(self, v: Pair, eps: float = 1e-2) -> Pair:
@@ -95,16 +90,21 @@ def curvature_scales(
     gen = torch.Generator().manual_seed(seed)
     n = sum(W.numel() for W, u in zip(obj.W, obj.update) if u)
     diag = obj.zeros() if probes else None
-    for _ in range(probes):
-        v = [torch.randint(0, 2, W.shape, generator=gen).double().mul_(2).sub_(1) if u else None
-             for W, u in zip(obj.W, obj.update)]  # fmt: skip
+    for _ in range(probes):  # probes from a CPU generator: the same on any device
+        v = [
+            torch.randint(0, 2, W.shape, generator=gen).to(W).mul_(2).sub_(1) if u else None
+            for W, u in zip(obj.W, obj.update)
+        ]
         for d, a, b in zip(diag, v, obj.gauss_newton(v)):
             if d is not None:
                 d.add_(a * b, alpha=1.0 / probes)
     mean = sum(float(d.sum()) for d in diag if d is not None) / max(n, 1) if probes else math.nan
     if diag is not None:
         diag = [None if d is None else d.clamp_(min=0) for d in diag]
-    v = [torch.randn(W.shape, generator=gen, dtype=torch.float64) if u else None for W, u in zip(obj.W, obj.update)]
+    v = [
+        torch.randn(W.shape, generator=gen, dtype=torch.float64).to(W) if u else None
+        for W, u in zip(obj.W, obj.update)
+    ]
     top = 0.0
     for _ in range(power_steps):
         h = obj.gauss_newton(v)
