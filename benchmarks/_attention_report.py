@@ -5,8 +5,21 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-ATTN = {"sparsegpt": "SparseGPT", "wanda": "Wanda", "amp": "AMP (default)", "amp_paper": "AMP (paper)"}
-MLP = {"dense": "Dense MLP", "wanda": "Wanda MLP", "sparsegpt": "SparseGPT MLP", "wanda_rest": "Wanda v/o + MLP"}
+ATTN = {
+    "sparsegpt": "SparseGPT",
+    "wanda": "Wanda",
+    "amp": "AMP (default)",
+    "amp_layer": "AMP (refit to the layer)",
+    "amp_model": "AMP (refit to the model)",
+    "amp_paper": "AMP (paper)",
+}
+MLP = {
+    "dense": "Dense MLP",
+    "wanda": "Wanda MLP",
+    "sparsegpt": "SparseGPT MLP",
+    "wanda_rest": "Wanda v/o + MLP",
+    "wanda_rest_pass": "Wanda v/o + MLP, one pass",
+}
 _AMP_FIELDS = (
     "solver",
     "lambda_rel",
@@ -18,6 +31,7 @@ _AMP_FIELDS = (
     "score",
     "per",
     "refit_steps",
+    "refit_target",
 )
 
 

@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             view = layer_view(get_layers(model, spec)[i], i, spec, model.config)
             print(f"layer {i}", flush=True)
             Wq, bq, Wk, bk = _qk(view)
-            rec = study_layer(capture(run, view), Wq, Wk, bq, bk, args.rho, args.cg_steps, args.refit_steps)
+            rec = study_layer(capture(run, view)[0], Wq, Wk, bq, bk, args.rho, args.cg_steps, args.refit_steps)
             result["layers"][str(i)] = rec
             harness.write_results(result, out, "amp_regimes")
         run.advance(run.run_layer(i))

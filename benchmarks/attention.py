@@ -42,8 +42,8 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 import harness  # noqa: E402
 import torch  # noqa: E402
-from _attention_report import ATTN, MLP  # noqa: E402
 from _attention_report import render_markdown as markdown  # noqa: E402
+from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from optimum_prune import AMPConfig, AutoPruner, SparseGPTConfig, WandaConfig, __version__  # noqa: E402
@@ -65,14 +65,17 @@ QK = ["q_proj", "k_proj"]
 def attn_config(method: str, sparsity: float, steps: int):
     if method == "amp":
         return AMPConfig(sparsity=sparsity, steps=steps)
+    if method in ("amp_layer", "amp_model"):  # the default with this refit target
+        return AMPConfig(sparsity=sparsity, steps=steps, refit_target=method[4:])
     if method == "amp_paper":
         return AMPConfig.paper(sparsity=sparsity, steps=steps)
     return {"wanda": WandaConfig, "sparsegpt": SparseGPTConfig}[method](sparsity=sparsity, targets=QK)
 
 
 def mlp_config(method: str, sparsity: float):
-    """Stage 2: the MLP by Wanda / SparseGPT, or `wanda_rest`: Wanda on everything AMP does not prune (v/o, MLP)."""
-    if method == "wanda_rest":
+    """Stage 2: the MLP by Wanda / SparseGPT, or `wanda_rest`: Wanda on everything AMP does not prune (v/o, MLP);
+    `wanda_rest_pass` is the same config run in one layer-wise pass with the attention method (a recipe)."""
+    if method in ("wanda_rest", "wanda_rest_pass"):
         return WandaConfig(sparsity=sparsity, targets=["v_proj", "o_proj", "mlp"])
     return {"wanda": WandaConfig, "sparsegpt": SparseGPTConfig}[method](sparsity=sparsity, targets=["mlp"])
 
@@ -94,8 +97,11 @@ def merge_disk(result: dict[str, Any], json_path: Path) -> None:
             result[k] = old[k]
 
 
+_CORE = (("sparsegpt", "wanda", "amp", "amp_paper"), ("dense", "wanda", "sparsegpt"))  # Table 1's cells
+
+
 def _done(result: dict[str, Any]) -> bool:
-    return all(f"{a}|{m}" in result["rows"] for a in ATTN for m in MLP) and "attention_error" in result
+    return all(f"{a}|{m}" in result["rows"] for a in _CORE[0] for m in _CORE[1]) and "attention_error" in result
 
 
 def write_outputs(result: dict[str, Any], json_path: Path) -> None:
@@ -130,13 +136,13 @@ def error_study(model, ids, layers: list[int], rhos: list[float], steps: int, sp
     for i in range(max(layers) + 1):
         if i in layers:
             view = layer_view(get_layers(model, spec)[i], i, spec, model.config)
-            inp = AMPPruner(configs["amp"])._capture(run, view)
+            inp = AMPPruner(configs["amp"])._capture(run, view)[0]
             Wq, bq, Wk, bk = _qk(view)
             X = torch.cat([x.reshape(-1, x.shape[-1]) for x in inp.xs]).float()
             H = GramStats(X.shape[1])
             H.update(X)
             sumsq = X.pow(2).sum(0)
-            rec: dict[str, Any] = {m: {} for m in ATTN}
+            rec: dict[str, Any] = {m: {} for m in ("sparsegpt", "wanda", *configs)}
             for r in rhos:
                 new = {
                     "wanda": tuple(W * keep_mask(wanda_scores(W, sumsq), r, None, per="row") for W in (Wq, Wk)),
@@ -150,7 +156,7 @@ def error_study(model, ids, layers: list[int], rhos: list[float], steps: int, sp
                 for m, (q2, k2) in new.items():
                     rec[m][str(r)] = relative_attention_error(inp, Wq, Wk, q2, k2, bq, bk)
             out[str(i)] = rec
-            print(f"error study layer {i}: " + ", ".join(f"{m} {rec[m]}" for m in ATTN), flush=True)
+            print(f"error study layer {i}: " + ", ".join(f"{m} {v}" for m, v in rec.items()), flush=True)
         run.advance(run.run_layer(i))  # dense outputs feed the next layer
     return out
 
@@ -185,7 +191,7 @@ def speed_probe(model, ids, layers: int, steps: int, repeats: int = 3) -> dict[s
     fast, slow, cpu, cpu_slow, load, floor = [], [], [], [], [(harness.loadavg() or [None])[0]], None
     for i in range(layers):
         view = layer_view(get_layers(model, spec)[i], i, spec, model.config)
-        inp = pruner._capture(run, view)
+        inp = pruner._capture(run, view)[0]
         Wq, bq, Wk, bk = _qk(view)
         floor = floor or flop_floor(inp)
         amp_masks(inp, Wq, Wk, bq, bk, steps=1, progress=False)  # warm-up
@@ -263,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
             "load": f"{(harness.loadavg() or [float('nan')])[0]:.1f}",
         },
         "status": "running", "dense": {}, "rows": {}, "stage1": {},
-        "amp_configs": {a: attn_config(a, args.sparsity, args.steps).to_dict() for a in ("amp", "amp_paper")},
+        "amp_configs": {a: attn_config(a, args.sparsity, args.steps).to_dict()
+                        for a in ("amp", "amp_layer", "amp_model", "amp_paper")},
     }  # fmt: skip
     if args.resume:
         merge_disk(result, json_path)
@@ -310,15 +317,39 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dense {result['dense']}", flush=True)
         write_outputs(result, json_path)
 
+    def one_pass(a: str, mlp: str):
+        """The model pruned by the recipe [attention method on q/k, `mlp`] in one layer-wise pass (cached), and the
+        recipe's time."""
+        recipe = [attn_config(a, args.sparsity, args.steps), mlp_config(mlp, args.sparsity)]
+        cfg = json.dumps([c.to_dict() for c in recipe], sort_keys=True, default=str)
+        f = cache / f"{a}_{mlp}_{tag}_{hashlib.sha1(cfg.encode()).hexdigest()[:10]}.safetensors"
+        m = copy.deepcopy(model0)
+        if f.exists():
+            with safe_open(str(f), "pt") as fh:
+                info = json.loads(fh.metadata()["info"])
+            m.load_state_dict({**m.state_dict(), **load_file(str(f))})
+            return m, info
+        rep = AutoPruner(m, tok).prune(recipe, calibration=ids, batch_size=8)
+        layers = rep.sections[0]["layers"] if a.startswith("amp") else {}
+        info = {"time_s": rep.timings["total_s"], "amp_layers": {str(k): v for k, v in layers.items()}}
+        save_file({k: v.contiguous() for k, v in m.state_dict().items() if k.endswith("proj.weight")}, str(f),
+                  metadata={"info": json.dumps(info, default=str)})  # fmt: skip
+        return m, info
+
     def row(a: str, mlp: str) -> None:
         key = f"{a}|{mlp}"
         if key in result["rows"]:
             return
-        w = stage1(a)
-        m = copy.deepcopy(model0)
-        load_qk(m, w)
-        t = result["stage1"][a]["time_s"]
-        if mlp != "dense":
+        extra = {}
+        if mlp.endswith("_pass"):
+            m, extra = one_pass(a, mlp)
+            t = extra.pop("time_s")
+            extra = {k: v for k, v in extra.items() if v}
+        else:
+            m = copy.deepcopy(model0)
+            load_qk(m, stage1(a))
+            t = result["stage1"][a]["time_s"]
+        if mlp != "dense" and not mlp.endswith("_pass"):
             rep = AutoPruner(m, tok).prune(mlp_config(mlp, args.sparsity), calibration=ids, batch_size=8)
             t += rep.timings["total_s"]
         zeros = sum(float((q == 0).sum()) for q in m.parameters()) / sum(q.numel() for q in m.parameters())
@@ -327,8 +358,9 @@ def main(argv: list[str] | None = None) -> int:
             "time_s": t,
             "whole_model_sparsity": zeros,
             "load": (harness.loadavg() or [None])[0],
+            **extra,
         }
-        print(f"{key}: {result['rows'][key]}", flush=True)
+        print(f"{key}: ", {k: v for k, v in result["rows"][key].items() if k != "amp_layers"}, flush=True)
         write_outputs(result, json_path)
         del m
         gc.collect()

@@ -264,6 +264,12 @@ def test_attention(tiny_dir, tmp_path):
         "attention", [*argv, "--speed", "--speed-layers", "1", "--speed-steps", "1"], tmp_path / "attention.json"
     )
     assert speed["speed"] and speed["rows"] == result["rows"]
+    argv = [*argv[: argv.index("--attn")], "--attn", "amp_model", "--mlp", "wanda_rest_pass", "--error-layers", ""]
+    argv += ["--cache-dir", str(tmp_path / "c"), "--resume"]
+    recipe = _run("attention", argv, tmp_path / "attention.json")["rows"]["amp_model|wanda_rest_pass"]
+    assert all("rel_attention_error_model_refit" in e for e in recipe["amp_layers"].values())
+    again = _run("attention", argv[:-1], tmp_path / "again.json")["rows"]["amp_model|wanda_rest_pass"]
+    assert again["amp_layers"] == recipe["amp_layers"] and again["ppl_bbc"] == recipe["ppl_bbc"]  # from the cache
 
 
 def test_recovery(tiny_dir, tmp_path):

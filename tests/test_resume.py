@@ -17,6 +17,7 @@ from scale_utils import assert_same_state, prune_and_save, saved_state, write_ch
 from testing_utils import calibration_ids
 
 from optimum_prune import (
+    AMPConfig,
     AutoPruner,
     FISTAConfig,
     FLAPConfig,
@@ -24,6 +25,7 @@ from optimum_prune import (
     SparseGPTConfig,
     WandaConfig,
 )
+from optimum_prune.methods.amp.pruner import AMPPruner
 from optimum_prune.methods.fista.pruner import FISTAPruner
 from optimum_prune.methods.flap.pruner import FLAPPruner
 from optimum_prune.methods.numerical.pruner import NumericalPruner
@@ -72,6 +74,9 @@ CASES = [
     (NumericalConfig(**NP), NumericalPruner, "finalize_layer", True),
     (FLAPConfig(**NP), FLAPPruner, "finalize_layer", True),
     (NumericalConfig(**NP, compensation_inputs="sequential"), NumericalPruner, "_refit_layer", True),
+    # the dense model's hidden states carried alongside: a resumed run carries them through the finished blocks
+    (AMPConfig(cg_steps=2, refit_steps=3, refit_target="model"), AMPPruner, "prune_layer", False),
+    (AMPConfig(cg_steps=2, refit_steps=3, refit_target="model"), AMPPruner, "prune_layer", True),
     (
         [NumericalConfig(pruning_ratio=0.2, round_to=1), WandaConfig(sparsity=0.5)],
         SequentialPruner,

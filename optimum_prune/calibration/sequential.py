@@ -59,7 +59,8 @@ class LayerwiseRunner:
         self.activations = activations
         self.hidden: Sequence[torch.Tensor] = self._chunk_list()
         self.layer_args: list[list[tuple[tuple, dict]]] = []  # [chunk][layer] -> (extra args, kwargs)
-        self._capture(local_samples(input_ids), batch_size)
+        self._ids, self._batch_size = local_samples(input_ids), batch_size
+        self._capture(self._ids, batch_size)
 
     def _chunk_list(self):
         """Per-chunk activations: a plain list, or one that spills to disk beyond the activation budget."""
@@ -69,16 +70,24 @@ class LayerwiseRunner:
     def num_layers(self) -> int:
         return len(self.layers)
 
+    def embeddings(self) -> Sequence[torch.Tensor]:
+        """The first layer's inputs of every chunk (the embeddings), computed again: the runner's own were replaced
+        by later layers' inputs (`advance`). For a second stream of hidden states, e.g. the dense model's."""
+        return self._capture(self._ids, self._batch_size, hidden_only=True)
+
     @torch.no_grad()
-    def _capture(self, input_ids: torch.Tensor, batch_size: int) -> None:
+    def _capture(self, input_ids: torch.Tensor, batch_size: int, hidden_only: bool = False):
+        """Record the first layer's input and every layer's extra arguments per chunk (`hidden_only`: return a new
+        list of the first layer's inputs and record nothing)."""
+        hidden = self._chunk_list() if hidden_only else self.hidden
         originals = {}
         records: list[tuple[torch.Tensor, tuple, dict]] = []
 
         def make_stub(idx: int):
             def stub(*args, **kwargs):
-                hidden = args[0] if args else kwargs.pop("hidden_states")
-                records.append((hidden, tuple(args[1:]), kwargs))
-                return hidden
+                h = args[0] if args else kwargs.pop("hidden_states")
+                records.append((h, tuple(args[1:]), kwargs))
+                return h
 
             return stub
 
@@ -92,7 +101,9 @@ class LayerwiseRunner:
                 _embed_forward(base, input_ids[start : start + batch_size])
                 if len(records) != len(self.layers):
                     raise RuntimeError(f"Captured {len(records)} layer calls, expected {len(self.layers)}.")
-                self.hidden.append(records[0][0].to(self.offload))
+                hidden.append(records[0][0].to(self.offload))
+                if hidden_only:
+                    continue
                 kept = []
                 for _, args, kwargs in records:
                     kwargs = {
@@ -104,7 +115,8 @@ class LayerwiseRunner:
             for i, layer in enumerate(self.layers):
                 if i in originals:
                     del layer.forward  # restores the class method
-        logger.debug("Captured inputs of %d chunk(s) for %d layers", len(self.hidden), len(self.layers))
+        logger.debug("Captured inputs of %d chunk(s) for %d layers", len(hidden), len(self.layers))
+        return hidden
 
     @torch.no_grad()
     def run_layer(

@@ -1,6 +1,7 @@
 """AMP pruner, `targets` and recipes: bad input fails before any weight changes; one calibration pass; the recipe is
 stored in pruning_config.json and re-runs exactly; the CLI takes `--method amp` and `--config recipe.json`."""
 
+import copy
 import json
 
 import pytest
@@ -20,6 +21,7 @@ from optimum_prune import (
 )
 from optimum_prune.calibration import sequential
 from optimum_prune.methods.amp import functional as amp_functional
+from optimum_prune.methods.amp.pruner import AMPPruner
 from optimum_prune.modeling.architectures import get_layers, get_spec
 
 IDS = calibration_ids()
@@ -54,6 +56,7 @@ def _unchanged(model, before):
         ({"refit_lr": float("nan")}, "refit_lr"),
         ({"precondition": 1}, "precondition"),
         ({"score": "wanda"}, "score"),
+        ({"refit_target": "teacher"}, "refit_target"),
     ],
 )
 def test_amp_config_errors(kwargs, match):
@@ -217,3 +220,42 @@ def test_recipe_is_saved_and_reruns_exactly(tmp_path):
     path.write_text("[]")
     with pytest.raises(ValueError, match="empty recipe"):
         PruningConfig.from_json_file(path)
+
+
+def test_refit_to_the_model_reproduces_the_dense_models_attention(monkeypatch):
+    """`refit_target="model"` in a recipe with Wanda: the refit's target inputs are the dense model's own attention
+    inputs at every layer (read here by hooks on an untouched copy), the pruner carries them alongside the pruned
+    stream; the refit lowers the error against the dense model's attention, which on layers after the first also
+    holds the drift Wanda's pruning of the earlier layers caused."""
+    model = tiny_model("llama_gqa")
+    dense = copy.deepcopy(model)
+    want = {}
+    for i, layer in enumerate(dense.model.layers):
+        layer.self_attn.register_forward_pre_hook(
+            lambda _m, a, kw, i=i: want.__setitem__(i, (a[0] if a else kw["hidden_states"]).detach()), with_kwargs=True
+        )
+    with torch.no_grad():
+        dense(IDS)
+    seen = {}
+    original = AMPPruner.prune_qk
+
+    def record(self, inp, *args, target=None, desc="amp", **kwargs):
+        seen[int(desc.rsplit(" ", 1)[-1])] = torch.cat(target.xs)
+        return original(self, inp, *args, target=target, desc=desc, **kwargs)
+
+    monkeypatch.setattr(AMPPruner, "prune_qk", record)
+    recipe = [
+        AMPConfig(cg_steps=3, refit_steps=30, refit_target="model"),
+        WandaConfig(targets=["v_proj", "o_proj", "mlp"]),
+    ]
+    report = prune_(model, recipe, IDS, batch_size=3)  # three chunks
+    assert sorted(seen) == sorted(want) == [0, 1, 2]
+    for i in want:
+        torch.testing.assert_close(seen[i], want[i], rtol=1e-5, atol=1e-5)
+    layers = report.sections[0]["layers"]
+    for e in layers.values():
+        assert e["rel_attention_error_model_refit"] < 0.5 * e["rel_attention_error_model_binary"]
+    e0 = layers[0]  # the first layer's inputs are the embeddings in both streams
+    assert e0["rel_attention_error_model_binary"] == e0["rel_attention_error_binary"]
+    assert e0["rel_attention_error_model_refit"] == e0["rel_attention_error_refit"]
+    assert all(layers[i]["rel_attention_error_model_binary"] > layers[i]["rel_attention_error_binary"] for i in (1, 2))

@@ -65,6 +65,11 @@ class AMPConfig(UnstructuredPruningConfig):
         refit_steps (`int`, defaults to `200`): heavy-ball steps on the kept entries' masks after binarisation
             (λ = 0; pruned entries stay zero), so that the kept `W∘M` reproduce the dense attention probabilities;
             `0` keeps the kept weights as they were (the paper).
+        refit_target (`str`, defaults to `"layer"`): what the refit reproduces: `"layer"`, the dense weights'
+            attention on the inputs this layer receives in the model being pruned; `"model"`, the dense model's own
+            attention (its own inputs, carried through the unpruned layers alongside), so that the kept q/k weights
+            also correct the drift of their inputs that earlier pruned layers caused (in a recipe: v/o and the MLP
+            too). `"model"` costs one more forward of each layer's dense copy.
         refit_lr (`float`, defaults to `1.5`): the refit's step as a multiple of `1 / L`, `L` the largest
             curvature of the attention error at `M = 1` (power iteration); heavy ball with β = 0.9 is stable up to
             ~3.8.
@@ -91,6 +96,7 @@ class AMPConfig(UnstructuredPruningConfig):
     per: str = "row"
     refit_steps: int = 200
     refit_lr: float = 1.5
+    refit_target: str = "layer"
     max_chunk_mb: float = 256.0
     cache_dense: bool = True
 
@@ -138,6 +144,7 @@ class AMPConfig(UnstructuredPruningConfig):
         choice("gradient", self.gradient, ("exact", "algorithm1"))
         choice("score", self.score, ("mask", "masked_weight", "masked_weight_input"))
         choice("per", self.per, ("matrix", "row"))
+        choice("refit_target", self.refit_target, ("layer", "model"))
         for name in ("cache_dense", "precondition"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"`{name}` must be a bool, got {getattr(self, name)!r}.")

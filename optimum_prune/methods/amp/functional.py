@@ -164,6 +164,10 @@ class _DataTerm:
     """`(1/k) Σ_j ½‖f̃_j − f_j‖²` of masked q/k weights and its gradients w.r.t. them, summed over the chunks of
     `_plan_chunks` (a plain sum over samples: what a data-parallel run would all-reduce).
 
+    The target `f_j` is the dense weights' attention on the same inputs, or, with `target` (an `AttentionInputs` of
+    the same chunks and sequences), on those other inputs: e.g. the dense model's own, so that the masked weights on
+    a pruned model's inputs are fitted to the dense model's attention.
+
     The fast path (`CausalBlocks.loss_and_grads`: closed-form softmax backward) gives the gradient w.r.t. the
     queries and keys, one sequence at a time. Without q/k norms and with a RoPE whose adjoint is RoPE by `−sin`
     (`rope_adjoint_is_negated_sin`: the rotate-half RoPE of Llama-like models), it is taken back to the weights
@@ -171,8 +175,9 @@ class _DataTerm:
     the q/k norms and the projections. The reference path (`fast=False`, and with logit soft-capping) is autograd
     through the same forward."""
 
-    def __init__(self, inp, Wq, Wk, bq, bk, max_chunk_mb, cache_dense, fast, literal):
+    def __init__(self, inp, Wq, Wk, bq, bk, max_chunk_mb, cache_dense, fast, literal, target=None):
         self.inp, self.bq, self.bk, self.literal = inp, bq, bk, literal
+        self.target = inp if target is None else target
         self.fast = fast and inp.softcap is None
         self.dense_w = (Wq, Wk)
         self.units = _plan_chunks(inp, max_chunk_mb)
@@ -181,16 +186,17 @@ class _DataTerm:
         self.cache: dict[int, list[torch.Tensor]] | None = {} if cache_dense else None
         self.by_hand = self.fast and inp.q_norm is None and inp.k_norm is None and rope_adjoint_is_negated_sin(inp)
 
-    def _qk(self, u, Wq, Wk):
+    def _qk(self, u, Wq, Wk, inp=None):
         c, s, g = self.units[u]
-        q, k = project_qk(self.inp, c, Wq, Wk, self.bq, self.bk, s, g)
-        return interleave_heads(q) * self.inp.scaling, k, causal_blocks(self.inp, q.shape[3], q.device)
+        inp = self.inp if inp is None else inp
+        q, k = project_qk(inp, c, Wq, Wk, self.bq, self.bk, s, g)
+        return interleave_heads(q) * inp.scaling, k, causal_blocks(inp, q.shape[3], q.device)
 
     def dense(self, u: int) -> list[torch.Tensor]:
         if self.cache is not None and u in self.cache:
             return self.cache[u]
         with torch.no_grad():
-            qs, k, blocks = self._qk(u, *self.dense_w)
+            qs, k, blocks = self._qk(u, *self.dense_w, self.target)
             f = blocks.probs(qs, k)
         if self.cache is not None:
             self.cache[u] = f
@@ -305,13 +311,15 @@ def relative_attention_error(
     bq: torch.Tensor | None = None,
     bk: torch.Tensor | None = None,
     max_chunk_mb: float = 256.0,
+    target: AttentionInputs | None = None,
 ) -> float:
-    """`Σ_j ‖f̃_j − f_j‖²_F / Σ_j ‖f_j‖²_F` over every sequence and head, in float32 (float64 for float64 input)."""
+    """`Σ_j ‖f̃_j − f_j‖²_F / Σ_j ‖f_j‖²_F` over every sequence and head, in float32 (float64 for float64 input);
+    `f` from the dense weights on `target`'s inputs when given (same chunks and sequences), else on `inp`'s."""
     dtype = torch.float64 if Wq.dtype == torch.float64 else torch.float32
     Wq, Wk, Wq_new, Wk_new = (w.detach().to(dtype) for w in (Wq, Wk, Wq_new, Wk_new))
     num = den = 0.0
     for c, s, g in _plan_chunks(inp, max_chunk_mb):
-        f = attention_probs(inp, c, Wq, Wk, bq, bk, s, g)
+        f = attention_probs(inp if target is None else target, c, Wq, Wk, bq, bk, s, g)
         ft = attention_probs(inp, c, Wq_new, Wk_new, bq, bk, s, g)
         num += sum(float((a - b).pow(2).sum()) for a, b in zip(ft, f))
         den += sum(float(b.pow(2).sum()) for b in f)

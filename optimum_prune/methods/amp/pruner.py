@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
+from ...runtime.session import current_session
 from ...utils.distributed import gather_chunks
 from ..base import refuse_pruned_head_dims
 from ..unstructured import SequentialPruner, write_target
@@ -47,13 +48,24 @@ class AMPPruner(SequentialPruner):
       - the q/k masks are solved against the dense attention probabilities of that layer (`solver="cg"`: the
         equilibrium at a curvature-relative λ, `equilibrium.py`; `"descent"`: the paper's descent, `amp_masks`);
       - each targeted matrix keeps its best-ranked entries (`score`, per row / matrix, or N:M per group);
-      - the kept masks are refitted to the dense attention probabilities (`refit_steps`), weights are written;
+      - the kept masks are refitted to the dense attention probabilities (`refit_steps`): the dense weights' on the
+        same inputs, or (`refit_target="model"`) the dense model's, whose hidden states this pruner carries through
+        each layer's dense copy alongside the pruned ones; the weights are written;
       - the report records the relative attention error of the soft masks, after binarisation and after the refit,
         the solver's numbers and the time.
     """
 
     config_cls = AMPConfig
     config: AMPConfig
+    _stream: tuple[int, list] | None = None  # (layer index, the dense model's hidden states at its input)
+
+    @property
+    def needs_dense_layer(self) -> bool:
+        return self.config.refit_target == "model" and self.config.refit_steps > 0
+
+    def begin(self, model: nn.Module, spec: ArchitectureSpec) -> None:
+        super().begin(model, spec)
+        self._stream = None
 
     def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
         super().validate(model, spec)
@@ -69,7 +81,9 @@ class AMPPruner(SequentialPruner):
                     )
             AttentionInputs.from_module(view.attn, [], [], view.num_heads, view.num_kv_heads, view.head_dim)
 
-    def _capture(self, run, view: LayerView) -> AttentionInputs:
+    def _capture(self, run, view: LayerView, layer: nn.Module | None = None, inputs=None):
+        """What the attention module of layer `view.index` (or of `layer`, its dense copy) receives on `inputs`
+        (default: the runner's hidden states), and the layer's outputs when `layer` is given."""
         xs, rope = [], []
 
         def hook(_mod, args, kwargs):
@@ -78,13 +92,29 @@ class AMPPruner(SequentialPruner):
             pe = kwargs.get("position_embeddings")
             rope.append(None if pe is None else tuple(t.detach() for t in pe))
 
-        handle = view.attn.register_forward_pre_hook(hook, with_kwargs=True)
+        attn = view.attn if layer is None else layer.get_submodule(view.spec.attn)
+        handle = attn.register_forward_pre_hook(hook, with_kwargs=True)
         try:
-            run.run_layer(view.index, keep_outputs=False)
+            out = run.run_layer(view.index, inputs=inputs, layer=layer, keep_outputs=layer is not None)
         finally:
             handle.remove()
         xs, rope = gather_chunks(xs), gather_chunks(rope)  # data-parallel: every rank descends on all samples
-        return AttentionInputs.from_module(view.attn, xs, rope, view.num_heads, view.num_kv_heads, view.head_dim)
+        inp = AttentionInputs.from_module(attn, xs, rope, view.num_heads, view.num_kv_heads, view.head_dim)
+        return inp, out
+
+    def _dense_model_inputs(self, run, view: LayerView, dense: nn.Module) -> AttentionInputs:
+        """The attention inputs of layer `view.index` in the dense model: its hidden states are carried from the
+        embeddings through each layer's dense copy. A resumed run first carries them through the layers an earlier
+        run finished, in the version this stage received (the session keeps it)."""
+        index, hidden = self._stream if self._stream is not None else (0, None)
+        if hidden is None:
+            hidden = run.hidden if view.index == 0 else run.embeddings()
+        sess = current_session()
+        for k in range(index, view.index):
+            hidden = sess.forward(run, k, "input", inputs=hidden)
+        inp, out = self._capture(run, view, layer=dense, inputs=hidden)
+        self._stream = (view.index + 1, out)
+        return inp
 
     def masks(self, inp: AttentionInputs, Wq, Wk, bq=None, bk=None, roles=("q_proj", "k_proj"), desc="amp"):
         """Real-valued masks (before binarisation) with this config's solver: `(M_Q, M_K, info)`; unless the paper's
@@ -121,8 +151,11 @@ class AMPPruner(SequentialPruner):
             info["seconds"] = time.perf_counter() - t0
         return Mq, Mk, info
 
-    def prune_qk(self, inp: AttentionInputs, Wq, Wk, bq=None, bk=None, roles=("q_proj", "k_proj"), desc="amp"):
-        """Pruned (and refitted) `(Wq, Wk)` of one layer and the layer's report entry."""
+    def prune_qk(
+        self, inp: AttentionInputs, Wq, Wk, bq=None, bk=None, roles=("q_proj", "k_proj"), desc="amp", target=None
+    ):
+        """Pruned (and refitted) `(Wq, Wk)` of one layer and the layer's report entry; `target`: the dense model's
+        attention inputs, which the refit then reproduces (`refit_target="model"`)."""
         cfg = self.config
         Mq, Mk, info = self.masks(inp, Wq, Wk, bq, bk, roles, desc)
         norm = input_norms(inp).to(Wq.device) if cfg.score == "masked_weight_input" else None
@@ -142,6 +175,15 @@ class AMPPruner(SequentialPruner):
         if cfg.refit_steps:
             t0 = time.perf_counter()
             obj = info["objective"]
+            if target is not None:  # the same objective against the dense model's attention
+                data = obj.data_term
+                data = functional._DataTerm(
+                    inp, *data.dense_w, data.bq, data.bk, cfg.max_chunk_mb, cfg.cache_dense, True, data.literal, target
+                )  # fmt: skip
+                obj = MaskObjective(data, *data.dense_w, obj.update)
+                entry["rel_attention_error_model_binary"] = relative_attention_error(
+                    inp, Wq, Wk, new["q_proj"], new["k_proj"], bq, bk, target=target
+                )
             (Rq, Rk), refit = refit_kept(
                 obj, [keep["q_proj"], keep["k_proj"]], cfg.refit_lr / max(info["curvature_max"], 1e-300),
                 cfg.refit_steps, cfg.momentum, desc=f"{desc}: refit",
@@ -152,6 +194,10 @@ class AMPPruner(SequentialPruner):
             entry["rel_attention_error_refit"] = relative_attention_error(
                 inp, Wq, Wk, new["q_proj"], new["k_proj"], bq, bk
             )
+            if target is not None:
+                entry["rel_attention_error_model_refit"] = relative_attention_error(
+                    inp, Wq, Wk, new["q_proj"], new["k_proj"], bq, bk, target=target
+                )
             entry.update(
                 refit_loss=[refit["loss_initial"], refit["loss_final"]], refit_seconds=time.perf_counter() - t0
             )
@@ -161,13 +207,16 @@ class AMPPruner(SequentialPruner):
         cfg = self.config
         if run is None:
             raise ValueError("AMP needs calibration data: pass `calibration=`.")
-        inp = self._capture(run, view)
+        inp = self._capture(run, view)[0]
+        target = self._dense_model_inputs(run, view, dense) if self.needs_dense_layer else None
         # the descent runs where the layer's inputs were captured (a `device=` run streams the layer there and back)
         device = inp.xs[0].device if inp.xs else None
         Wq, bq, Wk, bk = (None if w is None else w.to(device) for w in _qk(view))
         roles = {t.role for t in self.targets}
         try:
-            new_q, new_k, entry = self.prune_qk(inp, Wq, Wk, bq, bk, roles, desc=f"amp: layer {view.index}")
+            new_q, new_k, entry = self.prune_qk(
+                inp, Wq, Wk, bq, bk, roles, desc=f"amp: layer {view.index}", target=target
+            )
         except FloatingPointError as e:
             raise FloatingPointError(
                 f"AMP diverged on layer {view.index} ({e}); lower `lr` (now {cfg.lr}), `refit_lr` (now "
