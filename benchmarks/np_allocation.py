@@ -128,13 +128,27 @@ VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
         "NP, loss ranking without correlations, std, bias refit",
     ),
     "np_dunit_bias": (_NP, {**_UNIT, **_BIAS, "score_correlations": False}, {}, "NP, unit, no correlations, bias"),
-    "np_fluct_bias": (_NP, {**_UNIT, **_BIAS, "scores": "fluctuation"}, {}, "NP, FLAP's metric, bias refit"),
+    "np_fluct_bias": (
+        _NP,
+        {**_UNIT, **_BIAS, "scores": "fluctuation", "compensation_strength": 1.0},
+        {},
+        "NP, FLAP's metric, bias refit",
+    ),
     "np_fluct_bias_d1": (
         _NP,
-        {**_UNIT, **_BIAS, "scores": "fluctuation", "compensation_damping": 1.0},
+        {**_UNIT, **_BIAS, "scores": "fluctuation", "compensation_damping": 1.0, "compensation_strength": 1.0},
         {},
         "NP, FLAP's metric, bias refit, damping 1",
     ),
+    **{
+        f"np_fluct_bias_s{s}": (
+            _NP,
+            {**_UNIT, **_BIAS, "scores": "fluctuation", "compensation_strength": s},
+            {},
+            f"NP, FLAP's metric, bias refit at strength {s}" + (" (FLAP's compensation)" if s == 0 else ""),
+        )
+        for s in (0.0, 0.25, 0.5, 0.75)
+    },
     "np_unit_cbias_flapbudget": (
         _NP,
         {**_UNIT, **_BIAS},

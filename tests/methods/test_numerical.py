@@ -195,6 +195,33 @@ def test_bias_compensation_equals_least_squares_with_intercept(keep):
     assert residual <= compensate(W, H, keep_t, damping=0)[1] + 1e-12
 
 
+@pytest.mark.parametrize("strength", [0.0, 0.3, 1.0])
+def test_compensation_strength_shrinks_the_refit_toward_the_kept_weights(strength):
+    """`W + s·(W* − W)` on the kept inputs (zero elsewhere); with a bias, `b` restores the mean output of those
+    weights, so s = 0 is FLAP's bias compensation exactly (the removed channels' mean contribution)."""
+    from optimum_prune.methods.flap.functional import bias_compensation
+
+    W, X, H = _problem()
+    X = X + torch.linspace(-2.0, 3.0, X.shape[1], dtype=torch.float64)
+    H, mean = X.T @ X / X.shape[0], X.mean(0)
+    keep, prune = torch.tensor([0, 2, 3, 5, 8, 9]), torch.tensor([1, 4, 6, 7])
+    cut = W.clone()
+    cut[:, prune] = 0
+    full, full_b, _ = compensate_with_bias(W, H, mean, keep, damping=0)
+    W_s, b_s, residual = compensate_with_bias(W, H, mean, keep, damping=0, strength=strength)
+    torch.testing.assert_close(W_s, cut + strength * (full - cut), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(b_s, (W - W_s) @ mean, rtol=1e-10, atol=1e-12)
+    direct = ((X @ W.T - X @ W_s.T - b_s) ** 2).sum() / X.shape[0]
+    assert residual == pytest.approx(direct.item(), rel=1e-8)
+    if strength == 0:
+        torch.testing.assert_close(b_s, bias_compensation(W, mean, prune), rtol=1e-10, atol=1e-12)
+    plain, _ = compensate(W, H, keep, damping=0, strength=strength)
+    torch.testing.assert_close(plain, cut + strength * (compensate(W, H, keep, damping=0)[0] - cut))
+    for bad in (-0.1, 1.5, True):
+        with pytest.raises(ValueError, match="compensation_strength"):
+            NumericalConfig(compensation_strength=bad)
+
+
 def test_bias_compensation_needs_compensation():
     with pytest.raises(ValueError, match="needs compensate=True"):
         NumericalConfig(compensate=False, compensation_bias=True)
@@ -230,8 +257,8 @@ def test_head_cost_is_alpha_in_mlp_channel_units(arch, gqa):
     assert len(members) == view.num_kv_heads and all(len(m) == n_rep for m in members)
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_sequential_compensation_equals_dense_refit_where_inputs_are_still_dense(bias):
+@pytest.mark.parametrize(("bias", "strength"), [(False, 1.0), (True, 1.0), (True, 0.5)])
+def test_sequential_compensation_equals_dense_refit_where_inputs_are_still_dense(bias, strength):
     """Layer 0 sees the same inputs in both modes, so its refit must be the same; later layers differ."""
     from testing_utils import calibration_ids, tiny_model
 
@@ -242,7 +269,9 @@ def test_sequential_compensation_equals_dense_refit_where_inputs_are_still_dense
     models = {}
     for mode in ("dense", "sequential"):
         models[mode] = tiny_model("opt")
-        cfg = NumericalConfig(pruning_ratio=0.3, compensation_inputs=mode, compensation_bias=bias)
+        cfg = NumericalConfig(
+            pruning_ratio=0.3, compensation_inputs=mode, compensation_bias=bias, compensation_strength=strength
+        )
         prune_(models[mode], cfg, ids)
     spec = get_spec(models["dense"])
     first = [get_layers(m, spec)[0].get_submodule(spec.o_path) for m in models.values()]
@@ -408,18 +437,21 @@ def test_fluctuation_scores_take_the_cost_weighted_ranking():
 def test_auto_scores_switch_at_the_measured_light_ratio():
     """The default ranks by FLAP's metric with a bias refit below 25%, by the numerical scores from 25%; every
     explicit setting wins over the automatic one, and the paper preset is always numerical without a bias."""
-    from optimum_prune.methods.numerical.config import LIGHT_RATIO
+    from optimum_prune.methods.numerical.config import LIGHT_RATIO, LIGHT_STRENGTH
 
     light, heavy = NumericalConfig(pruning_ratio=0.2), NumericalConfig(pruning_ratio=LIGHT_RATIO)
     assert (light.scores, light.resolved_scores, light.refit_bias) == ("auto", "fluctuation", True)
     assert (heavy.resolved_scores, heavy.refit_bias) == ("numerical", False)
+    assert (light.refit_strength, heavy.refit_strength) == (LIGHT_STRENGTH, 1.0) and 0 < LIGHT_STRENGTH < 1
+    assert NumericalConfig(pruning_ratio=0.1, compensation_strength=1.0).refit_strength == 1.0
+    assert NumericalConfig(pruning_ratio=0.5, compensation_strength=0.0).refit_strength == 0.0
     assert not NumericalConfig(pruning_ratio=0.1, compensation_bias=False).refit_bias
     assert NumericalConfig(pruning_ratio=0.1, compensate=False).refit_bias is False
     assert NumericalConfig(pruning_ratio=0.1, scores="numerical").resolved_scores == "numerical"
     assert NumericalConfig(pruning_ratio=0.5, scores="fluctuation").refit_bias
     assert NumericalConfig(pruning_ratio=0.1, ranking="loss").resolved_scores == "numerical"
     paper = NumericalConfig.paper(pruning_ratio=0.1)
-    assert (paper.resolved_scores, paper.refit_bias) == ("numerical", False)
+    assert (paper.resolved_scores, paper.refit_bias, paper.refit_strength) == ("numerical", False, 1.0)
     assert NumericalConfig.from_dict(light.to_dict()) == light
 
 

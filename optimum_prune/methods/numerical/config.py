@@ -13,6 +13,9 @@ __all__ = ["NumericalConfig"]
 # Below this pruning ratio `scores="auto"` ranks units by FLAP's fluctuation metric (with a bias refit), from it by the
 # numerical scores: the crossover measured on the selection split (docs/methods/numerical.md, issue 27's screening).
 LIGHT_RATIO = 0.25
+# `compensation_strength=None` below it (with the fluctuation ranking): the refit's change shrunk to half, measured on
+# the selection split (issue 27: the full refit fits the calibration text and costs out of domain at light ratios).
+LIGHT_STRENGTH = 0.5
 
 
 @dataclass
@@ -64,6 +67,12 @@ class NumericalConfig(StructuredPruningConfig):
             independence approximation, in which a channel's score or removal loss depends on `‖W_:,j‖²·E[x_j²]`
             alone, or `‖W_:,j‖²·Var(x_j)` with `compensation_bias`, FLAP's metric). The refit always uses the
             full Gram.
+        compensation_strength (`float | None`, defaults to `None`): the fraction s of the refit's weight change
+            applied, `W + s·(W* − W)` on the kept inputs (as FISTA's `refit_strength`): 1 is the least-squares
+            refit, 0 keeps the kept weights (with `compensation_bias`, 0 is FLAP's bias compensation exactly: the
+            bias restores the mean output of whatever weights are kept); between the two, the refit fits the
+            calibration text less. `None`: 0.5 with the fluctuation metric (light ratios, where the full refit's
+            in-domain gain costs out of domain), 1 with the numerical scores.
         compensation_inputs (`str`, defaults to `"dense"`): `"dense"` refits on the dense model's inputs (the same
             Grams as the scores; the paper's setting, which leaves it implicit) or `"sequential"` (an extension, not in
             the paper): after the masks are fixed, layers are refitted in order on the inputs produced by the already
@@ -90,6 +99,7 @@ class NumericalConfig(StructuredPruningConfig):
     score_damping: float = 1e-6
     compensate: bool = True
     compensation_damping: float = 0.1
+    compensation_strength: float | None = None
     ranking: str = "cost_weighted"
     standardize_per_layer: bool = True
     head_score: str = "unit"
@@ -99,7 +109,7 @@ class NumericalConfig(StructuredPruningConfig):
     scores: str = "auto"
 
     # derived from the fields, the pruning ratio included: what the calibration pass's cache key must also hold
-    resolved_settings = ("resolved_scores", "refit_bias")
+    resolved_settings = ("resolved_scores", "refit_bias", "refit_strength")
 
     @property
     def resolved_scores(self) -> str:
@@ -116,6 +126,14 @@ class NumericalConfig(StructuredPruningConfig):
         if self.compensation_bias is not None:
             return self.compensation_bias
         return self.compensate and self.resolved_scores == "fluctuation"
+
+    @property
+    def refit_strength(self) -> float:
+        """The fraction of the refit's change applied: `compensation_strength`, or with `None` `LIGHT_STRENGTH`
+        when the fluctuation metric ranks and 1 otherwise."""
+        if self.compensation_strength is not None:
+            return float(self.compensation_strength)
+        return LIGHT_STRENGTH if self.resolved_scores == "fluctuation" else 1.0
 
     @classmethod
     def paper(cls, pruning_ratio: float = 0.2, literal: bool = False, **kwargs) -> NumericalConfig:
@@ -136,6 +154,7 @@ class NumericalConfig(StructuredPruningConfig):
             "head_score": "channel_mean",
             "score_correlations": True,
             "compensation_damping": 0.01,
+            "compensation_strength": 1.0,
             "compensate": True,
             "compensation_inputs": "dense",
             "compensation_bias": False,
@@ -173,6 +192,9 @@ class NumericalConfig(StructuredPruningConfig):
         for name in ("score_damping", "compensation_damping"):
             if getattr(self, name) < 0:
                 raise ValueError(f"`{name}` must be >= 0.")
+        s = self.compensation_strength
+        if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 <= s <= 1):
+            raise ValueError(f"`compensation_strength` must be a number in [0, 1] or None, got {s!r}.")
 
 
 # old name, kept for one release

@@ -172,17 +172,19 @@ def removal_losses(
 
 
 def compensate(
-    W: torch.Tensor, H: torch.Tensor, keep: torch.Tensor, damping: float = 0.01
+    W: torch.Tensor, H: torch.Tensor, keep: torch.Tensor, damping: float = 0.01, strength: float = 1.0
 ) -> tuple[torch.Tensor, float]:
     """Least-squares refit of the kept input channels (Thm. 3, cheap form).
 
-    `W[:, K] += W[:, P] · H[P, K] · (H[K, K] + γI)⁻¹`, then columns P are zero; γ = damping · mean(diag H).
+    `W[:, K] += s · W[:, P] · H[P, K] · (H[K, K] + γI)⁻¹`, then columns P are zero; γ = damping · mean(diag H),
+    s = `strength` (1: the refit; 0: the kept weights unchanged; between: shrunk toward them).
 
     Args:
         W (`torch.Tensor` of shape `(d_out, D)`): weight.
         H (`torch.Tensor` of shape `(D, D)`): input Gram normalised by the token count.
         keep (`torch.LongTensor` of shape `(k,)`): kept input channels K.
         damping (`float`): relative ridge.
+        strength (`float`): the fraction of the refit's change applied.
 
     Returns:
         `(W_new, residual)`: the full-size new weight (pruned columns zero) in W's dtype, and the per-token
@@ -197,20 +199,27 @@ def compensate(
     if K.numel():
         rhs = Hd[K][:, P] @ Wd[:, P].T  # (k, d_out)  = H_KP W_Pᵀ
         delta = damped_cholesky_solve(Hd[K][:, K], rhs, damping).T  # (d_out, k)
-        W_new[:, K] = Wd[:, K] + delta
+        W_new[:, K] = Wd[:, K] + strength * delta
     dW = W_new - Wd  # (d_out, D)
     residual = float(torch.einsum("od,de,oe->", dW, Hd, dW))
     return W_new.to(W.dtype), residual
 
 
 def compensate_with_bias(
-    W: torch.Tensor, H: torch.Tensor, mean: torch.Tensor, keep: torch.Tensor, damping: float = 0.01
+    W: torch.Tensor,
+    H: torch.Tensor,
+    mean: torch.Tensor,
+    keep: torch.Tensor,
+    damping: float = 0.01,
+    strength: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Least-squares refit of the kept input channels *and* a bias: `min E‖W'_K x_K + b − W x‖²` (an extension).
 
     An intercept makes the refit act on centred inputs: [`compensate`] on the covariance `Σ = H − μμᵀ` gives `W'`,
     and `b = (W − W') μ` restores the mean output (so the removed channels' mean contribution, FLAP's bias
     compensation, is part of it). The ridge `damping · mean(diag Σ[K, K])` applies to the weights, not to `b`.
+    With `strength` s < 1 the weights take the fraction s of the refit's change and `b` restores the mean output of
+    those weights: s = 0 is FLAP's bias compensation exactly, `b = W[:, P] μ_P`.
 
     Args:
         W (`torch.Tensor` of shape `(d_out, D)`): weight.
@@ -225,7 +234,7 @@ def compensate_with_bias(
     """
     mu = mean.double().to(W.device)  # (D,)
     cov = H.double() - torch.outer(mu, mu)  # (D, D)
-    W_new, residual = compensate(W, cov, keep, damping)
+    W_new, residual = compensate(W, cov, keep, damping, strength)
     bias = (W.double() - W_new.double()) @ mu  # (d_out,)
     return W_new, bias.to(W.dtype), residual
 

@@ -173,16 +173,16 @@ class NumericalPruner(StructuredPruner):
             targets.append(("attn", view.spec.o_path, head_rows(plan.keep_heads, view.head_dim)))
         if plan.keep_channels is not None:
             targets.append(("mlp", view.spec.mlp_out_path, torch.as_tensor(plan.keep_channels)))
-        damp = self.config.compensation_damping
+        damp, s = self.config.compensation_damping, self.config.refit_strength
         for name, path, keep in targets:
             mod = view.module(path)
             W = weight_oi(mod).detach()
             H, keep = stats[name].gram.to(W.device), keep.to(W.device)
             if self.config.refit_bias:
-                plan.weights[path], b, res = compensate_with_bias(W, H, stats[name].mean, keep, damp)
+                plan.weights[path], b, res = compensate_with_bias(W, H, stats[name].mean, keep, damp, s)
                 plan.biases[path] = _plus_bias(b, mod)
             else:
-                plan.weights[path], res = compensate(W, H, keep, damp)
+                plan.weights[path], res = compensate(W, H, keep, damp, s)
             plan.info[f"{name}_residual"] = res
 
     # ------------------------------------------------------------------ compensation_inputs="sequential"
@@ -261,7 +261,8 @@ class NumericalPruner(StructuredPruner):
         # Ridge around the current weights, W'_K = W_K + Δ: identical to the dense refit when X* = X (damping too)
         rhs = (Wd @ Cg[:, keep] - Wd[:, keep] @ G_kk).T  # (k, d_out)
         W_new = torch.zeros_like(Wd)
-        W_new[:, keep] = Wd[:, keep] + damped_cholesky_solve(G_kk, rhs, self.config.compensation_damping).T
+        delta = damped_cholesky_solve(G_kk, rhs, self.config.compensation_damping).T
+        W_new[:, keep] = Wd[:, keep] + self.config.refit_strength * delta
         if self.config.refit_bias:
             b = (Wd @ mx - W_new @ mxs).to(W.dtype)  # (d_out,) mean dense output minus mean refitted output
         return W_new.to(W.dtype), b
