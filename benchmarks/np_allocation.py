@@ -227,8 +227,9 @@ def markdown(res: dict[str, Any]) -> str:
         f"- Calibration: {s['num_samples']} × {s['seq_len']} BBC token ids (seed {s['seed']}, sha256 "
         f"{s['calibration_ids_sha256'][:12]}), statistics collected once ({res['collect_s']:.0f} s) and shared by "
         f"every variant; `round_to={s['round_to']}` for every method.",
-        f"- Perplexity: first {s['eval_tokens']} tokens of held-out BBC articles and of the Python 3.11 docs "
-        f"sources (never calibrated on), windows of {', '.join(str(q) for _, q in seqs)} tokens.",
+        f"- Perplexity: first {s['eval_tokens']} tokens of each text ("
+        + ", ".join(label for _, label in texts)
+        + f"), windows of {', '.join(str(q) for _, q in seqs)} tokens; only BBC is the calibration domain.",
         "- Dense: "
         + ", ".join(
             f"{label} {res['dense'].get(t + k, float('nan')):.2f} @{q}" for t, label in texts for k, q in seqs
@@ -260,7 +261,7 @@ def markdown(res: dict[str, Any]) -> str:
                         cell += f" ({100 * (x / flap[t + k] - 1):+.1f}%)"
                     cells.append(cell)
                 lines.append(f"| {_label(res, v)} | " + " | ".join(cells) + " |")
-    lines += ["", "Measured ratio / decide time (s) per run:", ""]
+    lines += ["", "## Measured ratio and decide time (s) per run", ""]
     for r in runs:
         lines.append(f"- {r['variant']} @ {r['ratio']:g}: measured {r['measured']:.3f}, {r['prune_s']:.1f} s")
     return "\n".join(lines) + "\n"
