@@ -101,6 +101,17 @@ def render_markdown(result: dict[str, Any]) -> str:
                     f"{_med(soft):.3g}, after median {_med(hard):.3g} (max {max(hard):.3g})"
                     + (f", after the refit median {_med(refit):.3g} (max {max(refit):.3g})." if refit else ".")
                 ]
+    passes = {k: v["amp_layers"] for k, v in rows.items() if v.get("amp_layers")}
+    if passes:
+        lines += ["", "A row marked \"one pass\" is one recipe, [the q/k method, Wanda on v/o + MLP], run in one "
+                  "layer-wise calibration pass (`prune_(model, [config, WandaConfig(...)])`): every layer sees the "
+                  "outputs of the layers pruned by both.", "",
+                  "AMP in those recipes, relative attention error per layer (median over the layers; \"layer\": "
+                  "against the dense weights on this model's inputs, \"model\": against the dense model's own "
+                  "attention):"]  # fmt: skip
+        for k, amp in passes.items():
+            lines += [f"- {ATTN[k.split('|')[0]]}: binarised {_errors(amp, 'binary')}; after the refit "
+                      f"{_errors(amp, 'refit')}."]  # fmt: skip
     err = result.get("attention_error")
     if err:
         rhos, methods = err["rhos"], [m for m in ATTN if m in next(iter(err["layers"].values()))]
@@ -155,6 +166,13 @@ def harness_protocol_line(result: dict[str, Any]) -> str:
     import harness
 
     return harness.protocol_line(result)
+
+
+def _errors(amp: dict[str, Any], stage: str) -> str:
+    """Median over the layers of AMP's relative attention error at `stage`, against the layer and the model."""
+    fields = {"layer": f"rel_attention_error_{stage}", "model": f"rel_attention_error_model_{stage}"}
+    vals = {t: [v[f] for v in amp.values() if f in v] for t, f in fields.items()}
+    return ", ".join(f"{_med(x):.3g} ({t})" for t, x in vals.items() if x)
 
 
 def _med(xs: list[float]) -> float:

@@ -101,7 +101,10 @@ _CORE = (("sparsegpt", "wanda", "amp", "amp_paper"), ("dense", "wanda", "sparseg
 
 
 def _done(result: dict[str, Any]) -> bool:
-    return all(f"{a}|{m}" in result["rows"] for a in _CORE[0] for m in _CORE[1]) and "attention_error" in result
+    """Every cell (and the error study) the run asked for is there: its `grid`, or Table 1's cells."""
+    grid = result["setup"].get("grid") or {"attn": _CORE[0], "mlp": _CORE[1], "error_layers": True}
+    cells = all(f"{a}|{m}" in result["rows"] for a in grid["attn"] for m in grid["mlp"])
+    return cells and ("attention_error" in result or not grid["error_layers"])
 
 
 def write_outputs(result: dict[str, Any], json_path: Path) -> None:
@@ -265,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             "calibration": calibration,
             "eval": {"tokens": args.eval_tokens, "seq_len": args.eval_seq_len, "split": args.split},
             "protocol": "stage 1: q_proj,k_proj by the attention method; stage 2: gate/up/down by the MLP method",
+            "grid": {"attn": [a for a in args.attn.split(",") if a], "mlp": [m for m in args.mlp.split(",") if m],
+                     "error_layers": args.error_layers},
             "command": env["command"],
             "load": f"{(harness.loadavg() or [float('nan')])[0]:.1f}",
         },
