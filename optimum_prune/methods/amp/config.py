@@ -69,7 +69,10 @@ class AMPConfig(UnstructuredPruningConfig):
             attention on the inputs this layer receives in the model being pruned; `"model"`, the dense model's own
             attention (its own inputs, carried through the unpruned layers alongside), so that the kept q/k weights
             also correct the drift of their inputs that earlier pruned layers caused (in a recipe: v/o and the MLP
-            too). `"model"` costs one more forward of each layer's dense copy.
+            too). `"model"` costs one more forward of each layer's dense copy, and measured 12-19% worse in
+            perplexity in the recipe with Wanda on the rest (`benchmarks/results/attention_recipe_smollm2.md`): it
+            lowers the error against the dense model's attention, but what q and k learn to repair does not carry
+            to new text.
         refit_lr (`float`, defaults to `1.5`): the refit's step as a multiple of `1 / L`, `L` the largest
             curvature of the attention error at `M = 1` (power iteration); heavy ball with β = 0.9 is stable up to
             ~3.8.
