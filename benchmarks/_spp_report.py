@@ -6,8 +6,9 @@ from typing import Any
 
 NAMES = {"spp": "SPP", "np": "NP", "flap": "FLAP", "spp_ria": "SPP + RIA (experimental)", "ria": "RIA",
          "wanda": "Wanda", "spp_refit": "SPP + refit", "spp_norefit": "SPP, no refit",
-         "spp_random": "SPP, random order (control)"}  # fmt: skip
-ROWS = ("spp", "spp_refit", "spp_norefit", "spp_random", "np", "flap")
+         "spp_random": "SPP, random order (control)", "spp_bias": "SPP, refit with a bias",
+         "spp_bias_s0.5": "SPP, refit with a bias at strength 0.5"}  # fmt: skip
+ROWS = ("spp", "spp_refit", "spp_norefit", "spp_bias", "spp_bias_s0.5", "spp_random", "np", "flap")
 
 
 _SHOWN = ("faithful_to", "lr", "lambda_", "batch_size", "nu_scale")

@@ -547,6 +547,13 @@ def round_ratios(reference: Sequence[float], other: Sequence[float], name: str) 
     return {f"{name}_rounds": ratios, f"{name}_spread": spread(ratios), f"{name}_verdict": speed_verdict(ratios)}
 
 
+def round_median(record: dict[str, Any], name: str) -> float | None:
+    """The median of the per-round ratios `name` when `record` holds them (`round_ratios`), else `record[name]`
+    (a ratio of medians, from a run that kept no rounds): the figure a table shows beside its IQR."""
+    sp = record.get(f"{name}_spread")
+    return sp["median"] if sp and sp.get("n") else record.get(name)
+
+
 def spread_note(record: dict[str, Any], name: str) -> str:
     """` (IQR a–b, tie)` after a ratio in a table, when `record` holds its per-round spread (empty otherwise)."""
     sp = record.get(f"{name}_spread")

@@ -79,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--search-lambda", type=float, default=None, help="default: SPPConfig's")
     p.add_argument("--spp-round-to", type=int, default=None, help="SPPConfig.round_to (default: SPPConfig's)")
     p.add_argument("--head-dim-multiple", type=int, default=None, help="SPPConfig.head_dim_multiple (default: its)")
+    p.add_argument("--extra-spp-rows", nargs="*", default=[], choices=sorted(EXTRA_ROWS),
+                   help="more extractions from the same path: the refit with a bias, at full or half strength")  # fmt: skip
     p.add_argument(
         "--ria-search-steps",
         type=int,
@@ -167,9 +169,11 @@ def path_vs_magnitude(path: SolutionPath, dense, calib: torch.Tensor, windows: i
     return out
 
 
-# SPP rows besides the default extraction: the other compensation setting, and the permutation control (the path's
-# order replaced by a random one within each pool: what the path's information is worth)
-SPP_ROWS = ("spp_refit", "spp_norefit", "spp_random")
+# SPP rows besides the default extraction: the other compensation setting, the permutation control (the path's
+# order replaced by a random one within each pool: what the path's information is worth), and with
+# --extra-spp-rows the refit's options on the same path (as NP's light-ratio default: an intercept, a shrink)
+EXTRA_ROWS = {"spp_bias": {"compensation_bias": True},
+              "spp_bias_s0.5": {"compensation_bias": True, "compensation_strength": 0.5}}  # fmt: skip
 
 
 def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: Path, out: Path) -> None:
@@ -197,6 +201,12 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
         "spp_refit" if not comp else "spp_norefit": lambda r: spp_config(
             args, r, solution_path=str(path_dir), compensate=not comp
         ),
+        **{
+            row: (
+                lambda r, kw=EXTRA_ROWS[row]: spp_config(args, r, solution_path=str(path_dir), compensate=True, **kw)
+            )
+            for row in args.extra_spp_rows
+        },
         "spp_random": lambda r: spp_config(args, r, solution_path=str(random_dir)),
         "np": lambda r: NumericalConfig(pruning_ratio=r),
         "flap": lambda r: FLAPConfig(pruning_ratio=r),

@@ -418,8 +418,9 @@ def markdown(res: dict[str, Any]) -> str:
             if s.get("no_speed")
             else f"- Speed: one `compare_speed` per ratio over the dense model and the models pruned at that ratio, "
             f"interleaved round by round (batch 1, prompt of {s['prompt_len']} random tokens, {s['new_tokens']} greedy "
-            f"tokens, {s['speed_warmup']} warm-up runs, {s['speed_repeats']} rounds, medians); prefill speedup = dense "
-            "prefill time / pruned prefill time, decode speedup likewise for the decode steps. "
+            f"tokens, {s['speed_warmup']} warm-up runs, {s['speed_repeats']} rounds, medians); prefill speedup = the median "
+            "over the rounds of dense prefill time / pruned prefill time (IQR: of those per-round ratios; a run "
+            "without them: the ratio of the medians), decode speedup = the ratio of the median decode times. "
             + _load_note(res["host"])
         ),
         f'- Pruning time: `PruningReport.timings["total_s"]` (calibration pass + scoring + compensation + surgery) '
@@ -482,7 +483,9 @@ def markdown(res: dict[str, Any]) -> str:
             row.append(fmt(r.get("ppl_long"), ".2f"))
         sp = r.get("speed") or {}
         row += [
-            fmt(sp.get("prefill_speedup"), ".2f") + ("×" if sp else "") + harness.spread_note(sp, "prefill_speedup"),
+            fmt(harness.round_median(sp, "prefill_speedup"), ".2f")
+            + ("×" if sp else "")
+            + harness.spread_note(sp, "prefill_speedup"),
             fmt(sp.get("decode_speedup"), ".2f") + ("×" if sp else ""),
             f"{r['prune_time_s']:.1f}",
             f"{r['prune_time_over_dense_forward']:.2f}",

@@ -225,10 +225,20 @@ def test_spp(tiny_dir, tmp_path):
     argv += ["--search-samples", "4", "--search-seq-len", "32", "--search-batch-size", "2"]
     argv += ["--head-dim-multiple", "1", "--ria-search-steps", "10", "--lora-steps", "1", "--lora-batch-size", "1"]
     argv += ["--lora-seq-len", "16", "--speed-repeats", "1", "--ablation-ratios", "0.3", "--workdir", str(tmp_path)]
-    argv += ["--phases", "quality", "recovery", "unstructured", "ablation", "speed"]
+    argv += [
+        "--phases",
+        "quality",
+        "recovery",
+        "unstructured",
+        "ablation",
+        "speed",
+        "--extra-spp-rows",
+        "spp_bias_s0.5",
+    ]
     result = _run("spp", argv, tmp_path / "spp.json")
     _check_protocol(result)
-    assert set(result["rows"]) == {"spp@0.3", "np@0.3", "flap@0.3", "spp_random@0.3"} | (
+    assert result["rows"]["spp_bias_s0.5@0.3"]["config"]["compensation_strength"] == 0.5
+    assert set(result["rows"]) == {"spp@0.3", "np@0.3", "flap@0.3", "spp_random@0.3", "spp_bias_s0.5@0.3"} | (
         {"spp_norefit@0.3"} if SPPConfig().compensate else {"spp_refit@0.3"}
     )
     assert all(set(r["lora"]) >= {"bbc", "python", "kjv"} for r in result["rows"].values())

@@ -522,6 +522,53 @@ def test_compensation_is_the_least_squares_refit_of_the_kept_inputs(tmp_path):
         SPPConfig(compensate=True, fold_masks=True)
 
 
+@pytest.mark.parametrize("strength", [0.0, 0.5])
+def test_compensation_with_bias_at_a_strength_is_the_shrunk_intercept_fit_and_reloads(strength, tmp_path):
+    """compensation_bias / compensation_strength: the kept o_proj / down_proj inputs take the fraction s of the
+    intercept least-squares fit's change (float64 lstsq on [X_K, 1], damping 0) and the new bias restores the dense
+    layer's mean output (s = 0: FLAP's bias compensation, W_P μ_P); the biased model saves and reloads exactly."""
+    model = tiny_model("llama_gqa")
+    ids = calibration_ids()
+    path = AutoPruner(model).search_solution_path(SPPConfig(**FAST), calibration=ids)
+    where = str(path.save_pretrained(tmp_path / "path"))
+    inputs = {}
+    hooks = [m.register_forward_pre_hook(lambda m, a, n=n: inputs.__setitem__(n, a[0].detach().double()))
+             for n, m in model.named_modules() if n.endswith("mlp.down_proj")]  # fmt: skip
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    cfg = {**FAST, "pruning_ratio": 0.3, "solution_path": where, "compensate": True, "compensation_damping": 0.0}
+    pruned = copy.deepcopy(model)
+    prune_(pruned, SPPConfig(**cfg, compensation_bias=True, compensation_strength=strength), ids)
+    checked = 0
+    for i, (layer, dense_layer) in enumerate(zip(pruned.model.layers, model.model.layers)):
+        new, dense = layer.mlp.down_proj, dense_layer.mlp.down_proj
+        if new.weight.shape == dense.weight.shape:
+            continue
+        up, dense_up = layer.mlp.up_proj.weight, dense_layer.mlp.up_proj.weight
+        cols = torch.tensor([next(j for j in range(96) if torch.equal(dense_up[j], r)) for r in up])
+        X = inputs[f"model.layers.{i}.mlp.down_proj"].reshape(-1, 96)
+        W = dense.weight.double()
+        target = X @ W.T
+        design = torch.cat([X[:, cols], torch.ones(len(X), 1, dtype=X.dtype)], 1)
+        full = torch.linalg.lstsq(design, target).solution.T[:, :-1]  # (d_out, k): the intercept fit's weights
+        W_exp = W[:, cols] + strength * (full - W[:, cols])
+        b_exp = (target - X[:, cols] @ W_exp.T).mean(0)  # restores the mean output
+        torch.testing.assert_close(new.weight.double(), W_exp, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(new.bias.double(), b_exp, rtol=1e-4, atol=1e-5)
+        if strength == 0:
+            removed = torch.tensor([j for j in range(96) if j not in cols.tolist()])
+            torch.testing.assert_close(new.bias.double(), W[:, removed] @ X[:, removed].mean(0), rtol=1e-4, atol=1e-6)
+        checked += 1
+    assert checked >= 1 and pruned.model.layers[0].self_attn.o_proj.bias is not None
+    save_pruned_model(pruned, tmp_path / "out")
+    reloaded = AutoPrunedModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager")
+    torch.testing.assert_close(logits(reloaded), logits(pruned), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="compensation_strength"):
+        SPPConfig(compensation_strength=1.5)
+
+
 def test_sampled_labels_follow_the_model_and_rank_planted_units_on_any_text():
     """search_labels="sampled": next tokens drawn from the dense model's own predictions (the empirical frequencies
     match its softmax), so a search on arbitrary text (random ids here) still puts the dead units first."""

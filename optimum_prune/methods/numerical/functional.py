@@ -14,6 +14,7 @@ __all__ = [
     "removal_losses",
     "compensate",
     "compensate_with_bias",
+    "plus_bias",
     "obs_compensation",
     "damped_cholesky_solve",
 ]
@@ -237,6 +238,12 @@ def compensate_with_bias(
     W_new, residual = compensate(W, cov, keep, damping, strength)
     bias = (W.double() - W_new.double()) @ mu  # (d_out,)
     return W_new, bias.to(W.dtype), residual
+
+
+def plus_bias(b: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
+    """`b` plus the module's existing bias: a plan's bias replaces the module's, so a refit's bias adds to it."""
+    old = getattr(module, "bias", None)
+    return b if old is None else b + old.detach().to(b)
 
 
 def obs_compensation(W: torch.Tensor, H: torch.Tensor, prune: torch.Tensor) -> torch.Tensor:

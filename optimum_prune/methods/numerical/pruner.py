@@ -22,16 +22,11 @@ from .functional import (
     damped_cholesky_solve,
     numerical_scores,
     numerical_scores_newton,
+    plus_bias,
     removal_losses,
 )
 
 __all__ = ["NumericalPruner"]
-
-
-def _plus_bias(b: torch.Tensor, module: nn.Module) -> torch.Tensor:
-    """`b` plus the module's existing bias (a plan's bias replaces the module's)."""
-    old = getattr(module, "bias", None)
-    return b if old is None else b + old.detach().to(b)
 
 
 def _head_means(z: torch.Tensor) -> torch.Tensor:
@@ -180,7 +175,7 @@ class NumericalPruner(StructuredPruner):
             H, keep = stats[name].gram.to(W.device), keep.to(W.device)
             if self.config.refit_bias:
                 plan.weights[path], b, res = compensate_with_bias(W, H, stats[name].mean, keep, damp, s)
-                plan.biases[path] = _plus_bias(b, mod)
+                plan.biases[path] = plus_bias(b, mod)
             else:
                 plan.weights[path], res = compensate(W, H, keep, damp, s)
             plan.info[f"{name}_residual"] = res
@@ -231,7 +226,7 @@ class NumericalPruner(StructuredPruner):
                 with torch.no_grad():
                     weight_oi(mod).copy_(W_new)
                     if b is not None:
-                        lp.biases[path] = _plus_bias(b, dense.get_submodule(path))
+                        lp.biases[path] = plus_bias(b, dense.get_submodule(path))
                         if getattr(mod, "bias", None) is None:
                             mod.bias = nn.Parameter(torch.zeros_like(b))
                         mod.bias.copy_(lp.biases[path])

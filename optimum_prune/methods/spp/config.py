@@ -148,6 +148,11 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             saved path then needs calibration data too). Not with `fold_masks`.
         compensation_damping (`float`, defaults to `0.1`): relative ridge of that refit, γ / mean(diag H) (as
             `NumericalConfig.compensation_damping`).
+        compensation_strength (`float`, defaults to `1.0`): the fraction s of the refit's change applied,
+            `W + s·(W* − W)` on the kept inputs (as `NumericalConfig.compensation_strength`): 1 is the full
+            least-squares refit, 0 keeps the extracted weights (with `compensation_bias`, FLAP's bias compensation).
+        compensation_bias (`bool`, defaults to `False`): refit with an intercept (`NumericalConfig.compensation_bias`):
+            a bias on o_proj / down_proj restores the mean output the removed inputs carried.
         faithful_to (`str`, defaults to `"coupled"`): the dynamics (docs/methods/spp.md). `"coupled"`: AdamW on the
             gradient of the paper's coupled loss (Eq. 9), `∇L + (M − Γ)/ν`, which pulls every mask towards `Γ` (0
             until the unit enters), then `Z ← Z + lr·κ·(M_{k+1} − Γ)` and the one-sided `Γ = max(Z − λ, 0)`: a unit
@@ -208,6 +213,8 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
     fold_masks: bool = False
     compensate: bool = True
     compensation_damping: float = 0.1
+    compensation_strength: float = 1.0
+    compensation_bias: bool = False
 
     @classmethod
     def code(cls, pruning_ratio: float = 0.2, **kwargs: Any) -> SPPConfig:
@@ -246,6 +253,11 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
         damping = self.compensation_damping
         if isinstance(damping, bool) or not isinstance(damping, (int, float)) or not damping >= 0:
             raise ValueError(f"`compensation_damping` must be a number >= 0, got {damping!r}.")
+        strength = self.compensation_strength
+        if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not 0 <= strength <= 1:
+            raise ValueError(f"`compensation_strength` must be a number in [0, 1], got {strength!r}.")
+        if not isinstance(self.compensation_bias, bool):
+            raise ValueError(f"`compensation_bias` must be a bool, got {self.compensation_bias!r}.")
         if self.extrapolate is not None and not isinstance(self.extrapolate, bool):
             raise ValueError(f"`extrapolate` must be True, False or None (auto), got {self.extrapolate!r}.")
         if self.solution_path is not None:

@@ -17,7 +17,7 @@ from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view, 
 from ...modeling.surgery import dim_rows
 from ...plan import LayerPlan, PruningPlan
 from ..base import BasePruner, RunnerFactory
-from ..numerical.functional import compensate
+from ..numerical.functional import compensate, compensate_with_bias, plus_bias
 from .config import SPPConfig
 from .extract import extract_keep
 from .masks import folded_weights
@@ -132,10 +132,11 @@ class SPPPruner(BasePruner):
 
     def _compensate(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory, keep, plan) -> None:
         """Refit o_proj (its kept v/o inputs) and down_proj / fc2 (its kept channels) of every layer that lost any,
-        by Numerical Pruning's closed-form least squares (`numerical.functional.compensate`) on the Grams of the
-        dense model's inputs, one layer-by-layer calibration pass. The residuals go to `plan.info`."""
+        by Numerical Pruning's closed-form least squares (`numerical.functional.compensate`, or `compensate_with_bias`
+        with `compensation_bias`) on the Grams of the dense model's inputs, one layer-by-layer calibration pass, the
+        change applied at `compensation_strength`. The residuals go to `plan.info`."""
         run = runner()
-        damping, residuals = self.config.compensation_damping, {}
+        cfg, residuals = self.config, {}
         for i, layer in enumerate(tqdm(get_layers(model, spec), desc="spp: compensation", leave=False)):
             per = keep.get(i, {})
             view = layer_view(layer, i, spec, model.config)
@@ -151,9 +152,15 @@ class SPPPruner(BasePruner):
             )  # fmt: skip
             run.advance(outputs)
             for name, (path, cols) in targets.items():
-                W = weight_oi(view.module(path)).detach()
-                lp = plan.layers[i]
-                lp.weights[path], residuals[f"{i}.{name}"] = compensate(
-                    W, stats[name].gram.to(W.device), cols.to(W.device), damping
-                )
+                mod = view.module(path)
+                W, lp = weight_oi(mod).detach(), plan.layers[i]
+                H, cols = stats[name].gram.to(W.device), cols.to(W.device)
+                damping, strength = cfg.compensation_damping, cfg.compensation_strength
+                if cfg.compensation_bias:
+                    lp.weights[path], b, residuals[f"{i}.{name}"] = compensate_with_bias(
+                        W, H, stats[name].mean, cols, damping, strength
+                    )
+                    lp.biases[path] = plus_bias(b, mod)
+                else:
+                    lp.weights[path], residuals[f"{i}.{name}"] = compensate(W, H, cols, damping, strength)
         plan.info["compensation_residuals"] = residuals
