@@ -469,10 +469,9 @@ def test_a_search_too_short_to_enter_anything_is_refused_before_it_runs():
     assert all(p.requires_grad for p in model.parameters()) and not any(m._forward_hooks for m in model.modules())
 
 
-def test_compensation_is_the_least_squares_refit_of_the_kept_inputs(tmp_path):
-    """compensate=True: o_proj on its kept v/o inputs and down_proj on its kept channels are the least-squares fit of
-    the dense layer's output on the dense model's inputs (float64 lstsq, damping 0); extracting from a saved path
-    then needs calibration, and says so before anything changes."""
+def _searched_model_and_refit_inputs(tmp_path):
+    """A tiny GQA llama, its calibration ids, a saved path of a short search on them, and the dense model's float64
+    inputs of every o_proj / down_proj on those ids (what the refit fits)."""
     model = tiny_model("llama_gqa")
     ids = calibration_ids()
     path = AutoPruner(model).search_solution_path(SPPConfig(**FAST), calibration=ids)
@@ -484,6 +483,14 @@ def test_compensation_is_the_least_squares_refit_of_the_kept_inputs(tmp_path):
         model(ids)
     for h in hooks:
         h.remove()
+    return model, ids, where, inputs
+
+
+def test_compensation_is_the_least_squares_refit_of_the_kept_inputs(tmp_path):
+    """compensate=True: o_proj on its kept v/o inputs and down_proj on its kept channels are the least-squares fit of
+    the dense layer's output on the dense model's inputs (float64 lstsq, damping 0); extracting from a saved path
+    then needs calibration, and says so before anything changes."""
+    model, ids, where, inputs = _searched_model_and_refit_inputs(tmp_path)
     cfg = {**FAST, "pruning_ratio": 0.3, "solution_path": where}
     cfg.pop("compensate")
     refit, plain = copy.deepcopy(model), copy.deepcopy(model)
@@ -527,17 +534,7 @@ def test_compensation_with_bias_at_a_strength_is_the_shrunk_intercept_fit_and_re
     """compensation_bias / compensation_strength: the kept o_proj / down_proj inputs take the fraction s of the
     intercept least-squares fit's change (float64 lstsq on [X_K, 1], damping 0) and the new bias restores the dense
     layer's mean output (s = 0: FLAP's bias compensation, W_P μ_P); the biased model saves and reloads exactly."""
-    model = tiny_model("llama_gqa")
-    ids = calibration_ids()
-    path = AutoPruner(model).search_solution_path(SPPConfig(**FAST), calibration=ids)
-    where = str(path.save_pretrained(tmp_path / "path"))
-    inputs = {}
-    hooks = [m.register_forward_pre_hook(lambda m, a, n=n: inputs.__setitem__(n, a[0].detach().double()))
-             for n, m in model.named_modules() if n.endswith("mlp.down_proj")]  # fmt: skip
-    with torch.no_grad():
-        model(ids)
-    for h in hooks:
-        h.remove()
+    model, ids, where, inputs = _searched_model_and_refit_inputs(tmp_path)
     cfg = {**FAST, "pruning_ratio": 0.3, "solution_path": where, "compensate": True, "compensation_damping": 0.0}
     pruned = copy.deepcopy(model)
     prune_(pruned, SPPConfig(**cfg, compensation_bias=True, compensation_strength=strength), ids)
