@@ -494,7 +494,8 @@ def test_compensation_is_the_least_squares_refit_of_the_kept_inputs(tmp_path):
     cfg = {**FAST, "pruning_ratio": 0.3, "solution_path": where}
     cfg.pop("compensate")
     refit, plain = copy.deepcopy(model), copy.deepcopy(model)
-    rep = prune_(refit, SPPConfig(**cfg, compensation_damping=0.0), ids)  # compensate=True: the default
+    plain_refit = {"compensation_damping": 0.0, "compensation_bias": False, "compensation_strength": 1.0}
+    rep = prune_(refit, SPPConfig(**cfg, **plain_refit), ids)  # compensate=True: the default
     prune_(plain, SPPConfig(**cfg, compensate=False))
     assert rep.info["compensate_s"] > 0 and rep.info["compensation_residuals"]
     checked = 0
