@@ -80,7 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spp-round-to", type=int, default=None, help="SPPConfig.round_to (default: SPPConfig's)")
     p.add_argument("--head-dim-multiple", type=int, default=None, help="SPPConfig.head_dim_multiple (default: its)")
     p.add_argument("--extra-spp-rows", nargs="*", default=[], choices=sorted(EXTRA_ROWS),
-                   help="more extractions from the same path: the refit with a bias, at full or half strength")  # fmt: skip
+                   help="more extractions from the same path: the refit with a bias at full strength (spp_bias) or at half "
+                        "strength (spp_bias_s0.5: SPPConfig's default since it was measured)")  # fmt: skip
     p.add_argument(
         "--ria-search-steps",
         type=int,
