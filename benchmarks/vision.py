@@ -97,7 +97,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ft-batch", type=int, default=16)
     # 1e-5: at 5e-5 full fine-tuning lowered the 40% models' accuracy (FLAP 0.508 -> 0.394), at 1e-5 it raised it
     # (0.508 -> 0.586; results/vision_dinov2s_cifar10{,_lr1e-5}.md)
-    p.add_argument("--ft-lr", type=float, default=1e-5)
+    p.add_argument(
+        "--ft-lr",
+        type=float,
+        nargs="+",
+        default=[1e-5],
+        help="fine-tuning rate(s): several fine-tune each pruned model once per rate (a selection-split sweep)",
+    )
     p.add_argument("--spp-steps", type=int, default=300, help="SPP search steps")
     p.add_argument("--spp-batch", type=int, default=8, help="SPP search batch (images)")
     p.add_argument("--spp-lr", type=float, default=None, help="SPP search lr (default: SPPConfig's)")
@@ -207,15 +213,20 @@ def quality(args, res: dict) -> None:
             report = prune_(model, config, None if method == "spp" else calibration)
             save_pruned_model(model, _saved_dir(args, name), overwrite=True, model_card=False)
             acc = data.accuracy(model, test_x, test_y)
-            cfg = FinetuneConfig(method="full", max_steps=args.ft_steps, batch_size=args.ft_batch,
-                                 learning_rate=args.ft_lr, warmup_steps=max(1, args.ft_steps // 10), seed=0)  # fmt: skip
-            model, ft_report = finetune_(model, cfg, ft_examples, None)
+            after, ft = {}, {}
+            for lr in args.ft_lr:  # each rate fine-tunes its own copy of the pruned model
+                cfg = FinetuneConfig(method="full", max_steps=args.ft_steps, batch_size=args.ft_batch,
+                                     learning_rate=lr, warmup_steps=max(1, args.ft_steps // 10), seed=0)  # fmt: skip
+                tuned, ft[lr] = finetune_(copy.deepcopy(model), cfg, ft_examples, None)
+                after[f"{lr:g}"] = data.accuracy(tuned, test_x, test_y)
+                del tuned
+            first = ft[args.ft_lr[0]]
             res["runs"][name] = {
                 "method": method, "ratio": ratio, "measured_ratio": report.measured, "params": report.params_after,
                 "prune_s": report.timings["total_s"], "accuracy_before_ft": acc,
-                "accuracy_after_ft": data.accuracy(model, test_x, test_y),
-                "ft_heldout_accuracy": [ft_report.accuracy_before, ft_report.accuracy_after],
-                "ft_runtime_s": ft_report.train_runtime_s, "ft_loss": ft_report.loss_history,
+                "accuracy_after_ft": after[f"{args.ft_lr[0]:g}"], "accuracy_after_ft_by_lr": after,
+                "ft_heldout_accuracy": [first.accuracy_before, first.accuracy_after],
+                "ft_runtime_s": first.train_runtime_s, "ft_loss": first.loss_history,
                 "layers": [(r["num_attention_heads"], r.get("qk_head_dim", r["head_dim"]),
                             r.get("vo_head_dim", r["head_dim"]), r["intermediate_size"]) for r in report.layers],
             }  # fmt: skip
@@ -267,29 +278,40 @@ def markdown(res: dict) -> str:
     s, runs = res.get("settings", {}), res["runs"]
     speed = (res.get("timing") or {}).get("speedup", {})
     dense = runs.get("dense", {})
+    lrs = s.get("ft_lr")
+    lrs = [f"{x:g}" for x in (lrs if isinstance(lrs, list) else [lrs])]  # one rate (older files: a number) or a sweep
+    after_cols = ["after FT"] if len(lrs) == 1 else [f"after FT (lr {x})" for x in lrs]
     lines = [
         "# DINOv2-S/14 + linear probe on CIFAR-10: structured pruning (CPU)",
         "",
         f"Input {s.get('size')} px; accuracy on the first {s.get('test')} images of the "
         f"{(res.get('vision_protocol') or {}).get('split', 'test')} split; calibration: "
         f"{s.get('calibration')} images of the calibration split (the same for every method); fine-tuning: full, "
-        f"{s.get('ft_steps')} steps × {s.get('ft_batch')} images, lr {s.get('ft_lr')} (cosine), on "
+        f"{s.get('ft_steps')} steps × {s.get('ft_batch')} images, lr {', '.join(lrs)} (cosine{'; one fine-tune per rate' if len(lrs) > 1 else ''}), on "
         f"{s.get('ft_images')} train-split images the probe was not fitted on. Latency: forward of "
         f"{(res.get('timing') or {}).get('batch')} images, {(res.get('timing') or {}).get('threads')} thread(s), "
         "median of interleaved rounds, speedup = dense / model.",
         "",
-        "| method | target ratio | measured ratio | params | accuracy before FT | after FT | speedup |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-        f"| dense | 0 | 0 | {dense.get('params', 0) / 1e6:.2f} M | {dense.get('accuracy', float('nan')):.4f} | – | "
-        f"{speed.get('dense', float('nan')):.2f}× |",
+        f"| method | target ratio | measured ratio | params | accuracy before FT | {' | '.join(after_cols)} | speedup |",
+        "|---|---:|---:|---:|---:|" + "---:|" * len(lrs) + "---:|",
+        f"| dense | 0 | 0 | {dense.get('params', 0) / 1e6:.2f} M | {dense.get('accuracy', float('nan')):.4f} | "
+        + "– | " * len(lrs) + f"{speed.get('dense', float('nan')):.2f}× |",
     ]
     for name, r in runs.items():
         if name == "dense":
             continue
+        by_lr = r.get("accuracy_after_ft_by_lr") or {lrs[0]: r["accuracy_after_ft"]}
         lines.append(
             f"| {r['method']} | {r['ratio']:g} | {r['measured_ratio']:.3f} | {r['params'] / 1e6:.2f} M | "
-            f"{r['accuracy_before_ft']:.4f} | {r['accuracy_after_ft']:.4f} | {speed.get(name, float('nan')):.2f}× |"
+            f"{r['accuracy_before_ft']:.4f} | " + " | ".join(f"{by_lr[x]:.4f}" for x in lrs)
+            + f" | {speed.get(name, float('nan')):.2f}× |"
         )
+    pruned = [r["accuracy_after_ft_by_lr"] for n, r in runs.items() if n != "dense" and "accuracy_after_ft_by_lr" in r]
+    if len(lrs) > 1 and pruned:
+        mean = {x: statistics.fmean(p[x] for p in pruned) for x in lrs}
+        lines += ["", "Mean accuracy after fine-tuning over the pruned models, per rate: "
+                  + ", ".join(f"lr {x} {m:.4f}" for x, m in mean.items())
+                  + f" (highest: lr {max(mean, key=mean.get)})."]  # fmt: skip
     timing = res.get("timing") or {}
     if timing.get("cpu_speedup"):
         cpu = ", ".join(f"{n} {v:.2f}×" for n, v in timing["cpu_speedup"].items() if n != "dense")

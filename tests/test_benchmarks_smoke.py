@@ -324,8 +324,12 @@ def test_vision(tiny_vision, tmp_path):
     argv += ["--methods", "magnitude", "flap", "--ratios", "0.3", "--calibration", "4", "--test", "8"]
     argv += ["--ft-images", "4", "--ft-steps", "1", "--ft-batch", "2", "--cache-dir", str(tmp_path / "cache")]
     out = tmp_path / "vision.json"
-    result = _run("vision", argv, out)
+    result = _run("vision", [*argv, "--ft-lr", "1e-5", "1e-3"], out)
     assert set(result["runs"]) == {"dense", "magnitude_0.3", "flap_0.3"}
+    run = result["runs"]["flap_0.3"]  # a rate sweep: one fine-tune of the same pruned model per rate
+    assert set(run["accuracy_after_ft_by_lr"]) == {"1e-05", "0.001"}
+    assert run["accuracy_after_ft"] == run["accuracy_after_ft_by_lr"]["1e-05"]
+    assert "after FT (lr 0.001)" in out.with_suffix(".md").read_text()
     assert result["vision_protocol"]["split"] == "test"
     assert {k: v["images"] for k, v in result["vision_protocol"]["sets"].items()} == {
         "test": 24,
