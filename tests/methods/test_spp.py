@@ -21,6 +21,7 @@ from optimum_prune.methods.spp.functional import (
     removal_order,
     select_removed,
 )
+from optimum_prune.methods.spp.extract import POOLS
 from optimum_prune.methods.spp.masks import SearchMasks, attach_masks
 from optimum_prune.methods.spp.search import search_views
 from optimum_prune.modeling.architectures import get_spec
@@ -208,6 +209,23 @@ def test_folded_masks_are_the_masked_model(arch):
     with attach_masks(views, spec, masks):
         masked = logits(model)
     torch.testing.assert_close(logits(pruner.model), masked, rtol=1e-4, atol=1e-4)  # products in another order
+
+
+@pytest.mark.parametrize("pools", ["separate", "per_kind", "cost_weighted"])
+def test_pools_split_the_removed_parameters(pools):
+    """Each pool loses the same fraction of its parameters (per_kind: q/k, v/o and MLP separately), and the pools
+    together lose `pruning_ratio` of the attention + MLP parameters."""
+    model = tiny_model("llama_gqa")
+    report = AutoPruner(copy.deepcopy(model), keep_teacher=False).prune(
+        SPPConfig(pruning_ratio=0.3, pools=pools, **FAST), calibration=calibration_ids()
+    )
+    info = report.info["pools"]
+    assert set(info) == set(POOLS[pools])
+    target = {p["target_fraction"] for p in info.values()}
+    assert len(target) == 1 and 0.2 < target.pop() < 0.5  # one fraction for every pool
+    for name, p in info.items():
+        assert abs(p["selected_fraction"] - p["target_fraction"]) < 0.1, name
+    assert report.measured == pytest.approx(0.3, abs=0.05)
 
 
 def test_one_search_a_family_that_reloads_exactly(tmp_path):

@@ -124,8 +124,9 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             ratio is extracted from it with no search, and with no calibration when `compensate=False` (the path
             must come from this model and these settings). `None`: search first (needs calibration).
         pools (`str`, defaults to `"separate"`): `"separate"` (the authors' code: attention units (QK + VO) and MLP
-            channels are thresholded separately, each losing the same fraction of its parameters) or
-            `"cost_weighted"` (one pool: all units by entry, cut where the removed parameters reach the ratio).
+            channels are thresholded separately, each losing the same fraction of its parameters), `"per_kind"` (q/k
+            units, v/o units and MLP channels each lose that fraction) or `"cost_weighted"` (one pool: all units by
+            entry, cut where the removed parameters reach the ratio).
         statistic (`str`, defaults to `"entry_time"`): what units are ranked by: `"entry_time"` (the step at which
             `Γ` first became non-zero) or `"step_record"` (the code's count of `interval`s spent in the support).
         tie_break (`str`, defaults to `"z"`): orders units with the same statistic (and units that never entered):
@@ -239,7 +240,7 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._validate_search()
-        _choice("pools", self.pools, ("separate", "cost_weighted"))
+        _choice("pools", self.pools, ("separate", "per_kind", "cost_weighted"))
         _choice("statistic", self.statistic, ("entry_time", "step_record"))
         _choice("tie_break", self.tie_break, ("z", "gamma"))
         _choice("attention_scale", self.attention_scale, ("original", "reduced"))

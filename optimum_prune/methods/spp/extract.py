@@ -4,6 +4,7 @@ Units are ordered least important first (`functional.removal_order`: latest entr
 removes them until the removed parameters reach the target (`functional.select_removed`), per pool:
   - `"separate"` (the authors' code): attention units (QK + VO, all layers) and MLP channels (all layers) each lose
     the same fraction of their parameters, so that the total is `pruning_ratio` of the attention + MLP parameters;
+  - `"per_kind"`: q/k units, v/o units and MLP channels (all layers) each lose that fraction;
   - `"cost_weighted"`: one pool of every unit.
 `allocation="uniform"` takes that fraction in every layer and kind instead. Guards keep at least `head_dim_multiple`
 q/k and v/o dimensions and `min_mlp_channels_per_layer` channels per layer; then every layer's kept counts are
@@ -29,7 +30,11 @@ __all__ = ["extract_keep", "POOLS"]
 
 logger = logging.getLogger(__name__)
 
-POOLS = {"separate": {"attention": ("qk", "vo"), "mlp": ("mlp",)}, "cost_weighted": {"all": ("qk", "vo", "mlp")}}
+POOLS = {
+    "separate": {"attention": ("qk", "vo"), "mlp": ("mlp",)},
+    "per_kind": {"qk": ("qk",), "vo": ("vo",), "mlp": ("mlp",)},
+    "cost_weighted": {"all": ("qk", "vo", "mlp")},
+}
 
 
 def _min_units(kind: str, config, rotary: bool, n: int) -> int:
