@@ -40,12 +40,23 @@ def markdown(res: dict) -> str:
         "",
         "- Model: SmolLM2-135M-Instruct (`SmolLM2-135M-Instruct.Q4_1.gguf` dequantized to float32), CPU, "
         f"{a['threads']} torch thread(s).",
-        f"- Data: BBC news split with `split_documents(docs, 0.5, seed=0)`; {a['num_samples']} × "
-        f"{a['calib_seq_len']} calibration token ids from the first half, identical for every method (NP / FLAP / RIA / "
-        "Wanda calibrate on them, SPP's refit and, in runs before SPP searched on windows of its own (below), its "
-        "search); LoRA trains on the first half too.",
-        f"- Perplexity: first {a['eval_tokens']} tokens, windows of {a['eval_seq_len']}: **BBC** = held-out half "
-        "(shuffled, seed 0), **Python** = Python 3.11 documentation sources (out of domain).",
+        (
+            f"- Data: BBC news, {a['num_samples']} × {a['calib_seq_len']} calibration token ids from the calibration "
+            "split (the protocol line below), identical for every method (NP / FLAP / RIA / Wanda calibrate on them, "
+            "SPP's refit); LoRA trains on the calibration split too."
+            if res.get("protocol")
+            else f"- Data: BBC news split with `split_documents(docs, 0.5, seed=0)`; {a['num_samples']} × "
+            f"{a['calib_seq_len']} calibration token ids from the first half, identical for every method (NP / FLAP / "
+            "RIA / Wanda calibrate on them, SPP's refit and, in runs before SPP searched on windows of its own "
+            "(below), its search); LoRA trains on the first half too."
+        ),
+        (
+            f"- Perplexity: windows of {a['eval_seq_len']} over each text's evaluation split (the protocol line): "
+            "**BBC** news, **Python** = Python 3.11 documentation sources, and the KJV Bible (listed below the table)."
+            if res.get("protocol")
+            else f"- Perplexity: first {a['eval_tokens']} tokens, windows of {a['eval_seq_len']}: **BBC** = held-out "
+            "half (shuffled, seed 0), **Python** = Python 3.11 documentation sources (out of domain)."
+        ),
         f"- SPP: one search of {search.get('steps')} steps (settings "
         f"`{ {k: v for k, v in (search.get('settings') or {}).items() if k in _SHOWN} }`, ν per unit kind "
         f"{ {k: round(v, 1) for k, v in (search.get('nu') or {}).items()} }) on "

@@ -4,10 +4,10 @@ Methods: magnitude, Wanda, SparseGPT, RIA, FISTAPruner at its defaults (`fista`)
 (`fista_paper`, `FISTAConfig.paper()`), FISTA candidates (`fista:ridge=0.1+eps=0.01`: `FISTAConfig` with those
 options; labelled "= default" when they are today's defaults), at 50% unstructured and at 2:4, then an optional
 sparsity sweep. Every method
-gets the *same* calibration token ids (`--num-samples` x `--seq-len`, built once from the calibration half of the BBC
-corpus, `split_documents(docs, 0.5, seed=0)`) and is scored by perplexity on the *same* first `--eval-tokens` tokens
-of the held-out BBC half *and* of a corpus of another kind never used for calibration (`--ood`: the Python 3.11
-documentation sources, shuffled with the seed). Pruning wall time is `report.timings["total_s"]`; for FISTA the
+gets the *same* calibration token ids (`--num-samples` x `--seq-len`, built once from the calibration split of the
+BBC corpus, benchmarks/README.md's protocol) and is scored by perplexity on the *same* first `--eval-tokens` tokens
+of the evaluation split (`--split`) of BBC news *and* of texts of other kinds never used for calibration (`--ood`:
+the Python 3.11 documentation sources; the protocol's third text, the KJV Bible, in its own table). Pruning wall time is `report.timings["total_s"]`; for FISTA the
 time per projection type comes from `report.info["layers"]`.
 
 The JSON and markdown outputs are rewritten after every run, so an interrupted run leaves usable partial results;
@@ -273,9 +273,10 @@ def markdown(result: dict[str, Any]) -> str:
         f"{s['calibration']['seq_len']} BBC tokens",
         "",
         f"Model `{s['model']}` (dequantized from `{s['gguf_file']}`, float32, CPU). Calibration: "
-        f"{s['calibration']['num_samples']} x {s['calibration']['seq_len']} tokens of the calibration half of the BBC "
-        f"corpus (identical token ids for every method). Perplexity on the first {s['eval']['tokens']} tokens "
-        f"(windows of {s['eval']['seq_len']}) of **BBC**: the held-out half of the BBC articles (in domain), and of "
+        f"{s['calibration']['num_samples']} x {s['calibration']['seq_len']} tokens of the calibration "
+        f"{'split' if result.get('protocol') else 'half'} of the BBC corpus (identical token ids for every method). "
+        f"Perplexity on the first {s['eval']['tokens']} tokens (windows of {s['eval']['seq_len']}) of **BBC**: the "
+        f"{'evaluation split' if result.get('protocol') else 'held-out half'} of the BBC articles (in domain), and of "
         f"**OOD**: {ood.get('source', '—')} (another kind of text, never used for calibration). Dense perplexity: "
         f"BBC **{_ppl(result.get('dense_ppl'))}**, OOD **{_ppl(result.get('dense_ppl_ood'))}**. "
         f"Pruning time = `report.timings['total_s']` (wall clock, {s['threads']} CPU threads; "
