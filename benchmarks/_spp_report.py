@@ -7,8 +7,11 @@ from typing import Any
 NAMES = {"spp": "SPP", "np": "NP", "flap": "FLAP", "spp_ria": "SPP + RIA (experimental)", "ria": "RIA",
          "wanda": "Wanda", "spp_refit": "SPP + refit", "spp_norefit": "SPP, no refit",
          "spp_random": "SPP, random order (control)", "spp_bias": "SPP, refit with a bias",
-         "spp_bias_s0.5": "SPP, refit with a bias at strength 0.5"}  # fmt: skip
-ROWS = ("spp", "spp_refit", "spp_norefit", "spp_bias", "spp_bias_s0.5", "spp_random", "np", "flap")
+         "spp_bias_s0.5": "SPP, refit with a bias at strength 0.5", "spp_bias_s1": "SPP, refit with a bias at strength 1",
+         "spp_per_kind": "SPP, pools per kind (q/k, v/o, MLP)", "spp_separate": "SPP, pools attention / MLP (the code's)",
+         "spp_cost_weighted": "SPP, one cost-weighted pool", "spp_uniform": "SPP, the same fraction in every layer"}  # fmt: skip
+ROWS = ("spp", "spp_refit", "spp_norefit", "spp_bias", "spp_bias_s0.5", "spp_bias_s1", "spp_per_kind", "spp_separate",
+        "spp_cost_weighted", "spp_uniform", "spp_random", "np", "flap")
 
 
 _SHOWN = ("faithful_to", "lr", "lambda_", "batch_size", "nu_scale")
@@ -111,9 +114,10 @@ def markdown(res: dict) -> str:
                   f"{min(rho):.2f} to {max(rho):.2f} (≈ 0 for a path that carries no information)."]  # fmt: skip
     lines += ["", "SPP widths kept (mean over layers):", ""]
     for ratio in a["ratios"]:
-        row = res["rows"].get(f"spp@{ratio}")
-        if row:
-            lines.append(f"- {ratio}: {_kept(row, dense_layers)}")
+        for method in ROWS:
+            row = res["rows"].get(f"{method}@{ratio}")
+            if row and row.get("layers") and method != "spp_random":
+                lines.append(f"- {ratio}" + (f", {NAMES[method]}" if method != "spp" else "") + f": {_kept(row, dense_layers)}")
     if res.get("speed"):
         any_speed = next(iter(res["speed"].values()))
         lines += [

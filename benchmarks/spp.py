@@ -177,7 +177,8 @@ EXTRA_ROWS = {"spp_bias": {"compensation_bias": True},
               "spp_bias_s0.5": {"compensation_bias": True, "compensation_strength": 0.5},
               "spp_bias_s1": {"compensation_bias": True, "compensation_strength": 1.0},
               # the allocation across unit kinds (the path's order within each pool is the same)
-              "spp_per_kind": {"pools": "per_kind"}, "spp_cost_weighted": {"pools": "cost_weighted"},
+              "spp_per_kind": {"pools": "per_kind"}, "spp_separate": {"pools": "separate"},
+              "spp_cost_weighted": {"pools": "cost_weighted"},
               "spp_uniform": {"allocation": "uniform"}}  # fmt: skip
 
 
@@ -295,13 +296,13 @@ ABLATION = {
 
 def _random_path(path_dir: Path, out_dir: Path) -> None:
     """The path with its statistics (entry, step_record, Z, Γ) permuted at random (seed 0) among the units of each
-    pool of `pools="separate"` (attention: every layer's QK and VO units; MLP: every layer's channels): the same
-    values, in an order that carries no information (the control)."""
+    pool of the default extraction (`SPPConfig().pools`; per kind: every layer's QK units, VO units, MLP channels):
+    the same values, in an order that carries no information (the control)."""
     from optimum_prune.methods.spp.extract import POOLS
 
     path = SolutionPath.from_pretrained(path_dir)
     g = torch.Generator().manual_seed(0)
-    for kinds in POOLS["separate"].values():
+    for kinds in POOLS[SPPConfig().pools].values():
         keys = [key for key in sorted(path.stats) if key[1] in kinds]
         if not keys:
             continue

@@ -123,10 +123,12 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
         solution_path (`str | None`, defaults to `None`): a directory written by `SolutionPath.save_pretrained`: the
             ratio is extracted from it with no search, and with no calibration when `compensate=False` (the path
             must come from this model and these settings). `None`: search first (needs calibration).
-        pools (`str`, defaults to `"separate"`): `"separate"` (the authors' code: attention units (QK + VO) and MLP
-            channels are thresholded separately, each losing the same fraction of its parameters), `"per_kind"` (q/k
-            units, v/o units and MLP channels each lose that fraction) or `"cost_weighted"` (one pool: all units by
-            entry, cut where the removed parameters reach the ratio).
+        pools (`str`, defaults to `"per_kind"`): how the removed parameters are shared out: `"per_kind"` (q/k
+            units, v/o units and MLP channels, over all layers, each lose the same fraction of their parameters; the
+            path orders the units within each kind), `"separate"` (the authors' code: attention units (QK + VO
+            together) and MLP channels each lose that fraction, so the path also decides q/k against v/o) or
+            `"cost_weighted"` (one pool: all units by entry, cut where the removed parameters reach the ratio).
+            `"per_kind"` measured best on the selection split (docs/methods/spp.md).
         statistic (`str`, defaults to `"entry_time"`): what units are ranked by: `"entry_time"` (the step at which
             `Γ` first became non-zero) or `"step_record"` (the code's count of `interval`s spent in the support).
         tie_break (`str`, defaults to `"z"`): orders units with the same statistic (and units that never entered):
@@ -207,7 +209,7 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
     method = "spp"
 
     solution_path: str | None = None
-    pools: str = "separate"
+    pools: str = "per_kind"
     statistic: str = "entry_time"
     tie_break: str = "z"
     extrapolate: bool | None = None
