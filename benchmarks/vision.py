@@ -210,7 +210,8 @@ def quality(args, res: dict) -> None:
             logger.info("%s", name)
             model = copy.deepcopy(dense)
             config = _config(args, res, method, ratio, dense, calibration)
-            report = prune_(model, config, None if method == "spp" else calibration)
+            needs_data = method != "spp" or config.compensate  # SPP's refit of o_proj / down_proj reads activations
+            report = prune_(model, config, calibration if needs_data else None)
             save_pruned_model(model, _saved_dir(args, name), overwrite=True, model_card=False)
             acc = data.accuracy(model, test_x, test_y)
             after, ft = {}, {}
