@@ -30,8 +30,18 @@ def _kept(row: dict, dense_layers: tuple[int, int, int]) -> str:
     return f"q/k {fr[0]:.0%}, v/o {fr[1]:.0%}, MLP {fr[2]:.0%}"
 
 
+def _spp_settings(config: dict) -> str:
+    """The extraction settings of an `spp` row (keys a file written before they existed lacks: their old values)."""
+    pools = config.get("pools", "separate")
+    if not config.get("compensate", False):
+        return f"pools={pools}, no refit"
+    return (f"pools={pools}, refit with{'' if config.get('compensation_bias', False) else 'out'} a bias at strength "
+            f"{config.get('compensation_strength', 1.0):g}")  # fmt: skip
+
+
 def markdown(res: dict) -> str:
     a = res["args"]
+    bible = any("kjv" in row["pruned"] for row in res["rows"].values())  # the protocol's third text
     dense = res.get("dense", {})
     search = res.get("search", {})
     lines = [
@@ -77,9 +87,9 @@ def markdown(res: dict) -> str:
         f"Dense: BBC ppl **{_f(dense.get('bbc'))}**, Python ppl **{_f(dense.get('python'))}**, "
         f"{_f((dense.get('params') or 0) / 1e6, '.1f')} M parameters.",
         "",
-        "| ratio | method | measured | params (M) | BBC ppl | Python ppl | BBC + LoRA | Python + LoRA | prefill × | "
-        "decode × | prune time (s) |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ratio | method | measured | params (M) | BBC ppl | Python ppl | " + ("Bible ppl | " if bible else "")
+        + "BBC + LoRA | Python + LoRA | prefill × | decode × | prune time (s) |",
+        "|---:|---|---:|---:|---:|---:|" + ("---:|" if bible else "") + "---:|---:|---:|---:|---:|",
     ]
     if res.get("protocol"):
         import harness
@@ -93,20 +103,24 @@ def markdown(res: dict) -> str:
             row = res["rows"].get(f"{method}@{ratio}")
             if row is None:
                 if method in ("spp", "np", "flap"):
-                    lines.append(f"| {ratio} | {NAMES[method]} | not run | | | | | | | | |")
+                    lines.append(f"| {ratio} | {NAMES[method]} | not run |" + " |" * (8 + bible))
                 continue
             p, lo, sp = row["pruned"], row.get("lora", {}), speed.get(method, {})
             t = f"{row['extract_s']:.2f} (extract)" if method.startswith("spp") else _f(row["prune_s"], ".1f")
             lines.append(
                 f"| {ratio} | {NAMES[method]} | {row['measured']:.3f} | {row['params'] / 1e6:.1f} | {_f(p['bbc'])} | "
-                f"{_f(p['python'])} | {_f(lo.get('bbc'))} | {_f(lo.get('python'))} | "
+                f"{_f(p['python'])} | " + (f"{_f(p.get('kjv'))} | " if bible else "")
+                + f"{_f(lo.get('bbc'))} | {_f(lo.get('python'))} | "
                 f"{_f(sp.get('prefill_speedup'))} | {_f(sp.get('decode_speedup'))} | {t} |"
             )
-    if any("kjv" in row["pruned"] for row in res["rows"].values()):
-        lines += ["", f"KJV Bible perplexity (the protocol's third text; dense {_f(dense.get('kjv'))}), pruned / + LoRA:",
-                  ""]  # fmt: skip
-        for key, row in res["rows"].items():
-            lines.append(f"- {key}: {_f(row['pruned'].get('kjv'))} / {_f(row.get('lora', {}).get('kjv'))}")
+    lora_kjv = {key: row["lora"]["kjv"] for key, row in res["rows"].items() if "kjv" in row.get("lora", {})}
+    if lora_kjv:
+        lines += ["", f"KJV Bible perplexity after LoRA (dense {_f(dense.get('kjv'))}):", ""]
+        lines += [f"- {key}: {_f(v)}" for key, v in lora_kjv.items()]
+    spp_rows = [(r, res["rows"][f"spp@{r}"]) for r in a["ratios"] if f"spp@{r}" in res["rows"]]
+    if spp_rows:
+        lines += ["", "The `SPP` rows (the default when each was run): " + "; ".join(
+            f"{r}: {_spp_settings(row.get('config') or {})}" for r, row in spp_rows) + "."]  # fmt: skip
     rho = search.get("spearman_mlp")
     if rho:
         lines += ["", f"Path vs a plain importance score: Spearman correlation between an MLP channel's place in the "
