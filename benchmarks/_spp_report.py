@@ -10,8 +10,21 @@ NAMES = {"spp": "SPP", "np": "NP", "flap": "FLAP", "spp_ria": "SPP + RIA (experi
          "spp_bias_s0.5": "SPP, refit with a bias at strength 0.5", "spp_bias_s1": "SPP, refit with a bias at strength 1",
          "spp_per_kind": "SPP, pools per kind (q/k, v/o, MLP)", "spp_separate": "SPP, pools attention / MLP (the code's)",
          "spp_cost_weighted": "SPP, one cost-weighted pool", "spp_uniform": "SPP, the same fraction in every layer"}  # fmt: skip
-ROWS = ("spp", "spp_refit", "spp_norefit", "spp_bias", "spp_bias_s0.5", "spp_bias_s1", "spp_per_kind", "spp_separate",
-        "spp_cost_weighted", "spp_uniform", "spp_random", "np", "flap")
+ROWS = (
+    "spp",
+    "spp_refit",
+    "spp_norefit",
+    "spp_bias",
+    "spp_bias_s0.5",
+    "spp_bias_s1",
+    "spp_per_kind",
+    "spp_separate",
+    "spp_cost_weighted",
+    "spp_uniform",
+    "spp_random",
+    "np",
+    "flap",
+)
 
 
 _SHOWN = ("faithful_to", "lr", "lambda_", "batch_size", "nu_scale")
@@ -87,7 +100,8 @@ def markdown(res: dict) -> str:
         f"Dense: BBC ppl **{_f(dense.get('bbc'))}**, Python ppl **{_f(dense.get('python'))}**, "
         f"{_f((dense.get('params') or 0) / 1e6, '.1f')} M parameters.",
         "",
-        "| ratio | method | measured | params (M) | BBC ppl | Python ppl | " + ("Bible ppl | " if bible else "")
+        "| ratio | method | measured | params (M) | BBC ppl | Python ppl | "
+        + ("Bible ppl | " if bible else "")
         + "BBC + LoRA | Python + LoRA | prefill × | decode × | prune time (s) |",
         "|---:|---|---:|---:|---:|---:|" + ("---:|" if bible else "") + "---:|---:|---:|---:|---:|",
     ]
@@ -109,7 +123,8 @@ def markdown(res: dict) -> str:
             t = f"{row['extract_s']:.2f} (extract)" if method.startswith("spp") else _f(row["prune_s"], ".1f")
             lines.append(
                 f"| {ratio} | {NAMES[method]} | {row['measured']:.3f} | {row['params'] / 1e6:.1f} | {_f(p['bbc'])} | "
-                f"{_f(p['python'])} | " + (f"{_f(p.get('kjv'))} | " if bible else "")
+                f"{_f(p['python'])} | "
+                + (f"{_f(p.get('kjv'))} | " if bible else "")
                 + f"{_f(lo.get('bbc'))} | {_f(lo.get('python'))} | "
                 f"{_f(sp.get('prefill_speedup'))} | {_f(sp.get('decode_speedup'))} | {t} |"
             )
@@ -131,7 +146,9 @@ def markdown(res: dict) -> str:
         for method in ROWS:
             row = res["rows"].get(f"{method}@{ratio}")
             if row and row.get("layers") and method != "spp_random":
-                lines.append(f"- {ratio}" + (f", {NAMES[method]}" if method != "spp" else "") + f": {_kept(row, dense_layers)}")
+                lines.append(
+                    f"- {ratio}" + (f", {NAMES[method]}" if method != "spp" else "") + f": {_kept(row, dense_layers)}"
+                )
     if res.get("speed"):
         any_speed = next(iter(res["speed"].values()))
         lines += [

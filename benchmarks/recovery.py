@@ -144,7 +144,8 @@ def markdown(res: dict) -> str:
         "- Train time: wall-clock `Trainer.train` on a machine shared with other jobs (load average in the JSON), so "
         "compare ratios, not absolute seconds.",
         "",
-        "Dense: " + ", ".join(f"{t} ppl **{_f(dense.get(k))}**" for k, t in zip(keys, labels))
+        "Dense: "
+        + ", ".join(f"{t} ppl **{_f(dense.get(k))}**" for k, t in zip(keys, labels))
         + f", BBC topic acc **{_f(dense.get('bbc_topic_acc'), '.3f')}**",
         "",
         "| method | recovery | " + " | ".join(f"{t} ppl" for t in labels) + " | BBC topic acc | train time (s) |",

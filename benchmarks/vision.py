@@ -296,7 +296,8 @@ def markdown(res: dict) -> str:
         f"| method | target ratio | measured ratio | params | accuracy before FT | {' | '.join(after_cols)} | speedup |",
         "|---|---:|---:|---:|---:|" + "---:|" * len(lrs) + "---:|",
         f"| dense | 0 | 0 | {dense.get('params', 0) / 1e6:.2f} M | {dense.get('accuracy', float('nan')):.4f} | "
-        + "– | " * len(lrs) + f"{speed.get('dense', float('nan')):.2f}× |",
+        + "– | " * len(lrs)
+        + f"{speed.get('dense', float('nan')):.2f}× |",
     ]
     for name, r in runs.items():
         if name == "dense":
@@ -304,7 +305,8 @@ def markdown(res: dict) -> str:
         by_lr = r.get("accuracy_after_ft_by_lr") or {lrs[0]: r["accuracy_after_ft"]}
         lines.append(
             f"| {r['method']} | {r['ratio']:g} | {r['measured_ratio']:.3f} | {r['params'] / 1e6:.2f} M | "
-            f"{r['accuracy_before_ft']:.4f} | " + " | ".join(f"{by_lr[x]:.4f}" for x in lrs)
+            f"{r['accuracy_before_ft']:.4f} | "
+            + " | ".join(f"{by_lr[x]:.4f}" for x in lrs)
             + f" | {speed.get(name, float('nan')):.2f}× |"
         )
     pruned = [r["accuracy_after_ft_by_lr"] for n, r in runs.items() if n != "dense" and "accuracy_after_ft_by_lr" in r]

@@ -13,6 +13,7 @@ from testing_utils import ARCHS, calibration_ids, logits, tiny_model
 
 from optimum_prune import AutoPrunedModelForCausalLM, AutoPruner, NumericalConfig, prune_, save_pruned_model
 from optimum_prune.methods.spp import SolutionPath, SolutionPathError, SPPConfig, SPPSearchError
+from optimum_prune.methods.spp.extract import POOLS
 from optimum_prune.methods.spp.functional import (
     auto_nu,
     bregman_step_,
@@ -21,7 +22,6 @@ from optimum_prune.methods.spp.functional import (
     removal_order,
     select_removed,
 )
-from optimum_prune.methods.spp.extract import POOLS
 from optimum_prune.methods.spp.masks import SearchMasks, attach_masks
 from optimum_prune.methods.spp.search import search_views
 from optimum_prune.modeling.architectures import get_spec
