@@ -26,6 +26,15 @@ ROWS = (
     "flap",
 )
 
+# The SPPConfig fields of the named extraction rows (the same path, one setting changed): the screen of the extraction
+# settings that `benchmarks/spp.py --extra-spp-rows` and `benchmarks/vision.py --methods` run.
+VARIANTS = {"spp_bias": {"compensation_bias": True},
+            "spp_bias_s0.5": {"compensation_bias": True, "compensation_strength": 0.5},
+            "spp_bias_s1": {"compensation_bias": True, "compensation_strength": 1.0},
+            # the allocation across unit kinds (the path's order within each pool is the same)
+            "spp_per_kind": {"pools": "per_kind"}, "spp_separate": {"pools": "separate"},
+            "spp_cost_weighted": {"pools": "cost_weighted"},
+            "spp_uniform": {"allocation": "uniform"}}  # fmt: skip
 
 _SHOWN = ("faithful_to", "lr", "lambda_", "batch_size", "nu_scale")
 

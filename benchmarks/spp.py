@@ -39,6 +39,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 import harness  # noqa: E402
 import torch  # noqa: E402
+from _spp_report import VARIANTS as EXTRA_ROWS  # noqa: E402
 from _spp_report import markdown  # noqa: E402, F401  (the renderer's entry point for spp results)
 
 from optimum_prune import (  # noqa: E402
@@ -173,13 +174,6 @@ def path_vs_magnitude(path: SolutionPath, dense, calib: torch.Tensor, windows: i
 # SPP rows besides the default extraction: the other compensation setting, the permutation control (the path's
 # order replaced by a random one within each pool: what the path's information is worth), and with
 # --extra-spp-rows the refit's options on the same path (as NP's light-ratio default: an intercept, a shrink)
-EXTRA_ROWS = {"spp_bias": {"compensation_bias": True},
-              "spp_bias_s0.5": {"compensation_bias": True, "compensation_strength": 0.5},
-              "spp_bias_s1": {"compensation_bias": True, "compensation_strength": 1.0},
-              # the allocation across unit kinds (the path's order within each pool is the same)
-              "spp_per_kind": {"pools": "per_kind"}, "spp_separate": {"pools": "separate"},
-              "spp_cost_weighted": {"pools": "cost_weighted"},
-              "spp_uniform": {"allocation": "uniform"}}  # fmt: skip
 
 
 def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: Path, out: Path) -> None:

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _vision as data  # noqa: E402
 import harness  # noqa: E402
 import torch  # noqa: E402
+from _spp_report import VARIANTS  # noqa: E402
 from transformers import AutoModelForImageClassification  # noqa: E402
 
 from optimum_prune import (  # noqa: E402
@@ -64,11 +65,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "vision_dinov2s_cifar10.json"
 METHODS = {"magnitude": MagnitudeConfig, "numerical": NumericalConfig, "flap": FLAPConfig,
            "spp": SPPConfig}  # SPP: one search (cached under the cache dir), every ratio extracted from its path  # fmt: skip
+# SPP's extraction settings screened on the selection split (`--methods spp spp_separate ...`): the same path, one
+# setting changed
+SPP_VARIANTS = {**VARIANTS, "spp_norefit": {"compensate": False}}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=[*METHODS, *SPP_VARIANTS])
     p.add_argument("--ratios", nargs="+", type=float, default=[0.2, 0.4])
     p.add_argument("--size", type=int, default=data.DEFAULT_SIZE, help="input resolution (px)")
     p.add_argument("--calibration", type=int, default=128, help="calibration images")
@@ -167,7 +171,7 @@ def _spp_search(args) -> dict:
 
 def _config(args, res: dict, method: str, ratio: float, dense, calibration):
     """The config of one run; SPP's path is searched once (on the calibration images) and reused by every ratio."""
-    if method != "spp":
+    if method in METHODS and method != "spp":
         return METHODS[method](pruning_ratio=ratio)
     search = _spp_search(args)
     where = data.CACHE / "spp_path" / (f"{args.size}px_" + "_".join(f"{k}{v}" for k, v in sorted(search.items())))
@@ -177,7 +181,8 @@ def _config(args, res: dict, method: str, ratio: float, dense, calibration):
     res["spp_search"] = {**path.summary(), "settings": path.meta["search"], "loss_history": path.meta["loss_history"],
                          "path_bytes": sum(f.stat().st_size for f in where.iterdir())}  # fmt: skip
     # extrapolate: units that never entered the path (if the search was too short for a ratio) are ranked by their Z
-    return SPPConfig(pruning_ratio=ratio, solution_path=str(where), extrapolate=True, **search)
+    return SPPConfig(pruning_ratio=ratio, solution_path=str(where), extrapolate=True, **search,
+                     **SPP_VARIANTS.get(method, {}))  # fmt: skip
 
 
 def quality(args, res: dict) -> None:
@@ -210,7 +215,9 @@ def quality(args, res: dict) -> None:
             logger.info("%s", name)
             model = copy.deepcopy(dense)
             config = _config(args, res, method, ratio, dense, calibration)
-            needs_data = method != "spp" or config.compensate  # SPP's refit of o_proj / down_proj reads activations
+            needs_data = (
+                not isinstance(config, SPPConfig) or config.compensate
+            )  # SPP's refit of o_proj / down_proj reads activations
             report = prune_(model, config, calibration if needs_data else None)
             save_pruned_model(model, _saved_dir(args, name), overwrite=True, model_card=False)
             acc = data.accuracy(model, test_x, test_y)
@@ -231,7 +238,7 @@ def quality(args, res: dict) -> None:
                 "layers": [(r["num_attention_heads"], r.get("qk_head_dim", r["head_dim"]),
                             r.get("vo_head_dim", r["head_dim"]), r["intermediate_size"]) for r in report.layers],
             }  # fmt: skip
-            if method == "spp":
+            if isinstance(config, SPPConfig):
                 res["runs"][name]["extract_s"] = report.info["extract_s"]
             res["host_loadavg"] = harness.loadavg()
             _write(args, res)
@@ -243,8 +250,9 @@ def timing(args, res: dict) -> None:
     """Forward latency of `--timing-batch` images, every model interleaved per round (rotating order)."""
     torch.set_num_threads(args.threads)
     models = {"dense": AutoModelForImageClassification.from_pretrained(_classifier_dir(args))}
-    for path in sorted(_saved_dir(args, "x").parent.iterdir()):  # every pruned model the quality runs saved
-        models[path.name] = AutoPrunedModelForImageClassification.from_pretrained(path)
+    for name in res["runs"]:  # every pruned model this file's quality runs saved
+        if name != "dense":
+            models[name] = AutoPrunedModelForImageClassification.from_pretrained(_saved_dir(args, name))
     x, _ = data.examples(args.split, args.size, limit=args.timing_batch)
     times = {n: [] for n in models}
     cpu = {n: [] for n in models}  # process CPU time: with 1 thread, the compute cost, much less sensitive to load
@@ -322,13 +330,15 @@ def markdown(res: dict) -> str:
                   f"{timing['loadavg_start'][0]:.1f} at the start, {timing['loadavg_end'][0]:.1f} at the end."]  # fmt: skip
     spp = res.get("spp_search")
     if spp:
-        extract = [f"{r['extract_s']:.2f}" for r in runs.values() if "extract_s" in r]
+        extract = [
+            f"{r['extract_s']:.2f} s ({r['prune_s']:.0f} s with the refit)" for r in runs.values() if "extract_s" in r
+        ]
         lines += ["", f"SPP: one search of {spp['steps']} steps (batch {spp['settings'].get('batch_size')}, "
                   f"{spp['settings'].get('faithful_to')} dynamics, lr {spp['settings'].get('lr')}, λ "
                   f"{spp['settings'].get('lambda_')}) on the calibration images, classifier cross-entropy, in "
                   f"{spp['search_seconds']:.0f} s; units entered: {spp['entered']}; saved path "
-                  f"{spp['path_bytes'] / 1e3:.0f} kB. Each ratio extracted from it in {', '.join(extract)} s (no "
-                  "calibration). Mean widths kept (q/k dim, v/o dim of 64; MLP of 1536): "
+                  f"{spp['path_bytes'] / 1e3:.0f} kB. Each ratio extracted from it in {', '.join(extract)}: the refit of "
+                  "the output projections (`compensate`, the default) reads the calibration images. Mean widths kept (q/k dim, v/o dim of 64; MLP of 1536): "
                   + "; ".join(f"{n}: " + ", ".join(f"{sum(x[k] for x in r['layers']) / len(r['layers']):.0f}"
                                                    for k in (1, 2, 3))
                               for n, r in runs.items() if "extract_s" in r) + "."]  # fmt: skip

@@ -321,13 +321,16 @@ def tiny_vision(tmp_path_factory):
 
 def test_vision(tiny_vision, tmp_path):
     argv = ["--model", str(tiny_vision / "model"), "--images", str(tiny_vision / "images.npz"), "--size", "16"]
-    argv += ["--methods", "magnitude", "flap", "spp", "--ratios", "0.3", "--calibration", "4", "--test", "8"]
+    argv += ["--methods", "magnitude", "flap", "spp", "spp_norefit", "--ratios", "0.3", "--calibration", "4"]
+    argv += ["--test", "8"]
     argv += ["--spp-steps", "40", "--spp-batch", "2"]
     argv += ["--ft-images", "4", "--ft-steps", "1", "--ft-batch", "2", "--cache-dir", str(tmp_path / "cache")]
     out = tmp_path / "vision.json"
     result = _run("vision", [*argv, "--ft-lr", "1e-5", "1e-3"], out)
-    assert set(result["runs"]) == {"dense", "magnitude_0.3", "flap_0.3", "spp_0.3"}
+    assert set(result["runs"]) == {"dense", "magnitude_0.3", "flap_0.3", "spp_0.3", "spp_norefit_0.3"}
     assert result["spp_search"]["steps"] == 40 and result["runs"]["spp_0.3"]["extract_s"] >= 0
+    # an extraction variant: the same path and widths, without the refit of the output projections
+    assert result["runs"]["spp_norefit_0.3"]["layers"] == result["runs"]["spp_0.3"]["layers"]
     run = result["runs"]["flap_0.3"]  # a rate sweep: one fine-tune of the same pruned model per rate
     assert set(run["accuracy_after_ft_by_lr"]) == {"1e-05", "0.001"}
     assert run["accuracy_after_ft"] == run["accuracy_after_ft_by_lr"]["1e-05"]
@@ -340,7 +343,7 @@ def test_vision(tiny_vision, tmp_path):
         "selection": 12,
     }
     timed = _run("vision", [*argv, "--timing", "--timing-batch", "2", "--repeats", "2"], out)
-    assert set(timed["timing"]["speedup"]) == {"dense", "magnitude_0.3", "flap_0.3", "spp_0.3"}
+    assert set(timed["timing"]["speedup"]) == {"dense", "magnitude_0.3", "flap_0.3", "spp_0.3", "spp_norefit_0.3"}
 
 
 def test_every_script_has_a_smoke_test():
