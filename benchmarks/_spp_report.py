@@ -107,7 +107,8 @@ def markdown(res: dict) -> str:
         f"{a['lora_seq_len']} tokens, lr {a['lora_lr']}, the same windows for every model.",
         "",
         f"Dense: BBC ppl **{_f(dense.get('bbc'))}**, Python ppl **{_f(dense.get('python'))}**, "
-        f"{_f((dense.get('params') or 0) / 1e6, '.1f')} M parameters.",
+        + (f"Bible ppl **{_f(dense.get('kjv'))}**, " if dense.get("kjv") is not None else "")
+        + f"{_f((dense.get('params') or 0) / 1e6, '.1f')} M parameters.",
         "",
         "| ratio | method | measured | params (M) | BBC ppl | Python ppl | "
         + ("Bible ppl | " if bible else "")
@@ -118,7 +119,7 @@ def markdown(res: dict) -> str:
         import harness
 
         lines[9:9] = [harness.protocol_line(res) + " (This run: calibration and LoRA on the calibration split; the "
-                      "table's BBC / Python columns and the KJV list below on the evaluation split.)"]  # fmt: skip
+                      "table's perplexity columns on the evaluation split.)"]  # fmt: skip
     dense_layers = (64, 64, 1536)
     for ratio in a["ratios"]:
         speed = res.get("speed", {}).get(str(ratio), {}).get("ratios", {})
@@ -198,16 +199,19 @@ def markdown(res: dict) -> str:
             "",
             "## 50% unstructured: SPP + RIA vs RIA vs Wanda (same calibration ids)",
             "",
-            "| method | measured sparsity | BBC ppl | Python ppl | time (s) |",
-            "|---|---:|---:|---:|---:|",
+            "| method | measured sparsity | BBC ppl | Python ppl | "
+            + ("Bible ppl | " if bible else "")
+            + "time (s) |",
+            "|---|---:|---:|---:|" + ("---:|" if bible else "") + "---:|",
         ]
         for name in ("spp_ria", "ria", "wanda"):
             r = un.get(name)
             if r is None:
-                lines.append(f"| {NAMES[name]} | not run | | | |")
+                lines.append(f"| {NAMES[name]} | not run | | | " + ("| " if bible else "") + "|")
                 continue
+            kjv = f"{_f(r.get('kjv'))} | " if bible else ""
             lines.append(
-                f"| {NAMES[name]} | {r['measured']:.3f} | {_f(r['bbc'])} | {_f(r['python'])} | {r['prune_s']:.0f} |"
+                f"| {NAMES[name]} | {r['measured']:.3f} | {_f(r['bbc'])} | {_f(r['python'])} | {kjv}{r['prune_s']:.0f} |"
             )
         s = (un.get("spp_ria") or {}).get("search")
         if s:
