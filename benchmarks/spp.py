@@ -78,6 +78,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--search-batch-size", type=int, default=None, help="default: SPPConfig's")
     p.add_argument("--search-lr", type=float, default=None, help="default: SPPConfig's")
     p.add_argument("--search-lambda", type=float, default=None, help="default: SPPConfig's")
+    p.add_argument("--search-nu-scale", type=float, default=None, help="default: SPPConfig's")
+    p.add_argument("--rows", nargs="+", default=None,
+                   help="only these rows of the quality phase (e.g. `spp` for a screen of search settings whose NP / "
+                        "FLAP rows are in another file); default: every row")  # fmt: skip
     p.add_argument("--spp-round-to", type=int, default=None, help="SPPConfig.round_to (default: SPPConfig's)")
     p.add_argument("--head-dim-multiple", type=int, default=None, help="SPPConfig.head_dim_multiple (default: its)")
     p.add_argument("--extra-spp-rows", nargs="*", default=[], choices=sorted(EXTRA_ROWS),
@@ -116,7 +120,7 @@ def write(res: dict, path: Path) -> None:
 def search_settings(args) -> dict:
     """The search options given on the command line (the rest: SPPConfig's defaults)."""
     names = {"steps": args.search_steps, "lr": args.search_lr, "lambda_": args.search_lambda,
-             "batch_size": args.search_batch_size}  # fmt: skip
+             "batch_size": args.search_batch_size, "nu_scale": args.search_nu_scale}  # fmt: skip
     return {k: v for k, v in names.items() if v is not None}
 
 
@@ -213,7 +217,7 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
     }
     with harness.reuse_calibration_stats():
         for ratio in args.ratios:
-            for method in configs:
+            for method in [m for m in configs if args.rows is None or m in args.rows]:
                 key = f"{method}@{ratio}"
                 if key in res["rows"] and (work / "models" / key).is_dir():
                     continue

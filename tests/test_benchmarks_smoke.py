@@ -224,8 +224,11 @@ def test_spp(tiny_dir, tmp_path):
     argv += ["--search-steps", "10", "--search-lr", "0.08", "--search-lambda", "0.7", "--spp-round-to", "1"]
     argv += ["--search-samples", "4", "--search-seq-len", "32", "--search-batch-size", "2"]
     argv += ["--head-dim-multiple", "1", "--ria-search-steps", "10", "--lora-steps", "1", "--lora-batch-size", "1"]
-    argv += ["--lora-seq-len", "16", "--speed-repeats", "1", "--ablation-ratios", "0.3", "--workdir", str(tmp_path)]
+    argv += ["--lora-seq-len", "16", "--speed-repeats", "1", "--ablation-ratios", "0.3"]
+    base = list(argv)
     argv += [
+        "--workdir",
+        str(tmp_path),
         "--phases",
         "quality",
         "recovery",
@@ -244,6 +247,10 @@ def test_spp(tiny_dir, tmp_path):
     assert all(set(r["lora"]) >= {"bbc", "python", "kjv"} for r in result["rows"].values())
     assert set(result["unstructured"]) == {"spp_ria", "ria", "wanda"}
     assert "random@0.3" in result["ablation"] and "0.3" in result["speed"]
+    # a screen of a search setting: its own path, only the SPP row
+    screen = _run("spp", [*base, "--workdir", str(tmp_path / "nu"), "--phases", "quality", "--rows", "spp",
+                          "--search-nu-scale", "2"], tmp_path / "nu.json")  # fmt: skip
+    assert set(screen["rows"]) == {"spp@0.3"} and screen["search"]["settings"]["nu_scale"] == 2.0
 
 
 def test_unstructured(tiny_dir, tmp_path):
