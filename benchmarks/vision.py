@@ -112,6 +112,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--spp-batch", type=int, default=8, help="SPP search batch (images)")
     p.add_argument("--spp-lr", type=float, default=None, help="SPP search lr (default: SPPConfig's)")
     p.add_argument("--spp-lambda", type=float, default=None, help="SPP soft threshold (default: SPPConfig's)")
+    p.add_argument("--spp-images", type=int, default=None,
+                   help="calibration images SPP's search trains on (default: --calibration, the images every method "
+                        "prunes with; the calibration split holds 512)")  # fmt: skip
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--timing", action="store_true", help="run the latency phase (hold the timing lock)")
     p.add_argument("--timing-batch", type=int, default=16)
@@ -174,8 +177,13 @@ def _config(args, res: dict, method: str, ratio: float, dense, calibration):
     if method in METHODS and method != "spp":
         return METHODS[method](pruning_ratio=ratio)
     search = _spp_search(args)
+    images = "" if args.spp_images is None else f"_images{args.spp_images}"
     where = data.CACHE / "spp_path" / (f"{args.size}px_" + "_".join(f"{k}{v}" for k, v in sorted(search.items())))
+    where = where.with_name(where.name + images)
     if not (where / "solution_path.json").is_file():
+        if args.spp_images is not None:
+            x, y = data.examples("calibration", args.size, limit=args.spp_images)
+            calibration = data.as_trainer_examples(x, y)
         search_solution_path(dense, SPPConfig(**search), calibration).save_pretrained(where, overwrite=True)
     path = SolutionPath.from_pretrained(where)
     res["spp_search"] = {**path.summary(), "settings": path.meta["search"], "loss_history": path.meta["loss_history"],
@@ -335,7 +343,8 @@ def markdown(res: dict) -> str:
         ]
         lines += ["", f"SPP: one search of {spp['steps']} steps (batch {spp['settings'].get('batch_size')}, "
                   f"{spp['settings'].get('faithful_to')} dynamics, lr {spp['settings'].get('lr')}, λ "
-                  f"{spp['settings'].get('lambda_')}) on the calibration images, classifier cross-entropy, in "
+                  f"{spp['settings'].get('lambda_')}) on {s.get('spp_images') or s.get('calibration')} calibration images, "
+                  "classifier cross-entropy, in "
                   f"{spp['search_seconds']:.0f} s; units entered: {spp['entered']}; saved path "
                   f"{spp['path_bytes'] / 1e3:.0f} kB. Each ratio extracted from it in {', '.join(extract)}: the refit of "
                   "the output projections (`compensate`, the default) reads the calibration images. Mean widths kept (q/k dim, v/o dim of 64; MLP of 1536): "

@@ -330,12 +330,13 @@ def test_vision(tiny_vision, tmp_path):
     argv = ["--model", str(tiny_vision / "model"), "--images", str(tiny_vision / "images.npz"), "--size", "16"]
     argv += ["--methods", "magnitude", "flap", "spp", "spp_norefit", "--ratios", "0.3", "--calibration", "4"]
     argv += ["--test", "8"]
-    argv += ["--spp-steps", "40", "--spp-batch", "2"]
+    argv += ["--spp-steps", "40", "--spp-batch", "2", "--spp-images", "6"]  # the search: the whole calibration split
     argv += ["--ft-images", "4", "--ft-steps", "1", "--ft-batch", "2", "--cache-dir", str(tmp_path / "cache")]
     out = tmp_path / "vision.json"
     result = _run("vision", [*argv, "--ft-lr", "1e-5", "1e-3"], out)
     assert set(result["runs"]) == {"dense", "magnitude_0.3", "flap_0.3", "spp_0.3", "spp_norefit_0.3"}
     assert result["spp_search"]["steps"] == 40 and result["runs"]["spp_0.3"]["extract_s"] >= 0
+    assert "on 6 calibration images" in out.with_suffix(".md").read_text()
     # an extraction variant: the same path and widths, without the refit of the output projections
     assert result["runs"]["spp_norefit_0.3"]["layers"] == result["runs"]["spp_0.3"]["layers"]
     run = result["runs"]["flap_0.3"]  # a rate sweep: one fine-tune of the same pruned model per rate
