@@ -293,8 +293,16 @@ def timing(args, res: dict) -> None:
 
 def markdown(res: dict) -> str:
     s, runs = res.get("settings", {}), res["runs"]
-    speed = (res.get("timing") or {}).get("speedup", {})
-    dense = runs.get("dense", {})
+    timing = res.get("timing") or {}
+    speed, rounds = timing.get("speedup", {}), timing.get("speedup_rounds", {})
+
+    def speedup(name: str) -> str:  # the median of the per-round ratios with their IQR (a tie when it holds 1)
+        if name not in rounds:
+            return f" | {speed[name]:.2f}×" if name in speed else ""
+        return f" | {harness.round_median(rounds[name], 'speedup'):.2f}×{harness.spread_note(rounds[name], 'speedup')}"
+
+    dense = runs.get("dense")
+    timed = " | speedup" if speed else ""
     lrs = s.get("ft_lr")
     lrs = [f"{x:g}" for x in (lrs if isinstance(lrs, list) else [lrs])]  # one rate (older files: a number) or a sweep
     after_cols = ["after FT"] if len(lrs) == 1 else [f"after FT (lr {x})" for x in lrs]
@@ -305,16 +313,18 @@ def markdown(res: dict) -> str:
         f"{(res.get('vision_protocol') or {}).get('split', 'test')} split; calibration: "
         f"{s.get('calibration')} images of the calibration split (the same for every method); fine-tuning: full, "
         f"{s.get('ft_steps')} steps × {s.get('ft_batch')} images, lr {', '.join(lrs)} (cosine{'; one fine-tune per rate' if len(lrs) > 1 else ''}), on "
-        f"{s.get('ft_images')} train-split images the probe was not fitted on. Latency: forward of "
-        f"{(res.get('timing') or {}).get('batch')} images, {(res.get('timing') or {}).get('threads')} thread(s), "
-        "median of interleaved rounds, speedup = dense / model.",
+        f"{s.get('ft_images')} train-split images the probe was not fitted on."
+        + (f" Latency: forward of {timing.get('batch')} images, {timing.get('threads')} thread(s), "
+           f"{timing.get('repeats')} interleaved rounds after a warm-up; speedup = dense / model, the median of the "
+           "per-round ratios with their interquartile range (a tie when it holds 1)." if speed else "")
+        + ("" if dense else " The dense model was not scored in this run (`--no-dense`)."),
         "",
-        f"| method | target ratio | measured ratio | params | accuracy before FT | {' | '.join(after_cols)} | speedup |",
-        "|---|---:|---:|---:|---:|" + "---:|" * len(lrs) + "---:|",
-        f"| dense | 0 | 0 | {dense.get('params', 0) / 1e6:.2f} M | {dense.get('accuracy', float('nan')):.4f} | "
-        + "– | " * len(lrs)
-        + f"{speed.get('dense', float('nan')):.2f}× |",
-    ]
+        f"| method | target ratio | measured ratio | params | accuracy before FT | {' | '.join(after_cols)}{timed} |",
+        "|---|---:|---:|---:|---:|" + "---:|" * len(lrs) + ("---:|" if speed else ""),
+    ]  # fmt: skip
+    if dense:
+        lines.append(f"| dense | 0 | 0 | {dense['params'] / 1e6:.2f} M | {dense['accuracy']:.4f} | "
+                     + " | ".join("–" for _ in lrs) + (" | 1.00×" if speed else "") + " |")  # fmt: skip
     for name, r in runs.items():
         if name == "dense":
             continue
@@ -323,7 +333,8 @@ def markdown(res: dict) -> str:
             f"| {r['method']} | {r['ratio']:g} | {r['measured_ratio']:.3f} | {r['params'] / 1e6:.2f} M | "
             f"{r['accuracy_before_ft']:.4f} | "
             + " | ".join(f"{by_lr[x]:.4f}" for x in lrs)
-            + f" | {speed.get(name, float('nan')):.2f}× |"
+            + (speedup(name) if speed else "")
+            + " |"
         )
     pruned = [r["accuracy_after_ft_by_lr"] for n, r in runs.items() if n != "dense" and "accuracy_after_ft_by_lr" in r]
     if len(lrs) > 1 and pruned:
@@ -331,7 +342,6 @@ def markdown(res: dict) -> str:
         lines += ["", "Mean accuracy after fine-tuning over the pruned models, per rate: "
                   + ", ".join(f"lr {x} {m:.4f}" for x, m in mean.items())
                   + f" (highest: lr {max(mean, key=mean.get)})."]  # fmt: skip
-    timing = res.get("timing") or {}
     if timing.get("cpu_speedup"):
         cpu = ", ".join(f"{n} {v:.2f}×" for n, v in timing["cpu_speedup"].items() if n != "dense")
         lines += ["", f"Speedup in process CPU time (same runs): {cpu}. Load average during the timing: "
