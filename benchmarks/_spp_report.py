@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from optimum_prune.methods.spp.config import TEXT_STRENGTH
+
 NAMES = {"spp": "SPP", "np": "NP", "flap": "FLAP", "spp_ria": "SPP + RIA (experimental)", "ria": "RIA",
          "wanda": "Wanda", "spp_refit": "SPP + refit", "spp_norefit": "SPP, no refit",
          "spp_random": "SPP, random order (control)", "spp_bias": "SPP, refit with a bias",
@@ -57,8 +59,9 @@ def _spp_settings(config: dict) -> str:
     pools = config.get("pools", "separate")
     if not config.get("compensate", False):
         return f"pools={pools}, no refit"
-    return (f"pools={pools}, refit with{'' if config.get('compensation_bias', False) else 'out'} a bias at strength "
-            f"{config.get('compensation_strength', 1.0):g}")  # fmt: skip
+    strength = config.get("compensation_strength", 1.0)
+    strength = f"{strength:g}" if strength is not None else f"{TEXT_STRENGTH:g} (`None`: a language model's)"
+    return f"pools={pools}, refit with{'' if config.get('compensation_bias', False) else 'out'} a bias at strength {strength}"
 
 
 def markdown(res: dict) -> str:

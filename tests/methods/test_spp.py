@@ -585,6 +585,32 @@ def test_compensation_with_bias_at_a_strength_is_the_shrunk_intercept_fit_and_re
         SPPConfig(compensation_strength=1.5)
 
 
+@pytest.mark.parametrize("arch", ["llama", "vit"])
+def test_default_refit_strength_follows_the_modality(arch, tmp_path):
+    """`compensation_strength=None` is half the refit on a language model and the full refit on an image model (each
+    measured better on its selection split): extracting from one saved path, the default gives exactly the weights
+    of that explicit strength and not those of the other."""
+    from testing_utils import calibration_for
+
+    assert (SPPConfig().refit_strength("text"), SPPConfig().refit_strength("image")) == (0.5, 1.0)
+    assert SPPConfig(compensation_strength=0.25).refit_strength("image") == 0.25
+    model = tiny_model(arch)
+    data = calibration_for(arch, labelled=True)
+    where = str(AutoPruner(model).search_solution_path(SPPConfig(**FAST), calibration=data).save_pretrained(tmp_path))
+    states = {}
+    for strength in (None, 0.5, 1.0):
+        pruned = copy.deepcopy(model)
+        cfg = SPPConfig(
+            **{**FAST, "pruning_ratio": 0.3, "compensate": True}, solution_path=where, compensation_strength=strength
+        )
+        report = prune_(pruned, cfg, data)
+        states[strength] = pruned.state_dict()
+        assert report.info["compensation_strength"] == cfg.refit_strength(get_spec(model).modality)
+    default, other = (0.5, 1.0) if arch == "llama" else (1.0, 0.5)
+    assert all(torch.equal(v, states[default][k]) for k, v in states[None].items())
+    assert not all(torch.equal(v, states[other][k]) for k, v in states[None].items())
+
+
 def test_sampled_labels_follow_the_model_and_rank_planted_units_on_any_text():
     """search_labels="sampled": next tokens drawn from the dense model's own predictions (the empirical frequencies
     match its softmax), so a search on arbitrary text (random ids here) still puts the dead units first."""

@@ -155,7 +155,7 @@ class SPPPruner(BasePruner):
                 mod = view.module(path)
                 W, lp = weight_oi(mod).detach(), plan.layers[i]
                 H, cols = stats[name].gram.to(W.device), cols.to(W.device)
-                damping, strength = cfg.compensation_damping, cfg.compensation_strength
+                damping, strength = cfg.compensation_damping, cfg.refit_strength(spec.modality)
                 if cfg.compensation_bias:
                     lp.weights[path], b, residuals[f"{i}.{name}"] = compensate_with_bias(
                         W, H, stats[name].mean, cols, damping, strength
@@ -164,3 +164,4 @@ class SPPPruner(BasePruner):
                 else:
                     lp.weights[path], residuals[f"{i}.{name}"] = compensate(W, H, cols, damping, strength)
         plan.info["compensation_residuals"] = residuals
+        plan.info["compensation_strength"] = cfg.refit_strength(spec.modality)
