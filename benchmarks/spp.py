@@ -13,14 +13,14 @@ Phases (each resumable: results are written after every model, a finished item i
                   alone under the timing lock, at normal priority)
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/spp.py --phases quality recovery unstructured
-    flock /tmp/optimum_prune_timing.lock python benchmarks/spp.py --phases speed
+    python benchmarks/spp.py --phases speed
 
 The DINOv2-S/14 CIFAR-10 family (one search on labelled calibration images, every ratio extracted, accuracy before /
 after fine-tuning, latency) against magnitude runs in `benchmarks/vision.py` (its data and protocol):
 
     nice -n 10 python benchmarks/vision.py --methods spp magnitude --ratios 0.2 0.4 --ft-lr 1e-5 \
         --output benchmarks/results/vision_dinov2s_cifar10_spp.json
-    flock /tmp/optimum_prune_timing.lock python benchmarks/vision.py --timing \
+    python benchmarks/vision.py --timing \
         --output benchmarks/results/vision_dinov2s_cifar10_spp.json
 """
 

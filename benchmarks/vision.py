@@ -14,12 +14,13 @@ Two phases, so that the timed one is short and can hold the shared timing lock:
 - SPP (`--methods spp`): one search on the calibration images (the classifier's cross-entropy; `--spp-*` settings;
   the path is cached under the cache dir and reused), then every ratio is extracted from the saved path in seconds.
 - `--timing`: forward latency of a batch of images, the dense model and every saved pruned model interleaved round
-  by round (warm-up, medians); run it as `flock /tmp/optimum_prune_timing.lock python benchmarks/vision.py --timing`.
+  by round (warm-up, medians), under the machine-wide timing lock the script takes itself (an outer `flock` on the
+  same file would wait forever).
 
 Usage (from the repository root)::
 
     nice -n 10 python benchmarks/vision.py                                  # quality (~1 h on a shared 2-core CPU)
-    flock /tmp/optimum_prune_timing.lock python benchmarks/vision.py --timing
+    python benchmarks/vision.py --timing
 
 Writes `benchmarks/results/vision_dinov2s_cifar10.json` (every number, settings, host load) and `.md` (the table).
 """
