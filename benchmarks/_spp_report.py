@@ -38,7 +38,7 @@ VARIANTS = {"spp_bias": {"compensation_bias": True},
             "spp_cost_weighted": {"pools": "cost_weighted"},
             "spp_uniform": {"allocation": "uniform"}}  # fmt: skip
 
-_SHOWN = ("faithful_to", "lr", "lambda_", "batch_size", "nu_scale")
+_SHOWN = ("faithful_to", "lr", "lambda_", "batch_size", "nu_scale", "search_labels")
 
 
 def _f(x: Any, spec: str = ".2f") -> str:

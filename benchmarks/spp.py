@@ -79,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--search-lr", type=float, default=None, help="default: SPPConfig's")
     p.add_argument("--search-lambda", type=float, default=None, help="default: SPPConfig's")
     p.add_argument("--search-nu-scale", type=float, default=None, help="default: SPPConfig's")
+    p.add_argument("--search-labels", default=None, choices=["data", "sampled", "dense"],
+                   help="SPPConfig.search_labels, the search's loss (default: SPPConfig's)")
     p.add_argument("--rows", nargs="+", default=None,
                    help="only these rows of the quality phase (e.g. `spp` for a screen of search settings whose NP / "
                         "FLAP rows are in another file); default: every row")  # fmt: skip
@@ -120,7 +122,8 @@ def write(res: dict, path: Path) -> None:
 def search_settings(args) -> dict:
     """The search options given on the command line (the rest: SPPConfig's defaults)."""
     names = {"steps": args.search_steps, "lr": args.search_lr, "lambda_": args.search_lambda,
-             "batch_size": args.search_batch_size, "nu_scale": args.search_nu_scale}  # fmt: skip
+             "batch_size": args.search_batch_size, "nu_scale": args.search_nu_scale,
+             "search_labels": args.search_labels}  # fmt: skip
     return {k: v for k, v in names.items() if v is not None}
 
 

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from testing_utils import ARCHS, calibration_ids, logits, tiny_model
+from testing_utils import ARCHS, calibration_ids, calibration_pixels, logits, tiny_model
 
 from optimum_prune import AutoPrunedModelForCausalLM, AutoPruner, NumericalConfig, prune_, save_pruned_model
 from optimum_prune.methods.spp import SolutionPath, SolutionPathError, SPPConfig, SPPSearchError
@@ -630,3 +630,51 @@ def test_sampled_labels_follow_the_model_and_rank_planted_units_on_any_text():
     assert max(pos[(1, "qk")][0], pos[(1, "vo")][0]) <= 2 and int(pos[(1, "mlp")][:8].max()) < 16
     with pytest.raises(ValueError, match="search_labels"):
         SPPConfig(search_labels="soft")
+
+
+def test_teacher_kl_matches_a_float64_reference_and_vanishes_at_the_teacher():
+    """search_labels="dense": the KL divergence from the teacher's top k outputs plus one bucket for the rest equals
+    its direct float64 computation, and is 0 with a zero gradient when the model gives the teacher's logits."""
+    from optimum_prune.methods.spp.search import teacher_kl
+
+    torch.manual_seed(0)
+    teacher, student = torch.randn(3, 5, 40, dtype=torch.float64), torch.randn(3, 5, 40, dtype=torch.float64)
+    logp, ids = torch.log_softmax(teacher, -1).topk(6, -1)
+    p, q = torch.softmax(teacher, -1), torch.softmax(student, -1)
+    top_p, top_q = p.gather(-1, ids), q.gather(-1, ids)
+    rest_p, rest_q = 1 - top_p.sum(-1), 1 - top_q.sum(-1)
+    ref = ((top_p * (top_p / top_q).log()).sum(-1) + rest_p * (rest_p / rest_q).log()).mean()
+    assert torch.allclose(teacher_kl(student, ids, logp).double(), ref, rtol=1e-5)
+    full_logp, full_ids = torch.log_softmax(teacher, -1).topk(40, -1)  # every output kept: the plain KL
+    plain = (p * (p.log() - q.log())).sum(-1).mean()
+    assert torch.allclose(teacher_kl(student, full_ids, full_logp).double(), plain, rtol=1e-5)
+    at_teacher = teacher.clone().requires_grad_(True)
+    loss = teacher_kl(at_teacher, ids, logp)
+    loss.backward()
+    assert abs(loss.item()) < 1e-6 and float(at_teacher.grad.abs().max()) < 1e-6
+
+
+@pytest.mark.parametrize("arch", ["llama", "vit"])
+def test_dense_labels_rank_planted_units_first(arch):
+    """search_labels="dense" on arbitrary inputs (random ids, unlabelled random images): the loss only measures how
+    far the masks move the model from its own predictions, so the planted dead units never enter (and on the language
+    model, whose units all matter, they go first); ν comes from the cross-entropy's gradient; the model is unchanged."""
+    if arch == "llama":
+        model, planted = _planted()
+        data = calibration_ids(128, 32, seed=1)
+    else:
+        model = tiny_model("vit")
+        with torch.no_grad():
+            model.vit.layers[1].mlp.fc2.weight[:, :8] = 0  # 8 dead MLP channels (fc2 columns)
+        planted = {(1, "mlp"): list(range(8))}
+        data = calibration_pixels(128, seed=1)
+    snap = _state(model)
+    path = AutoPruner(model).search_solution_path(SPPConfig(search_labels="dense", **SHAPE), calibration=data)
+    assert all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
+    assert all(math.isfinite(v) and v > 0 for v in path.meta["nu"].values())
+    for key, units in planted.items():
+        assert (path.stats[key]["entry"][units] < 0).all(), key
+        assert path.entered_fraction(key[1]) > 0.1
+    if arch == "llama":
+        pos = _positions(path)
+        assert max(pos[(1, "qk")][0], pos[(1, "vo")][0]) <= 2 and int(pos[(1, "mlp")][:8].max()) < 16

@@ -46,7 +46,7 @@ class _SearchFields:
 
     def _validate_search(self) -> None:
         _choice("faithful_to", self.faithful_to, ("coupled", "code", "paper"))
-        _choice("search_labels", self.search_labels, ("data", "sampled"))
+        _choice("search_labels", self.search_labels, ("data", "sampled", "dense"))
         for name in ("steps", "batch_size", "gradient_accumulation_steps", "interval"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -200,7 +200,10 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
         search_labels (`str`, defaults to `"data"`): the targets of the search's language-model loss: `"data"` (the
             calibration text's next tokens) or `"sampled"` (next tokens drawn from the dense model's own predictions,
             one no-grad pass before the search: the loss then measures how much the masks change the model's output,
-            with zero expected gradient at `M = 1`, instead of how well they fit the calibration text). Causal LMs.
+            with zero expected gradient at `M = 1`, instead of how well they fit the calibration text; causal LMs) or
+            `"dense"` (the KL divergence from the dense model's own predictions on the calibration inputs, its 64 most
+            likely outputs per position plus one bucket for the rest, from one no-grad pass before the search: zero,
+            with a zero gradient, at `M = 1`; any model with logits, image classifiers included).
         betas / eps: Adam's (`"code"`; eps 1e-4 as in the code).
         interval (`int`, defaults to `20`): steps between `step_record` updates (the code's default; 10 in its
             script).

@@ -33,10 +33,15 @@ __all__ = [
     "sampled_labels",
     "search_dataset",
     "search_views",
+    "teacher_kl",
+    "teacher_targets",
     "train_masks",
 ]
 
 logger = logging.getLogger(__name__)
+
+# outputs of the dense model kept per position for `search_labels="dense"` (the rest share one bucket)
+TEACHER_TOP_K = 64
 
 _MASKS_ATTR = "spp_search_masks"
 
@@ -65,7 +70,12 @@ class BregmanOptimizer(torch.optim.Optimizer):
         self.nu: dict[str, float] = {}
         self.support: dict[str, list[int]] = {kind: [] for _, kind in self.keys}
 
-    def _resolve_nu(self, grads: list[torch.Tensor]) -> None:
+    @property
+    def nu_is_auto(self) -> bool:
+        return self._nu_setting == "auto"
+
+    def resolve_nu(self, grads: list[torch.Tensor]) -> None:
+        """Set ν per kind from the mask gradients `grads` (`nu="auto"`) or the configured number."""
         kinds = list(self.support)
         if self._nu_setting == "auto":
             self.nu = {k: auto_nu([g for (_, kind), g in zip(self.keys, grads) if kind == k], self._nu_scale)
@@ -89,7 +99,7 @@ class BregmanOptimizer(torch.optim.Optimizer):
                     "stopped and the model was left unchanged. Lower `lr`, or search in float32."
                 )
         if not self.nu:
-            self._resolve_nu(grads)
+            self.resolve_nu(grads)
         for (_, kind), p, grad in zip(self.keys, params, grads):
             state = self.state[p]
             if not state:
@@ -134,18 +144,62 @@ def search_dataset(
     its expected gradient at `M = 1` is zero and it grows with how much removing a unit changes the model's output,
     not with how well the unit fits the calibration text."""
     if not isinstance(data, torch.Tensor):
+        if labels != "data":
+            raise ValueError(f"{what}: search_labels={labels!r} needs the calibration inputs as a tensor (token ids or "
+                             "pixel values), not ready-made examples; pass them as a tensor or use 'data'.")  # fmt: skip
         return data
     if not is_image_model(model):
         if labels == "sampled":
             return _Windows(data, sampled_labels(model, data, seed))
-        return _Windows(data)
+        return _Windows(data) if labels == "data" else _Teacher(_Windows(data), teacher_targets(model, data))
     if labels == "sampled":
-        raise ValueError(f"{what}: search_labels='sampled' is for causal language models; use 'data'.")
+        raise ValueError(f"{what}: search_labels='sampled' is for causal language models; use 'data' or 'dense'.")
+    if labels == "dense":
+        return _Teacher(_Images(data), teacher_targets(model, data))
     labels = calibration_labels(source) if source is not None else None
     check_labels(model, labels, what)
     if len(labels) != len(data):
         raise ValueError(f"{len(labels)} labels for {len(data)} calibration images.")
     return LabelledImages(data, labels)
+
+
+@torch.no_grad()
+def teacher_targets(
+    model: nn.Module, inputs: torch.Tensor, top_k: int = TEACHER_TOP_K, batch_size: int = 8
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's own predictions on `inputs` (token windows `(N, L)` or images `(N, C, H, W)`), for the `"dense"`
+    search loss: the ids and log-probabilities of its `top_k` most likely outputs at every position that predicts a
+    next token (`(N, L - 1, k)`; `(N, k)` for a classifier), `k = min(top_k, outputs)`. One no-grad pass."""
+    was_training, device = model.training, next(model.parameters()).device
+    model.eval()
+    ids, logps = [], []
+    try:
+        for start in range(0, inputs.shape[0], batch_size):
+            chunk = inputs[start : start + batch_size].to(device)
+            if is_image_model(model):
+                logits = model(pixel_values=chunk).logits.float()
+            else:
+                logits = model(chunk, use_cache=False).logits[:, :-1].float()
+            logp, idx = torch.log_softmax(logits, dim=-1).topk(min(top_k, logits.shape[-1]), dim=-1)
+            ids.append(idx.cpu())
+            logps.append(logp.cpu())
+    finally:
+        model.train(was_training)
+    return torch.cat(ids), torch.cat(logps)
+
+
+def teacher_kl(logits: torch.Tensor, ids: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """Mean KL divergence from the teacher to the model, over every position, on the teacher's `k` most likely
+    outputs plus one bucket for all the others: exactly 0, with a zero gradient, while the model still gives the
+    teacher's outputs (at `M = 1`). `logits`: `(..., V)`; `ids` / `logp`: `(..., k)` from `teacher_targets`."""
+    logq = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids)
+    p = logp.exp()
+    kl = (p * (logp - logq)).sum(-1)
+    if ids.shape[-1] < logits.shape[-1]:  # the bucket of the outputs outside the teacher's top k
+        p_rest = (1 - p.sum(-1)).clamp_min(1e-12)
+        q_rest = (1 - logq.exp().sum(-1)).clamp_min(1e-12)
+        kl = kl + p_rest * (p_rest.log() - q_rest.log())
+    return kl.mean()
 
 
 @torch.no_grad()
@@ -180,12 +234,37 @@ class _Windows(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.labels[i]}
 
 
+class _Images(torch.utils.data.Dataset):
+    def __init__(self, pixel_values: torch.Tensor) -> None:
+        self.pixel_values = pixel_values
+
+    def __len__(self) -> int:
+        return self.pixel_values.shape[0]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"pixel_values": self.pixel_values[i]}
+
+
+class _Teacher(torch.utils.data.Dataset):
+    """Examples of `base` (without labels) with the dense model's top outputs (`teacher_targets`) attached."""
+
+    def __init__(self, base: torch.utils.data.Dataset, targets: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self.base, (self.ids, self.logp) = base, targets
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        item = {k: v for k, v in self.base[i].items() if k != "labels"}
+        return {**item, "teacher_ids": self.ids[i], "teacher_logp": self.logp[i]}
+
+
 class _SearchTrainer(Trainer):
     """`Trainer` that runs the model in eval mode (unless dropout is wanted) and stops on a non-finite loss."""
 
-    def __init__(self, *args: Any, dropout: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, dropout: bool = False, bregman: BregmanOptimizer | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._dropout = dropout
+        self._dropout, self._bregman = dropout, bregman
         free_memory = self.accelerator.free_memory
 
         def reset_without_gc(*objects):
@@ -202,7 +281,18 @@ class _SearchTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if not self._dropout:
             model.eval()
-        out = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        if "teacher_ids" in inputs:  # search_labels="dense"
+            ids, logp = inputs.pop("teacher_ids"), inputs.pop("teacher_logp")
+            outputs = model(**inputs)
+            logits = outputs.logits if "pixel_values" in inputs else outputs.logits[:, :-1]
+            loss = teacher_kl(logits, ids, logp)
+            if self._bregman is not None and not self._bregman.nu and self._bregman.nu_is_auto:
+                self._set_nu(logits, ids)
+            out = (loss, outputs) if return_outputs else loss
+        else:
+            out = super().compute_loss(
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
         loss = out[0] if return_outputs else out
         if not torch.isfinite(loss.detach()).all():
             raise SPPSearchError(
@@ -211,6 +301,14 @@ class _SearchTrainer(Trainer):
                 "search in float32 (no fp16/bf16 in `training_args`)."
             )
         return out
+
+    def _set_nu(self, logits: torch.Tensor, ids: torch.Tensor) -> None:
+        """`nu="auto"` with the `"dense"` loss: its gradient is zero at `M = 1`, so ν comes from the gradient of the
+        cross-entropy against the dense model's most likely outputs on the same batch (one more backward pass)."""
+        params = [p for g in self._bregman.param_groups for p in g["params"]]
+        ce = nn.functional.cross_entropy(logits.flatten(0, -2).float(), ids[..., 0].flatten())
+        grads = torch.autograd.grad(ce, params, retain_graph=True, allow_unused=True)
+        self._bregman.resolve_nu([torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)])
 
 
 class _PathCallback(TrainerCallback):
@@ -307,7 +405,7 @@ def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> 
             trainer = _SearchTrainer(
                 model=model, args=args, train_dataset=dataset, data_collator=default_data_collator,
                 optimizers=(optimizer, None), callbacks=[_PathCallback(optimizer, config.stop_at_density)],
-                dropout=config.dropout,
+                dropout=config.dropout, bregman=optimizer,
             )  # fmt: skip
             quiet(trainer)
             trainer.train()
