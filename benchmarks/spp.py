@@ -79,8 +79,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--search-lr", type=float, default=None, help="default: SPPConfig's")
     p.add_argument("--search-lambda", type=float, default=None, help="default: SPPConfig's")
     p.add_argument("--search-nu-scale", type=float, default=None, help="default: SPPConfig's")
-    p.add_argument("--search-labels", default=None, choices=["data", "sampled", "dense"],
-                   help="SPPConfig.search_labels, the search's loss (default: SPPConfig's)")
+    p.add_argument(
+        "--search-labels",
+        default=None,
+        choices=["data", "sampled", "dense"],
+        help="SPPConfig.search_labels, the search's loss (default: SPPConfig's)",
+    )
     p.add_argument("--rows", nargs="+", default=None,
                    help="only these rows of the quality phase (e.g. `spp` for a screen of search settings whose NP / "
                         "FLAP rows are in another file); default: every row")  # fmt: skip

@@ -249,8 +249,9 @@ def test_spp(tiny_dir, tmp_path):
     assert "random@0.3" in result["ablation"] and "0.3" in result["speed"]
     # a screen of a search setting: its own path, only the SPP row
     screen = _run("spp", [*base, "--workdir", str(tmp_path / "nu"), "--phases", "quality", "--rows", "spp",
-                          "--search-nu-scale", "2"], tmp_path / "nu.json")  # fmt: skip
+                          "--search-nu-scale", "2", "--search-labels", "dense"], tmp_path / "nu.json")  # fmt: skip
     assert set(screen["rows"]) == {"spp@0.3"} and screen["search"]["settings"]["nu_scale"] == 2.0
+    assert screen["search"]["settings"]["search_labels"] == "dense"
 
 
 def test_unstructured(tiny_dir, tmp_path):
@@ -343,6 +344,10 @@ def test_vision(tiny_vision, tmp_path):
     assert set(run["accuracy_after_ft_by_lr"]) == {"1e-05", "0.001"}
     assert run["accuracy_after_ft"] == run["accuracy_after_ft_by_lr"]["1e-05"]
     assert "after FT (lr 0.001)" in out.with_suffix(".md").read_text()
+    # the search on the KL divergence from the dense classifier: its own path
+    dense = _run("vision", [*argv, "--methods", "spp", "--spp-search-labels", "dense"], tmp_path / "dense.json")
+    assert dense["spp_search"]["settings"]["search_labels"] == "dense"
+    assert "KL divergence from the dense classifier" in (tmp_path / "dense.md").read_text()
     assert result["vision_protocol"]["split"] == "test"
     assert {k: v["images"] for k, v in result["vision_protocol"]["sets"].items()} == {
         "test": 24,
