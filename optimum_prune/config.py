@@ -50,7 +50,10 @@ class PruningConfig:
     """Base class of every pruning-method configuration.
 
     Subclasses are plain dataclasses whose fields are both their constructor and their JSON form. The `method`
-    class attribute names the registered method; `config_version` lets future releases migrate old files.
+    class attribute names the registered method. `config_version` (written into every file) and `migrations` read
+    files of an older version as their version ran: `to_dict` writes every field, so only a field added since can be
+    missing, and `migrations[v]` maps each field added in version `v` to the value that reproduces the behaviour before
+    it existed (a file without `config_version`, written by hand, takes today's defaults).
 
     Args:
         seed (`int`, defaults to `0`): seed for every random choice the method makes.
@@ -58,6 +61,7 @@ class PruningConfig:
 
     method: ClassVar[str] = ""
     config_version: ClassVar[int] = 1
+    migrations: ClassVar[dict[int, dict[str, Any]]] = {}
 
     seed: int = 0
 
@@ -81,7 +85,7 @@ class PruningConfig:
         """
         data = dict(data)
         method = data.pop("method", None)
-        data.pop("config_version", None)
+        version = data.pop("config_version", None)
         target: type[PruningConfig] = cls
         if not cls.method:  # a base class: the `method` key picks the registered subclass
             if method is None:
@@ -95,6 +99,7 @@ class PruningConfig:
                 raise ValueError(f"Config dict is for method {method!r} ({target.__name__}), not a {cls.__name__}.")
         elif method is not None and method != cls.method:
             raise ValueError(f"Config dict is for method {method!r}, not {cls.method!r}.")
+        data = target._migrate(data, version)
         names = {f.name for f in dataclasses.fields(target)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -108,6 +113,24 @@ class PruningConfig:
                     v = tuple(v)
                 kwargs[k] = v
         return target(**kwargs)
+
+    @classmethod
+    def _migrate(cls, data: dict[str, Any], version: Any) -> dict[str, Any]:
+        """`data` of a file written at `version` with the fields it predates set as that version ran them."""
+        if version is None:
+            return data
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ValueError(f"`config_version` must be a positive int, got {version!r}.")
+        if version > cls.config_version:
+            logger.warning("This %s was written by a newer optimum_prune (config_version %d > %d); fields it added are "
+                           "ignored.", cls.__name__, version, cls.config_version)  # fmt: skip
+        filled = {}
+        for added_in, values in sorted(cls.migrations.items()):
+            if version < added_in:
+                filled.update({k: v for k, v in values.items() if k not in data and k not in filled})
+        if filled:
+            logger.info("Reading a %s of config_version %d: %s (as that version ran).", cls.__name__, version, filled)
+        return {**data, **filled}
 
     def to_json_string(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"

@@ -109,6 +109,31 @@ def test_saved_configs_load_under_the_new_names():
         UnstructuredPruningConfig.from_dict({"method": "numerical", "pruning_ratio": 0.2})
 
 
+def test_old_config_files_run_as_their_version_did(caplog):
+    """`to_dict` writes every field, so a file of an older `config_version` lacks only the fields added since; they
+    take the value that reproduces what that version did (SPP version 1: no refit after extraction, and, where the
+    file has `compensate`, the full refit without an intercept). A hand-written dict takes today's defaults."""
+    from optimum_prune.methods.spp import SPPConfig
+
+    current = SPPConfig(pruning_ratio=0.3).to_dict()
+    assert current["config_version"] == SPPConfig.config_version == 2
+    assert PruningConfig.from_dict(current) == SPPConfig(pruning_ratio=0.3)
+    old = {k: v for k, v in current.items() if not k.startswith("compensat")}
+    first = PruningConfig.from_dict({**old, "config_version": 1})
+    assert (first.compensate, first.compensation_strength, first.compensation_bias) == (False, 1.0, False)
+    refit = PruningConfig.from_dict({**old, "config_version": 1, "compensate": True})
+    assert (refit.compensate, refit.refit_strength("text"), refit.compensation_bias) == (True, 1.0, False)
+    for version in (None, 2):  # by hand, or today's version: the defaults
+        data = {k: v for k, v in old.items() if k != "config_version"}
+        config = PruningConfig.from_dict(data if version is None else {**data, "config_version": version})
+        assert config == SPPConfig(pruning_ratio=0.3)
+    with caplog.at_level("WARNING", logger="optimum_prune"):
+        assert PruningConfig.from_dict({**current, "config_version": 9}) == SPPConfig(pruning_ratio=0.3)
+    assert "written by a newer optimum_prune" in caplog.text
+    with pytest.raises(ValueError, match="config_version"):
+        PruningConfig.from_dict({**current, "config_version": "1"})
+
+
 def _package_modules():
     root = Path(optimum_prune.__file__).parent
     for path in sorted(root.rglob("*.py")):  # every module, also in folders without an __init__.py

@@ -219,6 +219,10 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
     """
 
     method = "spp"
+    # version 2 added the refit after extraction; files of version 1 that lack its fields ran without it, and a file
+    # with `compensate` but without the later fields ran the full refit without an intercept
+    config_version = 2
+    migrations = {2: {"compensate": False, "compensation_strength": 1.0, "compensation_bias": False}}
 
     solution_path: str | None = None
     pools: str = "per_kind"
