@@ -40,11 +40,6 @@ def tiny_dir(tmp_path_factory, smollm2_tokenizer, tiny_llama):
     return path
 
 
-def _needs(module: str, why: str):
-    if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{why}: the optional dependency `{module}` is not installed")
-
-
 def _corpora():
     if shutil.which("bible") is None:
         pytest.fail(
@@ -209,7 +204,9 @@ def test_alignment(tiny_dir, tmp_path):
 
 
 def test_deploy(tiny_dir, tmp_path):
-    _needs("llama_cpp", "deploy.py runs the exported GGUF files in llama.cpp (the `llamacpp` extra)")
+    pytest.importorskip(
+        "llama_cpp", reason="deploy.py runs the exported GGUF files in llama.cpp (the `llamacpp` extra)"
+    )
     _corpora()
     argv = ["--model", str(tiny_dir), "--ratios", "0.3", "--allocations", "global", *TINY_CALIB, *TINY_EVAL]
     argv += ["--repeats", "1", "--prompt-len", "8", "--new-tokens", "2", "--workdir", str(tmp_path)]
@@ -292,7 +289,7 @@ def test_attention(tiny_dir, tmp_path):
 
 def test_recovery(tiny_dir, tmp_path):
     _corpora()
-    _needs("lm_eval", "recovery.py scores the BBC topic task with lm-eval (the `eval` extra)")
+    pytest.importorskip("lm_eval", reason="recovery.py scores the BBC topic task with lm-eval (the `eval` extra)")
     argv = ["--model", str(tiny_dir), "--methods", "flap30", "fista24", "--num-samples", "2", "--calib-seq-len", "32"]
     argv += ["--fista-max-outer", "1", "--steps", "1", "--batch-size", "1", "--seq-len", "16", "--lora-r", "2"]
     argv += [*TINY_EVAL, "--zero-shot-limit", "2"]
