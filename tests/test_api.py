@@ -132,6 +132,16 @@ def test_old_config_files_run_as_their_version_did(caplog):
     assert "written by a newer optimum_prune" in caplog.text
     with pytest.raises(ValueError, match="config_version"):
         PruningConfig.from_dict({**current, "config_version": "1"})
+    from optimum_prune.config import _METHOD_CONFIGS
+
+    migrated = {cls for cls in _METHOD_CONFIGS.values() if cls.migrations}
+    assert {c.method for c in migrated} >= {"spp", "numerical", "fista", "amp"}
+    for cls in migrated:  # every migration: a version-1 file lacking the fields gets the recorded values
+        current = cls().to_dict()
+        assert current["config_version"] == cls.config_version == max(cls.migrations)
+        values = {k: v for version in cls.migrations.values() for k, v in version.items()}
+        old = PruningConfig.from_dict({**{k: v for k, v in current.items() if k not in values}, "config_version": 1})
+        assert {k: getattr(old, k) for k in values} == values, cls.__name__
 
 
 def _package_modules():

@@ -83,6 +83,8 @@ class AMPConfig(UnstructuredPruningConfig):
     """
 
     method = "amp"
+    config_version = 2
+    migrations = {2: {"solver": "descent", "refit_steps": 0}}  # version 1 files without them: the descent, no refit
 
     targets: tuple[str, ...] | None = _SCORE_PATH
     solver: str = "cg"

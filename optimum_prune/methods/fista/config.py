@@ -111,6 +111,8 @@ class FISTAConfig(UnstructuredPruningConfig):
     """
 
     method = "fista"
+    config_version = 2
+    migrations = {2: {"refit_strength": 1.0}}  # version 1 files without it ran the full re-fit
 
     warm_start: str = "wanda"
     lam0: float = 1e-5

@@ -92,6 +92,17 @@ class NumericalConfig(StructuredPruningConfig):
     """
 
     method = "numerical"
+    # version 2: files of version 1 lacking these fields ran heads as the mean of their channels' scores, the
+    # numerical scores at every ratio and the full refit without an intercept
+    config_version = 2
+    migrations = {
+        2: {
+            "head_score": "channel_mean",
+            "scores": "numerical",
+            "compensation_strength": 1.0,
+            "compensation_bias": False,
+        }
+    }
 
     lambda_: float | None = None
     solver: str = "closed_form"
