@@ -27,12 +27,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..utils.distributed import barrier, is_main_process
+from ..calibration.sequential import input_embedding_weight
+from ..modeling.architectures import get_layers
+from ..report import layer_table
+from ..utils.distributed import barrier, is_main_process, world_size
 from ..utils.scratch import write_text_atomic
 from ..version import __version__
-from .streaming import read_tensors, write_safetensors
+from .streaming import get_store, read_tensors, write_safetensors
 
-__all__ = ["RunCheckpoint", "fingerprint_model", "jsonable"]
+__all__ = ["RunCheckpoint", "fingerprint_model", "jsonable", "run_fingerprint"]
 
 logger = logging.getLogger(__name__)
 
@@ -221,3 +224,28 @@ class RunCheckpoint:
         if self.writer:
             self.stage_dir(stage).mkdir(parents=True, exist_ok=True)
             _write_json(jsonable(info), self.stage_dir(stage) / "complete.json")
+
+
+def run_fingerprint(model, spec, configs, ids, batch_size, device) -> dict:
+    """What a checkpoint is checked against: the model (its embeddings, first block's first weight and per-layer
+    shapes), the run (its configs and calibration ids) and the processes (world size, device type)."""
+    store = get_store(model)
+    layer = get_layers(model, spec)[0]
+    name = spec.linear_paths[0]
+    if store is not None:
+        store.load(0)
+    try:
+        sample = {"embeddings": input_embedding_weight(model), "block0": layer.get_submodule(name).weight}
+        model_fp = fingerprint_model(model, {k: v.detach().clone() for k, v in sample.items()})
+        model_fp["layers_sha256"] = hashlib.sha256(json.dumps(layer_table(model, spec)).encode()).hexdigest()
+    finally:
+        if store is not None:
+            store.offload(0)
+    run = {
+        "configs": [c.to_dict() for c in configs],
+        "calibration_sha256": None if ids is None else hashlib.sha256(ids.numpy().tobytes()).hexdigest(),
+        "calibration_shape": None if ids is None else list(ids.shape),
+        "batch_size": None if ids is None else batch_size,
+    }
+    processes = {"world_size": world_size(), "device": None if device is None else torch.device(device).type}
+    return {"model": model_fp, "run": run, "processes": processes}

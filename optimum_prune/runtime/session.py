@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
-import json
 import logging
 import os
 from collections.abc import Iterator
@@ -35,13 +33,12 @@ import torch
 from torch import nn
 
 from ..calibration.offload import ActivationBudget, parse_bytes
-from ..calibration.sequential import input_embedding_weight
 from ..modeling.architectures import ArchitectureSpec, get_layers, get_spec, layer_view
 from ..modeling.surgery import apply_layer_plan_
 from ..plan import LayerPlan, PruningPlan
-from ..report import layer_row, layer_table
+from ..report import layer_row
 from ..utils.distributed import broadcast_object, world_size
-from .checkpoint import RunCheckpoint, fingerprint_model
+from .checkpoint import RunCheckpoint, run_fingerprint
 from .memory import check_device, check_memory
 from .streaming import get_store, layer_prefix, load_block_, write_safetensors
 
@@ -311,29 +308,6 @@ class PruneSession(NullSession):
                 yield i, layer
 
 
-def _fingerprint(model, spec, configs, ids, batch_size, device) -> dict:
-    store = get_store(model)
-    layer = get_layers(model, spec)[0]
-    name = spec.linear_paths[0]
-    if store is not None:
-        store.load(0)
-    try:
-        sample = {"embeddings": input_embedding_weight(model), "block0": layer.get_submodule(name).weight}
-        model_fp = fingerprint_model(model, {k: v.detach().clone() for k, v in sample.items()})
-        model_fp["layers_sha256"] = hashlib.sha256(json.dumps(layer_table(model, spec)).encode()).hexdigest()
-    finally:
-        if store is not None:
-            store.offload(0)
-    run = {
-        "configs": [c.to_dict() for c in configs],
-        "calibration_sha256": None if ids is None else hashlib.sha256(ids.numpy().tobytes()).hexdigest(),
-        "calibration_shape": None if ids is None else list(ids.shape),
-        "batch_size": None if ids is None else batch_size,
-    }
-    processes = {"world_size": world_size(), "device": None if device is None else torch.device(device).type}
-    return {"model": model_fp, "run": run, "processes": processes}
-
-
 @contextlib.contextmanager
 def open_session(
     model: nn.Module,
@@ -366,7 +340,7 @@ def open_session(
                     per_copy / 1e9, limit / 1e9, " (the rest goes to disk)" if 2 * per_copy > limit else "")  # fmt: skip
     checkpoint = None
     if checkpoint_dir is not None:
-        checkpoint = RunCheckpoint(checkpoint_dir, _fingerprint(model, spec, configs, ids, batch_size, device))
+        checkpoint = RunCheckpoint(checkpoint_dir, run_fingerprint(model, spec, configs, ids, batch_size, device))
     if checkpoint is None and store is None:
         sess: NullSession = NullSession(activations)
     else:
