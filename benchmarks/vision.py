@@ -113,9 +113,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--spp-batch", type=int, default=8, help="SPP search batch (images)")
     p.add_argument("--spp-lr", type=float, default=None, help="SPP search lr (default: SPPConfig's)")
     p.add_argument("--spp-lambda", type=float, default=None, help="SPP soft threshold (default: SPPConfig's)")
-    p.add_argument("--spp-search-labels", default=None, choices=["data", "dense"],
-                   help="SPPConfig.search_labels: the classifier's cross-entropy on the labels (data) or the KL "
-                        "divergence from the dense classifier's predictions (dense); default: SPPConfig's")  # fmt: skip
+    p.add_argument("--spp-search-labels", default=None, choices=["data", "sampled", "dense"],
+                   help="SPPConfig.search_labels: the classifier's cross-entropy on the labels (data) or on classes "
+                        "drawn from the dense classifier's predictions (sampled), or the KL divergence from those "
+                        "predictions (dense); default: SPPConfig's")  # fmt: skip
     p.add_argument("--spp-images", type=int, default=None,
                    help="calibration images SPP's search trains on (default: --calibration, the images every method "
                         "prunes with; the calibration split holds 512)")  # fmt: skip
@@ -360,8 +361,9 @@ def markdown(res: dict) -> str:
         lines += ["", f"SPP: one search of {spp['steps']} steps (batch {spp['settings'].get('batch_size')}, "
                   f"{spp['settings'].get('faithful_to')} dynamics, lr {spp['settings'].get('lr')}, λ "
                   f"{spp['settings'].get('lambda_')}) on {s.get('spp_images') or s.get('calibration')} calibration images, "
-                  + ("KL divergence from the dense classifier's predictions"
-                     if spp["settings"].get("search_labels") == "dense" else "classifier cross-entropy")
+                  + {"dense": "KL divergence from the dense classifier's predictions",
+                     "sampled": "cross-entropy on classes drawn from the dense classifier's predictions"}.get(
+                      spp["settings"].get("search_labels"), "classifier cross-entropy on the labels")
                   + ", in "
                   f"{spp['search_seconds']:.0f} s; units entered: {spp['entered']}; saved path "
                   f"{spp['path_bytes'] / 1e3:.0f} kB. Each ratio extracted from it in {', '.join(extract)}: the refit of "

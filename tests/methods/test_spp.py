@@ -624,6 +624,12 @@ def test_sampled_labels_follow_the_model_and_rank_planted_units_on_any_text():
         probs = torch.softmax(model(context[:1]).logits[0, 2].float(), -1)
     freq = torch.bincount(labels[:, 3], minlength=probs.numel()).double() / labels.shape[0]
     assert 0.5 * float((freq - probs.double()).abs().sum()) < 0.1  # total variation to the model's distribution
+    classifier, image = tiny_model("vit"), calibration_pixels(1, seed=2)
+    drawn = sampled_labels(classifier, image.expand(2000, -1, -1, -1), batch_size=1000)  # one class per image
+    with torch.no_grad():
+        probs = torch.softmax(classifier(pixel_values=image).logits[0].float(), -1)
+    freq = torch.bincount(drawn, minlength=probs.numel()).double() / drawn.numel()
+    assert drawn.shape == (2000,) and 0.5 * float((freq - probs.double()).abs().sum()) < 0.1
     config = SPPConfig(search_labels="sampled", **SHAPE)
     path = AutoPruner(model).search_solution_path(config, calibration=calibration_ids(128, 32, seed=1))
     pos = _positions(path)
@@ -654,11 +660,12 @@ def test_teacher_kl_matches_a_float64_reference_and_vanishes_at_the_teacher():
     assert abs(loss.item()) < 1e-6 and float(at_teacher.grad.abs().max()) < 1e-6
 
 
-@pytest.mark.parametrize("arch", ["llama", "vit"])
-def test_dense_labels_rank_planted_units_first(arch):
-    """search_labels="dense" on arbitrary inputs (random ids, unlabelled random images): the loss only measures how
-    far the masks move the model from its own predictions, so the planted dead units never enter (and on the language
-    model, whose units all matter, they go first); ν comes from the cross-entropy's gradient; the model is unchanged."""
+@pytest.mark.parametrize("arch, labels", [("llama", "dense"), ("vit", "dense"), ("vit", "sampled")])
+def test_dense_labels_rank_planted_units_first(arch, labels):
+    """search_labels="dense" (and "sampled" on an image classifier) on arbitrary inputs (random ids, unlabelled random
+    images): the loss only measures how far the masks move the model from its own predictions, so the planted dead
+    units never enter (and on the language model, whose units all matter, they go first); with "dense", ν comes from
+    the cross-entropy's gradient; the model is unchanged."""
     if arch == "llama":
         model, planted = _planted()
         data = calibration_ids(128, 32, seed=1)
@@ -669,7 +676,7 @@ def test_dense_labels_rank_planted_units_first(arch):
         planted = {(1, "mlp"): list(range(8))}
         data = calibration_pixels(128, seed=1)
     snap = _state(model)
-    path = AutoPruner(model).search_solution_path(SPPConfig(search_labels="dense", **SHAPE), calibration=data)
+    path = AutoPruner(model).search_solution_path(SPPConfig(search_labels=labels, **SHAPE), calibration=data)
     assert all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
     assert all(math.isfinite(v) and v > 0 for v in path.meta["nu"].values())
     for key, units in planted.items():

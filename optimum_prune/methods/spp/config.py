@@ -200,7 +200,8 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
         search_labels (`str`, defaults to `"data"`): the targets of the search's language-model loss: `"data"` (the
             calibration text's next tokens) or `"sampled"` (next tokens drawn from the dense model's own predictions,
             one no-grad pass before the search: the loss then measures how much the masks change the model's output,
-            with zero expected gradient at `M = 1`, instead of how well they fit the calibration text; causal LMs) or
+            with zero expected gradient at `M = 1`, instead of how well they fit the calibration text; on an image
+            classifier, each image's class drawn from the dense classifier's prediction) or
             `"dense"` (the KL divergence from the dense model's own predictions on the calibration inputs, its 64 most
             likely outputs per position plus one bucket for the rest, from one no-grad pass before the search: zero,
             with a zero gradient, at `M = 1`; any model with logits, image classifiers included).

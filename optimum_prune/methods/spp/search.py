@@ -139,10 +139,11 @@ def search_dataset(
     argument they came from) for its cross-entropy. A dataset / list of examples is passed through. Raises a
     `ValueError` for an image model without a classification head or images without labels.
 
-    `labels="sampled"` (causal LMs): every next token is drawn from the dense model's own prediction at that
-    position (`sampled_labels`), so the loss is an unbiased sample of the cross-entropy against the model itself:
-    its expected gradient at `M = 1` is zero and it grows with how much removing a unit changes the model's output,
-    not with how well the unit fits the calibration text."""
+    `labels="sampled"`: every next token (every image's class) is drawn from the dense model's own prediction
+    (`sampled_labels`), so the loss is an unbiased sample of the cross-entropy against the model itself: its
+    expected gradient at `M = 1` is zero and it grows with how much removing a unit changes the model's output, not
+    with how well the unit fits the calibration text (or labels). `labels="dense"`: the KL divergence from the dense
+    model's top outputs (`teacher_targets`, `teacher_kl`)."""
     if not isinstance(data, torch.Tensor):
         if labels != "data":
             raise ValueError(f"{what}: search_labels={labels!r} needs the calibration inputs as a tensor (token ids or "
@@ -153,7 +154,7 @@ def search_dataset(
             return _Windows(data, sampled_labels(model, data, seed))
         return _Windows(data) if labels == "data" else _Teacher(_Windows(data), teacher_targets(model, data))
     if labels == "sampled":
-        raise ValueError(f"{what}: search_labels='sampled' is for causal language models; use 'data' or 'dense'.")
+        return LabelledImages(data, sampled_labels(model, data, seed))
     if labels == "dense":
         return _Teacher(_Images(data), teacher_targets(model, data))
     labels = calibration_labels(source) if source is not None else None
@@ -203,19 +204,27 @@ def teacher_kl(logits: torch.Tensor, ids: torch.Tensor, logp: torch.Tensor) -> t
 
 
 @torch.no_grad()
-def sampled_labels(model: nn.Module, ids: torch.Tensor, seed: int = 0, batch_size: int = 8) -> torch.Tensor:
-    """`(N, L)` labels for the windows `ids`: position `t + 1` holds a token drawn from the model's distribution after
-    `ids[:, : t + 1]` (temperature 1, generator seeded by `seed`); position 0 is ignored (-100). One no-grad pass."""
+def sampled_labels(model: nn.Module, inputs: torch.Tensor, seed: int = 0, batch_size: int = 8) -> torch.Tensor:
+    """Labels drawn from the model's own distribution (temperature 1, generator seeded by `seed`), one no-grad pass.
+    Token windows `(N, L)`: position `t + 1` holds a token drawn after `inputs[:, : t + 1]`, position 0 is ignored
+    (-100). Images `(N, C, H, W)` for a classifier: `(N,)` classes drawn from its prediction for each image."""
     was_training, device = model.training, next(model.parameters()).device
+    image = is_image_model(model)
     model.eval()
     g = torch.Generator().manual_seed(seed)
-    out = torch.full_like(ids, -100)
+    out = torch.empty(inputs.shape[0], dtype=torch.long) if image else torch.full_like(inputs, -100)
     try:
-        for start in range(0, ids.shape[0], batch_size):
-            chunk = ids[start : start + batch_size].to(device)
-            logits = model(chunk, use_cache=False).logits[:, :-1].float().cpu()  # (B, L-1, V)
-            probs = torch.softmax(logits, dim=-1).reshape(-1, logits.shape[-1])
-            out[start : start + chunk.shape[0], 1:] = torch.multinomial(probs, 1, generator=g).view(chunk.shape[0], -1)
+        for start in range(0, inputs.shape[0], batch_size):
+            chunk = inputs[start : start + batch_size].to(device)
+            if image:
+                logits = model(pixel_values=chunk).logits.float().cpu()  # (B, classes)
+            else:
+                logits = model(chunk, use_cache=False).logits[:, :-1].float().cpu()  # (B, L-1, V)
+            drawn = torch.multinomial(torch.softmax(logits, dim=-1).reshape(-1, logits.shape[-1]), 1, generator=g)
+            if image:
+                out[start : start + chunk.shape[0]] = drawn.view(-1)
+            else:
+                out[start : start + chunk.shape[0], 1:] = drawn.view(chunk.shape[0], -1)
     finally:
         model.train(was_training)
     return out
