@@ -348,8 +348,9 @@ def test_pruned_head_dims_refused_by_head_pruning_and_gguf_export():
 
 
 def test_image_search_needs_a_classifier_and_labels():
-    """The search trains on an image classifier's cross-entropy: labelled images (also a seeded subset of a
-    `CalibrationConfig`, labels matched to the images it picks); unlabelled images or a backbone are refused first."""
+    """The search trains on an image classifier's cross-entropy: with `search_labels="data"` on labelled images (also
+    a seeded subset of a `CalibrationConfig`, labels matched to the images it picks), unlabelled images refused
+    first; by default on classes drawn from the classifier itself (no labels needed). A backbone is refused first."""
     from testing_utils import calibration_for
 
     from optimum_prune import CalibrationConfig, SPPRIAConfig
@@ -361,16 +362,19 @@ def test_image_search_needs_a_classifier_and_labels():
     pixels, _ = image_calibration(model, subset)
     by_image = {p.sum().item(): e["labels"] for p, e in zip(calibration_for("vit"), examples)}
     assert calibration_labels(subset).tolist() == [by_image[p.sum().item()] for p in pixels]
-    path = AutoPruner(model).search_solution_path(SPPConfig(**{**FAST, "steps": 8}), calibration=subset)
-    assert path.steps == 8
+    config = SPPConfig(**{**FAST, "steps": 8, "search_labels": "data"})
+    assert AutoPruner(model).search_solution_path(config, calibration=subset).steps == 8
+    unlabelled = calibration_for("vit")
+    assert AutoPruner(model).search_solution_path(SPPConfig(**{**FAST, "steps": 8}), calibration=unlabelled).steps == 8
     snap = _state(model)
-    for config in (SPPConfig(pruning_ratio=0.3, **FAST), SPPRIAConfig(sparsity=0.5, steps=40)):
+    for config in (SPPConfig(pruning_ratio=0.3, search_labels="data", **FAST), SPPRIAConfig(sparsity=0.5, steps=40)):
         with pytest.raises(ValueError, match="The images have no labels"):
-            prune_(model, config, calibration_for("vit"))
+            prune_(model, config, unlabelled)
     backbone = tiny_model("dinov2_backbone")
     backbone_snap = _state(backbone)
-    with pytest.raises(ValueError, match="Dinov2Model has no classification head"):
-        AutoPruner(backbone).search_solution_path(SPPConfig(**FAST), calibration=examples)
+    for labels in ("data", "sampled", "dense"):
+        with pytest.raises(ValueError, match="Dinov2Model has no classification head"):
+            AutoPruner(backbone).search_solution_path(SPPConfig(search_labels=labels, **FAST), calibration=examples)
     assert all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
     assert all(torch.equal(v, backbone_snap[k]) for k, v in backbone.state_dict().items())
 
@@ -586,17 +590,25 @@ def test_compensation_with_bias_at_a_strength_is_the_shrunk_intercept_fit_and_re
 
 
 @pytest.mark.parametrize("arch", ["llama", "vit"])
-def test_default_refit_strength_follows_the_modality(arch, tmp_path):
-    """`compensation_strength=None` is half the refit on a language model and the full refit on an image model (each
-    measured better on its selection split): extracting from one saved path, the default gives exactly the weights
-    of that explicit strength and not those of the other."""
+def test_defaults_follow_the_modality(arch, tmp_path):
+    """`compensation_strength=None` is half the refit on a language model and the full refit on an image model, and
+    `search_labels=None` the drawn next tokens on a language model and the dense KL on an image model (each measured
+    better on its selection split): the default search is exactly the explicit one (recorded in the path), and
+    extracting from one saved path, the default gives exactly the weights of that explicit strength, not the other's."""
     from testing_utils import calibration_for
 
     assert (SPPConfig().refit_strength("text"), SPPConfig().refit_strength("image")) == (0.5, 1.0)
     assert SPPConfig(compensation_strength=0.25).refit_strength("image") == 0.25
+    assert (SPPConfig().labels_for("text"), SPPConfig().labels_for("image")) == ("sampled", "dense")
+    assert SPPConfig(search_labels="data").labels_for("image") == "data"
     model = tiny_model(arch)
     data = calibration_for(arch, labelled=True)
-    where = str(AutoPruner(model).search_solution_path(SPPConfig(**FAST), calibration=data).save_pretrained(tmp_path))
+    path = AutoPruner(model).search_solution_path(SPPConfig(**FAST), calibration=data)
+    labels = "sampled" if arch == "llama" else "dense"
+    assert path.meta["search"]["search_labels"] == labels
+    explicit = AutoPruner(model).search_solution_path(SPPConfig(**FAST, search_labels=labels), calibration=data)
+    assert all(torch.equal(explicit.stats[key]["z"], st["z"]) for key, st in path.stats.items())
+    where = str(path.save_pretrained(tmp_path))
     states = {}
     for strength in (None, 0.5, 1.0):
         pruned = copy.deepcopy(model)

@@ -91,7 +91,8 @@ class SPPPruner(BasePruner):
         """Run the search on the attached calibration data (the model is unchanged)."""
         if self._data is None:
             raise ValueError("The SPP search needs calibration data: pass `calibration=CalibrationConfig(...)`.")
-        data = search_dataset(model, self._data, self._source, labels=self.config.search_labels, seed=self.config.seed)
+        labels = self.config.labels_for(spec.modality)
+        data = search_dataset(model, self._data, self._source, labels=labels, seed=self.config.seed)
         self.solution_path = run_search(model, spec, self.config, data, self._calibration)
         return self.solution_path
 

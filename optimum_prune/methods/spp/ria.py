@@ -104,7 +104,12 @@ class SPPRIAPruner(SequentialPruner):
                 modules[(i, path)] = layer.get_submodule(path)
         masks = MaskSet({key: tuple(m.weight.shape) for key, m in modules.items()})
         data = search_dataset(
-            model, self._data, self._source, "SPP + RIA's search", self.config.search_labels, self.config.seed
+            model,
+            self._data,
+            self._source,
+            "SPP + RIA's search",
+            self.config.labels_for(spec.modality),
+            self.config.seed,
         )
         out = train_masks(model, self.config, data, masks, _parametrized(modules, masks))
         entered = sum(int((s["entry"] >= 0).sum()) for s in out["stats"].values())

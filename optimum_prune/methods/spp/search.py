@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
-from ...calibration.images import LabelledImages, calibration_labels, check_labels
-from ...modeling.architectures import ArchitectureSpec, get_layers, is_image_model, layer_view
+from ...calibration.images import LabelledImages, calibration_labels, check_labels, require_classifier
+from ...modeling.architectures import ArchitectureSpec, get_layers, get_spec, is_image_model, layer_view
 from ...utils.training import build_training_arguments, quiet
 from .functional import auto_nu, bregman_step_, init_state
 from .masks import MaskSet, SearchMasks, attach_masks, layer_units
@@ -153,6 +153,7 @@ def search_dataset(
         if labels == "sampled":
             return _Windows(data, sampled_labels(model, data, seed))
         return _Windows(data) if labels == "data" else _Teacher(_Windows(data), teacher_targets(model, data))
+    require_classifier(model, what)
     if labels == "sampled":
         return LabelledImages(data, sampled_labels(model, data, seed))
     if labels == "dense":
@@ -162,6 +163,15 @@ def search_dataset(
     if len(labels) != len(data):
         raise ValueError(f"{len(labels)} labels for {len(data)} calibration images.")
     return LabelledImages(data, labels)
+
+
+def _check_finite(logits: torch.Tensor, labels: str) -> None:
+    if not torch.isfinite(logits).all():
+        raise SPPSearchError(
+            f"The dense model's outputs on the calibration data are NaN/Inf, so search_labels={labels!r} has no "
+            "targets; the search did not start and the model was left unchanged. Check the model's weights and the "
+            "calibration data, or search in float32."
+        )
 
 
 @torch.no_grad()
@@ -181,6 +191,7 @@ def teacher_targets(
                 logits = model(pixel_values=chunk).logits.float()
             else:
                 logits = model(chunk, use_cache=False).logits[:, :-1].float()
+            _check_finite(logits, "dense")
             logp, idx = torch.log_softmax(logits, dim=-1).topk(min(top_k, logits.shape[-1]), dim=-1)
             ids.append(idx.cpu())
             logps.append(logp.cpu())
@@ -220,6 +231,7 @@ def sampled_labels(model: nn.Module, inputs: torch.Tensor, seed: int = 0, batch_
                 logits = model(pixel_values=chunk).logits.float().cpu()  # (B, classes)
             else:
                 logits = model(chunk, use_cache=False).logits[:, :-1].float().cpu()  # (B, L-1, V)
+            _check_finite(logits, "sampled")
             drawn = torch.multinomial(torch.softmax(logits, dim=-1).reshape(-1, logits.shape[-1]), 1, generator=g)
             if image:
                 out[start : start + chunk.shape[0]] = drawn.view(-1)
@@ -398,7 +410,7 @@ def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> 
     """Train `masks` (attached to the model by the context manager `attach`) with the Bregman dynamics of `config`
     on `data`; returns the optimizer's statistics, the support history, steps, seconds and the loss log."""
     if isinstance(data, torch.Tensor):  # (image models, sampled labels: see `search_dataset`)
-        data = search_dataset(model, data, labels=config.search_labels, seed=config.seed)
+        data = search_dataset(model, data, labels=config.labels_for(get_spec(model).modality), seed=config.seed)
     dataset = data
     if len(dataset) == 0:
         raise ValueError("The calibration data is empty.")
@@ -455,7 +467,7 @@ def run_search(
     out = train_masks(model, config, data, masks, attach_masks(views, spec, masks))
     meta = {
         "model": identity,
-        "search": config.search_settings(),
+        "search": config.search_settings(spec.modality),
         "units": {str(i): u for i, u in units.items()},
         "rotary": spec.rotary,
         "steps": out["steps"],
