@@ -13,6 +13,7 @@ import logging
 import math
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -165,38 +166,41 @@ def search_dataset(
     return LabelledImages(data, labels)
 
 
-def _check_finite(logits: torch.Tensor, labels: str) -> None:
-    if not torch.isfinite(logits).all():
-        raise SPPSearchError(
-            f"The dense model's outputs on the calibration data are NaN/Inf, so search_labels={labels!r} has no "
-            "targets; the search did not start and the model was left unchanged. Check the model's weights and the "
-            "calibration data, or search in float32."
-        )
+def _dense_logits(model: nn.Module, inputs: torch.Tensor, batch_size: int, labels: str) -> Iterator[torch.Tensor]:
+    """The model's float32 logits on `inputs` (token windows `(N, L)`: the `L - 1` positions that predict a next
+    token; images `(N, C, H, W)`: one row per image), `batch_size` at a time, in eval mode without gradients (the
+    mode restored after); NaN/Inf outputs raise `SPPSearchError` (the `labels` pass has no targets)."""
+    was_training, device = model.training, next(model.parameters()).device
+    image = is_image_model(model)
+    model.eval()
+    try:
+        with torch.no_grad():
+            for start in range(0, inputs.shape[0], batch_size):
+                chunk = inputs[start : start + batch_size].to(device)
+                out = model(pixel_values=chunk) if image else model(chunk, use_cache=False)
+                logits = (out.logits if image else out.logits[:, :-1]).float().cpu()
+                if not torch.isfinite(logits).all():
+                    raise SPPSearchError(
+                        f"The dense model's outputs on the calibration data are NaN/Inf, so search_labels={labels!r} "
+                        "has no targets; the search did not start and the model was left unchanged. Check the "
+                        "model's weights and the calibration data, or search in float32."
+                    )
+                yield logits
+    finally:
+        model.train(was_training)
 
 
-@torch.no_grad()
 def teacher_targets(
     model: nn.Module, inputs: torch.Tensor, top_k: int = TEACHER_TOP_K, batch_size: int = 8
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's own predictions on `inputs` (token windows `(N, L)` or images `(N, C, H, W)`), for the `"dense"`
     search loss: the ids and log-probabilities of its `top_k` most likely outputs at every position that predicts a
     next token (`(N, L - 1, k)`; `(N, k)` for a classifier), `k = min(top_k, outputs)`. One no-grad pass."""
-    was_training, device = model.training, next(model.parameters()).device
-    model.eval()
     ids, logps = [], []
-    try:
-        for start in range(0, inputs.shape[0], batch_size):
-            chunk = inputs[start : start + batch_size].to(device)
-            if is_image_model(model):
-                logits = model(pixel_values=chunk).logits.float()
-            else:
-                logits = model(chunk, use_cache=False).logits[:, :-1].float()
-            _check_finite(logits, "dense")
-            logp, idx = torch.log_softmax(logits, dim=-1).topk(min(top_k, logits.shape[-1]), dim=-1)
-            ids.append(idx.cpu())
-            logps.append(logp.cpu())
-    finally:
-        model.train(was_training)
+    for logits in _dense_logits(model, inputs, batch_size, "dense"):
+        logp, idx = torch.log_softmax(logits, dim=-1).topk(min(top_k, logits.shape[-1]), dim=-1)
+        ids.append(idx)
+        logps.append(logp)
     return torch.cat(ids), torch.cat(logps)
 
 
@@ -214,31 +218,21 @@ def teacher_kl(logits: torch.Tensor, ids: torch.Tensor, logp: torch.Tensor) -> t
     return kl.mean()
 
 
-@torch.no_grad()
 def sampled_labels(model: nn.Module, inputs: torch.Tensor, seed: int = 0, batch_size: int = 8) -> torch.Tensor:
     """Labels drawn from the model's own distribution (temperature 1, generator seeded by `seed`), one no-grad pass.
     Token windows `(N, L)`: position `t + 1` holds a token drawn after `inputs[:, : t + 1]`, position 0 is ignored
     (-100). Images `(N, C, H, W)` for a classifier: `(N,)` classes drawn from its prediction for each image."""
-    was_training, device = model.training, next(model.parameters()).device
-    image = is_image_model(model)
-    model.eval()
     g = torch.Generator().manual_seed(seed)
-    out = torch.empty(inputs.shape[0], dtype=torch.long) if image else torch.full_like(inputs, -100)
-    try:
-        for start in range(0, inputs.shape[0], batch_size):
-            chunk = inputs[start : start + batch_size].to(device)
-            if image:
-                logits = model(pixel_values=chunk).logits.float().cpu()  # (B, classes)
-            else:
-                logits = model(chunk, use_cache=False).logits[:, :-1].float().cpu()  # (B, L-1, V)
-            _check_finite(logits, "sampled")
-            drawn = torch.multinomial(torch.softmax(logits, dim=-1).reshape(-1, logits.shape[-1]), 1, generator=g)
-            if image:
-                out[start : start + chunk.shape[0]] = drawn.view(-1)
-            else:
-                out[start : start + chunk.shape[0], 1:] = drawn.view(chunk.shape[0], -1)
-    finally:
-        model.train(was_training)
+    drawn = [
+        torch.multinomial(torch.softmax(logits, dim=-1).reshape(-1, logits.shape[-1]), 1, generator=g).view(
+            logits.shape[:-1]
+        )
+        for logits in _dense_logits(model, inputs, batch_size, "sampled")
+    ]
+    if is_image_model(model):
+        return torch.cat(drawn)
+    out = torch.full_like(inputs, -100)
+    out[:, 1:] = torch.cat(drawn)
     return out
 
 
