@@ -626,7 +626,7 @@ def test_defaults_follow_the_modality(arch, tmp_path):
 def test_sampled_labels_follow_the_model_and_rank_planted_units_on_any_text():
     """search_labels="sampled": next tokens drawn from the dense model's own predictions (the empirical frequencies
     match its softmax), so a search on arbitrary text (random ids here) still puts the dead units first."""
-    from optimum_prune.methods.spp.search import sampled_labels
+    from optimum_prune.methods.spp.targets import sampled_labels
 
     model, planted = _planted()
     context = calibration_ids(1, 5, seed=3).expand(3000, 5)
@@ -653,7 +653,7 @@ def test_sampled_labels_follow_the_model_and_rank_planted_units_on_any_text():
 def test_teacher_kl_matches_a_float64_reference_and_vanishes_at_the_teacher():
     """search_labels="dense": the KL divergence from the teacher's top k outputs plus one bucket for the rest equals
     its direct float64 computation, and is 0 with a zero gradient when the model gives the teacher's logits."""
-    from optimum_prune.methods.spp.search import teacher_kl
+    from optimum_prune.methods.spp.targets import teacher_kl
 
     torch.manual_seed(0)
     teacher, student = torch.randn(3, 5, 40, dtype=torch.float64), torch.randn(3, 5, 40, dtype=torch.float64)

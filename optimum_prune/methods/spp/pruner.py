@@ -1,5 +1,6 @@
-"""SPP pruner: orchestration only (dynamics in `functional.py`, search loop in `search.py`, the path and its cut in
-`path.py` / `extract.py`, shapes in `modeling.surgery` / `modeling.pair_attention`)."""
+"""SPP pruner: orchestration only (dynamics in `functional.py`, search loop in `search.py`, what it trains on in
+`targets.py`, the path and its cut in `path.py` / `extract.py`, shapes in `modeling.surgery` /
+`modeling.pair_attention`)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from .config import SPPConfig
 from .extract import extract_keep
 from .masks import folded_weights
 from .path import SolutionPath
-from .search import run_search, search_dataset
+from .search import run_search
+from .targets import search_dataset
 
 __all__ = ["SPPPruner", "check_pair_support"]
 

@@ -28,7 +28,8 @@ from .config import SPPRIAConfig
 from .functional import removal_order
 from .masks import MaskSet
 from .pruner import check_pair_support
-from .search import search_dataset, train_masks
+from .search import train_masks
+from .targets import search_dataset
 
 __all__ = ["SPPRIAPruner", "path_scores"]
 

@@ -13,42 +13,24 @@ import logging
 import math
 import tempfile
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
-from ...calibration.images import LabelledImages, calibration_labels, check_labels, require_classifier
-from ...modeling.architectures import ArchitectureSpec, get_layers, get_spec, is_image_model, layer_view
+from ...modeling.architectures import ArchitectureSpec, get_layers, get_spec, layer_view
 from ...utils.training import build_training_arguments, quiet
 from .functional import auto_nu, bregman_step_, init_state
 from .masks import MaskSet, SearchMasks, attach_masks, layer_units
 from .path import SolutionPath, model_identity
+from .targets import SPPSearchError, search_dataset, teacher_kl
 
-__all__ = [
-    "SPPSearchError",
-    "BregmanOptimizer",
-    "run_search",
-    "sampled_labels",
-    "search_dataset",
-    "search_views",
-    "teacher_kl",
-    "teacher_targets",
-    "train_masks",
-]
+__all__ = ["BregmanOptimizer", "run_search", "search_views", "train_masks"]
 
 logger = logging.getLogger(__name__)
 
-# outputs of the dense model kept per position for `search_labels="dense"` (the rest share one bucket)
-TEACHER_TOP_K = 64
-
 _MASKS_ATTR = "spp_search_masks"
-
-
-class SPPSearchError(FloatingPointError, ValueError):
-    """The search diverged (a NaN / Inf loss or mask gradient); the model is left unchanged."""
 
 
 class BregmanOptimizer(torch.optim.Optimizer):
@@ -130,148 +112,6 @@ class BregmanOptimizer(torch.optim.Optimizer):
                 "gamma": st["gamma"].float().cpu(), "mask": p.detach().float().cpu(),
             }  # fmt: skip
         return out
-
-
-def search_dataset(
-    model: nn.Module, data: Any, source: Any = None, what: str = "SPP's search", labels: str = "data", seed: int = 0
-) -> Any:
-    """What a search trains the masks on: causal-LM windows of the token ids `data` (the model shifts the labels),
-    or, for an image classifier, the calibration images `data` with the labels of `source` (the `calibration`
-    argument they came from) for its cross-entropy. A dataset / list of examples is passed through. Raises a
-    `ValueError` for an image model without a classification head or images without labels.
-
-    `labels="sampled"`: every next token (every image's class) is drawn from the dense model's own prediction
-    (`sampled_labels`), so the loss is an unbiased sample of the cross-entropy against the model itself: its
-    expected gradient at `M = 1` is zero and it grows with how much removing a unit changes the model's output, not
-    with how well the unit fits the calibration text (or labels). `labels="dense"`: the KL divergence from the dense
-    model's top outputs (`teacher_targets`, `teacher_kl`)."""
-    if not isinstance(data, torch.Tensor):
-        if labels != "data":
-            raise ValueError(f"{what}: search_labels={labels!r} needs the calibration inputs as a tensor (token ids or "
-                             "pixel values), not ready-made examples; pass them as a tensor or use 'data'.")  # fmt: skip
-        return data
-    if not is_image_model(model):
-        if labels == "sampled":
-            return _Windows(data, sampled_labels(model, data, seed))
-        return _Windows(data) if labels == "data" else _Teacher(_Windows(data), teacher_targets(model, data))
-    require_classifier(model, what)
-    if labels == "sampled":
-        return LabelledImages(data, sampled_labels(model, data, seed))
-    if labels == "dense":
-        return _Teacher(_Images(data), teacher_targets(model, data))
-    labels = calibration_labels(source) if source is not None else None
-    check_labels(model, labels, what)
-    if len(labels) != len(data):
-        raise ValueError(f"{len(labels)} labels for {len(data)} calibration images.")
-    return LabelledImages(data, labels)
-
-
-def _dense_logits(model: nn.Module, inputs: torch.Tensor, batch_size: int, labels: str) -> Iterator[torch.Tensor]:
-    """The model's float32 logits on `inputs` (token windows `(N, L)`: the `L - 1` positions that predict a next
-    token; images `(N, C, H, W)`: one row per image), `batch_size` at a time, in eval mode without gradients (the
-    mode restored after); NaN/Inf outputs raise `SPPSearchError` (the `labels` pass has no targets)."""
-    was_training, device = model.training, next(model.parameters()).device
-    image = is_image_model(model)
-    model.eval()
-    try:
-        with torch.no_grad():
-            for start in range(0, inputs.shape[0], batch_size):
-                chunk = inputs[start : start + batch_size].to(device)
-                out = model(pixel_values=chunk) if image else model(chunk, use_cache=False)
-                logits = (out.logits if image else out.logits[:, :-1]).float().cpu()
-                if not torch.isfinite(logits).all():
-                    raise SPPSearchError(
-                        f"The dense model's outputs on the calibration data are NaN/Inf, so search_labels={labels!r} "
-                        "has no targets; the search did not start and the model was left unchanged. Check the "
-                        "model's weights and the calibration data, or search in float32."
-                    )
-                yield logits
-    finally:
-        model.train(was_training)
-
-
-def teacher_targets(
-    model: nn.Module, inputs: torch.Tensor, top_k: int = TEACHER_TOP_K, batch_size: int = 8
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's own predictions on `inputs` (token windows `(N, L)` or images `(N, C, H, W)`), for the `"dense"`
-    search loss: the ids and log-probabilities of its `top_k` most likely outputs at every position that predicts a
-    next token (`(N, L - 1, k)`; `(N, k)` for a classifier), `k = min(top_k, outputs)`. One no-grad pass."""
-    ids, logps = [], []
-    for logits in _dense_logits(model, inputs, batch_size, "dense"):
-        logp, idx = torch.log_softmax(logits, dim=-1).topk(min(top_k, logits.shape[-1]), dim=-1)
-        ids.append(idx)
-        logps.append(logp)
-    return torch.cat(ids), torch.cat(logps)
-
-
-def teacher_kl(logits: torch.Tensor, ids: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
-    """Mean KL divergence from the teacher to the model, over every position, on the teacher's `k` most likely
-    outputs plus one bucket for all the others: exactly 0, with a zero gradient, while the model still gives the
-    teacher's outputs (at `M = 1`). `logits`: `(..., V)`; `ids` / `logp`: `(..., k)` from `teacher_targets`."""
-    logq = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids)
-    p = logp.exp()
-    kl = (p * (logp - logq)).sum(-1)
-    if ids.shape[-1] < logits.shape[-1]:  # the bucket of the outputs outside the teacher's top k
-        p_rest = (1 - p.sum(-1)).clamp_min(1e-12)
-        q_rest = (1 - logq.exp().sum(-1)).clamp_min(1e-12)
-        kl = kl + p_rest * (p_rest.log() - q_rest.log())
-    return kl.mean()
-
-
-def sampled_labels(model: nn.Module, inputs: torch.Tensor, seed: int = 0, batch_size: int = 8) -> torch.Tensor:
-    """Labels drawn from the model's own distribution (temperature 1, generator seeded by `seed`), one no-grad pass.
-    Token windows `(N, L)`: position `t + 1` holds a token drawn after `inputs[:, : t + 1]`, position 0 is ignored
-    (-100). Images `(N, C, H, W)` for a classifier: `(N,)` classes drawn from its prediction for each image."""
-    g = torch.Generator().manual_seed(seed)
-    drawn = [
-        torch.multinomial(torch.softmax(logits, dim=-1).reshape(-1, logits.shape[-1]), 1, generator=g).view(
-            logits.shape[:-1]
-        )
-        for logits in _dense_logits(model, inputs, batch_size, "sampled")
-    ]
-    if is_image_model(model):
-        return torch.cat(drawn)
-    out = torch.full_like(inputs, -100)
-    out[:, 1:] = torch.cat(drawn)
-    return out
-
-
-class _Windows(torch.utils.data.Dataset):
-    """Calibration token windows as causal-LM examples (the model shifts the labels); `labels`: other targets."""
-
-    def __init__(self, ids: torch.Tensor, labels: torch.Tensor | None = None) -> None:
-        self.ids, self.labels = ids, ids if labels is None else labels
-
-    def __len__(self) -> int:
-        return self.ids.shape[0]
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "labels": self.labels[i]}
-
-
-class _Images(torch.utils.data.Dataset):
-    def __init__(self, pixel_values: torch.Tensor) -> None:
-        self.pixel_values = pixel_values
-
-    def __len__(self) -> int:
-        return self.pixel_values.shape[0]
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"pixel_values": self.pixel_values[i]}
-
-
-class _Teacher(torch.utils.data.Dataset):
-    """Examples of `base` (without labels) with the dense model's top outputs (`teacher_targets`) attached."""
-
-    def __init__(self, base: torch.utils.data.Dataset, targets: tuple[torch.Tensor, torch.Tensor]) -> None:
-        self.base, (self.ids, self.logp) = base, targets
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        item = {k: v for k, v in self.base[i].items() if k != "labels"}
-        return {**item, "teacher_ids": self.ids[i], "teacher_logp": self.logp[i]}
 
 
 class _SearchTrainer(Trainer):
