@@ -216,15 +216,14 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
         coupling (`bool`, defaults to `False`): in `"code"`, step AdamW on `∇L + (M − Γ)/ν` (Z still with the
             bias-corrected `s_t`); `"coupled"` and `"paper"` always couple.
         search_labels (`str | None`, defaults to `None`: `"sampled"` on language models, `"dense"` on image
-            classifiers, each chosen on its selection split; `"data"` in SPP + RIA): the search's loss:
-            `"data"` (the calibration text's next tokens, an image's label) or `"sampled"` (next tokens drawn from
-            the dense model's own predictions,
-            one no-grad pass before the search: the loss then measures how much the masks change the model's output,
-            with zero expected gradient at `M = 1`, instead of how well they fit the calibration text; on an image
-            classifier, each image's class drawn from the dense classifier's prediction) or
-            `"dense"` (the KL divergence from the dense model's own predictions on the calibration inputs, its 64 most
-            likely outputs per position plus one bucket for the rest, from one no-grad pass before the search: zero,
-            with a zero gradient, at `M = 1`; any model with logits, image classifiers included).
+            classifiers, each chosen on its selection split; `"data"` in SPP + RIA): the search's loss. `"data"`:
+            the calibration text's next tokens (an image's label). `"sampled"`: next tokens (an image's class) drawn
+            from the dense model's own predictions in one no-grad pass before the search, so the loss measures how
+            much the masks change the model's output, with zero expected gradient at `M = 1`, instead of how well
+            they fit the calibration text. `"dense"`: the KL divergence from the dense model's own predictions (its
+            64 most likely outputs per position plus one bucket for the rest, from the same kind of pass): zero,
+            with a zero gradient, at `M = 1`, so `nu="auto"` takes the scale of the cross-entropy against the dense
+            model's most likely outputs.
         betas / eps: Adam's (`"code"`; eps 1e-4 as in the code).
         interval (`int`, defaults to `20`): steps between `step_record` updates (the code's default; 10 in its
             script).
