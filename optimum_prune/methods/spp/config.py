@@ -42,7 +42,7 @@ class _SearchFields:
     nu: float | str = "auto"
     nu_scale: float = 1.0
     coupling: bool = False
-    search_labels: str = "data"
+    search_labels: str | None = None  # per modality (`labels_for`); SPP + RIA: "data"
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-4
     interval: int = 20
@@ -244,7 +244,6 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
     config_version = 2
     migrations = {2: {"compensate": False, "compensation_strength": 1.0, "compensation_bias": False}}
 
-    search_labels: str | None = None  # per modality (`labels_for`)
     solution_path: str | None = None
     pools: str = "per_kind"
     statistic: str = "entry_time"
