@@ -77,8 +77,8 @@ def prune_(
             same call again after a crash continues at the first unfinished block and gives the same model (a
             different model or config in the directory is an error). See `optimum_prune.runtime.checkpoint`.
         activation_memory (`int | str | None`): memory for the calibration activations between blocks (e.g.
-            `"4GB"`); beyond it they go to disk. Default: unlimited in memory; low-memory, half of what is free
-            after the block and its statistics.
+            `"4GB"`); beyond it they go to disk. Default: half of the memory available when the run starts (low-memory:
+            of what is left after a block and its statistics).
 
     Returns:
         `PruningReport` with measured ratios and per-layer shapes. All validation happens before any weight is

@@ -132,10 +132,13 @@ def target_sparsity(model: nn.Module, spec: ArchitectureSpec, targets: Sequence[
     out = {}
     for i, layer in resident_blocks(model, spec):
         view = layer_view(layer, i, spec, model.config)
-        for t in targets:
-            w = read_target(view, t)
-            out[f"layers.{i}.{t.key}"] = (float((w == 0).sum()) / max(w.numel(), 1), w.numel())
+        for t in targets:  # no local keeps a weight: a low-memory block is released when the loop moves on
+            out[f"layers.{i}.{t.key}"] = _zeros(read_target(view, t))
     return out
+
+
+def _zeros(w: torch.Tensor) -> tuple[float, int]:
+    return float((w == 0).sum()) / max(w.numel(), 1), w.numel()
 
 
 class SequentialPruner(BasePruner):

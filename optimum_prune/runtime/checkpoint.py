@@ -208,7 +208,7 @@ class RunCheckpoint:
         if not path.is_file():
             return None
         try:
-            return {k: v.clone() for k, v in read_tensors(path).items()}
+            return read_tensors(path)
         except OSError:
             logger.warning("checkpoint: damaged scores of block %d (stage %d); they are computed again", i, stage)
             return None

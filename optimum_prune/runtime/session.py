@@ -39,8 +39,10 @@ from ..plan import LayerPlan, PruningPlan
 from ..report import layer_row
 from ..utils.distributed import broadcast_object, world_size
 from .checkpoint import RunCheckpoint, run_fingerprint
-from .memory import check_device, check_memory
+from .memory import available_memory, check_device, check_memory
+from .progress import BlockProgress
 from .streaming import get_store, layer_prefix, load_block_, write_safetensors
+from .tensorfile import count_zeros
 
 __all__ = ["NULL_SESSION", "PruneSession", "current_session", "open_session", "resident_blocks", "zero_fraction"]
 
@@ -146,6 +148,7 @@ class PruneSession(NullSession):
         self._base = 1 + max((max(v) for v in self.store.versions), default=-1) if self.streaming else 0
         self.records: dict[int, dict] = {}
         self._pending: set[int] = set()  # in memory: finished blocks restored from the checkpoint at the stage's end
+        self.progress = BlockProgress(self.num_layers)
 
     # ------------------------------------------------------------------------------------------------- stages
     @contextlib.contextmanager
@@ -202,6 +205,8 @@ class PruneSession(NullSession):
             out["block_io"] = dict(self.store.io)
         if self.checkpoint is not None:
             out["checkpoint_dir"] = str(self.checkpoint.directory)
+        if self.progress.records:
+            out["progress"] = self.progress.summary()
         return out
 
     # ------------------------------------------------------------------------------------------------- blocks
@@ -217,14 +222,18 @@ class PruneSession(NullSession):
     def resident(self, i: int, which: str = "current") -> Iterator[None]:
         """Block `i` in memory for the duration: `"input"` = as this stage received it, `"current"` = its latest
         version. In memory the block is always there (and is the input version until the stage ends)."""
-        if not self.streaming:
-            yield
-            return
-        self.store.load(i, self.version - 1 if which == "input" else self.version)
+        self.progress.start(i)
         try:
-            yield
+            if not self.streaming:
+                yield
+                return
+            self.store.load(i, self.version - 1 if which == "input" else self.version)
+            try:
+                yield
+            finally:
+                self.store.offload(i)
         finally:
-            self.store.offload(i)
+            self.progress.stop(i)
 
     def forward(self, run, i: int, which: str = "current", inputs=None):
         """Outputs of block `i` (`which` version) on `inputs` (default: the runner's current hidden states)."""
@@ -331,6 +340,9 @@ def open_session(
         spare = check_memory(model, spec, ids is not None, store.device)
         if limit is None and spare is not None and ids is not None:
             limit = max(spare // 2, 0)
+    elif limit is None and ids is not None:  # in memory: spill rather than exhaust what the model left free
+        free = available_memory()
+        limit = None if free is None else free // 2
     activations = None
     if ids is not None and limit is not None:
         where = checkpoint_dir if checkpoint_dir is not None else (store.work_parent if store is not None else None)
@@ -363,14 +375,12 @@ def open_session(
 
 def zero_fraction(model: nn.Module, params: int) -> float:
     """Exact zeros among all parameters (tied weights once), relative to `params` (blocks of a low-memory model
-    are read one at a time; tensors it keeps on disk are read from there)."""
+    are read one at a time; tensors outside them still as in the source are counted from the file, in chunks)."""
     spec = get_spec(model)
+    store = get_store(model)
     in_blocks = {id(p) for layer in get_layers(model, spec) for p in layer.parameters()}
     unique = {id(p): (n, p) for n, p in model.named_parameters() if id(p) not in in_blocks}.values()
-    on_disk = [n for n, p in unique if p.device.type == "meta"]
-    zeros = sum(float((p == 0).sum()) for _, p in unique if p.device.type != "meta")
-    if on_disk:
-        zeros += sum(float((t == 0).sum()) for t in get_store(model).source.read(on_disk).values())
+    zeros = sum(count_zeros(p if store is None else store.nonblock_value(n, p)) for n, p in unique)
     for _, layer in resident_blocks(model, spec):
-        zeros += sum(float((p == 0).sum()) for p in layer.parameters())
+        zeros += sum(count_zeros(p) for p in layer.parameters())
     return zeros / max(params, 1)

@@ -1,8 +1,15 @@
 """Numerical Pruning math (docs/methods/numerical.md), in PyTorch layout: `W` is `(d_out, D)`, the module computes
 `y = x Wᵀ`; `H = XᵀX / N` is the `(D, D)` Gram of the module's inputs. Paper layout is `W_paper = Wᵀ`.
+
+The solves run in float64 on `(D, D)` matrices (D up to the MLP width), so they are written to hold as few of them as
+the arithmetic allows: the score matrix is built in place, the damping is added to the diagonal and the Cholesky
+factor overwrites its matrix, and the refit reads only the blocks of `H` it needs, converted as it reads them; the
+results are the same numbers as the direct formulas (see the tests).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -21,22 +28,68 @@ __all__ = [
 
 
 def score_matrix(W: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
-    """`A = (W_paper W_paperᵀ) ∘ (XᵀX)`: Gram of W's columns times the input Gram, elementwise. (D, D)."""
+    """`A = (W_paper W_paperᵀ) ∘ (XᵀX)`: Gram of W's columns times the input Gram, elementwise. (D, D) float64, the
+    only `(D, D)` matrix this allocates (`H` is read as it is, in any float dtype)."""
     W = W.double()
-    return (W.T @ W) * H.double()  # (D, D)
+    A = W.T @ W  # (D, D)
+    del W
+    for i in range(0, A.shape[0], 256):  # a band at a time: a mixed-dtype product converts its operand first
+        A[i : i + 256].mul_(H[i : i + 256])  # = A * H.double(), entry for entry
+    return A
 
 
-def damped_cholesky_solve(A: torch.Tensor, B: torch.Tensor, damping: float, retries: int = 4) -> torch.Tensor:
-    """Solve `(A + damping·mean(diag A)·I) X = B` by Cholesky, multiplying the damping by 10 on failure."""
+def _symmetric(A: torch.Tensor, step: int = 256) -> bool:
+    """Whether `A` equals its transpose exactly (checked a band of rows at a time)."""
+    return all(torch.equal(A[i : i + step], A[:, i : i + step].mT) for i in range(0, A.shape[0], step))
+
+
+def damped_cholesky_solve(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    damping: float,
+    retries: int = 4,
+    rebuild: Callable[[], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Solve `(A + damping·mean(diag A)·I) X = B` by Cholesky, multiplying the damping by 10 on failure.
+
+    The factor is computed in a column-major buffer (LAPACK's layout: no hidden copy) and `X` by two triangular solves
+    in a column-major copy of `B`, the operations `torch.cholesky_solve` performs, without its copy of the factor.
+    Without `rebuild`, `A` is unchanged and one copy of it holds the factor. With `rebuild` (a function returning `A`
+    again) and an exactly symmetric `A`, the factor overwrites `A`'s own memory (read column-major, it is the same
+    matrix) and a retry calls `rebuild()` for a fresh `A`: no copy of `A` at all."""
+    return _damped_solve(A, B, damping, retries, rebuild)[0]
+
+
+def _damped_solve(A, B, damping, retries=4, rebuild=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[`damped_cholesky_solve`], and the shift `γ` it added to the diagonal (after any retries)."""
     mean_diag = A.diagonal().mean().clamp_min(1e-30)
-    eye = torch.eye(A.shape[0], dtype=A.dtype, device=A.device)
+    diag = A.diagonal().clone()  # (D,) the undamped diagonal
+    in_place = rebuild is not None and _symmetric(A)
+    L = A.mT if in_place else torch.empty_like(A).mT  # column-major
+    if not in_place:
+        L.copy_(A)
+    info = torch.zeros((), dtype=torch.int32, device=A.device)
     damp = damping
-    for _ in range(retries + 1):
-        L, info = torch.linalg.cholesky_ex(A + damp * mean_diag * eye)  # (D, D)
+    for attempt in range(retries + 1):
+        if attempt:
+            L.copy_(rebuild() if in_place else A)
+        L.diagonal().copy_(diag + damp * mean_diag)  # = A + damp·mean·I, entry for entry
+        torch.linalg.cholesky_ex(L, out=(L, info))  # in place: L's lower triangle becomes the factor
         if int(info) == 0:
-            return torch.cholesky_solve(B, L)
+            X = torch.empty_like(B.mT).mT  # column-major
+            X.copy_(B)
+            torch.linalg.solve_triangular(L, X, upper=False, out=X)
+            return torch.linalg.solve_triangular(L.mT, X, upper=True, out=X), damp * mean_diag
         damp = max(damp * 10, 1e-8)
     raise torch.linalg.LinAlgError(f"Cholesky failed even with damping {damp / 10:g}; the statistics are degenerate.")
+
+
+def _alive_block(A: torch.Tensor, alive: torch.Tensor | None) -> torch.Tensor:
+    """`A[alive][:, alive]` in one allocation (`A` itself when every entry is alive, `alive=None`)."""
+    if alive is None:
+        return A
+    idx = alive.nonzero()[:, 0]
+    return A[idx[:, None], idx[None, :]]
 
 
 def unit_score_matrix(A: torch.Tensor, unit_size: int = 1) -> torch.Tensor:
@@ -86,15 +139,18 @@ def numerical_scores(
     A = score_matrix(W, H)  # (D, D)
     d = A.diagonal()
     lam = None if lambda_ is None or not (d > 0).any() else lambda_ * d[d > 0].mean()  # absolute: live channels' A
+    del d
     A = unit_score_matrix(A, unit_size)  # (n, n)
     n, m = A.shape[0], unit_size
     alive = A.diagonal() > 0  # (n,)
     z = torch.full((n,), float("-inf"), dtype=torch.float64, device=A.device)
     if not alive.any():
         return z
-    A = A[alive][:, alive]
+    live = None if bool(alive.all()) else alive
+    A = _alive_block(A, live)
     ones = torch.ones(A.shape[0], 1, dtype=A.dtype, device=A.device)
-    u = damped_cholesky_solve(A, ones, damping)[:, 0]  # (n_alive,)
+    rebuild = lambda: _alive_block(unit_score_matrix(score_matrix(W, H), unit_size), live)  # noqa: E731
+    u = damped_cholesky_solve(A, ones, damping, rebuild=rebuild)[:, 0]  # (n_alive,)
     s = u.sum()
     excess = ratio * m * A.shape[0]  # D − r over the live channels
     c = excess / (m * s) if lam is None else lam * m * excess / (1 + lam * m * m * s)
@@ -172,13 +228,64 @@ def removal_losses(
     return (Wp * Wp_solved).sum((1, 2)).clamp_min(0)
 
 
+def _gram_block(
+    H: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, mu: torch.Tensor | None, step: int = 1024
+) -> torch.Tensor:
+    """`(H − μμᵀ)[rows][:, cols]` in float64 (`μ = 0` when `mu` is None), read from `H` `step` rows at a time."""
+    block = torch.empty(len(rows), len(cols), dtype=torch.float64, device=H.device)
+    for start in range(0, len(rows), step):
+        r = rows[start : start + step]
+        block[start : start + step] = H[r[:, None], cols[None, :]]
+        if mu is not None:
+            block[start : start + step] -= torch.outer(mu[r], mu[cols])
+    return block
+
+
+def _quadratic_trace(V: torch.Tensor, H: torch.Tensor, idx: torch.Tensor, mu, columns: int = 2048) -> float:
+    """`tr(V (H − μμᵀ)[idx][:, idx] Vᵀ)` in float64 (`V`: `(d_out, len(idx))`), reading `H` by bands of columns."""
+    total = 0.0
+    for start in range(0, len(idx), columns):
+        block = _gram_block(H, idx, idx[start : start + columns], mu)  # (len(idx), columns)
+        total += float(((V @ block) * V[:, start : start + columns]).sum())
+    return total
+
+
+def _refit(
+    W: torch.Tensor, H: torch.Tensor, keep: torch.Tensor, damping: float, strength: float, mu: torch.Tensor | None
+) -> tuple[torch.Tensor, float]:
+    """[`compensate`] on the Gram `G = H − μμᵀ`; returns the new weight in float64 and the residual.
+
+    The residual `tr(δW G δWᵀ)`, with `δW_K = sΔ` and `δW_P = −W_P`, is
+    `s²·tr(Δ G_KK Δᵀ) − 2s·⟨Δ, (G_KP W_Pᵀ)ᵀ⟩ + tr(W_P G_PP W_Pᵀ)`, and the solve's own equation
+    `Δ (G_KK + γI) = (G_KP W_Pᵀ)ᵀ` gives `Δ G_KK` without a product by `G_KK`: only `G_PP` is read again."""
+    Wd = W.double()
+    D = Wd.shape[1]
+    mask = torch.zeros(D, dtype=torch.bool, device=W.device)
+    mask[keep] = True
+    K, P = mask.nonzero()[:, 0], (~mask).nonzero()[:, 0]
+    W_P = Wd[:, P]  # (d_out, p)
+    residual = _quadratic_trace(W_P, H, P, mu)  # tr(W_P G_PP W_Pᵀ): the loss of the bare removal
+    W_new = torch.zeros_like(Wd)
+    if K.numel():
+        rhs = _gram_block(H, K, P, mu) @ W_P.T  # (k, d_out)  = G_KP W_Pᵀ
+        H_KK = _gram_block(H, K, K, mu)  # (k, k)
+        rebuild = lambda: _gram_block(H, K, K, mu)  # noqa: E731
+        delta, shift = _damped_solve(H_KK, rhs, damping, rebuild=rebuild)  # (k, d_out) = Δᵀ
+        del H_KK
+        cross = float((delta * rhs).sum())  # ⟨Δ, (G_KP W_Pᵀ)ᵀ⟩ = tr(Δ (G_KK + γI) Δᵀ)
+        residual += strength**2 * (cross - float(shift) * float((delta * delta).sum())) - 2 * strength * cross
+        W_new[:, K] = Wd[:, K] + strength * delta.T
+    return W_new, residual
+
+
 def compensate(
     W: torch.Tensor, H: torch.Tensor, keep: torch.Tensor, damping: float = 0.01, strength: float = 1.0
 ) -> tuple[torch.Tensor, float]:
     """Least-squares refit of the kept input channels (Thm. 3, cheap form).
 
     `W[:, K] += s · W[:, P] · H[P, K] · (H[K, K] + γI)⁻¹`, then columns P are zero; γ = damping · mean(diag H),
-    s = `strength` (1: the refit; 0: the kept weights unchanged; between: shrunk toward them).
+    s = `strength` (1: the refit; 0: the kept weights unchanged; between: shrunk toward them). Only the `(k, k)`
+    and `(k, D − k)` blocks of `H` are held in float64 (`H` itself stays as given, e.g. float32).
 
     Args:
         W (`torch.Tensor` of shape `(d_out, D)`): weight.
@@ -191,18 +298,7 @@ def compensate(
         `(W_new, residual)`: the full-size new weight (pruned columns zero) in W's dtype, and the per-token
         reconstruction loss `tr(δW H δWᵀ)` (= L* of Thm. 3) in float64.
     """
-    Wd, Hd = W.double(), H.double()
-    D = Wd.shape[1]
-    mask = torch.zeros(D, dtype=torch.bool, device=W.device)
-    mask[keep] = True
-    K, P = mask.nonzero()[:, 0], (~mask).nonzero()[:, 0]
-    W_new = torch.zeros_like(Wd)
-    if K.numel():
-        rhs = Hd[K][:, P] @ Wd[:, P].T  # (k, d_out)  = H_KP W_Pᵀ
-        delta = damped_cholesky_solve(Hd[K][:, K], rhs, damping).T  # (d_out, k)
-        W_new[:, K] = Wd[:, K] + strength * delta
-    dW = W_new - Wd  # (d_out, D)
-    residual = float(torch.einsum("od,de,oe->", dW, Hd, dW))
+    W_new, residual = _refit(W, H, keep.to(W.device), damping, strength, None)
     return W_new.to(W.dtype), residual
 
 
@@ -220,7 +316,8 @@ def compensate_with_bias(
     and `b = (W − W') μ` restores the mean output (so the removed channels' mean contribution, FLAP's bias
     compensation, is part of it). The ridge `damping · mean(diag Σ[K, K])` applies to the weights, not to `b`.
     With `strength` s < 1 the weights take the fraction s of the refit's change and `b` restores the mean output of
-    those weights: s = 0 is FLAP's bias compensation exactly, `b = W[:, P] μ_P`.
+    those weights: s = 0 is FLAP's bias compensation exactly, `b = W[:, P] μ_P`. `Σ` is never formed whole: its
+    blocks are read from `H` and `μ` as the refit needs them.
 
     Args:
         W (`torch.Tensor` of shape `(d_out, D)`): weight.
@@ -234,8 +331,8 @@ def compensate_with_bias(
         module's existing bias, both in W's dtype, and the per-token loss `E‖(W' − W) x + b‖²` in float64.
     """
     mu = mean.double().to(W.device)  # (D,)
-    cov = H.double() - torch.outer(mu, mu)  # (D, D)
-    W_new, residual = compensate(W, cov, keep, damping, strength)
+    W_new, residual = _refit(W, H, keep.to(W.device), damping, strength, mu)
+    W_new = W_new.to(W.dtype)
     bias = (W.double() - W_new.double()) @ mu  # (d_out,)
     return W_new, bias.to(W.dtype), residual
 
