@@ -62,7 +62,7 @@ def _mode(r: dict) -> str:
 
 
 def accounting(results: dict) -> list[str]:
-    runs = {k: r for k, r in results["runs"].items() if r["model"] == "acct"}
+    runs = {k: r for k, r in results["runs"].items() if r["model"] == "acct" and r["low_memory"]}
     if not runs:
         return []
     m = results["models"]["acct"]
@@ -134,7 +134,7 @@ def runs_table(results: dict) -> list[str]:
         "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
     ]
     for k, r in results["runs"].items():
-        if r["model"] == "acct":
+        if r["model"] == "acct" and r["low_memory"] and not r.get("digest"):
             continue
         m = results["models"][r["model"]]
         per_pass = " / ".join(f"{v:.1f}" for v in _median_block(r).values())

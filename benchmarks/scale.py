@@ -71,11 +71,13 @@ MODELS = {  # name: (shape, blocks kept, dtype)
 }
 WANDA, NP = {"method": "wanda", "sparsity": 0.5}, {"method": "numerical", "pruning_ratio": 0.2}
 RUNS = {  # name: (model, low_memory, method config, options)
-    "acct-wanda": ("acct", True, WANDA, {}),
+    "acct-wanda": ("acct", True, WANDA, {"digest": True}),
     "acct-sparsegpt": ("acct", True, {"method": "sparsegpt", "sparsity": 0.5}, {}),
-    "acct-fista": ("acct", True, {"method": "fista", "sparsity": 0.5, "max_outer": 1}, {}),
-    "acct-numerical": ("acct", True, NP, {}),
+    "acct-numerical": ("acct", True, NP, {"digest": True}),
     "acct-flap": ("acct", True, {"method": "flap", "pruning_ratio": 0.2}, {}),
+    "acct-fista": ("acct", True, {"method": "fista", "sparsity": 0.5, "max_outer": 1}, {}),
+    "acct-mem-wanda": ("acct", False, WANDA, {"digest": True}),
+    "acct-mem-numerical": ("acct", False, NP, {"digest": True}),
     "1b-mem-wanda": ("1b", False, WANDA, {"digest": True}),
     "1b-low-wanda": ("1b", True, WANDA, {"digest": True}),
     "1b-mem-numerical": ("1b", False, NP, {"digest": True}),
@@ -444,16 +446,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--label", default="after", help="the code the runs measure ('after', 'before')")
     parser.add_argument("--keep-models", action="store_true", help="keep the generated checkpoints afterwards")
     parser.add_argument("--wait-minutes", type=int, default=120, help="wait for memory to be free for so long")
-    args = parser.parse_args(argv)
-    if args.child:
+    args, _ = parser.parse_known_args(argv)
+    if args.child:  # measures its own imports: no harness (torch) before
         return child(json.loads(Path(args.child).read_text()))
     import harness
 
+    args = harness.add_tree_args(parser).parse_args(argv)
     out = Path(args.output)
     results = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").is_file() else {}
     if args.markdown_only:
         harness.write_results(results, out, "scale")
         return None
+    harness.require_clean_tree(args)
     protocol = harness.Protocol(split="test", seed=args.seed, eval_texts=())  # no text is scored: memory and time
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
