@@ -53,15 +53,25 @@ def damped_cholesky_solve(
     """Solve `(A + damping·mean(diag A)·I) X = B` by Cholesky, multiplying the damping by 10 on failure.
 
     The factor is computed in a column-major buffer (LAPACK's layout: no hidden copy) and `X` by two triangular solves
-    in a column-major copy of `B`, the operations `torch.cholesky_solve` performs, without its copy of the factor.
+    in a column-major copy of `B` (the operations of `torch.cholesky_solve`, without its copy of the factor).
     Without `rebuild`, `A` is unchanged and one copy of it holds the factor. With `rebuild` (a function returning `A`
     again) and an exactly symmetric `A`, the factor overwrites `A`'s own memory (read column-major, it is the same
     matrix) and a retry calls `rebuild()` for a fresh `A`: no copy of `A` at all."""
-    return _damped_solve(A, B, damping, retries, rebuild)[0]
+    X = _column_major(B)
+    L, _ = _damped_cholesky(A, damping, retries, rebuild)
+    torch.linalg.solve_triangular(L, X, upper=False, out=X)
+    return torch.linalg.solve_triangular(L.mT, X, upper=True, out=X)
 
 
-def _damped_solve(A, B, damping, retries=4, rebuild=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """[`damped_cholesky_solve`], and the shift `γ` it added to the diagonal (after any retries)."""
+def _column_major(B: torch.Tensor) -> torch.Tensor:
+    """A copy of `B` laid out column by column (what LAPACK's solves work in, in place)."""
+    X = torch.empty_like(B.mT).mT
+    return X.copy_(B)
+
+
+def _damped_cholesky(A, damping, retries=4, rebuild=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lower Cholesky factor `L` (column-major) of `A + γI`, `γ = damping·mean(diag A)` (the damping ×10 on a
+    failure), and `γ`; see [`damped_cholesky_solve`] for where `L` lives."""
     mean_diag = A.diagonal().mean().clamp_min(1e-30)
     diag = A.diagonal().clone()  # (D,) the undamped diagonal
     in_place = rebuild is not None and _symmetric(A)
@@ -76,10 +86,7 @@ def _damped_solve(A, B, damping, retries=4, rebuild=None) -> tuple[torch.Tensor,
         L.diagonal().copy_(diag + damp * mean_diag)  # = A + damp·mean·I, entry for entry
         torch.linalg.cholesky_ex(L, out=(L, info))  # in place: L's lower triangle becomes the factor
         if int(info) == 0:
-            X = torch.empty_like(B.mT).mT  # column-major
-            X.copy_(B)
-            torch.linalg.solve_triangular(L, X, upper=False, out=X)
-            return torch.linalg.solve_triangular(L.mT, X, upper=True, out=X), damp * mean_diag
+            return L, damp * mean_diag
         damp = max(damp * 10, 1e-8)
     raise torch.linalg.LinAlgError(f"Cholesky failed even with damping {damp / 10:g}; the statistics are degenerate.")
 
@@ -253,28 +260,29 @@ def _quadratic_trace(V: torch.Tensor, H: torch.Tensor, idx: torch.Tensor, mu, co
 def _refit(
     W: torch.Tensor, H: torch.Tensor, keep: torch.Tensor, damping: float, strength: float, mu: torch.Tensor | None
 ) -> tuple[torch.Tensor, float]:
-    """[`compensate`] on the Gram `G = H − μμᵀ`; returns the new weight in float64 and the residual.
+    """[`compensate`] on the Gram `G = H − μμᵀ`; returns the new weight in W's dtype and the residual.
 
-    The residual `tr(δW G δWᵀ)`, with `δW_K = sΔ` and `δW_P = −W_P`, is
-    `s²·tr(Δ G_KK Δᵀ) − 2s·⟨Δ, (G_KP W_Pᵀ)ᵀ⟩ + tr(W_P G_PP W_Pᵀ)`, and the solve's own equation
-    `Δ (G_KK + γI) = (G_KP W_Pᵀ)ᵀ` gives `Δ G_KK` without a product by `G_KK`: only `G_PP` is read again."""
-    Wd = W.double()
-    D = Wd.shape[1]
+    Held in float64 at once: `G_KK` (it becomes its own Cholesky factor `L`), one `(k, d_out)` right-hand side (it
+    becomes the solution) and `W_P`. The residual `tr(δW G δWᵀ)`, with `δW_K = sΔ` and `δW_P = −W_P`, is
+    `s²·tr(Δ G_KK Δᵀ) − 2s·tr(Δ G_KP W_Pᵀ) + tr(W_P G_PP W_Pᵀ)`, where with `R = G_KP W_Pᵀ` and `Y = L⁻¹R` (the
+    first triangular solve) `tr(Δ G_KP W_Pᵀ) = ‖Y‖²` and `tr(Δ G_KK Δᵀ) = ‖Y‖² − γ‖Δ‖²`: only `G_PP` is read again."""
+    D = W.shape[1]
     mask = torch.zeros(D, dtype=torch.bool, device=W.device)
     mask[keep] = True
     K, P = mask.nonzero()[:, 0], (~mask).nonzero()[:, 0]
-    W_P = Wd[:, P]  # (d_out, p)
+    W_P = W[:, P].double()  # (d_out, p)
     residual = _quadratic_trace(W_P, H, P, mu)  # tr(W_P G_PP W_Pᵀ): the loss of the bare removal
-    W_new = torch.zeros_like(Wd)
+    W_new = torch.zeros_like(W)
     if K.numel():
-        rhs = _gram_block(H, K, P, mu) @ W_P.T  # (k, d_out)  = G_KP W_Pᵀ
-        H_KK = _gram_block(H, K, K, mu)  # (k, k)
-        rebuild = lambda: _gram_block(H, K, K, mu)  # noqa: E731
-        delta, shift = _damped_solve(H_KK, rhs, damping, rebuild=rebuild)  # (k, d_out) = Δᵀ
-        del H_KK
-        cross = float((delta * rhs).sum())  # ⟨Δ, (G_KP W_Pᵀ)ᵀ⟩ = tr(Δ (G_KK + γI) Δᵀ)
-        residual += strength**2 * (cross - float(shift) * float((delta * delta).sum())) - 2 * strength * cross
-        W_new[:, K] = Wd[:, K] + strength * delta.T
+        X = _column_major(_gram_block(H, K, P, mu) @ W_P.T)  # (k, d_out) R = G_KP W_Pᵀ
+        del W_P
+        L, shift = _damped_cholesky(_gram_block(H, K, K, mu), damping, rebuild=lambda: _gram_block(H, K, K, mu))
+        torch.linalg.solve_triangular(L, X, upper=False, out=X)  # Y = L⁻¹ R
+        cross = float((X * X).sum())  # ‖Y‖² = tr(Δ (G_KK + γI) Δᵀ)
+        torch.linalg.solve_triangular(L.mT, X, upper=True, out=X)  # Δᵀ = L⁻ᵀ Y
+        del L
+        residual += strength**2 * (cross - float(shift) * float((X * X).sum())) - 2 * strength * cross
+        W_new[:, K] = (W[:, K].double() + strength * X.T).to(W.dtype)
     return W_new, residual
 
 
@@ -298,8 +306,7 @@ def compensate(
         `(W_new, residual)`: the full-size new weight (pruned columns zero) in W's dtype, and the per-token
         reconstruction loss `tr(δW H δWᵀ)` (= L* of Thm. 3) in float64.
     """
-    W_new, residual = _refit(W, H, keep.to(W.device), damping, strength, None)
-    return W_new.to(W.dtype), residual
+    return _refit(W, H, keep.to(W.device), damping, strength, None)
 
 
 def compensate_with_bias(
@@ -332,7 +339,6 @@ def compensate_with_bias(
     """
     mu = mean.double().to(W.device)  # (D,)
     W_new, residual = _refit(W, H, keep.to(W.device), damping, strength, mu)
-    W_new = W_new.to(W.dtype)
     bias = (W.double() - W_new.double()) @ mu  # (d_out,)
     return W_new, bias.to(W.dtype), residual
 
