@@ -22,6 +22,8 @@ measuring, saving) and which files its file-backed pages belonged to; the wall a
 work); the run records it. A `resume` run is killed (SIGKILL) once `kill_after` blocks are recorded in its
 checkpoint directory, then started again with the same arguments: it resumes, and both parts are recorded.
 
+`--model DIR` runs every run on that local checkpoint instead (smoke runs).
+
 Usage (from the repository root)::
 
     python benchmarks/scale.py --runs acct-wanda acct-numerical --threads 1
@@ -90,11 +92,13 @@ RUNS = {  # name: (model, low_memory, method config, options)
 
 
 # ------------------------------------------------------------------------------------------------------ models
-def _tokenizer():
+def _tokenizer(local: Path | None = None):
     from transformers import AutoTokenizer
 
     from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
 
+    if local is not None:
+        return AutoTokenizer.from_pretrained(local)
     return AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF_FILE)
 
 
@@ -327,12 +331,12 @@ def child(spec: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ parent
-def calibration_ids(work: Path, protocol) -> Path:
+def calibration_ids(work: Path, protocol, local: Path | None = None) -> Path:
     """The calibration windows from the protocol's BBC calibration split, tokenized once (the children read them)."""
     from safetensors.torch import save_file
 
     path = work / f"ids-seed{protocol.seed}.safetensors"
-    ids = protocol.calibration_ids(_tokenizer(), *CALIB)  # also recorded in the protocol
+    ids = protocol.calibration_ids(_tokenizer(local), *CALIB)  # also recorded in the protocol
     if not path.is_file():
         save_file({"ids": ids.contiguous()}, str(path))
     return path
@@ -363,7 +367,7 @@ def run_one(name: str, work: Path, models: dict[str, Path], protocol, args) -> d
     model, low, config, options = RUNS[name]
     out, ckpt = work / "out" / name, work / "checkpoint" / name
     report = work / f"{name}.result.json"
-    spec = {"model": str(models[model]), "low_memory": low, "config": config, "ids": str(calibration_ids(work, protocol)),
+    spec = {"model": str(models[model]), "low_memory": low, "config": config, "ids": str(calibration_ids(work, protocol, args.model)),
             "batch_size": 4, "threads": args.threads, "out": str(out), "report": str(report),
             "digest": options.get("digest", False), "checkpoint_dir": str(ckpt) if options.get("checkpoint") else None}  # fmt: skip
     spec_file = work / f"{name}.spec.json"
@@ -446,18 +450,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--label", default="after", help="the code the runs measure ('after', 'before')")
     parser.add_argument("--keep-models", action="store_true", help="keep the generated checkpoints afterwards")
     parser.add_argument("--wait-minutes", type=int, default=120, help="wait for memory to be free for so long")
-    args, _ = parser.parse_known_args(argv)
+    parser.add_argument("--model", type=Path, default=None, help="a local model directory for every run (smoke runs)")
+    args = parser.parse_args(argv)
     if args.child:  # measures its own imports: no harness (torch) before
         return child(json.loads(Path(args.child).read_text()))
     import harness
 
-    args = harness.add_tree_args(parser).parse_args(argv)
     out = Path(args.output)
     results = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").is_file() else {}
     if args.markdown_only:
         harness.write_results(results, out, "scale")
         return None
-    harness.require_clean_tree(args)
     protocol = harness.Protocol(split="test", seed=args.seed, eval_texts=())  # no text is scored: memory and time
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -468,8 +471,9 @@ def main(argv: list[str] | None = None) -> None:
         if key in results["runs"] and not args.force:
             continue
         model = RUNS[name][0]
-        path = make_model(work / model, model)
-        results["models"][model] = {"shape": MODELS[model][0], "blocks": MODELS[model][1], "dtype": MODELS[model][2],
+        path = args.model or make_model(work / model, model)
+        shape = (str(args.model), None, None) if args.model else MODELS[model]
+        results["models"][model] = {"shape": shape[0], "blocks": shape[1], "dtype": shape[2],
                                     "bytes": sum(f.stat().st_size for f in path.glob("*.safetensors"))}  # fmt: skip
         print(f"== {key}", file=sys.stderr, flush=True)
         results["runs"][key] = run_one(name, work, {model: path}, protocol, args)
@@ -477,7 +481,8 @@ def main(argv: list[str] | None = None) -> None:
         results["environment"] = harness.environment(argv, "scale.py")
         results["protocol"] = protocol.record()
         harness.write_results(results, out, "scale")
-        if not args.keep_models and not any(RUNS[r][0] == model for r in args.runs[args.runs.index(name) + 1 :]):
+        later = any(RUNS[r][0] == model for r in args.runs[args.runs.index(name) + 1 :])
+        if not (args.keep_models or args.model or later):
             shutil.rmtree(path, ignore_errors=True)
     print(markdown(results))
 
