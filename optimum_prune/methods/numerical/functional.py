@@ -3,8 +3,9 @@
 
 The solves run in float64 on `(D, D)` matrices (D up to the MLP width), so they are written to hold as few of them as
 the arithmetic allows: the score matrix is built in place, the damping is added to the diagonal and the Cholesky
-factor overwrites its matrix, and the refit reads only the blocks of `H` it needs, converted as it reads them; the
-results are the same numbers as the direct formulas (see the tests).
+factor overwrites its matrix, and the refit reads only the blocks of `H` it needs, converted as it reads them. The
+scores are the same numbers as the direct formulas; the refit's solve (many right-hand sides, without the copy of the
+factor `torch.cholesky_solve` makes) equals them to float64 rounding (see tests/test_memory.py).
 """
 
 from __future__ import annotations
