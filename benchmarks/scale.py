@@ -38,7 +38,9 @@ besides wall seconds, and the machine's load average is recorded.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import fcntl
 import hashlib
 import json
 import os
@@ -46,6 +48,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -377,7 +380,7 @@ def run_one(name: str, work: Path, models: dict[str, Path], protocol, args) -> d
     env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{REPO_ROOT / 'benchmarks'}",
            "OMP_NUM_THREADS": str(args.threads)}  # fmt: skip
     on_disk = sum(f.stat().st_size for f in models[model].glob("*.safetensors"))
-    want = 1.5 * on_disk + 2e9 if not low else 0.25 * on_disk + 0.5e9  # the targets, with a margin
+    want = 1.5 * on_disk + 2e9 if not low else max(0.25 * on_disk, 1.5e9)  # the targets
     for _ in range(args.wait_minutes):  # the machine is shared: never risk the OOM killer
         free = available_memory()
         if free is None or free >= want:
@@ -457,34 +460,48 @@ def main(argv: list[str] | None = None) -> None:
     import harness
 
     out = Path(args.output)
-    results = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").is_file() else {}
     if args.markdown_only:
-        harness.write_results(results, out, "scale")
+        harness.write_results(_load(out), out, "scale")
         return None
     protocol = harness.Protocol(split="test", seed=args.seed, eval_texts=())  # no text is scored: memory and time
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    results.setdefault("runs", {})
-    results.setdefault("models", {})
     for name in args.runs:
         key = _key(name, args.label)
-        if key in results["runs"] and not args.force:
+        if key in _load(out).get("runs", {}) and not args.force:
             continue
         model = RUNS[name][0]
         path = args.model or make_model(work / model, model)
         shape = (str(args.model), None, None) if args.model else MODELS[model]
-        results["models"][model] = {"shape": shape[0], "blocks": shape[1], "dtype": shape[2],
-                                    "bytes": sum(f.stat().st_size for f in path.glob("*.safetensors"))}  # fmt: skip
         print(f"== {key}", file=sys.stderr, flush=True)
-        results["runs"][key] = run_one(name, work, {model: path}, protocol, args)
-        results["date"] = datetime.datetime.now().isoformat(timespec="seconds")
-        results["environment"] = harness.environment(argv, "scale.py")
-        results["protocol"] = protocol.record()
-        harness.write_results(results, out, "scale")
+        result = run_one(name, work, {model: path}, protocol, args)
+        with _locked(out):  # another scale.py may write the same file: add this run to what is there now
+            results = _load(out)
+            results.setdefault("models", {})[model] = {"shape": shape[0], "blocks": shape[1], "dtype": shape[2],
+                                    "bytes": sum(f.stat().st_size for f in path.glob("*.safetensors"))}  # fmt: skip
+            results.setdefault("runs", {})[key] = result
+            results["date"] = datetime.datetime.now().isoformat(timespec="seconds")
+            results["environment"] = harness.environment(argv, "scale.py")
+            results["protocol"] = protocol.record()
+            harness.write_results(results, out, "scale")
         later = any(RUNS[r][0] == model for r in args.runs[args.runs.index(name) + 1 :])
         if not (args.keep_models or args.model or later):
             shutil.rmtree(path, ignore_errors=True)
-    print(markdown(results))
+    print(markdown(_load(out)))
+
+
+def _load(out: Path) -> dict:
+    return json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").is_file() else {}
+
+
+@contextlib.contextmanager
+def _locked(out: Path):
+    with open(Path(tempfile.gettempdir()) / f"optimum_prune_{out.name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 if __name__ == "__main__":
