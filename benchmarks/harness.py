@@ -46,7 +46,7 @@ if str(BENCH_DIR) not in sys.path:  # scripts import their private helpers (`_ll
     sys.path.insert(0, str(BENCH_DIR))
 
 import optimum_prune  # noqa: E402
-from optimum_prune import AutoPruner, CalibrationConfig, CalibrationStatsCache, reuse_calibration_stats  # noqa: E402  # noqa: E402
+from optimum_prune import AutoPruner, CalibrationConfig, CalibrationStatsCache  # noqa: E402
 from optimum_prune.calibration.data import (  # noqa: E402
     bbc_news_dir,
     get_calibration_batches,
@@ -68,7 +68,6 @@ __all__ = [
     "add_protocol_args",
     "environment",
     "load_model",
-    "reuse_calibration_stats",
     "speed_verdict",
     "spread",
     "timing_lock",
