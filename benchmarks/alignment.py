@@ -325,7 +325,7 @@ def q8_0_megabytes(model: torch.nn.Module) -> float:
 def needs_calibration(config) -> bool:
     from optimum_prune.methods.registry import get_pruner_class
 
-    return get_pruner_class(config.method)(config).needs_calibration
+    return get_pruner_class(config.method)(config).requires_calibration
 
 
 if __name__ == "__main__":
