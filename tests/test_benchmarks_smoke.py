@@ -171,22 +171,22 @@ def test_np_allocation(tiny_dir, tmp_path):
     assert all(r["bbc"] > 0 and r["pydocs"] > 0 and r["kjv"] > 0 for r in result["runs"])
 
 
-def test_structured_gpu(tiny_dir, tmp_path):
-    """The shapes of a (tiny) NP vs FLAP grid become pruned configs, timed against the dense one (here on the CPU)."""
-    _corpora()
-    argv = ["--model", str(tiny_dir), "--variants", "flap", "np_unit", "--ratios", "0.3"]
-    argv += [*TINY_CALIB, *TINY_EVAL, "--stats-cache", str(tmp_path / "stats")]
-    _run("np_allocation", argv, tmp_path / "grid.json")
-    module = importlib.import_module("structured_gpu")
-    shapes = ["--model", str(tiny_dir), "--grid", str(tmp_path / "grid.json"), "--shapes", str(tmp_path / "shapes")]
-    assert module.main([*shapes, "--prepare", "--ratios", "0.3", "--round-to", "8"]) == 0
-    assert len(list((tmp_path / "shapes").glob("*.json"))) == 5  # dense + 2 runs x (exact, rounded)
-    argv = [*shapes, "--device", "cpu", "--batch", "1", "--prompt-len", "8", "--new-tokens", "2", "--repeats", "2"]
-    result = _run("structured_gpu", argv, tmp_path / "speed.json")
-    speed = result["blocks"][0]["speed"]
-    assert set(speed["models"]) == {"dense", "FLAP 0.3", "FLAP 0.3, MLP to x8", "NP 0.3", "NP 0.3, MLP to x8"}
-    assert all(m["num_parameters"] < speed["models"]["dense"]["num_parameters"] for k, m in speed["models"].items()
-               if k != "dense")  # fmt: skip
+def test_structured_gpu(tmp_path):
+    """The GPU plan on the tiny shape, on the CPU (every row eager): NP and uniform shapes against dense, each
+    speedup beside its ideal; a spent time budget stops cleanly, with the results file written."""
+    argv = ["--device", "cpu", "--tiny", "--rounds", "2", "--dtype", "float32", "--ratios", "0.5"]
+    result = _run("structured_gpu", argv, tmp_path / "gpu.json")
+    (group,) = result["groups"]
+    assert set(group["models"]) == {"dense", "NP 50%", "uniform 50%"}
+    assert group["models"]["NP 50%"]["removed"] == pytest.approx(0.5, abs=0.02)
+    assert [(s["kind"], s["mode"]) for s in group["scenarios"]] == [("prefill", "eager"), ("decode", "eager")]
+    for sc in group["scenarios"]:
+        for label in ("NP 50%", "uniform 50%"):
+            entry = sc["models"][label]
+            assert len(entry["speedup_rounds"]) == 2 and entry["ideal"] > 1.3
+    assert "| prefill 8 x 1, eager (2 rounds) |" in (tmp_path / "gpu.md").read_text()
+    spent = _run("structured_gpu", [*argv, "--budget-s", "0"], tmp_path / "spent.json")
+    assert spent["groups"] == [] and spent["skipped"] == ["tiny, 50% (round_to 8)"]
 
 
 def test_alignment(tiny_dir, tmp_path):
