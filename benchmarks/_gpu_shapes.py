@@ -121,17 +121,25 @@ def attention_mlp_params(shape: ModelShape, layers: list[LayerShape]) -> int:
     )
 
 
-def prefill_flops(shape: ModelShape, layers: list[LayerShape], batch: int, tokens: int, causal: bool = True) -> int:
-    """Multiply-add FLOPs (2 per multiply-add) of one forward over `batch` x `tokens` new tokens, the logits of the
-    last token only: the projections, the attention products (QKᵀ and AV; `causal`: only the token pairs the causal
-    mask keeps, as flash kernels skip the rest), the LM head."""
+def prefill_flop_parts(shape: ModelShape, layers: list[LayerShape], batch: int, tokens: int, causal: bool = True):
+    """`{projections, attention, lm_head}` FLOPs (2 per multiply-add) of one forward over `batch` x `tokens` new
+    tokens that computes the logits of the last token only: the attention products are QKᵀ and AV (`causal`: only
+    the token pairs the causal mask keeps, as flash kernels skip the rest)."""
     n, d = batch * tokens, shape.head_dim
     pairs = tokens * (tokens + 1) // 2 if causal else tokens * tokens
-    flops = 0
-    for lay in layers:
-        proj = shape.hidden * d * 2 * (lay.heads + lay.kv_heads) + 3 * shape.hidden * lay.intermediate
-        flops += 2 * n * proj + 2 * 2 * batch * lay.heads * d * pairs
-    return flops + 2 * batch * shape.hidden * shape.vocab
+    proj = sum(
+        shape.hidden * d * 2 * (lay.heads + lay.kv_heads) + 3 * shape.hidden * lay.intermediate for lay in layers
+    )
+    return {
+        "projections": 2 * n * proj,
+        "attention": sum(2 * 2 * batch * lay.heads * d * pairs for lay in layers),
+        "lm_head": 2 * batch * shape.hidden * shape.vocab,
+    }
+
+
+def prefill_flops(shape: ModelShape, layers: list[LayerShape], batch: int, tokens: int, causal: bool = True) -> int:
+    """Total FLOPs of `prefill_flop_parts`."""
+    return sum(prefill_flop_parts(shape, layers, batch, tokens, causal).values())
 
 
 def decode_bytes(shape: ModelShape, layers: list[LayerShape], batch: int, cache_len: int, dtype_bytes: int = 2) -> int:

@@ -1,14 +1,14 @@
 """Timed prefill and decode steps for the GPU benchmarks: eager, or replayed from a captured CUDA graph.
 
-- **prefill**: one forward over `batch` x `tokens` new tokens that fills a fresh KV cache and returns the logits of
+- **prefill**: one forward over `batch` x `tokens` new tokens that fills an empty KV cache and returns the logits of
   the last token only (what a server computes before the first generated token).
 - **decode**: one step of `batch` sequences against a static KV cache of `cache_len` positions (the cache
   `transformers` uses with `torch.compile`), repeated `steps` times per timed round.
 
 `mode="graph"` captures one call in a CUDA graph (`torch.cuda.graph`) and replays it, so the time is the kernels' and
 not the Python and launch overhead between them; `mode="eager"` runs the model as `transformers` does. Both go through
-the same call, written so that a capture never reads a device value on the host (no synchronisation: the prefill
-keeps its cache, which spares `transformers` its packed-sequence check; the decode passes its positions).
+the same call, written so that a capture never reads a device value on the host (with a cache and explicit
+positions, `transformers` skips its host-side packed-sequence check).
 
 `interleave` times several runners round by round in a rotating order (one machine-state drift hits all of them),
 each round on device events (host clock on a CPU), and stops early at a deadline once it has `min_rounds`.
@@ -16,12 +16,15 @@ each round on device events (host clock on a CPU), and stops early at a deadline
 
 from __future__ import annotations
 
+import gc
 import inspect
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import harness
 import torch
 
 
@@ -53,56 +56,64 @@ def _cache_kwarg(model) -> str:
 
 
 class Runner:
-    """One model on one scenario: `run()` launches one timed unit (a prefill, or `steps` decode steps)."""
+    """One model on one scenario: `run()` launches one timed unit (a prefill, or `steps` decode steps).
+
+    Both kinds write into a static KV cache allocated (and, for decoding, filled with random keys and values) by an
+    untimed call before any capture: a capture then allocates nothing and copies nothing from the host. A prefill's
+    cache holds exactly its tokens, so `transformers` takes SDPA's causal path (no mask) as it does without a cache.
+    """
 
     def __init__(self, model, scenario: Scenario, device: torch.device, seed: int = 0):
         self.model, self.scenario, self.device = model, scenario, torch.device(device)
-        vocab = model.config.vocab_size
+        sc = scenario
         gen = torch.Generator().manual_seed(seed)
-        length = 1 if scenario.kind == "decode" else scenario.tokens
-        self.ids = torch.randint(0, vocab, (scenario.batch, length), generator=gen).to(self.device)
-        self.graph = self.graph_output = self.cache = None
-        if scenario.kind == "decode":
-            self._init_decode()
+        length = 1 if sc.kind == "decode" else sc.tokens
+        self.ids = torch.randint(0, model.config.vocab_size, (sc.batch, length), generator=gen).to(self.device)
+        self.start = sc.tokens if sc.kind == "decode" else 0  # the cache position each unit starts from
+        self.graph = self.graph_output = None
+        self._init_cache()
         self.repeats = 1
         self.warm_s = self._warm()
-        if scenario.mode == "graph":
+        if sc.mode == "graph":
+            self.reset()
             self.graph, self.graph_output = _capture(self._call)
 
     # ------------------------------------------------------------------------------------------------ calls
     def _call(self):
         with torch.inference_mode():
-            if self.scenario.kind == "prefill":
-                return self.model(input_ids=self.ids, use_cache=True, logits_to_keep=1).logits
-            return self.model(**self.decode_kwargs).logits
+            return self.model(**self.kwargs).logits
 
-    def _init_decode(self) -> None:
+    def _init_cache(self) -> None:
         from transformers import StaticCache
 
         sc = self.scenario
-        self.cache = StaticCache(config=self.model.config, max_cache_len=sc.cache_len)
-        self.positions = torch.full((sc.batch, 1), sc.tokens, dtype=torch.long, device=self.device)
-        self.decode_kwargs = {
-            "input_ids": self.ids, "position_ids": self.positions, _cache_kwarg(self.model): self.cache,
+        self.cache = StaticCache(
+            config=self.model.config, max_cache_len=sc.cache_len if sc.kind == "decode" else sc.tokens
+        )
+        positions = torch.arange(self.ids.shape[1], device=self.device) + self.start
+        self.kwargs = {
+            "input_ids": self.ids, "position_ids": positions.expand(sc.batch, -1), _cache_kwarg(self.model): self.cache,
             "use_cache": True, "logits_to_keep": 1,
         }  # fmt: skip
         if "cache_position" in inspect.signature(self.model.forward).parameters:  # transformers before 5.1x
-            self.decode_kwargs["cache_position"] = self.positions[0]
-        self._call()  # allocates the cache (lazily, on the first step), outside any capture
-        with torch.inference_mode():
-            for layer in getattr(self.cache, "layers", []):
-                for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-                    if isinstance(t, torch.Tensor):
-                        t.normal_()  # attention over random keys, not zeros
+            self.kwargs["cache_position"] = positions
+        self.reset()
+        self._call()  # allocates the cache (lazily, on the first call), outside any capture
+        if sc.kind == "decode":
+            with torch.inference_mode():
+                for layer in getattr(self.cache, "layers", []):
+                    for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                        if isinstance(t, torch.Tensor):
+                            t.normal_()  # attention over random keys, not zeros
         self.reset()
 
     def reset(self) -> None:
-        """Rewind the static cache to the scenario's context (each step advances it by one position)."""
+        """Rewind the static cache to where each unit starts (every call advances it by its tokens)."""
         with torch.inference_mode():
             for layer in getattr(self.cache, "layers", []):
                 length = getattr(layer, "cumulative_length", None)
                 if isinstance(length, torch.Tensor):
-                    length.fill_(self.scenario.tokens)
+                    length.fill_(self.start)
 
     def _warm(self) -> float:
         self.sync()
@@ -136,7 +147,7 @@ class Runner:
         return self.repeats * (self.scenario.steps if self.scenario.kind == "decode" else 1)
 
     def close(self) -> None:
-        self.graph = self.graph_output = self.cache = self.decode_kwargs = None
+        self.graph = self.graph_output = self.cache = self.kwargs = None
 
 
 def _capture(fn: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -190,3 +201,66 @@ def interleave(
         for name in names[shift:] + names[:shift]:
             times[name].append(timed_ms(runners[name]))
     return times
+
+
+def gpu_tag(name: str) -> str:
+    """A short name of a GPU for results file names: its model number (`NVIDIA H100 80GB HBM3` -> `H100`)."""
+    import re
+
+    found = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", name)
+    return found.group(1) if found else re.sub(r"\W+", "_", name).strip("_")
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_scenario(
+    models: dict, sc: Scenario, device, rounds: int, deadline: float = math.inf, work: dict | None = None
+) -> dict:
+    """Time `models` (the first is the reference) on `sc`, interleaved: per model its per-round ms, median and, but
+    for the reference, the per-round speedups over it (`harness.round_ratios`) and the ideal speedup
+    `work[reference] / work[model]` (FLOPs or bytes). A failed capture or an out-of-memory error is recorded for
+    this workload only."""
+    record: dict = {"kind": sc.kind, "batch": sc.batch, "tokens": sc.tokens, "mode": sc.mode, "name": sc.name}
+    if sc.kind == "decode":
+        record.update(steps=sc.steps, cache_len=sc.cache_len)
+    runners = {}
+    try:
+        for label, model in models.items():
+            runners[label] = Runner(model, sc, device)
+        times = interleave(runners, rounds, deadline)
+    except (RuntimeError, torch.cuda.OutOfMemoryError) as e:
+        record["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        return record
+    finally:
+        for r in runners.values():
+            r.close()
+        runners.clear()
+        free_memory()
+    ref = next(iter(models))
+    record["models"] = {}
+    for label, ms in times.items():
+        entry: dict = {"ms": ms, "median_ms": statistics.median(ms)}
+        if work is not None:
+            entry["work"] = work[label]
+        if label != ref:
+            if work is not None:
+                entry["ideal"] = work[ref] / work[label]
+            entry.update(harness.round_ratios(times[ref], ms, "speedup"))
+        record["models"][label] = entry
+    record["rounds"] = len(times[ref])
+    return record
+
+
+def speedup_cell(entry: dict) -> str:
+    """`1.21x [1.20, 1.22] / 1.25x (97%)`: median [Q1, Q3] of the per-round speedups / the ideal (share of it)."""
+    sp = entry.get("speedup_spread") or {}
+    if not sp.get("n"):
+        return "n/a"
+    cell = f"{sp['median']:.2f}x [{sp['q1']:.2f}, {sp['q3']:.2f}]"
+    if "ideal" in entry:
+        cell += f" / {entry['ideal']:.2f}x ({sp['median'] / entry['ideal']:.0%})"
+    return cell

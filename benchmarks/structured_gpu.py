@@ -15,15 +15,14 @@ run cut short keeps what it measured.
     python benchmarks/structured_gpu.py                            # GPU: the full plan (~5 min on an H100 / H200)
     python benchmarks/structured_gpu.py --device cpu --tiny        # CPU: the plan on a tiny shape (smoke)
 
-Writes results/structured_gpu_<gpu>_<shapes>.json and .md.
+Writes results/structured_gpu_large_<gpu>.json and .md (`structured_gpu_H200.json`: the first version, SmolLM2
+shapes through `generate`).
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import math
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from _gpu_shapes import (
     describe,
     prefill_flops,
 )
-from _gpu_timing import Runner, Scenario, interleave
+from _gpu_timing import Runner, Scenario, free_memory, gpu_tag, run_scenario, speedup_cell
 from harness import RESULTS_DIR
 
 REQUIRES = "cuda"  # `make bench` skips this script, with a message, where torch sees no CUDA device
@@ -81,8 +80,9 @@ def scenarios(args, subset: bool = False) -> list[Scenario]:
 
 
 def plan(args) -> list[Group]:
-    """The groups in priority order: main shapes x main ratios; the round_to sweep; main shapes x further ratios;
-    further shapes x main ratios."""
+    """The groups in priority order: the first shape at the main ratios and its round_to sweep, the other main
+    shapes at the main ratios, the main shapes at the further ratios, the further shapes at the main ratios (groups
+    of one shape follow each other where the priority allows: they share one dense model)."""
     groups = []
 
     def allocation_group(shape: str, ratio: float) -> Group:
@@ -90,8 +90,7 @@ def plan(args) -> list[Group]:
         models += [(f"{ALLOCATIONS[a].label} {ratio:.0%}", a, ratio, args.round_to) for a in args.allocations]
         return Group(shape, f"{shape}, {ratio:.0%} (round_to {args.round_to})", models, scenarios(args))
 
-    for shape in args.shapes:
-        groups += [allocation_group(shape, r) for r in args.ratios]
+    groups += [allocation_group(args.shapes[0], r) for r in args.ratios]
     if args.round_to_sweep:
         shape = args.shapes[0]
         for r in args.ratios:
@@ -99,6 +98,8 @@ def plan(args) -> list[Group]:
             models += [(f"NP {r:.0%}, round_to {m}", "np", r, m) for m in [args.round_to, *args.round_to_sweep]]
             groups.append(Group(shape, f"{shape}, NP {r:.0%}: MLP widths rounded to 64 / 128 / 256", models,
                                 scenarios(args, subset=True)))  # fmt: skip
+    for shape in args.shapes[1:]:
+        groups += [allocation_group(shape, r) for r in args.ratios]
     for shape in args.shapes:
         groups += [allocation_group(shape, r) for r in args.extra_ratios]
     for shape in args.extra_shapes:
@@ -159,50 +160,19 @@ def chunks(group: Group, layers: dict, budget: float) -> list[list[int]]:
     return parts
 
 
-def run_scenario(models: dict, layers: dict, shape: str, sc: Scenario, args, deadline: float) -> dict:
-    record: dict = {"kind": sc.kind, "batch": sc.batch, "tokens": sc.tokens, "mode": sc.mode, "name": sc.name}
-    if sc.kind == "decode":
-        record.update(steps=sc.steps, cache_len=sc.cache_len)
-    runners = {}
-    try:
-        for label, model in models.items():
-            runners[label] = Runner(model, sc, args.device)
-        times = interleave(runners, args.rounds, deadline)
-    except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # a failed capture or an OOM costs this row only
-        record["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-        return record
-    finally:
-        for r in runners.values():
-            r.close()
-        runners.clear()
-        _free()
-    ref = next(iter(models))
-    work = {label: _work(shape, layers[label], sc) for label in models}
-    record["models"] = {}
-    for label, ms in times.items():
-        entry = {"ms": ms, "median_ms": statistics.median(ms), "work": work[label]}
-        if label != ref:
-            entry["ideal"] = work[ref] / work[label]
-            entry.update(harness.round_ratios(times[ref], ms, "speedup"))
-        record["models"][label] = entry
-    record["rounds"] = len(times[ref])
-    return record
-
-
-def _free() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def run_group(group: Group, args, deadline: float) -> list[dict]:
-    """One record per part of the group (see `chunks`)."""
+def run_group(group: Group, args, deadline: float, dense_cache: dict) -> list[dict]:
+    """One record per part of the group (see `chunks`). `dense_cache` holds the last dense model built, which the
+    next group of the same shape reuses."""
     layers = {i: _layers(group.shape, a, r, m) for i, (_, a, r, m) in enumerate(group.models)}
     budget = math.inf
     if args.device == "cuda":
         budget = MEMORY_SHARE * torch.cuda.get_device_properties(0).total_memory
     records = []
-    dense = _build(group.shape, layers[0], True, args.dtype, args.device)
+    if group.shape not in dense_cache:
+        dense_cache.clear()
+        free_memory()
+        dense_cache[group.shape] = _build(group.shape, layers[0], True, args.dtype, args.device)
+    dense = dense_cache[group.shape]
     for part in chunks(group, layers, budget):
         members = [0, *part]
         labels = [group.models[i][0] for i in members]
@@ -221,13 +191,40 @@ def run_group(group: Group, args, deadline: float) -> list[dict]:
             if time.monotonic() > deadline:
                 record["scenarios"].append({"name": sc.name, "skipped": "time budget spent"})
                 continue
-            record["scenarios"].append(run_scenario(models, by_label, group.shape, sc, args, deadline))
+            work = {label: _work(group.shape, by_label[label], sc) for label in models}
+            record["scenarios"].append(run_scenario(models, sc, args.device, args.rounds, deadline, work))
         del models
-        _free()
+        free_memory()
         records.append(record)
-    del dense
-    _free()
     return records
+
+
+def estimate_s(group: Group, args, flops_per_s: float = 6e14, bytes_per_s: float = 3e12) -> float:
+    """Seconds a group should take on a GPU that sustains these rates: its timed rounds plus about two untimed
+    runs per workload (warm-up, capture) at the roofline time of each model (launch overhead and builds not
+    counted)."""
+    total = 0.0
+    for _, a, r, m in group.models:
+        layers = _layers(group.shape, a, r, m)
+        s = SHAPES[group.shape]
+        for sc in group.scenarios:
+            if sc.kind == "prefill":
+                t = prefill_flops(s, layers, sc.batch, sc.tokens) / flops_per_s
+            else:
+                t = sc.steps * decode_bytes(s, layers, sc.batch, sc.cache_len) / bytes_per_s
+            total += (args.rounds + 2) * t
+    return total
+
+
+def dry_run(args) -> int:
+    """The plan, without a GPU: each group's models (removed share, widths) and its roofline time estimate."""
+    for g in plan(args):
+        print(f"{g.title}: ~{estimate_s(g, args):.0f} s at 600 TFLOP/s and 3 TB/s; {len(g.scenarios)} workloads")
+        for label, a, r, m in g.models:
+            d = describe(SHAPES[g.shape], _layers(g.shape, a, r, m))
+            print(f"  {label}: {d['params'] / 1e9:.2f}B parameters, removed {d['removed']:.3f}, "
+                  f"KV heads {_kv(d['layers'])}, MLP widths {_widths(d['layers'])}")  # fmt: skip
+    return 0
 
 
 def preflight(args) -> dict:
@@ -255,14 +252,6 @@ def preflight(args) -> dict:
     except RuntimeError as e:
         out.update(ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
     return out
-
-
-def _cell(entry: dict) -> str:
-    sp = entry.get("speedup_spread") or {}
-    if not sp.get("n"):
-        return "n/a"
-    ideal = entry["ideal"]
-    return f"{sp['median']:.2f}x [{sp['q1']:.2f}, {sp['q3']:.2f}] / {ideal:.2f}x ({sp['median'] / ideal:.0%})"
 
 
 def _count(n: int) -> str:
@@ -320,7 +309,7 @@ def markdown(result: dict) -> str:
                 lines.append(f"| {sc['name']} | {sc.get('error') or sc.get('skipped')} |" + " |" * (len(labels) - 1))
                 continue
             ms = sc["models"][labels[0]]["median_ms"]
-            cells = [_cell(sc["models"][lab]) for lab in labels[1:]]
+            cells = [speedup_cell(sc["models"][lab]) for lab in labels[1:]]
             unit = "per step" if sc["kind"] == "decode" else ""
             lines.append(f"| {sc['name']} ({sc['rounds']} rounds) | {ms:.2f}{' ' + unit if unit else ''} | "
                          + " | ".join(cells) + " |")  # fmt: skip
@@ -368,7 +357,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", help="cuda (the benchmark); cpu only for the smoke test")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--tiny", action="store_true", help="the tiny shape and small workloads (CPU smoke test)")
-    p.add_argument("--output", type=Path, default=None)
+    p.add_argument("--dry-run", action="store_true", help="print the plan and a time estimate, build nothing")
+    p.add_argument("--output", type=Path, default=None, help="results JSON (default: structured_gpu_large_<gpu>.json)")
+    p.add_argument("--output-dir", type=Path, default=RESULTS_DIR, help="folder of the default results file")
     args = p.parse_args(argv)
     if args.tiny:
         args.shapes, args.extra_shapes, args.extra_ratios, args.round_to_sweep = ["tiny"], [], [], []
@@ -381,6 +372,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.dry_run:
+        return dry_run(args)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("structured GPU benchmark skipped: no CUDA device", file=sys.stderr)
         return 1
@@ -400,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         "groups": [],
         "skipped": [],
     }
-    name = args.output or RESULTS_DIR / f"structured_gpu_{device.replace(' ', '_')}.json"
+    name = args.output or args.output_dir / f"structured_gpu_large_{gpu_tag(device)}.json"
     groups = plan(args)
     with harness.timing_lock():
         if args.device == "cuda":
@@ -409,11 +402,12 @@ def main(argv: list[str] | None = None) -> int:
                 for g in groups:  # time what graphs would have timed, eagerly (labelled so)
                     eager = [Scenario(s.kind, s.batch, s.tokens, "eager", s.steps) for s in g.scenarios]
                     g.scenarios = list(dict.fromkeys(eager))
+        dense_cache: dict = {}
         for group in groups:
             if time.monotonic() > deadline:
                 result["skipped"].append(group.title)
                 continue
-            result["groups"] += run_group(group, args, deadline)
+            result["groups"] += run_group(group, args, deadline, dense_cache)
             result["elapsed_s"] = time.monotonic() - start
             harness.write_results(result, name, "structured_gpu")
     result["elapsed_s"] = time.monotonic() - start

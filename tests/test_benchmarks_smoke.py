@@ -117,13 +117,44 @@ def test_harness_spread_and_tie():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="2:4 sparse kernels need an NVIDIA GPU (none here)")
-def test_semi_structured(tiny_dir, tmp_path):
-    result = _run(
-        "semi_structured",
-        ["--model", str(tiny_dir), "--batch", "1", "--seq", "32", "--warmup", "1", "--repeats", "2"],
-        tmp_path / "semi.json",
-    )
-    assert result["rows"][0]["speedup"] > 0
+def test_semi_structured(tmp_path):
+    argv = ["--shape", "tiny", "--tokens", "16", "--profile-tokens", "16", "--dtypes", "float16"]
+    result = _run("semi_structured", [*argv, "--prefill", "16x1", "--rounds", "2"], tmp_path / "semi.json")
+    (row,) = [r for r in result["layers"] if r["projection"] == "gate_proj"]
+    assert row["variants"]["dense"]["graph_us"] > 0
+    assert result["models"][0]["scenarios"][0]["models"]["dense"]["median_ms"] > 0
+
+
+def test_semi_structured_tables():
+    """The 2:4 tables from a results file of the shape a GPU run writes (this machine has no GPU to write one)."""
+    import render
+
+    timing = {"eager_us": 40.0, "graph_us": 10.0}
+    row = {"shape": "llama-3.1-8b", "projection": "gate_proj", "out": 14336, "in": 4096, "tokens": 16,
+           "dtype": "float16", "calls": 10, "variants": {
+               "dense": timing, "cuSPARSELt": {"eager_us": 400.0, "graph_us": 8.0},
+               "cuSPARSELt, raw op": {"eager_us": 200.0, "graph_us": 8.0, "alg_id": 0},
+               "cuSPARSELt, searched": {"eager_us": 200.0, "graph_us": 5.0, "alg_id": 3},
+               "CUTLASS": {"error": "RuntimeError: no kernel"}}}  # fmt: skip
+    profile = {"shape": "llama-3.1-8b", "tokens": 16, "dtype": "float16", "variant": "cuSPARSELt",
+               "host_us_per_call": 380.0, "device_us_per_call": 8.5,
+               "kernels": {"sm90_sparse_gemm": {"us_per_call": 8.0, "launches_per_call": 1.0}}}  # fmt: skip
+    speed = {"ms": [2.0, 2.0], "median_ms": 2.0, "speedup_spread": {"n": 2, "median": 0.5, "q1": 0.4, "q3": 0.6},
+             "ideal": 1.6}  # fmt: skip
+    model = {"shape": "llama-3.1-8b", "dtype": "float16",
+             "models": {"2:4 cuSPARSELt": {"converted": 224, "max_abs_logit_diff": 0.01},
+                        "2:4 CUTLASS": {"error": "RuntimeError: no kernel"}},
+             "scenarios": [{"name": "prefill 512 x 1, CUDA graph", "rounds": 2,
+                            "models": {"dense": {"median_ms": 1.0}, "2:4 cuSPARSELt": speed}},
+                           {"name": "prefill 512 x 1, eager", "skipped": "time budget spent"}]}  # fmt: skip
+    result = {"renderer": "semi_structured", "gpu": "GPU", "torch": "2.x", "date": "today", "cusparselt_version": 1,
+              "budget_s": 10, "elapsed_s": 9, "layers": [row], "kernels": [profile], "models": [model], "skipped": []}  # fmt: skip
+    md = render.render(result)
+    assert "| llama-3.1-8b | gate_proj (14336 x 4096) | 16 | float16 | 10.0 / 40.0 | 1.25x / 0.10x |" in md
+    assert "| 2.00x / 0.20x (alg 3) | failed |" in md
+    assert "`sm90_sparse_gemm` 8.0 (1)" in md
+    assert "| prefill 512 x 1, CUDA graph (2 rounds) | 1.00 | 0.50x [0.40, 0.60] / 1.60x (31%) |" in md
+    assert "2:4 CUTLASS: RuntimeError: no kernel" in md
 
 
 def test_amp_synthetic(tmp_path):
