@@ -266,6 +266,17 @@ def build_config(shape: ModelShape, layers: list[LayerShape] | None = None) -> A
     return pruned_classes(shape.model_type)[0](**base.to_dict(), pruned_layers=[lay.as_config() for lay in layers])
 
 
+def build_model(shape: ModelShape, layers: list[LayerShape] | None, dtype, device: str):
+    """A random-weight model of `shape` built directly on `device` in `dtype` (see `build_config`)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = build_config(shape, layers)
+    torch.manual_seed(0)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+
+
 def describe(shape: ModelShape, layers: list[LayerShape]) -> dict[str, Any]:
     """What a results file records of a model's shapes."""
     dense = dense_layers(shape)

@@ -36,28 +36,33 @@ def projections(shape_name: str) -> dict[str, tuple[int, int]]:
 
 
 def _calls(weight: torch.Tensor, x: torch.Tensor) -> dict:
-    """`{variant: (callable, alg_id or None)}`; a variant this torch / GPU cannot build maps to its error text."""
+    """`{variant: (callable, alg_id or None)}`, each called once here; a variant this torch / GPU cannot build or run
+    (no cuSPARSELt, no CUTLASS kernel for this GPU, too few rows for the bare op) maps to its error text."""
     from torch.sparse import SparseSemiStructuredTensorCUSPARSELT, SparseSemiStructuredTensorCUTLASS
 
-    out: dict = {"dense": (lambda: F.linear(x, weight), None)}
-    try:
+    def cusparselt():
         w = SparseSemiStructuredTensorCUSPARSELT.from_dense(weight)
-        packed, xt = w.packed, x.t()
-        out["cuSPARSELt"] = (lambda: F.linear(x, w), None)
-        out["cuSPARSELt, raw op"] = (lambda: torch._cslt_sparse_mm(packed, xt, transpose_result=True), 0)
-        alg = int(torch._cslt_sparse_mm_search(packed, xt, transpose_result=True))
-        out["cuSPARSELt, searched"] = (
-            lambda: torch._cslt_sparse_mm(packed, xt, transpose_result=True, alg_id=alg),
-            alg,
-        )
-    except (RuntimeError, AttributeError, TypeError) as e:  # no cuSPARSELt in this torch, or no search
-        for name in VARIANTS[1:4]:
-            out.setdefault(name, _error(e))
-    try:
-        wc = SparseSemiStructuredTensorCUTLASS.from_dense(weight)
-        out["CUTLASS"] = (lambda: F.linear(x, wc), None)
-    except (RuntimeError, AttributeError, TypeError) as e:
-        out["CUTLASS"] = _error(e)
+        return lambda: F.linear(x, w), None
+
+    def raw(search: bool):
+        packed, xt = torch._cslt_compress(weight), x.t()
+        alg = int(torch._cslt_sparse_mm_search(packed, xt, transpose_result=True)) if search else 0
+        return lambda: torch._cslt_sparse_mm(packed, xt, transpose_result=True, alg_id=alg), alg
+
+    def cutlass():
+        w = SparseSemiStructuredTensorCUTLASS.from_dense(weight)
+        return lambda: F.linear(x, w), None
+
+    makers = {"dense": lambda: (lambda: F.linear(x, weight), None), "cuSPARSELt": cusparselt,
+              "cuSPARSELt, raw op": lambda: raw(False), "cuSPARSELt, searched": lambda: raw(True), "CUTLASS": cutlass}  # fmt: skip
+    out = {}
+    for name, make in makers.items():
+        try:
+            fn, alg = make()
+            fn()
+            out[name] = (fn, alg)
+        except (RuntimeError, AttributeError, TypeError, NotImplementedError) as e:
+            out[name] = _error(e)
     return out
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import harness
 import torch
-from _gpu_shapes import SHAPES, build_config, dense_layers, prefill_flop_parts
+from _gpu_shapes import SHAPES, build_model, dense_layers, prefill_flop_parts
 from _gpu_timing import Scenario, free_memory, gpu_tag, run_scenario, speedup_cell
 from harness import RESULTS_DIR
 
@@ -41,11 +41,7 @@ LAYERS_SHARE = 0.4  # of the time budget, for the one-projection timings
 
 
 def _build(shape: str, dtype: torch.dtype) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        return AutoModelForCausalLM.from_config(build_config(SHAPES[shape]), dtype=dtype).eval()
+    return build_model(SHAPES[shape], None, dtype, "cuda")
 
 
 def _logits(model, ids) -> torch.Tensor:

@@ -12,7 +12,8 @@ The groups run in priority order under `--budget-s`: a group that would start af
 workload stops after `min_rounds` once the budget is spent, and the results file is rewritten after every group, so a
 run cut short keeps what it measured.
 
-    python benchmarks/structured_gpu.py                            # GPU: the full plan (~5 min on an H100 / H200)
+    python benchmarks/structured_gpu.py                            # GPU: the plan, within --budget-s (300 s)
+    python benchmarks/structured_gpu.py --dry-run                  # the plan and a roofline time estimate
     python benchmarks/structured_gpu.py --device cpu --tiny        # CPU: the plan on a tiny shape (smoke)
 
 Writes results/structured_gpu_large_<gpu>.json and .md (`structured_gpu_H200.json`: the first version, SmolLM2
@@ -33,7 +34,7 @@ import torch
 from _gpu_shapes import (
     ALLOCATIONS,
     SHAPES,
-    build_config,
+    build_model,
     decode_bytes,
     dense_layers,
     describe,
@@ -57,7 +58,7 @@ class Group:
 
 
 def _pairs(specs: list[str]) -> list[tuple[int, int]]:
-    """ "512x16" -> (tokens, batch)."""
+    """`512x16` -> (tokens, batch)."""
     out = []
     for s in specs:
         tokens, _, batch = s.lower().partition("x")
@@ -96,7 +97,8 @@ def plan(args) -> list[Group]:
         for r in args.ratios:
             models = [("dense", None, 0.0, 1)]
             models += [(f"NP {r:.0%}, round_to {m}", "np", r, m) for m in [args.round_to, *args.round_to_sweep]]
-            groups.append(Group(shape, f"{shape}, NP {r:.0%}: MLP widths rounded to 64 / 128 / 256", models,
+            multiples = " / ".join(str(m) for m in [args.round_to, *args.round_to_sweep])
+            groups.append(Group(shape, f"{shape}, NP {r:.0%}: MLP widths rounded to {multiples}", models,
                                 scenarios(args, subset=True)))  # fmt: skip
     for shape in args.shapes[1:]:
         groups += [allocation_group(shape, r) for r in args.ratios]
@@ -112,13 +114,8 @@ def _layers(shape: str, allocation: str | None, ratio: float, round_to: int):
     return dense_layers(s) if allocation is None else ALLOCATIONS[allocation].layers(s, ratio, round_to)
 
 
-def _build(shape: str, layers, dense: bool, dtype: torch.dtype, device: str) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    config = build_config(SHAPES[shape], None if dense else layers)
-    torch.manual_seed(0)
-    with torch.device(device):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+def _build(shape: str, layers, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    return build_model(SHAPES[shape], layers, dtype, device)
 
 
 def _work(shape: str, layers, sc: Scenario) -> int:
@@ -171,7 +168,7 @@ def run_group(group: Group, args, deadline: float, dense_cache: dict) -> list[di
     if group.shape not in dense_cache:
         dense_cache.clear()
         free_memory()
-        dense_cache[group.shape] = _build(group.shape, layers[0], True, args.dtype, args.device)
+        dense_cache[group.shape] = _build(group.shape, None, args.dtype, args.device)
     dense = dense_cache[group.shape]
     for part in chunks(group, layers, budget):
         members = [0, *part]
@@ -185,7 +182,7 @@ def run_group(group: Group, args, deadline: float, dense_cache: dict) -> list[di
         }  # fmt: skip
         models = {labels[0]: dense}
         for i in part:
-            models[group.models[i][0]] = _build(group.shape, layers[i], False, args.dtype, args.device)
+            models[group.models[i][0]] = _build(group.shape, layers[i], args.dtype, args.device)
         by_label = {group.models[i][0]: layers[i] for i in members}
         for sc in group.scenarios:
             if time.monotonic() > deadline:
@@ -235,7 +232,7 @@ def preflight(args) -> dict:
     shape = SHAPES["tiny"]
     layers = [LayerShape(shape.heads, shape.kv_heads, shape.intermediate)] * (shape.layers - 1)
     layers.append(LayerShape(shape.group, 1, shape.intermediate // 2, True))  # per-layer shapes, with biases
-    model = _build("tiny", layers, False, args.dtype, args.device)
+    model = _build("tiny", layers, args.dtype, args.device)
     out = {}
     try:
         for sc in (Scenario("prefill", 2, 16, "graph"), Scenario("decode", 2, 16, "graph", 1)):
