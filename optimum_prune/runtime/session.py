@@ -1,9 +1,7 @@
-"""The prune session: how the layer loops visit decoder blocks, finish them, and resume.
+"""The prune session: how the passes over the decoder blocks find them, finish them, and resume.
 
-The framework loops (`StructuredPruner`, `layerwise_pass`, NP's sequential refit, the reports) go through the
-active session:
+Every pass visits the blocks through `Stage.walk` (`runtime.blocks`), which asks the stage's session:
 
-    sess = current_session()
     if sess.done(i):                              # finished by an earlier, interrupted run
         run.advance(sess.forward(run, i, "input"))
     else:
@@ -11,8 +9,8 @@ active session:
             ... decide, prune ...
             sess.finish(i, plan, info)            # the block as this stage leaves it
 
-Without a checkpoint directory, with the model in memory, there is no session (`NULL_SESSION`: every call is a no-op
-and the loops run exactly as without this module). With a low-memory model (`streaming.load_low_memory`), `resident`
+Without a checkpoint directory, with the model in memory, the session is a `NullSession`: every call is a no-op and
+the passes run exactly as without this module. With a low-memory model (`streaming.load_low_memory`), `resident`
 loads the block from disk and puts it back afterwards, and `finish` applies a structured decision to the block at once
 and writes it out. With a `checkpoint_dir` (`checkpoint.RunCheckpoint`), `finish` records the block atomically, and a
 rerun skips the blocks recorded there: `done(i)` is true and `forward` reproduces the block's outputs from its
@@ -26,29 +24,25 @@ import copy
 import logging
 import os
 from collections.abc import Iterator
-from contextvars import ContextVar
-from typing import Any
 
 import torch
 from torch import nn
 
 from ..calibration.offload import ActivationBudget, parse_bytes
-from ..modeling.architectures import ArchitectureSpec, get_layers, get_spec, layer_view
+from ..modeling.architectures import ArchitectureSpec, get_layers, layer_view
+from ..modeling.shapes import layer_row
 from ..modeling.surgery import apply_layer_plan_
 from ..plan import LayerPlan, PruningPlan
-from ..report import layer_row
 from ..utils.distributed import broadcast_object, world_size
 from .checkpoint import RunCheckpoint, run_fingerprint
 from .memory import available_memory, check_device, check_memory
 from .progress import BlockProgress
 from .streaming import get_store, layer_prefix, load_block_, write_safetensors
-from .tensorfile import count_zeros
+from .tensorfile import FileTensor, tensor_chunks
 
-__all__ = ["NULL_SESSION", "PruneSession", "current_session", "open_session", "resident_blocks", "zero_fraction"]
+__all__ = ["NullSession", "PruneSession", "open_session"]
 
 logger = logging.getLogger(__name__)
-
-_CURRENT: ContextVar[Any] = ContextVar("optimum_prune_session", default=None)
 
 
 class NullSession:
@@ -100,22 +94,9 @@ class NullSession:
     def keep_stats(self, stats: dict) -> bool:
         return True
 
-
-NULL_SESSION = NullSession()
-
-
-def current_session() -> NullSession:
-    """The session of the `prune_` call in progress (`NULL_SESSION` outside one, or when it needs none)."""
-    return _CURRENT.get() or NULL_SESSION
-
-
-def resident_blocks(model: nn.Module, spec: ArchitectureSpec) -> Iterator[tuple[int, nn.Module]]:
-    """`(index, block)` of every decoder block, each in memory while it is yielded (low-memory models too)."""
-    sess = current_session()
-    if isinstance(sess, PruneSession) and sess.model is model:
-        yield from sess.blocks()
-    else:
-        yield from enumerate(get_layers(model, spec))
+    def value_chunks(self, name: str, tensor: torch.Tensor) -> Iterator[torch.Tensor]:
+        """The values of tensor `name` (outside the blocks), flat, a bounded number of bytes at a time."""
+        return tensor_chunks(tensor)
 
 
 class PruneSession(NullSession):
@@ -316,6 +297,12 @@ class PruneSession(NullSession):
             with self.resident(i):
                 yield i, layer
 
+    def value_chunks(self, name: str, tensor: torch.Tensor) -> Iterator[torch.Tensor]:
+        """As `NullSession.value_chunks`; a low-memory model's tensors still as in the source (kept on disk, or
+        memory-mapped: a whole read would make every page resident) are read from their file."""
+        value = self.store.nonblock_value(name, tensor) if self.streaming else tensor
+        return value.chunks() if isinstance(value, FileTensor) else tensor_chunks(value)
+
 
 @contextlib.contextmanager
 def open_session(
@@ -329,9 +316,9 @@ def open_session(
     checkpoint_dir: str | os.PathLike | None = None,
     activation_memory: int | str | None = None,
 ) -> Iterator[NullSession]:
-    """What a `prune_` call needs around its stages: the activation budget, the checkpoint, and the session made
-    current for the duration (a plain `NullSession` when neither low-memory nor checkpointing: nothing changes).
-    The model runs in eval mode without gradients inside; its training flag is restored on exit, error or not."""
+    """What a `prune_` call needs around its stages: the activation budget, the checkpoint, and the session (a plain
+    `NullSession` when neither low-memory nor checkpointing: nothing changes), handed to every stage. The model runs in
+    eval mode without gradients inside; its training flag is restored on exit, error or not."""
     device = check_device(device)
     store = get_store(model)
     limit = parse_bytes(activation_memory)
@@ -357,7 +344,6 @@ def open_session(
         sess: NullSession = NullSession(activations)
     else:
         sess = PruneSession(model, spec, checkpoint, activations)
-    token = _CURRENT.set(sess if sess.active else None)
     was_training = model.training
     model.eval()
     try:
@@ -365,22 +351,8 @@ def open_session(
             yield sess
     finally:
         model.train(was_training)
-        _CURRENT.reset(token)
         if activations is not None:
             if activations.spilled_chunks:
                 logger.warning("calibration activations: %.2f GB were written to disk in %d chunks",
                                activations.spilled_bytes / 1e9, activations.spilled_chunks)  # fmt: skip
             activations.cleanup()
-
-
-def zero_fraction(model: nn.Module, params: int) -> float:
-    """Exact zeros among all parameters (tied weights once), relative to `params` (blocks of a low-memory model
-    are read one at a time; tensors outside them still as in the source are counted from the file, in chunks)."""
-    spec = get_spec(model)
-    store = get_store(model)
-    in_blocks = {id(p) for layer in get_layers(model, spec) for p in layer.parameters()}
-    unique = {id(p): (n, p) for n, p in model.named_parameters() if id(p) not in in_blocks}.values()
-    zeros = sum(count_zeros(p if store is None else store.nonblock_value(n, p)) for n, p in unique)
-    for _, layer in resident_blocks(model, spec):
-        zeros += sum(count_zeros(p) for p in layer.parameters())
-    return zeros / max(params, 1)

@@ -29,8 +29,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..modeling.architectures import ArchitectureSpec, get_layers, get_spec, layer_view, spec_for_config
 from ..modeling.auto_classes import register_pruned_architectures
+from ..modeling.shapes import layer_row
 from ..modeling.surgery import reshape_layer_
-from ..report import layer_row
 from ..utils.scratch import make_scratch_dir
 from .tensorfile import FileTensor, read_header, write_tensors
 from .tensorfile import read_tensors as read_tensors

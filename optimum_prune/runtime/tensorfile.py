@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DTYPES", "FileTensor", "count_zeros", "read_header", "read_tensors", "write_tensors", "nbytes"]
+__all__ = ["DTYPES", "FileTensor", "read_header", "read_tensors", "tensor_chunks", "write_tensors", "nbytes"]
 
 DTYPES = {
     "F64": torch.float64,
@@ -87,12 +87,9 @@ def _chunks(f, e: FileTensor, dtype: torch.dtype | None, chunk_bytes: int = CHUN
         yield t if dtype is None or dtype == e.dtype else t.to(dtype)
 
 
-def count_zeros(t: torch.Tensor | FileTensor) -> int:
-    """Exact zeros of a tensor (read from its file, for a `FileTensor`), a bounded number of bytes at a time."""
-    if isinstance(t, FileTensor):
-        return sum(int((c == 0).sum()) for c in t.chunks())
-    flat = t.detach().reshape(-1)
-    return sum(int((c == 0).sum()) for c in flat.split(max(CHUNK // max(t.element_size(), 1), 1)))
+def tensor_chunks(t: torch.Tensor, chunk_bytes: int = CHUNK) -> Iterator[torch.Tensor]:
+    """The values of an in-memory tensor, flat, a bounded number of bytes at a time (views, no copy)."""
+    return iter(t.detach().reshape(-1).split(max(chunk_bytes // max(t.element_size(), 1), 1)))
 
 
 def read_header(path: str | os.PathLike) -> dict[str, FileTensor]:
