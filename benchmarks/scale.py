@@ -363,10 +363,21 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
-def run_one(name: str, work: Path, models: dict[str, Path], protocol, args) -> dict:
-    """One measured run in a fresh process (a `resume` run: killed part way, then run again)."""
+def _wait_for_memory(name: str, want: float, minutes: int) -> None:
+    """Wait until `want` bytes are available (never risk the OOM killer on a shared machine)."""
     from optimum_prune.runtime.memory import available_memory
 
+    for _ in range(minutes):
+        free = available_memory()
+        if free is None or free >= want:
+            return
+        print(f"   {name}: {free / 1e9:.1f} GB available, {want / 1e9:.1f} GB wanted: waiting", file=sys.stderr)
+        time.sleep(60)
+    raise RuntimeError(f"{name}: {want / 1e9:.1f} GB of memory never became available")
+
+
+def run_one(name: str, work: Path, models: dict[str, Path], protocol, args) -> dict:
+    """One measured run in a fresh process (a `resume` run: killed part way, then run again)."""
     model, low, config, options = RUNS[name]
     out, ckpt = work / "out" / name, work / "checkpoint" / name
     report = work / f"{name}.result.json"
@@ -381,14 +392,7 @@ def run_one(name: str, work: Path, models: dict[str, Path], protocol, args) -> d
            "OMP_NUM_THREADS": str(args.threads)}  # fmt: skip
     on_disk = sum(f.stat().st_size for f in models[model].glob("*.safetensors"))
     want = 1.5 * on_disk + 2e9 if not low else max(0.25 * on_disk, 1.5e9)  # the targets
-    for _ in range(args.wait_minutes):  # the machine is shared: never risk the OOM killer
-        free = available_memory()
-        if free is None or free >= want:
-            break
-        print(f"   {name}: {free / 1e9:.1f} GB available, {want / 1e9:.1f} GB wanted: waiting", file=sys.stderr)
-        time.sleep(60)
-    else:
-        raise RuntimeError(f"{name}: {want / 1e9:.1f} GB of memory never became available")
+    _wait_for_memory(name, want, args.wait_minutes)
     shutil.rmtree(ckpt, ignore_errors=True)
     report.unlink(missing_ok=True)
     log = work / f"{name}.log"
@@ -404,7 +408,11 @@ def run_one(name: str, work: Path, models: dict[str, Path], protocol, args) -> d
         status, seconds = _launch(cmd, env, log, kill_when=finished)
         parts.append({"killed": status == -signal.SIGKILL, "exit_status": status, "wall_seconds": seconds,
                       "blocks_finished": len(list((ckpt / "stage0").glob("block*.json")))})  # fmt: skip
-    status, seconds = _launch(cmd, env, log)
+    for _ in range(5):  # the machine is shared: memory can run out between the check above and the run's own
+        status, seconds = _launch(cmd, env, log)
+        if not (status and "InsufficientMemoryError" in log.read_text()[-2000:]):
+            break
+        _wait_for_memory(name, want, args.wait_minutes)
     if status:
         raise RuntimeError(f"{name} failed (exit status {status}); see {log}:\n{log.read_text()[-4000:]}")
     parts.append({"exit_status": status, "wall_seconds": seconds})
@@ -474,7 +482,11 @@ def main(argv: list[str] | None = None) -> None:
         path = args.model or make_model(work / model, model)
         shape = (str(args.model), None, None) if args.model else MODELS[model]
         print(f"== {key}", file=sys.stderr, flush=True)
-        result = run_one(name, work, {model: path}, protocol, args)
+        try:
+            result = run_one(name, work, {model: path}, protocol, args)
+        except RuntimeError as e:  # the next runs still run
+            print(f"   {key} failed: {e}", file=sys.stderr, flush=True)
+            continue
         with _locked(out):  # another scale.py may write the same file: add this run to what is there now
             results = _load(out)
             results.setdefault("models", {})[model] = {"shape": shape[0], "blocks": shape[1], "dtype": shape[2],
