@@ -279,6 +279,16 @@ def _digest(directory: Path) -> dict[str, str]:
     return out
 
 
+def _commit_of(module_file: str) -> str | None:
+    """The commit of the checkout a module was imported from (its code at the start of this process)."""
+    try:
+        out = subprocess.run(["git", "-C", str(Path(module_file).parent), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=30)  # fmt: skip
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def child(spec: dict) -> None:
     sampler = _Sampler()
     sampler.start()
@@ -294,6 +304,7 @@ def child(spec: dict) -> None:
     torch.set_num_threads(spec["threads"])
     _mark_phases(sampler, spec["config"]["method"])
     imported = _status()
+    library_commit = _commit_of(__import__("optimum_prune").__file__)
     sampler.phase.append("load model")
     pruner = AutoPruner.from_pretrained(spec["model"], low_memory=spec["low_memory"])
     sampler.phase.pop()
@@ -313,6 +324,7 @@ def child(spec: dict) -> None:
     sampler.join()
     io1 = _io()
     result = {
+        "library_commit": library_commit,
         "vmhwm": _status()["VmHWM"],
         "peak_sampled": sampler.peak,
         "at_peak": sampler.at_peak,
