@@ -232,7 +232,7 @@ def run_scenario(
         for label, model in models.items():
             runners[label] = Runner(model, sc, device)
         times = interleave(runners, rounds, deadline)
-    except (RuntimeError, torch.cuda.OutOfMemoryError) as e:
+    except Exception as e:  # noqa: BLE001  (a one-shot GPU run records the failure and goes on)
         record["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
         return record
     finally:

@@ -65,7 +65,7 @@ def time_models(shape: str, args, deadline: float) -> dict:
             diff = (_logits(model, ids) - reference).abs().max().item()
             record["models"][label] = {"converted": len(converted), "max_abs_logit_diff": diff}
             models[label] = model
-        except RuntimeError as e:
+        except Exception as e:  # noqa: BLE001  (a backend that fails here is reported, the others timed)
             record["models"][label] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
     del pruned
     free_memory()
@@ -181,6 +181,7 @@ def markdown(result: dict) -> str:
         + ".",
         "",
     ]
+    lines += [f"- Failed: {f}" for f in result.get("failed", [])] + ([""] if result.get("failed") else [])
     if result.get("layers"):
         lines += _markdown_layers(result) + [""]
     if result.get("models"):
@@ -267,7 +268,11 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() > deadline:
                 result["skipped"].append(f"{shape} models")
                 continue
-            result["models"].append(time_models(shape, args, deadline))
+            try:
+                result["models"].append(time_models(shape, args, deadline))
+            except Exception as e:  # noqa: BLE001  (e.g. out of memory building a model: the next shape runs)
+                result["failed"] = [*result.get("failed", []), f"{shape} models: {type(e).__name__}: {str(e)[:200]}"]
+                free_memory()
             result["elapsed_s"] = time.monotonic() - start
             harness.write_results(result, name, "semi_structured")
     result["elapsed_s"] = time.monotonic() - start
