@@ -172,3 +172,17 @@ def test_projection_paths_say_why_one_cannot_run():
     assert fn().shape == (16, 32) and alg is None
     for v in layers.VARIANTS[1:]:  # the device, not a bug of the script
         assert isinstance(calls[v], str) and ("CPU" in calls[v] or "CUDA" in calls[v]), calls[v]
+
+
+def test_semi_structured_masks_every_projection_to_2_4():
+    import semi_structured
+
+    from optimum_prune.modeling.semi_structured import find_non_24_layers
+
+    model = _model(TINY_QWEN3, PRUNED)
+    assert find_non_24_layers(model)  # dense weights are not 2:4
+    semi_structured._mask_24_(model)
+    assert find_non_24_layers(model) == []
+    spec = get_spec(model)
+    w = get_layers(model, spec)[1].get_submodule(spec.linear_paths[0]).weight
+    assert (w == 0).float().mean().item() == 0.5
