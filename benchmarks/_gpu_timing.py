@@ -56,7 +56,7 @@ def _cache_kwarg(model) -> str:
 
 
 class Runner:
-    """One model on one scenario: `run()` launches one timed unit (a prefill, or `steps` decode steps).
+    """One model on one scenario: `time_ms()` times `repeats` units (a prefill, or `steps` decode steps).
 
     Both kinds write into a static KV cache allocated (and, for decoding, filled with random keys and values) by an
     untimed call before any capture: a capture then allocates nothing and copies nothing from the host. A prefill's
@@ -117,8 +117,9 @@ class Runner:
 
     def _warm(self) -> float:
         self.sync()
+        self.reset()
         t = time.perf_counter()
-        self.run_eager()
+        self._unit()  # eager: no graph yet
         self.sync()
         return time.perf_counter() - t
 
@@ -127,23 +128,40 @@ class Runner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def run_eager(self) -> None:
-        for _ in range(self.repeats):
-            self.reset()
-            for _ in range(self.scenario.steps if self.scenario.kind == "decode" else 1):
+    def _unit(self) -> None:
+        """One timed unit: a prefill, or `steps` decode steps (replayed from the graph when there is one)."""
+        for _ in range(self.scenario.steps if self.scenario.kind == "decode" else 1):
+            if self.graph is None:
                 self._call()
+            else:
+                self.graph.replay()
 
-    def run(self) -> None:
-        if self.graph is None:
-            return self.run_eager()
+    def time_ms(self) -> float:
+        """Milliseconds per call over `repeats` units, each timed from its own start (the cache rewind before it is
+        not timed): device events on a GPU (launch gaps included), the host clock elsewhere."""
+        if self.device.type != "cuda":
+            total = 0.0
+            for _ in range(self.repeats):
+                self.reset()
+                t = time.perf_counter()
+                self._unit()
+                total += time.perf_counter() - t
+            return total * 1e3 / self.units
+        events = []
+        self.sync()
         for _ in range(self.repeats):
             self.reset()
-            for _ in range(self.scenario.steps if self.scenario.kind == "decode" else 1):
-                self.graph.replay()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._unit()
+            end.record()
+            events.append((start, end))
+        self.sync()
+        return sum(a.elapsed_time(b) for a, b in events) / self.units
 
     @property
     def units(self) -> int:
-        """Calls per `run()` (a round's time is divided by it: ms per prefill or per decode step)."""
+        """Calls per `time_ms()` (a round's time is divided by it: ms per prefill or per decode step)."""
         return self.repeats * (self.scenario.steps if self.scenario.kind == "decode" else 1)
 
     def close(self) -> None:
@@ -162,21 +180,6 @@ def _capture(fn: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torc
     with torch.cuda.graph(graph):
         output = fn()
     return graph, output
-
-
-def timed_ms(runner: Runner) -> float:
-    """Milliseconds per unit of one `run()`: device events on a GPU (launch gaps included), host clock on a CPU."""
-    if runner.device.type != "cuda":
-        t = time.perf_counter()
-        runner.run()
-        return (time.perf_counter() - t) * 1e3 / runner.units
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    runner.sync()
-    start.record()
-    runner.run()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / runner.units
 
 
 def interleave(
@@ -199,7 +202,7 @@ def interleave(
             break
         shift = i % len(names)
         for name in names[shift:] + names[:shift]:
-            times[name].append(timed_ms(runners[name]))
+            times[name].append(runners[name].time_ms())
     return times
 
 
