@@ -76,7 +76,7 @@ class Runner:
         self.warm_s = self._warm()
         if sc.mode == "graph":
             self.reset()
-            self.graph, self.graph_output = _capture(self._call)
+            self.graph, self.graph_output = capture(self._call)
 
     # ------------------------------------------------------------------------------------------------ calls
     def _call(self):
@@ -168,7 +168,7 @@ class Runner:
         self.graph = self.graph_output = self.cache = self.kwargs = None
 
 
-def _capture(fn: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+def capture(fn: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     """A CUDA graph of one call of `fn` (warmed up on a side stream first, as capture requires) and its output, which
     must stay alive with the graph (its replays write there)."""
     stream = torch.cuda.Stream()

@@ -21,7 +21,7 @@ import time
 import torch
 import torch.nn.functional as F
 from _gpu_shapes import SHAPES
-from _gpu_timing import free_memory
+from _gpu_timing import capture, free_memory
 
 from optimum_prune.functional.masks import nm_keep_mask
 
@@ -75,14 +75,7 @@ def _time_us(fn, calls: int, reps: int, graph: bool) -> float:
     run = lambda: [fn() for _ in range(calls)]  # noqa: E731
     run()
     if graph:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            run()
-        torch.cuda.current_stream().wait_stream(stream)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            keep = run()  # noqa: F841  (outputs live as long as the graph)
+        g, keep = capture(run)  # noqa: F841  (the outputs live as long as the graph)
         run = g.replay
     out = []
     for _ in range(reps):
