@@ -174,9 +174,16 @@ def _status() -> dict[str, int]:
     with open("/proc/self/status", encoding="ascii") as f:
         for line in f:
             key = line.split(":")[0]
-            if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+            if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM", "VmSwap"):
                 out[key] = int(line.split()[1]) * 1024
     return out
+
+
+def _swap_used() -> int:
+    """Swap in use on the whole machine (bytes): pages of any process, this one's are its VmSwap."""
+    with open("/proc/meminfo", encoding="ascii") as f:
+        info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+    return info["SwapTotal"] - info["SwapFree"]
 
 
 def _file_pages() -> dict[str, int]:
@@ -196,12 +203,14 @@ def _file_pages() -> dict[str, int]:
 
 
 class _Sampler(threading.Thread):
-    """Peaks of VmRSS / RssAnon / RssFile every 20 ms, overall and per phase; at each new peak of VmRSS (by 16 MB),
-    the phase and the file-backed pages by kind."""
+    """Peaks of VmRSS / RssAnon / RssFile / VmSwap (the process's pages in swap) every 20 ms, overall and per phase,
+    and of the machine's swap in use; at each new peak of VmRSS (by 16 MB), the phase and the file-backed pages by
+    kind."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
-        self.peak = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
+        self.peak = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0, "VmSwap": 0}
+        self.swap_start = self.swap_peak = _swap_used()
         self.phases: dict[str, dict[str, int]] = {}
         self.phase = ["import"]
         self.at_peak: dict = {}
@@ -210,6 +219,7 @@ class _Sampler(threading.Thread):
     def run(self) -> None:
         while self.running:
             s, phase = _status(), self.phase[-1]
+            self.swap_peak = max(self.swap_peak, _swap_used())
             if s["VmRSS"] > self.peak["VmRSS"] + (16 << 20):
                 self.at_peak = {"rss": s["VmRSS"], "anon": s["RssAnon"], "file": s["RssFile"], "phase": phase,
                                 "file_pages": _file_pages()}  # fmt: skip
@@ -327,6 +337,8 @@ def child(spec: dict) -> None:
         "library_commit": library_commit,
         "vmhwm": _status()["VmHWM"],
         "peak_sampled": sampler.peak,
+        "vmswap_end": _status().get("VmSwap", 0),
+        "machine_swap_used": {"start": sampler.swap_start, "peak": sampler.swap_peak},
         "at_peak": sampler.at_peak,
         "phases": sampler.phases,
         "after_import": imported,

@@ -386,6 +386,7 @@ def test_scale(tiny_dir, tmp_path):
     for name in runs:
         r = result["runs"][name]
         assert r["vmhwm"] >= r["peak_sampled"]["RssAnon"] > 0 and r["seconds"]["prune"] > 0 and 0 < r["measured"] < 1
+        assert "VmSwap" in r["peak_sampled"] and set(r["machine_swap_used"]) == {"start", "peak"}
     np_passes = result["runs"]["acct-numerical"]["progress"]["passes"]
     assert [p["blocks"] for p in np_passes[:2]] == [2, 2]  # scored, then refitted and written, block by block
     assert result["runs"]["acct-wanda"]["digest"] == result["runs"]["acct-mem-wanda"]["digest"]  # identical
