@@ -124,14 +124,15 @@ def runs_table(results: dict) -> list[str]:
         "## Runs",
         "",
         "Peak = VmHWM (anonymous + resident file pages, libraries included), and its share of the checkpoint's size on "
-        "disk. Seconds: wall clock of the pruning (the machine is shared: see the load average) and the median CPU "
+        "disk; peak swap: the largest VmSwap sampled (the process's pages in swap, which VmHWM and RssAnon do not "
+        "count; the machine has a swapfile). Seconds: wall clock of the pruning (the machine is shared: see the load average) and the median CPU "
         "seconds of a block in each pass over the blocks (NP: scoring, then refit and write; then the measurements). "
         "Disk: bytes written by the process (`/proc/self/io`: pruned blocks, then the save's non-block shard; the "
         "blocks are hard-linked into the output). Identical: the saved tensors hash the same as the in-memory run's.",
         "",
         "| run | code | model (on disk) | mode, method | threads | peak GB | % of ckpt | peak anon GB | peak file GB "
-        "| prune wall s | CPU s / block (per pass) | disk written GB | load avg | identical |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
+        "| peak swap GB | prune wall s | CPU s / block (per pass) | disk written GB | load avg | identical |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
     ]
     for k, r in results["runs"].items():
         if r["model"] == "acct" and r["low_memory"] and not r.get("digest"):
@@ -141,7 +142,8 @@ def runs_table(results: dict) -> list[str]:
         lines.append(
             f"| {k} | {r['code']} | {m['shape']} {m['dtype']} ({_gb(m['bytes'])} GB) | {_mode(r)}, "
             f"{r['config']['method']} | {r['threads']} | {_gb(_peak(r))} | {100 * _peak(r) / m['bytes']:.0f} "
-            f"| {_gb(r['peak_sampled']['RssAnon'])} | {_gb(r['peak_sampled']['RssFile'])} | {r['seconds']['prune']:.0f} "
+            f"| {_gb(r['peak_sampled']['RssAnon'])} | {_gb(r['peak_sampled']['RssFile'])} "
+            f"| {_gb(r['peak_sampled'].get('VmSwap'))} | {r['seconds']['prune']:.0f} "
             f"| {per_pass} | {_gb(r['io']['write_bytes'])} | {r['loadavg_before'][0]:.1f} | {_identical(results, r)} |"
         )
     resumed = [(k, r) for k, r in results["runs"].items() if len(r.get("parts", [])) > 1]
