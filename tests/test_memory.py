@@ -152,15 +152,18 @@ def test_a_block_maps_no_file_and_leaves_nothing_behind(config, tmp_path, monkey
     assert_same_state(saved_state(tmp_path / "mem"), saved_state(tmp_path / "low"))
 
 
-def test_saving_and_measuring_read_the_embeddings_from_the_file(tmp_path):
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "checkpoint_dir"])
+def test_saving_and_measuring_read_the_embeddings_from_the_file(checkpointed, tmp_path):
     """The embeddings stay memory-mapped for calibration, which touches the rows of its tokens only; measuring the
-    result and saving it read them from the file instead, so the rest of their pages never becomes resident."""
+    result and saving it read them from the file instead, and a checkpoint directory's fingerprint hashes their first
+    values only, so the rest of their pages never becomes resident."""
     src = write_sharded(tiny_model("llama_gqa", vocab_size=8192), tmp_path / "src")
     embedding_bytes = 8192 * HIDDEN * 4
     from optimum_prune import AutoPruner
 
     pruner = AutoPruner.from_pretrained(src, low_memory=True)
-    pruner.prune(WandaConfig(sparsity=0.5), calibration=calibration_ids(8, 16), batch_size=4)  # tokens < 128
+    kwargs = {"checkpoint_dir": tmp_path / "run"} if checkpointed else {}
+    pruner.prune(WandaConfig(sparsity=0.5), calibration=calibration_ids(8, 16), batch_size=4, **kwargs)  # < 128 tokens
     pruner.save_pretrained(tmp_path / "out", model_card=False)
     assert _mapped("/src/rest")  # calibration read the embedding rows through the map
     assert _resident_of("/src/rest") < embedding_bytes / 4
