@@ -134,19 +134,36 @@ def runs_table(results: dict) -> list[str]:
         "| peak swap GB | prune wall s | CPU s / block (per pass) | disk written GB | load avg | identical |",
         "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
     ]
+    partial = []
     for k, r in results["runs"].items():
         if r["model"] == "acct" and r["low_memory"] and not r.get("digest"):
             continue
         m = results["models"][r["model"]]
         per_pass = " / ".join(f"{v:.1f}" for v in _median_block(r).values())
+        if r.get("partial"):
+            partial.append((k, r))
+        prune_s = f"{r['seconds']['prune']:.0f}" if "seconds" in r else ""
+        written = _gb(r["io"]["write_bytes"]) if "io" in r else ""
         lines.append(
-            f"| {k} | {r['code']} | {m['shape']} {m['dtype']} ({_gb(m['bytes'])} GB) | {_mode(r)}, "
-            f"{r['config']['method']} | {r['threads']} | {_gb(_peak(r))} | {100 * _peak(r) / m['bytes']:.0f} "
-            f"| {_gb(r['peak_sampled']['RssAnon'])} | {_gb(r['peak_sampled']['RssFile'])} "
-            f"| {_gb(r['peak_sampled'].get('VmSwap'))} | {r['seconds']['prune']:.0f} "
-            f"| {per_pass} | {_gb(r['io']['write_bytes'])} | {r['loadavg_before'][0]:.1f} | {_identical(results, r)} |"
+            f"| {k}{' (unfinished)' if r.get('partial') else ''} | {r['code']} | {m['shape']} {m['dtype']} "
+            f"({_gb(m['bytes'])} GB) | {_mode(r)}, {r['config']['method']} | {r['threads']} | {_gb(_peak(r))} "
+            f"| {100 * _peak(r) / m['bytes']:.0f} | {_gb(r['peak_sampled']['RssAnon'])} "
+            f"| {_gb(r['peak_sampled']['RssFile'])} | {_gb(r['peak_sampled'].get('VmSwap'))} | {prune_s} | {per_pass} "
+            f"| {written} | {r['loadavg_before'][0]:.1f} | {_identical(results, r)} |"
         )
-    resumed = [(k, r) for k, r in results["runs"].items() if len(r.get("parts", [])) > 1]
+    for k, r in partial:
+        blocks = r["progress"]["blocks"]
+        done = {}
+        for b in blocks:
+            done[b["pass"]] = done.get(b["pass"], 0) + 1
+        lines += [
+            "",
+            f"**{k} did not finish** before the results were recorded (`scale.py --salvage`): its processes had logged "
+            + ", ".join(f"{n} blocks of pass {p + 1}" for p, n in sorted(done.items()))
+            + f" ({sum(b['seconds'] for b in blocks) / 60:.0f} min); its memory is the largest of "
+            f"{r['samples']['count']} samples of /proc (every 5 s), its CPU seconds per block from the samples too.",
+        ]
+    resumed = [(k, r) for k, r in results["runs"].items() if len(r.get("parts") or []) > 1]
     for k, r in resumed:
         first, second = r["parts"]
         lines += [
@@ -176,7 +193,9 @@ def _fit(rows: list[tuple[list[float], float]]) -> list[float]:
 
 def projection(results: dict) -> list[str]:
     low = {
-        k: r for k, r in results["runs"].items() if r["low_memory"] and r["code"] == "after" and r["model"] != "acct"
+        k: r
+        for k, r in results["runs"].items()
+        if r["low_memory"] and r["code"] == "after" and results["models"][r["model"]]["shape"] in SHAPES
     }
     if not low:
         return []
@@ -191,7 +210,7 @@ def projection(results: dict) -> list[str]:
         "process's own memory); the host keeps the process and the embedding rows the calibration reads.",
         "",
     ]
-    base = statistics.median(r["after_import"]["VmRSS"] for r in low.values())
+    base = statistics.median(r["after_import"]["VmRSS"] for r in results["runs"].values() if r.get("after_import"))
     fits, errors = {}, {}
     for method in sorted({r["config"]["method"] for r in low.values()}):
         mine = [r for r in low.values() if r["config"]["method"] == method]
@@ -200,7 +219,7 @@ def projection(results: dict) -> list[str]:
             m = results["models"][r["model"]]
             sb = shape_bytes(m["shape"], m["dtype"], m["blocks"])
             extra = [sb["block"], sb["gram"]] if method == "numerical" else [sb["block"]]
-            mem_rows.append((extra, _peak(r) - r["after_import"]["VmRSS"]))
+            mem_rows.append((extra, _peak(r) - (r["after_import"]["VmRSS"] if r.get("after_import") else base)))
             per_block = sum(_median_block(r).values())
             flops = [sb["block_params"] * 2048 / 1e9] + ([sb["mlp"] ** 3 / 1e12] if method == "numerical" else [])
             time_rows.append((flops, per_block))

@@ -169,12 +169,15 @@ def make_model(path: Path, name: str) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------- child process
+SAMPLED = ("VmRSS", "RssAnon", "RssFile", "VmHWM", "VmSwap")
+
+
 def _status() -> dict[str, int]:
     out = {}
     with open("/proc/self/status", encoding="ascii") as f:
         for line in f:
             key = line.split(":")[0]
-            if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM", "VmSwap"):
+            if key in SAMPLED:
                 out[key] = int(line.split()[1]) * 1024
     return out
 
@@ -369,16 +372,37 @@ def calibration_ids(work: Path, protocol, local: Path | None = None) -> Path:
     return path
 
 
+def _sample_line(pid: int) -> str | None:
+    """One line of the child's memory and CPU (`HH:MM:SS pid=P VmHWM=kB ... cpu_s=S machine_swap_kB=kB`), or None."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            mem = {k: v.split()[0] for k, v in (line.split(":", 1) for line in f) if k in SAMPLED}
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    cells = " ".join(f"{k}={v}" for k, v in mem.items())
+    swap = _swap_used() // 1024
+    return f"{time.strftime('%H:%M:%S', time.gmtime())} pid={pid} {cells} cpu_s={cpu:.2f} machine_swap_kB={swap}"
+
+
 def _launch(cmd: list[str], env: dict, log: Path, kill_when=None) -> tuple[int, float]:
-    """Run `cmd` (stderr to `log`); with `kill_when()` true, SIGKILL it. Returns (exit status, seconds)."""
+    """Run `cmd` (stderr to `log`; every 5 s a line of its memory and CPU to `log` with suffix `.samples`, for a run
+    that never finishes: see `salvage`); with `kill_when()` true, SIGKILL it. Returns (exit status, seconds)."""
     t0 = time.perf_counter()
-    with open(log, "a") as err:
+    with open(log, "a") as err, open(log.with_suffix(".samples"), "a") as samples:
         proc = subprocess.Popen(cmd, env=env, stdout=err, stderr=err)
+        tick = 0
         while proc.poll() is None:
             if kill_when is not None and kill_when():
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
                 break
+            line = _sample_line(proc.pid) if tick % 5 == 0 else None
+            if line:
+                print(line, file=samples, flush=True)
+            tick += 1
             time.sleep(1)
     return proc.returncode, time.perf_counter() - t0
 
@@ -455,6 +479,60 @@ def run_one(name: str, work: Path, models: dict[str, Path], protocol, args) -> d
     return result
 
 
+def salvage(name: str, work: Path, args) -> dict:
+    """What a run that has not finished (still running at a deadline, or killed) measured so far, from its log and
+    samples: the blocks each process logged (wall seconds between its progress lines; CPU seconds from the samples,
+    the logged ones where no sample falls between), and the largest sampled VmHWM, RssAnon, RssFile, VmSwap."""
+    import re
+
+    progress = re.compile(r"^(\S+ \S+),\d+ optimum_prune\.runtime\.progress pass (\d+), block (\d+)/\d+: "
+                          r"([\d.]+) (s|min|h) \(CPU ([\d.]+) (s|min|h)\)")  # fmt: skip
+    unit = {"s": 1, "min": 60, "h": 3600}
+    samples = []  # (seconds of the day, pid, values)
+    for line in (work / f"{name}.samples").read_text().splitlines():
+        stamp, *cells = line.split()
+        h, m, sec = (int(x) for x in stamp.split(":"))
+        values = {k.rstrip(":"): float(v) for k, v in (c.split("=") for c in cells)}
+        samples.append((3600 * h + 60 * m + sec, int(values.pop("pid")), values))
+
+    def cpu_at(t: float) -> tuple[int, float] | None:  # the last sample at or before t: (pid, CPU seconds)
+        before = [(pid, v["cpu_s"]) for ts, pid, v in samples if ts <= t and "cpu_s" in v]
+        return before[-1] if before else None
+
+    blocks, process, last = [], -1, None
+    for line in (work / f"{name}.log").read_text().splitlines():
+        if "with low_memory=True" in line and "Loaded" in line:  # a process starts
+            process, last = process + 1, None
+        match = progress.match(line)
+        if not match:
+            continue
+        clock = datetime.datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S")
+        t = 3600 * clock.hour + 60 * clock.minute + clock.second
+        logged = float(match[4]) * unit[match[5]]
+        same_pass = last is not None and last["pass"] == int(match[2]) - 1
+        seconds = t - last["t"] if same_pass else logged
+        cpu = float(match[6]) * unit[match[7]]
+        now, then = cpu_at(t), cpu_at(last["t"]) if same_pass else None
+        if now and then and now[0] == then[0] and now[1] > then[1]:
+            cpu = now[1] - then[1]
+        last = {"t": t, "pass": int(match[2]) - 1}
+        blocks.append({"process": process, "pass": int(match[2]) - 1, "block": int(match[3]) - 1,
+                       "seconds": seconds, "cpu_seconds": round(cpu, 2), "logged_seconds": logged})  # fmt: skip
+    peak = {k: 1024 * max((v.get(k, 0) for _, _, v in samples), default=0) for k in ("VmRSS", "RssAnon", "RssFile",
+                                                                                     "VmSwap")}  # fmt: skip
+    model, low, config, _ = RUNS[name]
+    spec = json.loads((work / f"{name}.spec.json").read_text())
+    return {
+        "partial": True, "library_commit": _commit_of(str(Path(args.src or REPO_ROOT) / "optimum_prune" / "x")),
+        "model": model, "low_memory": low, "config": config, "calibration": list(CALIB),
+        "threads": spec["threads"], "code": args.label, "src": None,
+        "vmhwm": 1024 * max(v.get("VmHWM", 0) for _, _, v in samples), "peak_sampled": peak,
+        "machine_swap_used": {"peak": 1024 * max(v.get("machine_swap_kB", 0) for _, _, v in samples)},
+        "samples": {"count": len(samples), "first": samples[0][0], "last": samples[-1][0]},
+        "progress": {"blocks": blocks}, "processes": process + 1, "loadavg_before": list(os.getloadavg()),
+    }  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------------- tables
 def _gb(b: float | None) -> str:
     return "" if b is None else f"{b / 1e9:.2f}"
@@ -486,6 +564,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep-models", action="store_true", help="keep the generated checkpoints afterwards")
     parser.add_argument("--wait-minutes", type=int, default=120, help="wait for memory to be free for so long")
     parser.add_argument("--model", type=Path, default=None, help="a local model directory for every run (smoke runs)")
+    parser.add_argument("--salvage", action="store_true",
+                        help="record what the runs (still running or killed) measured so far, from their logs")  # fmt: skip
     args = parser.parse_args(argv)
     if args.child:  # measures its own imports: no harness (torch) before
         return child(json.loads(Path(args.child).read_text()))
@@ -503,11 +583,11 @@ def main(argv: list[str] | None = None) -> None:
         if key in _load(out).get("runs", {}) and not args.force:
             continue
         model = RUNS[name][0]
-        path = args.model or make_model(work / model, model)
+        path = args.model or (work / model if args.salvage else make_model(work / model, model))
         shape = (str(args.model), None, None) if args.model else MODELS[model]
         print(f"== {key}", file=sys.stderr, flush=True)
         try:
-            result = run_one(name, work, {model: path}, protocol, args)
+            result = salvage(name, work, args) if args.salvage else run_one(name, work, {model: path}, protocol, args)
         except RuntimeError as e:  # the next runs still run
             print(f"   {key} failed: {e}", file=sys.stderr, flush=True)
             continue
@@ -517,7 +597,8 @@ def main(argv: list[str] | None = None) -> None:
                                     "bytes": sum(f.stat().st_size for f in path.glob("*.safetensors"))}  # fmt: skip
             results.setdefault("runs", {})[key] = result
             results["date"] = datetime.datetime.now().isoformat(timespec="seconds")
-            results["environment"] = harness.environment(argv, "scale.py")
+            if not args.salvage or "environment" not in results:  # else: the file's record of the code that ran
+                results["environment"] = harness.environment(argv, "scale.py")
             results["protocol"] = protocol.record()
             harness.write_results(results, out, "scale")
         later = any(RUNS[r][0] == model for r in args.runs[args.runs.index(name) + 1 :])

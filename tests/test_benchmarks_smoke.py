@@ -390,6 +390,14 @@ def test_scale(tiny_dir, tmp_path):
     np_passes = result["runs"]["acct-numerical"]["progress"]["passes"]
     assert [p["blocks"] for p in np_passes[:2]] == [2, 2]  # scored, then refitted and written, block by block
     assert result["runs"]["acct-wanda"]["digest"] == result["runs"]["acct-mem-wanda"]["digest"]  # identical
+    # a run that never finished is recorded from its log and the parent's samples of /proc
+    again = ["--model", str(tiny_dir), "--runs", "acct-numerical", "--work-dir", str(tmp_path), "--salvage"]
+    salvaged = _run("scale", again, tmp_path / "salvaged.json")
+    run, done = salvaged["runs"]["acct-numerical"], result["runs"]["acct-numerical"]
+    assert run["partial"] and run["samples"]["count"] >= 1 and run["vmhwm"] > 0
+    assert [(b["pass"], b["block"]) for b in run["progress"]["blocks"]] == [
+        (b["pass"], b["block"]) for b in done["progress"]["blocks"]
+    ]
 
 
 @pytest.fixture(scope="module")
