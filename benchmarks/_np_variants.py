@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -89,6 +90,16 @@ def _make_pruner(variants, name, ratio, round_to, stats):
         pruner.score_layer = lambda view, _: flap.score_layer(
             view, {k: stats[view.index][k].moments for k in ("attn", "mlp")}
         )
+    if "mix" in opts:  # (1 − w)·FLAP's metric + w·the numerical scores, both standardised per module
+        w = opts["mix"]
+        fluct = NumericalPruner(dataclasses.replace(config, scores="fluctuation"))
+        numer = NumericalPruner(dataclasses.replace(config, scores="numerical"))
+
+        def mixed(view, st):
+            pairs = zip(fluct.score_layer(view, st), numer.score_layer(view, st))
+            return tuple(None if a is None else (1 - w) * a.double().cpu() + w * b.double().cpu() for a, b in pairs)
+
+        pruner.score_layer = mixed
     if opts.get("centred_scores"):  # numerical scores on the covariance (the objective with an intercept)
         scores = pruner._scores
 

@@ -28,6 +28,7 @@ import argparse
 import hashlib
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,26 @@ VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
         )
         for s in (0.0, 0.25, 0.5, 0.75)
     },
+    # the light-ratio screen: FLAP's metric (w = 0) ... the numerical scores (w = 1), the refit at s = 0.5 + 0.5·w,
+    # with a bias (architectures whose export has a slot for it) or without
+    "np_fluct_s0.5": (
+        _NP,
+        {**_UNIT, "scores": "fluctuation", "compensation_bias": False, "compensation_strength": 0.5},
+        {},
+        "NP, FLAP's metric, refit without a bias at strength 0.5",
+    ),
+    "np_mix0.5_bias_s0.75": (
+        _NP,
+        {**_UNIT, **_BIAS, "compensation_strength": 0.75},
+        {"mix": 0.5},
+        "NP, scores ½ FLAP's metric + ½ numerical, bias refit at strength 0.75",
+    ),
+    "np_mix0.5_s0.75": (
+        _NP,
+        {**_UNIT, "compensation_bias": False, "compensation_strength": 0.75},
+        {"mix": 0.5},
+        "NP, scores ½ FLAP's metric + ½ numerical, refit without a bias at strength 0.75",
+    ),
     "np_unit_cbias_flapbudget": (
         _NP,
         {**_UNIT, **_BIAS},
@@ -184,6 +205,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run VARIANT only at these ratios (e.g. np_loss=0.2,0.5 to screen it beside a full grid)",
     )
     p.add_argument("--round-to", type=int, default=1, help="StructuredPruningConfig.round_to for every method")
+    p.add_argument("--baseline", default="flap", choices=sorted(VARIANTS), help="the Δ columns' reference (FLAP)")
     p.add_argument("--output", type=Path, default=None, help="JSON path (default: results/np_allocation_<model>.json)")
     p.add_argument("--note", default="")
     p.add_argument("--collect-only", action="store_true", help="only collect (and cache) the statistics")
@@ -270,24 +292,36 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def _interval_tables(res, texts, seqs, ratios, variants) -> list[str]:
-    """Per window length: every run's perplexity on each text with its bootstrap 95% interval, and its Δ against FLAP
-    at the same ratio with the paired interval and the verdict (results that store per-document sums)."""
+    """Per window length: every run's perplexity on each text with its bootstrap 95% interval, and its Δ against the
+    baseline variant at the same ratio (FLAP unless `--baseline`) with the paired interval and the verdict; then the
+    selection criterion (benchmarks/README.md) per run (results that store per-document sums)."""
     runs = {(r["variant"], r["ratio"]): r for r in res["runs"]}
     dense_docs = res.get("dense_documents", {})
+    baseline = res["settings"].get("baseline", "flap")
     lines = []
     for k, q in seqs:
         keys = [(t + k, label) for t, label in texts]
-        dense = {"group": "0", "label": "dense", "ppl": res["dense"], "docs": dense_docs, "ref": None}
-        rows = [dense]
+        rows = [{"group": "0", "label": "dense", "ppl": res["dense"], "docs": dense_docs, "ref": None}]
         for ratio in ratios:
-            flap = runs.get(("flap", ratio))
+            base = runs.get((baseline, ratio))
             for v in variants:
                 run = runs.get((v, ratio))
                 if run is not None:
-                    ref = None if v == "flap" or flap is None else {"ppl": flap, "docs": flap.get("documents")}
+                    ref = None if v == baseline or base is None else {"ppl": base, "docs": base.get("documents")}
                     rows.append({"group": f"{ratio:g}", "label": _label(res, v), "ppl": run,
                                  "docs": run.get("documents"), "ref": ref})  # fmt: skip
-        lines += ["", f"## Perplexity, windows of {q}", ""] + harness.interval_table(rows, keys)
+        lines += ["", f"## Perplexity, windows of {q}", ""]
+        lines += harness.interval_table(rows, keys, baseline=_label(res, baseline))
+        if len(keys) == 3:
+            lines += ["", f"### Selection criterion, windows of {q}: geometric mean of the three perplexities", ""]
+            lines += ["| ratio | variant | geometric mean | Δ vs " + _label(res, baseline) + " [95%], verdict |",
+                      "|---:|---|---:|---|"]  # fmt: skip
+            for row in rows[1:]:
+                gm = math.exp(sum(math.log(row["ppl"][key]) for key, _ in keys) / len(keys))
+                delta = (
+                    "" if row["ref"] is None else harness.geomean_delta_cell(row, row["ref"], [key for key, _ in keys])
+                )
+                lines.append(f"| {row['group']} | {row['label']} | {gm:.2f} | {delta} |")
     lines += ["", "## Measured ratio and decide time (s) per run", ""]
     lines += [
         f"- {r['variant']} @ {r['ratio']:g}: measured {r['measured']:.3f}, {r['prune_s']:.1f} s" for r in res["runs"]
