@@ -116,7 +116,7 @@ def prune_(
         sess.mark_complete(0, plan)
     report = PruningReport(
         method=config.method,
-        config=config.to_dict(),
+        config=pruner.config.to_dict(),  # with the defaults it resolved for this architecture
         target=float(target),
         measured=float(measured),
         params_before=params_before,
@@ -130,7 +130,7 @@ def prune_(
         info={**plan.info, **sess.summary(), "layers": {i: lp.info for i, lp in plan.layers.items() if lp.info}},
         artifacts=plan.artifacts,
     )
-    record_history(model, config.method, config.config_version, config.to_dict(), calib_desc, report)
+    record_history(model, config.method, config.config_version, pruner.config.to_dict(), calib_desc, report)
     logger.info("%s", report)
     return report
 

@@ -29,8 +29,12 @@ class FLAPPruner(StructuredPruner):
     requires_calibration = True
     config: FLAPConfig
 
+    def validate(self, model, spec) -> None:
+        super().validate(model, spec)
+        self.config = self.config.for_architecture(spec.output_bias)
+
     def keep_stats(self) -> bool:
-        return self.config.bias_compensation
+        return bool(self.config.bias_compensation)
 
     def layer_stats(self, view: LayerView):
         out = {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..._deprecation import deprecated_getattr, renamed
 from ...config import StructuredPruningConfig, _choice
@@ -145,6 +145,14 @@ class NumericalConfig(StructuredPruningConfig):
         if self.compensation_strength is not None:
             return float(self.compensation_strength)
         return LIGHT_STRENGTH if self.resolved_scores == "fluctuation" else 1.0
+
+    def for_architecture(self, output_bias: bool) -> NumericalConfig:
+        """This config with `compensation_bias=None` resolved for an architecture: the automatic choice where its
+        o_proj / down_proj may carry a bias everywhere (`ArchitectureSpec.output_bias`), off where not (Qwen3,
+        Gemma-3: their GGUF graphs have no such bias)."""
+        if self.compensation_bias is not None:
+            return self
+        return replace(self, compensation_bias=output_bias and self.refit_bias)
 
     @classmethod
     def paper(cls, pruning_ratio: float = 0.2, literal: bool = False, **kwargs) -> NumericalConfig:

@@ -15,8 +15,8 @@ from .functional import reachable_z
 __all__ = ["SPPConfig", "SPPRIAConfig", "SEARCH_FIELDS"]
 
 # `compensation_strength=None`: the refit's strength per modality, each chosen on its selection split
-# (benchmarks/README.md, "Solution Path Pruning"): half on SmolLM2-135M (3-8% lower perplexity than the full refit at
-# 20% and 30% on BBC, the Python docs and the Bible), full on DINOv2-S/14 (0.690 against 0.640 accuracy at 20%)
+# (benchmarks/README.md, "Solution Path Pruning"; the evidence on docs/methods/spp.md): half on language models, full
+# on image models
 TEXT_STRENGTH = 0.5
 IMAGE_STRENGTH = 1.0
 # `search_labels=None`: the search's loss per modality, each chosen on its selection split (the same section):
@@ -179,8 +179,7 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             `W + s·(W* − W)` on the kept inputs (as `NumericalConfig.compensation_strength`): 1 is the full
             least-squares refit, 0 keeps the extracted weights (with `compensation_bias`, FLAP's bias compensation).
             `None` (`refit_strength(modality)`): 0.5 on language models, 1 on image models, each the better of the
-            two on its selection split (SmolLM2-135M: by 3-8% in perplexity; DINOv2-S/14 on CIFAR-10: 0.690 against
-            0.640 accuracy at 20%; docs/methods/spp.md).
+            two on its selection split (docs/methods/spp.md).
         compensation_bias (`bool`, defaults to `True`): refit with an intercept (`NumericalConfig.compensation_bias`):
             a bias on o_proj / down_proj restores the mean output the removed inputs carried. The defaults (an
             intercept, half strength) beat the full refit without one on every selection text at 20% and 30%
