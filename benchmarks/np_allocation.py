@@ -82,6 +82,8 @@ VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
     "np_unit_pools": (_NP, _UNIT, {"pools": True}, "NP, unit, separate attention / MLP pools"),
     "np_unit_flapbudget": (_NP, _UNIT, {"budgets_from": "flap"}, "NP, unit, FLAP's layer budgets (diagnostic)"),
     "np_unit_d1": (_NP, {**_UNIT, "compensation_damping": 1.0}, {}, "NP, unit, damping 1"),
+    "np_unit_d0.01": (_NP, {**_UNIT, "compensation_damping": 0.01}, {}, "NP, unit, damping 0.01 (the paper's)"),
+    "np_unit_nostd": (_NP, {**_UNIT, "standardize_per_layer": False}, {}, "NP, unit, raw scores (not standardised)"),
     "np_unit_d10": (_NP, {**_UNIT, "compensation_damping": 10.0}, {}, "NP, unit, damping 10"),
     "np_unit_norefit": (_NP, {**_UNIT, "compensate": False}, {}, "NP, unit, no refit (mask only)"),
     "np_unit_owl": (_NP, {**_UNIT, **_OWL}, {}, "NP, unit, OWL budgets (M 5, λ 0.08)"),
@@ -414,7 +416,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 VARIANTS, dense, spec, name, ratio, args.round_to, stats, calib_ids, totals
             )
             run = {"variant": name, "ratio": ratio, "prune_s": prune_s, "shapes": shapes, "config": config,
-                   "measured": 1 - attention_mlp_params(model, spec) / before, **info}  # fmt: skip
+                   "measured": 1 - attention_mlp_params(model, spec) / before, "commit": env["versions"]["git_commit"],
+                   **info}  # fmt: skip
             ppl, run["documents"] = perplexities(model)
             run.update(ppl)
             res["runs"].append(run)
