@@ -26,7 +26,7 @@ from optimum_prune.cli import main
 from optimum_prune.constants import PRUNING_CONFIG_NAME
 from optimum_prune.export import GGUFExportError
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view
-from optimum_prune.report import layer_table
+from optimum_prune.modeling.shapes import layer_table
 
 PROBES = [
     "Hello world! 3,141 reporters in 2024.",
