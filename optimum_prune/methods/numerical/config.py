@@ -9,11 +9,11 @@ from ...config import StructuredPruningConfig, _choice
 
 __all__ = ["NumericalConfig"]
 
-# Below this pruning ratio `scores="auto"` ranks units by FLAP's fluctuation metric (with a bias refit), from it by the
-# numerical scores: the crossover measured on the selection split (docs/methods/numerical.md, issue 27's screening).
+# Below this pruning ratio `scores="auto"` ranks units by FLAP's fluctuation metric (with a bias refit where the
+# architecture takes one), from it by the numerical scores (docs/methods/numerical.md, "why this default").
 LIGHT_RATIO = 0.25
-# `compensation_strength=None` below it (with the fluctuation ranking): the refit's change shrunk to half, measured on
-# the selection split (issue 27: the full refit fits the calibration text and costs out of domain at light ratios).
+# `compensation_strength=None` below it (with the fluctuation ranking): the refit's change shrunk to half, so that it
+# fits the calibration text less (docs/methods/numerical.md).
 LIGHT_STRENGTH = 0.5
 
 
