@@ -258,16 +258,24 @@ def markdown(res: dict[str, Any]) -> str:
         + ", ".join(
             f"{label} {res['dense'].get(t + k, float('nan')):.2f} @{q}" for t, label in texts for k, q in seqs
         ),
-        "- Δ vs FLAP: relative perplexity change against FLAP at the same ratio (negative = NP better).",
     ]
+    documents = any(r.get("documents") for r in res["runs"])
+    if not documents:  # the interval tables name their baseline in each Δ column
+        lines.append("- Δ vs FLAP: relative perplexity change against FLAP at the same ratio (negative = NP better).")
     if res.get("protocol"):
         lines.append(harness.protocol_line(res))
     if s.get("note"):
         lines.append(f"- Note: {s['note']}")
+    head = str(res.get("versions", {}).get("git_commit"))[:10]
+    commits = {id(r): str(r["commit"])[:10] if r.get("commit") else "not recorded" for r in res["runs"]}
+    other = [r for r in res["runs"] if commits[id(r)] != head]
+    if other and any(r.get("commit") for r in res["runs"]):  # a resumed file: the runs kept from an earlier run
+        lines.append("- Runs kept from an earlier run (commit): " + ", ".join(
+            f"{r['variant']} @ {r['ratio']:g} ({commits[id(r)]})" for r in other) + ".")  # fmt: skip
     runs = res["runs"]
     ratios = sorted({r["ratio"] for r in runs})
     variants = [v for v in s["variants"] if any(r["variant"] == v for r in runs)]
-    if any(r.get("documents") for r in runs):
+    if documents:
         return "\n".join(lines + _interval_tables(res, texts, seqs, ratios, variants)) + "\n"
     for t, label in texts:
         for k, q in seqs:
