@@ -87,7 +87,8 @@ class NumericalConfig(StructuredPruningConfig):
             kept weights (least squares with an intercept, on centred inputs; an extension, not in the paper). It
             subsumes FLAP's bias compensation (the removed channels' mean contribution) and adds bias parameters
             to those projections, as FLAP does. `None`: on with the fluctuation metric (whose variance is centred),
-            off with the numerical scores. Qwen3 / Gemma-3 GGUF exports take no such bias (set it to `False`).
+            off with the numerical scores, and off where the architecture's GGUF graph reads no such bias (Qwen3,
+            Gemma-3: `ArchitectureSpec.output_bias`), so that the default output exports.
     """
 
     method = "numerical"
