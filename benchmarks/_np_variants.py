@@ -14,7 +14,7 @@ import torch
 
 import optimum_prune.methods.structured as structured_mod
 from optimum_prune.calibration.sequential import LayerwiseRunner
-from optimum_prune.functional.allocation import LayerUnits, allocate_per_layer
+from optimum_prune.functional.allocation import LayerUnits, allocate_channel_blocks, allocate_per_layer
 from optimum_prune.methods.flap import FLAPConfig, FLAPPruner
 from optimum_prune.methods.numerical import NumericalPruner
 from optimum_prune.methods.structured import layer_outlier_fraction, layer_params
@@ -38,6 +38,50 @@ def _pooled_allocate(attn_total: float, mlp_total: float):
         heads, _ = base(att, ratio, attn_total, mode=mode)
         _, chans = base(mlp, ratio, mlp_total, mode=mode)
         return heads, chans
+
+    return allocate
+
+
+def _lowest(scores: torch.Tensor | None, k: int) -> list[int]:
+    if scores is None or k <= 0:
+        return []
+    return sorted(torch.sort(scores.detach().double().cpu(), stable=True).indices[:k].tolist())
+
+
+def _split_allocate(attn_mode: str, mlp_mode: str):
+    """`allocate` with the attention / MLP budget split of the global allocation at the same ratio, each part then
+    spread per layer (the global ranking within the part) or uniformly (the same number of KV groups / channels in
+    every layer, the weakest by score); the MLP takes whatever the attention part leaves of the total."""
+    base = structured_mod.allocate
+
+    def allocate(units, ratio, total_cost, mode="global", head_weight=1.0):
+        heads, chans = base(units, ratio, total_cost, mode="global")
+        attn = sum(len(h) * u.head_cost for h, u in zip(heads, units))
+        if attn_mode == "uniform":
+            live = [u for u in units if u.head_scores is not None]
+            k = round(attn / sum(u.head_cost for u in live)) if live else 0
+            heads = [_lowest(u.head_scores, min(k, u.max_head_units)) for u in units]
+            attn = sum(len(h) * u.head_cost for h, u in zip(heads, units))
+        mlp_budget = ratio * total_cost - attn
+        if mlp_mode == "uniform":
+            live = [u for u in units if u.channel_scores is not None]
+            n = round(mlp_budget / sum(u.channel_cost for u in live)) if live else 0
+            chans = [_lowest(u.channel_scores, min(n, u.max_channels)) for u in units]
+        else:
+            mlp = [LayerUnits(None, 0.0, 0, u.channel_scores, u.channel_cost, u.max_channels) for u in units]
+            _, chans = base(mlp, max(mlp_budget, 0.0) / total_cost, total_cost, mode="global")
+        return heads, chans
+
+    return allocate
+
+
+def _block_allocate(block: int):
+    """`allocate` with MLP channels removed in blocks (`allocate_channel_blocks`; attention not pruned)."""
+
+    def allocate(units, ratio, total_cost, mode="global", head_weight=1.0):
+        scores = [u.channel_scores for u in units]
+        chans = allocate_channel_blocks(scores, [u.channel_cost for u in units], ratio * total_cost, block)
+        return [[] for _ in units], chans
 
     return allocate
 
@@ -67,7 +111,7 @@ def _removed_fractions(dense, spec, model) -> list[float]:
 
 def _make_pruner(variants, name, ratio, round_to, stats):
     cls, kwargs, opts, _ = variants[name]
-    config = cls(pruning_ratio=ratio, round_to=round_to, **kwargs)
+    config = cls(**{"pruning_ratio": ratio, "round_to": round_to, **kwargs})
     pruner = (FLAPPruner if cls is FLAPConfig else NumericalPruner)(config)
     key = "moments" if cls is FLAPConfig else "gram"
 
@@ -118,6 +162,10 @@ def prune_variant(variants, dense, spec, name, ratio, round_to, stats, calib_ids
     ctx = contextlib.nullcontext()
     if opts.get("pools"):
         ctx = _patched(structured_mod, "allocate", _pooled_allocate(*pool_totals))
+    elif opts.get("split"):
+        ctx = _patched(structured_mod, "allocate", _split_allocate(*opts["split"]))
+    elif opts.get("mlp_blocks"):
+        ctx = _patched(structured_mod, "allocate", _block_allocate(opts["mlp_blocks"]))
     elif opts.get("budgets_from"):
         other = prune_variant(
             variants, dense, spec, opts["budgets_from"], ratio, round_to, stats, calib_ids, pool_totals
