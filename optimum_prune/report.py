@@ -11,7 +11,7 @@ import transformers
 from torch import nn
 
 from .constants import HISTORY_ATTR
-from .modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
+from .modeling.architectures import ArchitectureSpec, get_layers, layer_view, present_linear_paths, weight_oi
 from .version import __version__
 
 __all__ = ["PruningReport", "layer_table", "layer_row", "count_parameters", "linear_sparsity", "record_history"]
@@ -32,7 +32,7 @@ def layer_row(layer: nn.Module, index: int, spec: ArchitectureSpec, config) -> d
         "num_key_value_heads": v.num_kv_heads,
         "head_dim": v.head_dim,
         "intermediate_size": v.intermediate_size,
-        "biases": sorted(p for p in spec.linear_paths if getattr(layer.get_submodule(p), "bias", None) is not None),
+        "biases": sorted(p for p in v.linears() if getattr(layer.get_submodule(p), "bias", None) is not None),
     }
     if v.pair_shaped:
         attn = v.attn
@@ -51,7 +51,7 @@ def linear_sparsity(model: nn.Module, spec: ArchitectureSpec) -> dict[str, float
     """Fraction of exact zeros in every prunable projection, keyed `layers.<i>.<path>`."""
     out = {}
     for i, layer in enumerate(get_layers(model, spec)):
-        for p in spec.linear_paths:
+        for p in present_linear_paths(layer, spec):
             w = weight_oi(layer.get_submodule(p))
             out[f"layers.{i}.{p}"] = float((w == 0).sum()) / max(w.numel(), 1)
     return out

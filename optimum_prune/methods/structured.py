@@ -29,7 +29,14 @@ from ..functional.allocation import (
     owl_layer_ratios,
     round_kept_channels,
 )
-from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
+from ..modeling.architectures import (
+    ArchitectureSpec,
+    LayerView,
+    get_layers,
+    layer_view,
+    present_linear_paths,
+    weight_oi,
+)
 from ..plan import LayerPlan, PruningPlan
 from ..runtime.session import current_session
 from .base import BasePruner, RunnerFactory, refuse_pruned_head_dims
@@ -63,7 +70,7 @@ def attention_mlp_params(model: nn.Module, spec: ArchitectureSpec) -> int:
     """Parameters of every q/k/v/o and MLP projection of the decoder (what `pruning_ratio` refers to)."""
     total = 0
     for layer in get_layers(model, spec):
-        for path in spec.linear_paths:
+        for path in present_linear_paths(layer, spec):
             total += sum(p.numel() for p in layer.get_submodule(path).parameters(recurse=False))
     return total
 

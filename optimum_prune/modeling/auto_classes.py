@@ -29,6 +29,7 @@ from transformers.models.auto.modeling_auto import (
 
 from ..constants import PRUNED_MODEL_TYPE_PREFIX
 from .architectures import ARCHITECTURES, get_layers, layer_view, spec_for_config
+from .configuration_decilm import DeciLMConfig
 from .surgery import reshape_layer_
 
 __all__ = ["register_pruned_architectures", "pruned_classes", "TASKS", "model_task", "auto_class_for_config"]
@@ -153,7 +154,9 @@ def auto_class_for_config(config) -> tuple[str, type]:
 
 
 def register_pruned_architectures() -> None:
-    """Register the pruned variant of every supported architecture (done when optimum_prune is imported)."""
+    """Register the pruned variant of every supported architecture and the DeciLM config (`nemotron-nas`, read by
+    `load_pruned_model`) with the transformers Auto classes (done when optimum_prune is imported)."""
+    AutoConfig.register(DeciLMConfig.model_type, DeciLMConfig, exist_ok=True)
     for base_type, spec in ARCHITECTURES.items():
         for task in MODALITY_TASKS[spec.modality]:
             try:

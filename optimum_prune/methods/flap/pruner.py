@@ -67,9 +67,9 @@ class FLAPPruner(StructuredPruner):
     def finalize_layer(self, view: LayerView, stats, plan: LayerPlan) -> None:
         if not self.config.bias_compensation:
             return
-        if plan.keep_heads is not None:
+        if plan.keep_heads:  # (a sublayer removed whole keeps no bias)
             keep = head_rows(plan.keep_heads, view.head_dim)
             plan.biases[view.spec.o_path] = self._bias(view.o_proj, stats["attn"], keep)
-        if plan.keep_channels is not None:
+        if plan.keep_channels:
             keep = torch.as_tensor(plan.keep_channels)
             plan.biases[view.spec.mlp_out_path] = self._bias(view.mlp_out, stats["mlp"], keep)
