@@ -86,6 +86,59 @@ def _block_allocate(block: int):
     return allocate
 
 
+_INFLUENCE: dict[int, list[float]] = {}
+
+
+@torch.no_grad()
+def attention_influence(model, spec, ids: torch.Tensor, windows: int = 8) -> list[float]:
+    """Per layer, `1 − mean_t cos(h_t, h_t + a_t)`: how much the attention sublayer turns the residual stream (the
+    block influence of ShortGPT, on the attention alone), over the first `windows` calibration windows."""
+    key = id(model)
+    if key in _INFLUENCE:
+        return _INFLUENCE[key]
+    layers = get_layers(model, spec)
+    seen: dict[int, torch.Tensor] = {}
+    sums = [0.0] * len(layers)
+    count = 0
+
+    def before(i):
+        return lambda mod, args: seen.__setitem__(i, args[0].double())
+
+    def after(i):
+        def hook(mod, args):
+            sums[i] += float((1 - torch.nn.functional.cosine_similarity(seen[i], args[0].double(), dim=-1)).sum())
+
+        return hook
+
+    handles = [layer.input_layernorm.register_forward_pre_hook(before(i)) for i, layer in enumerate(layers)]
+    handles += [layer.post_attention_layernorm.register_forward_pre_hook(after(i)) for i, layer in enumerate(layers)]
+    try:
+        for row in ids[:windows]:
+            model(input_ids=row[None], use_cache=False)
+            count += row.numel()
+    finally:
+        for h in handles:
+            h.remove()
+    _INFLUENCE[key] = [x / count for x in sums]
+    return _INFLUENCE[key]
+
+
+def _noop_allocate(k: int, influence: list[float], block: int):
+    """`allocate` removing the attention of the `k` layers (never layer 0) whose attention turns the residual stream
+    least (`attention_influence`), and MLP channels in blocks for the rest of the budget."""
+
+    def allocate(units, ratio, total_cost, mode="global", head_weight=1.0):
+        order = sorted(range(1, len(units)), key=lambda i: influence[i])[:k]
+        heads = [list(range(u.head_scores.numel())) if i in order else [] for i, u in enumerate(units)]
+        attn = sum(u.head_cost * u.head_scores.numel() for i, u in enumerate(units) if i in order)
+        scores = [u.channel_scores for u in units]
+        costs = [u.channel_cost for u in units]
+        chans = allocate_channel_blocks(scores, costs, max(ratio * total_cost - attn, 0.0), block)
+        return heads, chans
+
+    return allocate
+
+
 def _budget_allocate(layer_ratios: list[float], layer_totals: list[float]):
     """`allocate` replaced by the library's per-layer budgets (`allocate_per_layer`) with the given ratios."""
 
@@ -164,6 +217,10 @@ def prune_variant(variants, dense, spec, name, ratio, round_to, stats, calib_ids
         ctx = _patched(structured_mod, "allocate", _pooled_allocate(*pool_totals))
     elif opts.get("split"):
         ctx = _patched(structured_mod, "allocate", _split_allocate(*opts["split"]))
+    elif opts.get("noop_attention") is not None:
+        influence = attention_influence(dense, spec, calib_ids)
+        info["attention_influence"] = influence
+        ctx = _patched(structured_mod, "allocate", _noop_allocate(opts["noop_attention"], influence, 256))
     elif opts.get("mlp_blocks"):
         ctx = _patched(structured_mod, "allocate", _block_allocate(opts["mlp_blocks"]))
     elif opts.get("budgets_from"):

@@ -206,6 +206,14 @@ for _m, _cls, _name in (("np", NumericalConfig, "NP"), ("flap", FLAPConfig, "FLA
             ),
         }
     )
+for _m, _cls, _name in (("np", NumericalConfig, "NP"), ("flap", FLAPConfig, "FLAP")):
+    for _k in (2, 4, 8):
+        VARIANTS[f"{_m}_nobias_noop{_k}"] = (
+            _cls,
+            _NOBIAS[_cls],
+            {"noop_attention": _k},
+            f"{_name}, no bias: attention removed in the {_k} layers it changes least, MLP in blocks of 256",
+        )
 SCREEN = ["flap", "np_prev", "np_unit", "np_unit_bias", "np_unit_pools", "np_unit_owl", "np_unit_flapbudget"]
 
 
