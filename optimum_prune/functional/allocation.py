@@ -14,6 +14,7 @@ __all__ = [
     "allocate",
     "allocate_channel_blocks",
     "allocate_per_layer",
+    "allocate_servable",
     "literal_head_weight",
     "outlier_fraction",
     "owl_layer_ratios",
@@ -236,3 +237,32 @@ def allocate_channel_blocks(
         next_pos[li] += 1
         done += c
     return [sorted(r) for r in removed]
+
+
+def allocate_servable(
+    units: list[LayerUnits], ratio: float, total_cost: float, block: int, attention_layers: list[int] = ()
+):
+    """Units to remove with shapes the DeciLM format holds: the attention of `attention_layers` whole (every
+    attention unit of those layers), the rest of the budget in MLP channel blocks (`allocate_channel_blocks`).
+
+    Returns:
+        `(removed_heads, removed_channels)` as `allocate`.
+    """
+    gone = set(attention_layers)
+    heads = [list(range(u.head_scores.numel())) if i in gone else [] for i, u in enumerate(units)]
+    attn = sum(u.head_cost * len(h) for u, h in zip(units, heads))
+    chans = allocate_channel_blocks(
+        [u.channel_scores for u in units], [u.channel_cost for u in units], max(ratio * total_cost - attn, 0.0), block
+    )
+    reachable = attn + sum(
+        (u.channel_scores.numel() - block) * u.channel_cost
+        for u in units
+        if u.channel_scores is not None and u.channel_scores.numel() > block
+    )
+    if ratio * total_cost - reachable > block * max((u.channel_cost for u in units), default=0.0):
+        raise ValueError(
+            f"pruning_ratio={ratio} cannot be reached with allocation='servable': keeping one block of {block} MLP "
+            f"channels in every pruned layer allows removing at most {reachable / total_cost:.3f} of the "
+            "attention+MLP parameters. Lower `pruning_ratio`, or use allocation='global'."
+        )
+    return heads, chans

@@ -40,6 +40,7 @@ __all__ = [
     "deci_problems",
     "ffn_mult",
     "pruned_rows",
+    "servable_problems",
     "write_config_code",
 ]
 
@@ -118,6 +119,25 @@ def deci_problems(model: nn.Module, spec: ArchitectureSpec | None = None) -> lis
             problems.append(f"{where} {reason}")
     if rows[0]["num_attention_heads"] == 0:
         problems.append("layer 0 has no attention (vLLM and SGLang start the residual stream in layer 0's attention)")
+    return problems
+
+
+def servable_problems(model: nn.Module, spec: ArchitectureSpec, skip_layers=()) -> list[str]:
+    """Why pruning `model` (dense, or pruned so far only by whole sublayers and MLP channels) cannot give a model
+    the DeciLM format holds, whatever is removed (empty when it can)."""
+    config = model.config
+    base = _base(config)
+    if base not in BASES:
+        return [f"it is a {base!r} model (the format's block is Llama's: {', '.join(BASES)})"]
+    problems = []
+    rows = layer_table(model, spec)
+    heads, hidden = config.num_attention_heads, config.hidden_size
+    if any(r["num_attention_heads"] not in (0, heads) or "qk_head_dim" in r for r in rows) or hidden % heads:
+        problems.append("its layers do not all keep every query head of hidden_size / heads dimensions")
+    if any(r["intermediate_size"] % FFN_MULTIPLE for i, r in enumerate(rows) if i not in skip_layers):
+        problems.append(f"its MLP width is not a multiple of {FFN_MULTIPLE} (the readers' widths are)")
+    if any(r["biases"] for r in rows):
+        problems.append("its projections have biases (SGLang and TensorRT-LLM read none)")
     return problems
 
 

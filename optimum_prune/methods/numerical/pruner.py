@@ -64,6 +64,9 @@ class NumericalPruner(StructuredPruner):
     def keep_stats(self) -> bool:
         return self.config.compensate
 
+    def adds_biases(self) -> bool:
+        return self.config.refit_bias
+
     def layer_stats(self, view: LayerView):
         out = {}
         if self.config.prune_attention:
