@@ -8,6 +8,7 @@ import string
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from llamacpp_converter import convert
@@ -177,6 +178,19 @@ def test_llama_cpp_converter_reads_the_deci_directory(tmp_path):
     assert found.keys() == expected.keys()
     for name, tensor in expected.items():
         torch.testing.assert_close(found[name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_mlx_lm_runs_the_deci_directory(tmp_path):
+    """MLX's own DeciLM model (mlx-lm's `nemotron-nas`, its CPU build) loads the directory and computes our logits."""
+    mx = pytest.importorskip("mlx.core", reason="mlx-lm has builds for Linux x86-64 and macOS only (the dev extra)")
+    from mlx_lm.utils import load_model
+
+    model = _deci_model()
+    out = save_pruned_model(model, tmp_path / "out")
+    mlx_model, _ = load_model(out)
+    ids = calibration_ids(2, 24, seed=7)
+    got = torch.from_numpy(np.array(mlx_model(mx.array(ids.numpy())).astype(mx.float32)))
+    torch.testing.assert_close(got, logits(model, ids), rtol=0, atol=1e-4)
 
 
 def test_the_configuration_code_loads_without_optimum_prune(tmp_path):
