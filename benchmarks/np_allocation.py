@@ -207,8 +207,24 @@ for _m, _cls, _name in (("np", NumericalConfig, "NP"), ("flap", FLAPConfig, "FLA
             ),
         }
     )
+VARIANTS.update(
+    {
+        "np_servable_s1": (
+            _NP,
+            {"allocation": "servable", "compensation_strength": 1.0},
+            {},
+            "NP, allocation='servable', full refit",
+        ),
+        "np_servable_num": (
+            _NP,
+            {"allocation": "servable", "scores": "numerical"},
+            {},
+            "NP, allocation='servable', numerical scores",
+        ),
+    }
+)
 for _m, _cls, _name in (("np", NumericalConfig, "NP"), ("flap", FLAPConfig, "FLAP")):
-    for _k in (2, 4, 8):
+    for _k in (1, 2, 4, 8):
         VARIANTS[f"{_m}_nobias_noop{_k}"] = (
             _cls,
             _NOBIAS[_cls],

@@ -61,14 +61,29 @@ def converter_dir() -> Path:
     return target
 
 
-def convert(model_dir: str | os.PathLike, outfile: str | os.PathLike, outtype: str = "f32") -> str:
+# llama.cpp's DeciLM converter writes the vocabulary of Llama 3 (128256 tokens) or of a SentencePiece-style tokenizer
+# and stops on any other (SmolLM2's byte-level BPE). `convert(..., gpt2_vocab=True)` runs the same script with the
+# DeciLM class's vocabulary step swapped for the converter's own byte-level BPE one (`_set_vocab_gpt2`, which every
+# GPT-2-style model class of the converter uses); the hyperparameters and tensors are still the DeciLM class's.
+_GPT2_VOCAB = (
+    "import runpy, sys; sys.path[:0] = [{folder!r}, {folder!r} + '/gguf-py']; import conversion.deci as d; "
+    "d.DeciModel.set_vocab = lambda self: self._set_vocab_gpt2(); sys.argv = {argv!r}; "
+    "runpy.run_path('convert_hf_to_gguf.py', run_name='__main__')"
+)
+
+
+def convert(
+    model_dir: str | os.PathLike, outfile: str | os.PathLike, outtype: str = "f32", gpt2_vocab: bool = False
+) -> str:
     """Run llama.cpp's `convert_hf_to_gguf.py` on `model_dir` in a fresh interpreter (which never imports
-    optimum_prune; stdin closed, as in a script); returns its log. Raises `RuntimeError` with the log when it fails."""
+    optimum_prune; stdin closed, as in a script); returns its log. Raises `RuntimeError` with the log when it fails.
+    `gpt2_vocab`: see `_GPT2_VOCAB` above."""
     folder = converter_dir()
-    cmd = [sys.executable, str(folder / "convert_hf_to_gguf.py"), str(model_dir), "--outfile", str(outfile)]
-    done = subprocess.run(
-        [*cmd, "--outtype", outtype], cwd=folder, stdin=subprocess.DEVNULL, capture_output=True, text=True
-    )
+    argv = ["convert_hf_to_gguf.py", str(model_dir), "--outfile", str(outfile), "--outtype", outtype]
+    cmd = [sys.executable, *argv]
+    if gpt2_vocab:
+        cmd = [sys.executable, "-c", _GPT2_VOCAB.format(folder=str(folder), argv=argv)]
+    done = subprocess.run(cmd, cwd=folder, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     log = done.stdout + done.stderr
     if done.returncode:
         raise RuntimeError(f"convert_hf_to_gguf.py failed on {model_dir}:\n{log[-4000:]}")
