@@ -45,7 +45,7 @@ from .modeling.auto_classes import (
     pruned_classes,
     register_pruned_architectures,
 )
-from .modeling.decilm import BASE_KEY, DECI_MODEL_TYPE, DeciLMConfig, deci_config, deci_problems, pruned_rows
+from .modeling.decilm import DECI_MODEL_TYPE, DeciLMConfig, deci_config, deci_problems
 from .modeling.decilm import write_config_code as write_deci_code
 from .report import layer_table
 from .runtime.sharded import save_streamed_
@@ -299,24 +299,6 @@ def _format_name(config) -> str:
     return "optimum-prune per-layer" if config.model_type.startswith(PRUNED_MODEL_TYPE_PREFIX) else "stock"
 
 
-def _from_deci(config: DeciLMConfig):
-    """The optimum-prune per-layer config of a DeciLM checkpoint (the base decoder, each layer's shapes)."""
-    base = getattr(config, BASE_KEY, None) or "llama"
-    rows = pruned_rows(config)
-    data = {k: v for k, v in config.to_dict().items() if k not in ("block_configs", "auto_map", "architectures")}
-    for key in ("rope_scaling", BASE_KEY):
-        data.pop(key, None)
-    data.update(
-        num_key_value_heads=max(max(r["num_key_value_heads"] for r in rows), 1),
-        intermediate_size=max(max(r["intermediate_size"] for r in rows), 1),
-        head_dim=config.hidden_size // config.num_attention_heads,
-    )
-    config_cls, model_cls = pruned_classes(base, "causal-lm")
-    out = config_cls.from_dict({**data, "model_type": config_cls.model_type, "pruned_layers": rows})
-    out.architectures = [model_cls.__name__]
-    return out
-
-
 def load_pruned_model(path: str | os.PathLike, task: str | None = None, **kwargs: Any) -> nn.Module:
     """Load any checkpoint written by `save_pruned_model`, exactly: missing, unexpected or resized tensors are errors.
 
@@ -328,10 +310,7 @@ def load_pruned_model(path: str | os.PathLike, task: str | None = None, **kwargs
     """
 
     register_pruned_architectures()
-    config = AutoConfig.from_pretrained(path)
-    if config.model_type == DECI_MODEL_TYPE:
-        kwargs.setdefault("config", _from_deci(config))
-    saved_task, auto_cls = auto_class_for_config(config)
+    saved_task, auto_cls = auto_class_for_config(AutoConfig.from_pretrained(path))
     if task is not None and task != saved_task:
         raise ValueError(
             f"{path} holds a model for {saved_task}, not for {task}: load it with "

@@ -89,6 +89,31 @@ class DeciLMConfig(PretrainedConfig):
         self.mlp_bias = mlp_bias
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
 
+    def layer_shapes(self) -> list[dict[str, Any]]:
+        """Per layer: `num_attention_heads`, `num_key_value_heads`, `head_dim`, `intermediate_size` (0 for a `no_op`
+        sublayer) and `biases` (none)."""
+        heads, hidden = self.num_attention_heads, self.hidden_size
+        rows = []
+        for i, block in enumerate(self.block_configs):
+            attn, ffn = block.attention, block.ffn
+            for section, name in ((attn, "attention"), (ffn, "ffn")):
+                if getattr(section, "replace_with_linear", False) or getattr(section, "sparsify", None):
+                    raise ValueError(
+                        f"Layer {i}'s {name} is a DeciLM variant this reader does not build: {vars(section)}"
+                    )
+            attn_noop, ffn_noop = bool(getattr(attn, "no_op", False)), bool(getattr(ffn, "no_op", False))
+            width = 0 if ffn_noop else getattr(ffn, "intermediate_size", None) or ffn_width(ffn.ffn_mult, hidden)
+            rows.append(
+                {
+                    "num_attention_heads": 0 if attn_noop else heads,
+                    "num_key_value_heads": 0 if attn_noop else heads // attn.n_heads_in_group,
+                    "head_dim": hidden // heads,
+                    "intermediate_size": int(width),
+                    "biases": [],
+                }
+            )
+        return rows
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON form, with the rotary settings both as `rope_theta` + `rope_scaling` (`None` for plain RoPE) and
         as `rope_parameters`, and the dtype as `torch_dtype` and `dtype`: the keys of every reader, whichever

@@ -26,9 +26,9 @@ from typing import Any
 
 from torch import nn
 
-from ..report import layer_table
+from ..constants import DECI_BASE_KEY
 from . import configuration_decilm
-from .architectures import ArchitectureSpec, get_spec
+from .architectures import ArchitectureSpec, get_layers, get_spec, layer_view
 from .configuration_decilm import DeciLMConfig, ffn_width
 
 __all__ = [
@@ -39,7 +39,6 @@ __all__ = [
     "deci_config",
     "deci_problems",
     "ffn_mult",
-    "pruned_rows",
     "servable_problems",
     "write_config_code",
 ]
@@ -49,7 +48,6 @@ logger = logging.getLogger(__name__)
 DECI_MODEL_TYPE = DeciLMConfig.model_type
 FFN_MULTIPLE = 256  # the readers round every MLP width up to a multiple of this
 BASES = ("llama", "mistral")  # model types whose decoder is the DeciLM block
-BASE_KEY = "optimum_prune_base_model_type"  # config.json: the model type a loader rebuilds the layers with
 CODE_FILE = "configuration_decilm.py"
 # config keys copied from the base model's config (the rest of config.json is written here)
 _COPIED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "hidden_act", "rms_norm_eps",
@@ -69,6 +67,24 @@ def _base(config) -> str:
     return config.model_type.removeprefix("optimum_pruned_")
 
 
+def _rows(model: nn.Module, spec: ArchitectureSpec) -> list[dict[str, Any]]:
+    """Per layer: query / KV heads, head_dim, MLP width, projections with a bias, whether head dims were pruned."""
+    rows = []
+    for i, layer in enumerate(get_layers(model, spec)):
+        v = layer_view(layer, i, spec, model.config)
+        rows.append(
+            {
+                "num_attention_heads": v.num_heads,
+                "num_key_value_heads": v.num_kv_heads,
+                "head_dim": v.head_dim,
+                "intermediate_size": v.intermediate_size,
+                "biases": [p for p, m in v.linears().items() if getattr(m, "bias", None) is not None],
+                "pair_shaped": v.pair_shaped,
+            }
+        )
+    return rows
+
+
 def deci_problems(model: nn.Module, spec: ArchitectureSpec | None = None) -> list[str]:
     """Why `model` cannot be written in the DeciLM format (empty when it can), one reason per entry."""
     config = model.config
@@ -79,7 +95,7 @@ def deci_problems(model: nn.Module, spec: ArchitectureSpec | None = None) -> lis
             "Qwen 3 and Gemma 3 q/k norms, Gemma 3 its own norms and activation)"
         ]
     spec = spec or get_spec(model)
-    rows = layer_table(model, spec)
+    rows = _rows(model, spec)
     heads, hidden = config.num_attention_heads, config.hidden_size
     problems = []
     if hidden % heads or rows[0]["head_dim"] != hidden // heads:
@@ -94,7 +110,7 @@ def deci_problems(model: nn.Module, spec: ArchitectureSpec | None = None) -> lis
         return f"layers {found[:6]}{'...' if len(found) > 6 else ''}" if found else ""
 
     checks = [
-        (lambda r: "qk_head_dim" in r, "have pruned head dimensions (one head width for the whole model)"),
+        (lambda r: r["pair_shaped"], "have pruned head dimensions (one head width for the whole model)"),
         (
             lambda r: r["num_attention_heads"] not in (0, heads),
             f"keep some of the {heads} query heads (every attention sublayer has all of them)",
@@ -130,9 +146,9 @@ def servable_problems(model: nn.Module, spec: ArchitectureSpec, skip_layers=()) 
     if base not in BASES:
         return [f"it is a {base!r} model (the format's block is Llama's: {', '.join(BASES)})"]
     problems = []
-    rows = layer_table(model, spec)
+    rows = _rows(model, spec)
     heads, hidden = config.num_attention_heads, config.hidden_size
-    if any(r["num_attention_heads"] not in (0, heads) or "qk_head_dim" in r for r in rows) or hidden % heads:
+    if any(r["num_attention_heads"] not in (0, heads) or r["pair_shaped"] for r in rows) or hidden % heads:
         problems.append("its layers do not all keep every query head of hidden_size / heads dimensions")
     if any(r["intermediate_size"] % FFN_MULTIPLE for i, r in enumerate(rows) if i not in skip_layers):
         problems.append(f"its MLP width is not a multiple of {FFN_MULTIPLE} (the readers' widths are)")
@@ -142,7 +158,7 @@ def servable_problems(model: nn.Module, spec: ArchitectureSpec, skip_layers=()) 
 
 
 def deci_blocks(rows: list[dict[str, Any]], num_heads: int, hidden_size: int) -> list[dict[str, Any]]:
-    """`block_configs` of per-layer shapes (`layer_table` rows) that `deci_problems` accepts."""
+    """`block_configs` of per-layer shapes (heads, KV heads, MLP width per layer) that `deci_problems` accepts."""
     blocks = []
     for r in rows:
         attn_noop, ffn_noop = r["num_attention_heads"] == 0, r["intermediate_size"] == 0
@@ -179,7 +195,7 @@ def deci_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> DeciL
     theta, scaling = _legacy_rope(config)
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     dtype = str(dtype).removeprefix("torch.") if dtype is not None else None
-    blocks = deci_blocks(layer_table(model, spec), config.num_attention_heads, config.hidden_size)
+    blocks = deci_blocks(_rows(model, spec), config.num_attention_heads, config.hidden_size)
     data.update(
         block_configs=blocks,
         rope_theta=theta,
@@ -193,7 +209,7 @@ def deci_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> DeciL
         torch_dtype=dtype,
         architectures=["DeciLMForCausalLM"],
         auto_map={"AutoConfig": f"{CODE_FILE.removesuffix('.py')}.DeciLMConfig"},
-        **{BASE_KEY: _base(config)},
+        **{DECI_BASE_KEY: _base(config)},
     )
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         logger.warning(
@@ -207,30 +223,3 @@ def deci_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> DeciL
 def write_config_code(directory: Path) -> None:
     """Copy the configuration code `config.json`'s `auto_map` names into `directory`."""
     shutil.copyfile(inspect.getsourcefile(configuration_decilm), Path(directory) / CODE_FILE)
-
-
-def pruned_rows(config: DeciLMConfig) -> list[dict[str, Any]]:
-    """Per-layer shapes (`layer_table` rows) of a DeciLM config."""
-    heads, hidden = config.num_attention_heads, config.hidden_size
-    rows = []
-    for i, block in enumerate(config.block_configs):
-        attn, ffn = block.attention, block.ffn
-        for section, name in ((attn, "attention"), (ffn, "ffn")):
-            if getattr(section, "replace_with_linear", False) or getattr(section, "sparsify", None):
-                raise ValueError(
-                    f"Layer {i}'s {name} is a DeciLM variant optimum-prune does not load ({vars(section)})."
-                )
-        attn_noop, ffn_noop = bool(getattr(attn, "no_op", False)), bool(getattr(ffn, "no_op", False))
-        width = getattr(ffn, "intermediate_size", None)
-        if width is None and not ffn_noop:
-            width = ffn_width(ffn.ffn_mult, hidden)
-        rows.append(
-            {
-                "num_attention_heads": 0 if attn_noop else heads,
-                "num_key_value_heads": 0 if attn_noop else heads // attn.n_heads_in_group,
-                "head_dim": hidden // heads,
-                "intermediate_size": 0 if ffn_noop else int(width),
-                "biases": [],
-            }
-        )
-    return rows
