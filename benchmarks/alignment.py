@@ -22,6 +22,7 @@ Writes `<output>.json` after every model (a partial run keeps what finished) and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import json
@@ -50,7 +51,7 @@ from optimum_prune import (  # noqa: E402
 from optimum_prune.calibration.data import get_calibration_batches  # noqa: E402
 from optimum_prune.export import export_gguf  # noqa: E402
 from optimum_prune.modeling.architectures import get_spec  # noqa: E402
-from optimum_prune.report import layer_table  # noqa: E402
+from optimum_prune.modeling.shapes import layer_table  # noqa: E402
 
 logger = logging.getLogger("benchmarks.alignment")
 
@@ -146,6 +147,16 @@ def markdown(result: dict[str, Any]) -> str:
             f"{both(lc, 'prefill_speedup')} | "
             f"{both(lc, 'decode_speedup')} | {fmt(r.get('q8_0_mb'), '{:.1f}')} |"
         )
+    if "documents" in dense:
+        lines += ["", "Perplexity with its interval; Δ: against the same method with `round_to=1`:", ""]
+        texts = [(f"ppl_{k}", harness.text_label(t)) for t, k in TEXT_KEYS.items() if f"ppl_{k}" in dense]
+        base = {r["method"]: r for r in result["runs"] if r["round_to"] == 1}
+        rows = [{"group": "–", "label": "dense", "ppl": dense, "docs": dense["documents"], "ref": None}]
+        for r in result["runs"]:
+            b = None if r["round_to"] == 1 else base.get(r["method"])
+            rows.append({"group": str(r["round_to"]), "label": LABELS[r["method"]], "ppl": r,
+                         "docs": r.get("documents"), "ref": b and {"ppl": b, "docs": b.get("documents")}})  # fmt: skip
+        lines += harness.interval_table(rows, texts, group="round_to", baseline="round_to=1")
     for note in result.get("notes", []):
         lines += ["", note]
     if result.get("partial"):
@@ -167,10 +178,12 @@ def main(argv=None) -> int:
     calib_ids = protocol.calibration_ids(tok, args.num_samples, args.seq_len)
     prompt = prompt_ids(protocol, tok, args.prompt_len)
 
-    def ppl(model) -> dict[str, float]:
-        texts = protocol.perplexities(model, tok)
+    def ppl(model) -> dict[str, Any]:
+        texts, docs = protocol.evaluate(model, tok)
         result["protocol"] = protocol.record()
-        return {f"ppl_{TEXT_KEYS[t]}": x for t, x in texts.items()}
+        out: dict[str, Any] = {f"ppl_{TEXT_KEYS[t]}": x for t, x in texts.items()}
+        out["documents"] = {f"ppl_{TEXT_KEYS[t]}": d for t, d in docs.items()}
+        return out
 
     env = harness.environment(argv, "alignment.py")
     result: dict[str, Any] = {
@@ -191,14 +204,17 @@ def main(argv=None) -> int:
     speed_round_to = {
         m: (args.round_to if m in args.speed_all else [r for r in args.round_to if r in (1, 64)]) for m in args.methods
     }
-    with harness.reuse_calibration_stats():  # the runs of one method differ only after the calibration pass
+    # the runs of one method differ only after the calibration pass
+    with contextlib.nullcontext(harness.CalibrationStatsCache()) as cache:
         for method in args.methods:
             kept: dict[str, torch.nn.Module] = {}
             runs = {}
             for rt in args.round_to:
                 model = copy.deepcopy(dense)
                 config = METHODS[method](pruning_ratio=args.ratio, round_to=rt)
-                report = prune_(model, config, calib_ids if needs_calibration(config) else None, tokenizer=tok)
+                report = prune_(
+                    model, config, calib_ids if needs_calibration(config) else None, tokenizer=tok, stats_cache=cache
+                )
                 name = f"{method}_rt{rt}"
                 table = layer_table(model, get_spec(model))
                 run = runs[name] = {
@@ -321,7 +337,7 @@ def q8_0_megabytes(model: torch.nn.Module) -> float:
 def needs_calibration(config) -> bool:
     from optimum_prune.methods.registry import get_pruner_class
 
-    return get_pruner_class(config.method)(config).needs_calibration
+    return get_pruner_class(config.method)(config).requires_calibration
 
 
 if __name__ == "__main__":

@@ -41,9 +41,10 @@ from optimum_prune.methods.amp.equilibrium import (  # noqa: E402
     refit_kept,
 )
 from optimum_prune.methods.amp.functional import _DataTerm, amp_masks, binarize, relative_attention_error  # noqa: E402
-from optimum_prune.methods.amp.pruner import AMPPruner, _qk  # noqa: E402
+from optimum_prune.methods.amp.pruner import AMPPruner  # noqa: E402
 from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune  # noqa: E402
 from optimum_prune.methods.wanda.functional import wanda_scores  # noqa: E402
+from optimum_prune.modeling.access import qk_weights  # noqa: E402
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view  # noqa: E402
 
 RANKINGS = {  # name -> (binarize score, per)
@@ -186,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", type=Path, default=harness.RESULTS_DIR / "amp_regimes_smollm2.json")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--render-only", action="store_true")
+    harness.add_tree_args(p)
     args = p.parse_args(argv)
     out = args.output.with_suffix(".json")
     if args.render_only:
@@ -198,18 +200,19 @@ def main(argv: list[str] | None = None) -> int:
     result.update({k: v for k, v in env.items() if k != "command"})
     model, tok, result["setup"]["model"] = harness.load_model(args)
     # an error study on the calibration windows themselves: only the selection split's calibration documents
+    harness.require_clean_tree(args)
     protocol = harness.Protocol(split="selection", seed=args.seed, eval_texts=())
     ids = protocol.calibration_ids(tok, args.num_samples, args.seq_len)
     result["protocol"] = protocol.record()
     spec = get_spec(model)
     run = LayerwiseRunner(model, spec, ids, batch_size=8)
     layers = [int(x) for x in args.layers.split(",")]
-    capture = AMPPruner(AMPConfig())._capture
+    capture = AMPPruner(AMPConfig()).capture
     for i in range(max(layers) + 1):
         if i in layers and str(i) not in result["layers"]:
             view = layer_view(get_layers(model, spec)[i], i, spec, model.config)
             print(f"layer {i}", flush=True)
-            Wq, bq, Wk, bk = _qk(view)
+            Wq, bq, Wk, bk = qk_weights(view)
             rec = study_layer(capture(run, view)[0], Wq, Wk, bq, bk, args.rho, args.cg_steps, args.refit_steps)
             result["layers"][str(i)] = rec
             harness.write_results(result, out, "amp_regimes")

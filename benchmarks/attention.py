@@ -52,9 +52,10 @@ from optimum_prune.calibration.stats import GramStats  # noqa: E402
 from optimum_prune.functional.masks import keep_mask  # noqa: E402
 from optimum_prune.methods.amp.blocked import causal_blocks  # noqa: E402
 from optimum_prune.methods.amp.functional import amp_masks, relative_attention_error  # noqa: E402
-from optimum_prune.methods.amp.pruner import AMPPruner, _qk  # noqa: E402
+from optimum_prune.methods.amp.pruner import AMPPruner  # noqa: E402
 from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune  # noqa: E402
 from optimum_prune.methods.wanda.functional import wanda_scores  # noqa: E402
+from optimum_prune.modeling.access import qk_weights as layer_qk  # noqa: E402
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view, weight_oi  # noqa: E402
 
 RESULTS = harness.RESULTS_DIR
@@ -80,7 +81,7 @@ def mlp_config(method: str, sparsity: float):
     return {"wanda": WandaConfig, "sparsegpt": SparseGPTConfig}[method](sparsity=sparsity, targets=["mlp"])
 
 
-_SECTIONS = ("dense", "rows", "stage1", "attention_error", "speed", "speed_other_runs", "protocol")
+_SECTIONS = ("dense", "rows", "stage1", "attention_error", "speed", "speed_other_runs", "protocol", "environment")
 
 
 def merge_disk(result: dict[str, Any], json_path: Path) -> None:
@@ -139,8 +140,8 @@ def error_study(model, ids, layers: list[int], rhos: list[float], steps: int, sp
     for i in range(max(layers) + 1):
         if i in layers:
             view = layer_view(get_layers(model, spec)[i], i, spec, model.config)
-            inp = AMPPruner(configs["amp"])._capture(run, view)[0]
-            Wq, bq, Wk, bk = _qk(view)
+            inp = AMPPruner(configs["amp"]).capture(run, view)[0]
+            Wq, bq, Wk, bk = layer_qk(view)
             X = torch.cat([x.reshape(-1, x.shape[-1]) for x in inp.xs]).float()
             H = GramStats(X.shape[1])
             H.update(X)
@@ -194,8 +195,8 @@ def speed_probe(model, ids, layers: int, steps: int, repeats: int = 3) -> dict[s
     fast, slow, cpu, cpu_slow, load, floor = [], [], [], [], [(harness.loadavg() or [None])[0]], None
     for i in range(layers):
         view = layer_view(get_layers(model, spec)[i], i, spec, model.config)
-        inp = pruner._capture(run, view)[0]
-        Wq, bq, Wk, bk = _qk(view)
+        inp = pruner.capture(run, view)[0]
+        Wq, bq, Wk, bk = layer_qk(view)
         floor = floor or flop_floor(inp)
         amp_masks(inp, Wq, Wk, bq, bk, steps=1, progress=False)  # warm-up
         for _ in range(repeats):
@@ -251,16 +252,19 @@ def main(argv: list[str] | None = None) -> int:
     protocol = harness.Protocol.from_args(args)
     ids = protocol.calibration_ids(tok, args.num_samples, args.seq_len)
 
-    def ppl(model) -> dict[str, float]:
-        texts = protocol.perplexities(model, tok)
+    def ppl(model) -> dict[str, Any]:
+        texts, docs = protocol.evaluate(model, tok)
         result["protocol"] = protocol.record()
-        return {f"ppl_{TEXT_KEYS[t]}": x for t, x in texts.items()}
+        out: dict[str, Any] = {f"ppl_{TEXT_KEYS[t]}": x for t, x in texts.items()}
+        out["documents"] = {f"ppl_{TEXT_KEYS[t]}": d for t, d in docs.items()}
+        return out
 
     calibration = {"source": "BBC news, calibration split of the protocol (seed)",
                    "num_samples": args.num_samples, "seq_len": args.seq_len, "seed": args.seed,
                    "ids_sum": int(ids.sum())}  # fmt: skip
     env = harness.environment(argv, "attention.py")
     result: dict[str, Any] = {
+        "environment": env,
         "setup": {
             "model": model_desc, "gguf_file": harness.model_source(args)[1], "threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(), "torch": torch.__version__, "optimum_prune": __version__,

@@ -27,6 +27,7 @@ Writes `<output>.json` after every step (a partial run keeps what finished) and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import json
@@ -123,7 +124,14 @@ def markdown(result: dict[str, Any]) -> str:
                   "|---|" + "---:|" * len(p["eval_texts"])]  # fmt: skip
         for name, m in result["models"].items():
             cells = [
-                " / ".join(_fmt(m.get("ppl_texts", {}).get(t, {}).get(k)) for k in ("transformers", *OUTTYPES))
+                " / ".join(
+                    harness.ppl_cell(
+                        m.get("ppl_texts", {}).get(t, {}).get("transformers"), m.get("documents", {}).get(t)
+                    )
+                    if k == "transformers"
+                    else _fmt(m.get("ppl_texts", {}).get(t, {}).get(k))
+                    for k in ("transformers", *OUTTYPES)
+                )
                 for t in p["eval_texts"]
             ]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -204,7 +212,9 @@ def main(argv=None) -> int:
     def measure(name: str, model: torch.nn.Module, extra: dict[str, Any]) -> None:
         entry = {**extra, "arch": gguf_layout(model)["arch"], "params": sum(p.numel() for p in model.parameters())}
         t0 = time.perf_counter()
-        ppl = {t: {"transformers": x} for t, x in protocol.perplexities(model, tok).items()}
+        scores, docs = protocol.evaluate(model, tok)
+        ppl = {t: {"transformers": x} for t, x in scores.items()}
+        entry["documents"] = docs
         for outtype in OUTTYPES:
             path = export_gguf(model, workdir / f"{name}.{outtype}.gguf", outtype, tokenizer=tok, overwrite=True)
             files[outtype][name] = str(path)
@@ -255,12 +265,15 @@ def main(argv=None) -> int:
         return path
 
     measure("dense", dense, {})
-    with harness.reuse_calibration_stats():  # every NP run shares one calibration pass (they differ only after it)
+    # every NP run shares one calibration pass (they differ only after it)
+    with contextlib.nullcontext(harness.CalibrationStatsCache()) as cache:
         for ratio in args.ratios:
             for allocation in args.allocations:
                 name = f"NP {int(round(ratio * 100))}% {ALLOCATION_NAMES[allocation]}"
                 model = copy.deepcopy(dense)
-                report = prune_(model, NumericalConfig(pruning_ratio=ratio, allocation=allocation), calib_ids)
+                report = prune_(
+                    model, NumericalConfig(pruning_ratio=ratio, allocation=allocation), calib_ids, stats_cache=cache
+                )
                 measure(name, model, {"ratio": ratio, "allocation": allocation, "measured_ratio": report.measured})
                 del model
                 gc.collect()

@@ -27,6 +27,7 @@ after fine-tuning, latency) against magnitude runs in `benchmarks/vision.py` (it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import json
@@ -34,6 +35,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
@@ -141,9 +143,12 @@ def spp_shape(args) -> dict:
     return {k: v for k, v in shape.items() if v is not None}
 
 
-def evaluate(model, tokenizer, protocol: harness.Protocol, args) -> dict[str, float]:
+def evaluate(model, tokenizer, protocol: harness.Protocol, args) -> dict[str, Any]:
+    """`{text key: perplexity, "documents": {text key: per-document sums}, "eval_s"}`."""
     t0 = time.perf_counter()
-    out = {TEXT_KEYS[t]: x for t, x in protocol.perplexities(model, tokenizer).items()}
+    ppl, docs = protocol.evaluate(model, tokenizer)
+    out: dict[str, Any] = {TEXT_KEYS[t]: x for t, x in ppl.items()}
+    out["documents"] = {TEXT_KEYS[t]: d for t, d in docs.items()}
     out["eval_s"] = time.perf_counter() - t0
     return out
 
@@ -222,7 +227,7 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
         "np": lambda r: NumericalConfig(pruning_ratio=r),
         "flap": lambda r: FLAPConfig(pruning_ratio=r),
     }
-    with harness.reuse_calibration_stats():
+    with contextlib.nullcontext(harness.CalibrationStatsCache()) as cache:
         for ratio in args.ratios:
             for method in [m for m in configs if args.rows is None or m in args.rows]:
                 key = f"{method}@{ratio}"
@@ -231,7 +236,7 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
                 model = copy.deepcopy(dense)
                 config = configs[method](ratio)
                 needs = method.startswith("np") or method == "flap" or config.compensate
-                report = prune_(model, config, calib if needs else None)
+                report = prune_(model, config, calib if needs else None, stats_cache=cache)
                 row = {"method": method, "ratio": ratio, "measured": report.measured, "params": report.params_after,
                        "prune_s": report.timings["total_s"], "config": report.config}  # fmt: skip
                 if method.startswith("spp"):

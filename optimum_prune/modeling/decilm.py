@@ -28,8 +28,9 @@ from torch import nn
 
 from ..constants import DECI_BASE_KEY
 from . import configuration_decilm
-from .architectures import ArchitectureSpec, get_layers, get_spec, layer_view
+from .architectures import ArchitectureSpec, get_spec
 from .configuration_decilm import DeciLMConfig, ffn_width
+from .shapes import layer_table
 
 __all__ = [
     "DECI_MODEL_TYPE",
@@ -67,24 +68,6 @@ def _base(config) -> str:
     return config.model_type.removeprefix("optimum_pruned_")
 
 
-def _rows(model: nn.Module, spec: ArchitectureSpec) -> list[dict[str, Any]]:
-    """Per layer: query / KV heads, head_dim, MLP width, projections with a bias, whether head dims were pruned."""
-    rows = []
-    for i, layer in enumerate(get_layers(model, spec)):
-        v = layer_view(layer, i, spec, model.config)
-        rows.append(
-            {
-                "num_attention_heads": v.num_heads,
-                "num_key_value_heads": v.num_kv_heads,
-                "head_dim": v.head_dim,
-                "intermediate_size": v.intermediate_size,
-                "biases": [p for p, m in v.linears().items() if getattr(m, "bias", None) is not None],
-                "pair_shaped": v.pair_shaped,
-            }
-        )
-    return rows
-
-
 def deci_problems(model: nn.Module, spec: ArchitectureSpec | None = None) -> list[str]:
     """Why `model` cannot be written in the DeciLM format (empty when it can), one reason per entry."""
     config = model.config
@@ -95,7 +78,7 @@ def deci_problems(model: nn.Module, spec: ArchitectureSpec | None = None) -> lis
             "Qwen 3 and Gemma 3 q/k norms, Gemma 3 its own norms and activation)"
         ]
     spec = spec or get_spec(model)
-    rows = _rows(model, spec)
+    rows = layer_table(model, spec)
     heads, hidden = config.num_attention_heads, config.hidden_size
     problems = []
     if hidden % heads or rows[0]["head_dim"] != hidden // heads:
@@ -110,7 +93,7 @@ def deci_problems(model: nn.Module, spec: ArchitectureSpec | None = None) -> lis
         return f"layers {found[:6]}{'...' if len(found) > 6 else ''}" if found else ""
 
     checks = [
-        (lambda r: r["pair_shaped"], "have pruned head dimensions (one head width for the whole model)"),
+        (lambda r: "qk_head_dim" in r, "have pruned head dimensions (one head width for the whole model)"),
         (
             lambda r: r["num_attention_heads"] not in (0, heads),
             f"keep some of the {heads} query heads (every attention sublayer has all of them)",
@@ -146,9 +129,9 @@ def servable_problems(model: nn.Module, spec: ArchitectureSpec, skip_layers=()) 
     if base not in BASES:
         return [f"it is a {base!r} model (the format's block is Llama's: {', '.join(BASES)})"]
     problems = []
-    rows = _rows(model, spec)
+    rows = layer_table(model, spec)
     heads, hidden = config.num_attention_heads, config.hidden_size
-    if any(r["num_attention_heads"] not in (0, heads) or r["pair_shaped"] for r in rows) or hidden % heads:
+    if any(r["num_attention_heads"] not in (0, heads) or "qk_head_dim" in r for r in rows) or hidden % heads:
         problems.append("its layers do not all keep every query head of hidden_size / heads dimensions")
     if any(r["intermediate_size"] % FFN_MULTIPLE for i, r in enumerate(rows) if i not in skip_layers):
         problems.append(f"its MLP width is not a multiple of {FFN_MULTIPLE} (the readers' widths are)")
@@ -195,7 +178,7 @@ def deci_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> DeciL
     theta, scaling = _legacy_rope(config)
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     dtype = str(dtype).removeprefix("torch.") if dtype is not None else None
-    blocks = deci_blocks(_rows(model, spec), config.num_attention_heads, config.hidden_size)
+    blocks = deci_blocks(layer_table(model, spec), config.num_attention_heads, config.hidden_size)
     data.update(
         block_configs=blocks,
         rope_theta=theta,
