@@ -94,7 +94,8 @@ class SPPPruner(BasePruner):
         if self._data is None:
             raise ValueError("The SPP search needs calibration data: pass `calibration=CalibrationConfig(...)`.")
         labels = self.config.labels_for(spec.modality)
-        data = search_dataset(model, self._data, self._source, labels=labels, seed=self.config.seed)
+        data = search_dataset(model, self._data, self._source, labels=labels, seed=self.config.seed,
+                              seq_len=self.config.search_seq_len)  # fmt: skip
         self.solution_path = run_search(model, spec, self.config, data, self._calibration)
         return self.solution_path
 

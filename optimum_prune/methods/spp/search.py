@@ -244,7 +244,8 @@ def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> 
     """Train `masks` (attached to the model by the context manager `attach`) with the Bregman dynamics of `config`
     on `data`; returns the optimizer's statistics, the support history, steps, seconds and the loss log."""
     if isinstance(data, torch.Tensor):  # (image models, sampled labels: see `search_dataset`)
-        data = search_dataset(model, data, labels=config.labels_for(get_spec(model).modality), seed=config.seed)
+        labels = config.labels_for(get_spec(model).modality)
+        data = search_dataset(model, data, labels=labels, seed=config.seed, seq_len=config.search_seq_len)
     dataset = data
     if len(dataset) == 0:
         raise ValueError("The calibration data is empty.")
@@ -279,6 +280,15 @@ def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> 
     }
 
 
+def _windows(data: Any) -> list[int] | None:
+    """`[examples, tokens each]` of token windows the search trained on (`[examples]` for images)."""
+    if isinstance(data, torch.Tensor) or not len(data):
+        return None
+    first = data[0]
+    ids = first.get("input_ids") if isinstance(first, dict) else None
+    return [len(data)] + ([int(ids.shape[-1])] if isinstance(ids, torch.Tensor) else [])
+
+
 def run_search(
     model: nn.Module, spec: ArchitectureSpec, config, data: Any, calibration: dict | None = None
 ) -> SolutionPath:
@@ -308,6 +318,7 @@ def run_search(
         "search_seconds": out["seconds"],
         "seed": config.seed,
         "calibration": calibration,
+        "windows": _windows(data),
         "loss_history": out["losses"],
         "nu": out["nu"],
     }
