@@ -244,11 +244,15 @@ def test_spp(tiny_dir, tmp_path):
     assert all(set(r["lora"]) >= {"bbc", "python", "kjv"} for r in result["rows"].values())
     assert set(result["unstructured"]) == {"spp_ria", "ria", "wanda"}
     assert "random@0.3" in result["ablation"] and "0.3" in result["speed"]
-    # a screen of a search setting: its own path, only the SPP row
+    # a screen of a search setting: its own path, only the SPP row; searched on the calibration ids (2 x 32) cut into
+    # windows of 16 tokens
     screen = _run("spp", [*base, "--workdir", str(tmp_path / "nu"), "--phases", "quality", "--rows", "spp",
-                          "--search-nu-scale", "2", "--search-labels", "dense"], tmp_path / "nu.json")  # fmt: skip
+                          "--search-nu-scale", "2", "--search-labels", "dense", "--search-view", "--search-window",
+                          "16"], tmp_path / "nu.json")  # fmt: skip
     assert set(screen["rows"]) == {"spp@0.3"} and screen["search"]["settings"]["nu_scale"] == 2.0
     assert screen["search"]["settings"]["search_labels"] == "dense"
+    assert screen["search"]["windows"] == [4, 16] and screen["search"]["calibration"] == [2, 32]
+    assert set(screen["rows"]["spp@0.3"]["kept"]) == {"attention", "mlp"}
 
 
 def test_unstructured(tiny_dir, tmp_path):
