@@ -133,8 +133,11 @@ def markdown(res: dict) -> str:
         f"{ {k: round(v, 1) for k, v in (search.get('nu') or {}).items()} }) on "
         f"{' × '.join(map(str, search.get('calibration') or ['the calibration']))} windows of the calibration split"
         + (" (the calibration ids above, sliced otherwise)" if search.get("view_of_calibration") else "")
-        + (f", cut into {' × '.join(map(str, search['windows']))} search windows"
-           if search.get("windows") and search["windows"] != search.get("calibration") else "")  # fmt: skip
+        + (
+            f", cut into {' × '.join(map(str, search['windows']))} search windows"
+            if search.get("windows") and search["windows"] != search.get("calibration")
+            else ""
+        )  # fmt: skip
         + f" in {_f(search.get('search_seconds'), '.0f')} s; units that entered the path: {search.get('entered')}; the "
         f"saved path is {_f((search.get('path_bytes') or 0) / 1e6, '.2f')} MB. Every ratio is then extracted from "
         "the saved path with `SPPConfig(pruning_ratio=r, solution_path=...)` (the refit of `o_proj` / `down_proj`, "
@@ -200,6 +203,11 @@ def markdown(res: dict) -> str:
                 lines.append(
                     f"- {ratio}" + (f", {NAMES[method]}" if method != "spp" else "") + f": {_kept(row, dense_layers)}"
                 )
+    costs = [(r, row) for r in a["ratios"] if (row := res["rows"].get(f"spp@{r}")) and "prune_norefit_s" in row]
+    if costs:
+        lines += ["", "Extracting a member from the saved path (s; the load average above): " + "; ".join(
+            f"{r}: {row['prune_s']:.1f} with the refit (its calibration pass {row['refit_s']:.1f}), "
+            f"{row['prune_norefit_s']:.2f} without" for r, row in costs) + "."]  # fmt: skip
     kept = [(ratio, method, row["kept"]) for ratio in a["ratios"] for method in ROWS
             if (row := res["rows"].get(f"{method}@{ratio}")) and row.get("kept") and method != "spp_random"]  # fmt: skip
     if kept:

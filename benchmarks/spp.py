@@ -76,9 +76,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--search-steps", type=int, default=None, help="SPP search steps (default: SPPConfig's)")
     p.add_argument("--search-samples", type=int, default=256, help="calibration windows SPP's search trains on")
     p.add_argument("--search-seq-len", type=int, default=128, help="their length in tokens")
-    p.add_argument("--search-view", action="store_true",
-                   help="the search trains on the calibration ids above (--num-samples x --calib-seq-len) reshaped to "
-                        "--search-seq-len tokens (the same tokens, sliced otherwise) instead of windows of their own")
+    p.add_argument(
+        "--search-view",
+        action="store_true",
+        help="the search trains on the calibration ids above (--num-samples x --calib-seq-len) reshaped to "
+        "--search-seq-len tokens (the same tokens, sliced otherwise) instead of windows of their own",
+    )
     p.add_argument("--search-window", default=None,
                    help="SPPConfig.search_seq_len (`none`: the windows as given; default: SPPConfig's)")  # fmt: skip
     p.add_argument("--search-batch-size", type=int, default=None, help="default: SPPConfig's")
@@ -265,6 +268,12 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
                        "kept": kept_fractions(model, dense)}  # fmt: skip
                 if method.startswith("spp"):
                     row["extract_s"] = report.info["extract_s"] + report.info.get("compensate_s", 0.0)
+                    row["refit_s"] = report.info.get("compensate_s")
+                    if method == "spp" and config.compensate:  # what the same member costs without the refit
+                        bare = copy.deepcopy(dense)
+                        cut = spp_config(args, ratio, solution_path=str(path_dir), compensate=False)
+                        row["prune_norefit_s"] = prune_(bare, cut).timings["total_s"]
+                        del bare
                     row["layers"] = [(x.get("qk_head_dim", x["head_dim"]), x.get("vo_head_dim", x["head_dim"]),
                                       x["intermediate_size"]) for x in report.layers]  # fmt: skip
                 row["pruned"] = evaluate(model, tokenizer, data, args)

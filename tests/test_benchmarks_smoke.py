@@ -284,6 +284,7 @@ def test_spp(tiny_dir, tmp_path):
     result = _run("spp", argv, tmp_path / "spp.json")
     _check_protocol(result)
     assert result["rows"]["spp_bias_s0.5@0.3"]["config"]["compensation_strength"] == 0.5
+    assert {"prune_norefit_s", "refit_s", "kept"} <= set(result["rows"]["spp@0.3"])  # extraction cost, widths
     assert set(result["rows"]) == {"spp@0.3", "np@0.3", "flap@0.3", "spp_random@0.3", "spp_bias_s0.5@0.3"} | (
         {"spp_norefit@0.3"} if SPPConfig().compensate else {"spp_refit@0.3"}
     )
