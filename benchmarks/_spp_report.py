@@ -138,7 +138,15 @@ def markdown(res: dict) -> str:
             if search.get("windows") and search["windows"] != search.get("calibration")
             else ""
         )  # fmt: skip
-        + f" in {_f(search.get('search_seconds'), '.0f')} s; units that entered the path: {search.get('entered')}; the "
+        + f" in {_f(search.get('search_seconds'), '.0f')} s"
+        + (f" ({search['search_cpu_seconds']:.0f} s of CPU time)" if search.get("search_cpu_seconds") else "")
+        + (
+            f" after {search['targets_seconds']:.0f} s ({search['targets_cpu_seconds']:.0f} s of CPU time) cutting the "
+            "windows and drawing their targets"
+            if search.get("targets_seconds") is not None
+            else ""
+        )
+        + "; units that entered the path: {search.get('entered')}; the "
         f"saved path is {_f((search.get('path_bytes') or 0) / 1e6, '.2f')} MB. Every ratio is then extracted from "
         "the saved path with `SPPConfig(pruning_ratio=r, solution_path=...)` (the refit of `o_proj` / `down_proj`, "
         "`compensate=True`, takes one calibration pass on the ids above; without it extraction needs no data). "

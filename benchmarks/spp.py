@@ -230,7 +230,8 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
                      "support": {k: v.tolist() for k, v in path.support.items()},
                      "path_bytes": sum(f.stat().st_size for f in path_dir.iterdir()), "settings": path.meta["search"],
                      "nu": path.meta.get("nu"), "calibration": list(search_calib.shape),
-                     "windows": path.meta.get("windows"), "view_of_calibration": args.search_view}  # fmt: skip
+                     "windows": path.meta.get("windows"), "view_of_calibration": args.search_view,
+                     **{k: path.meta.get(k) for k in ("targets_seconds", "targets_cpu_seconds")}}  # fmt: skip
     if "spearman_mlp" not in res["search"]:
         res["search"]["spearman_mlp"] = path_vs_magnitude(path, dense, calib)
     write(res, out)

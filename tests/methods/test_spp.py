@@ -727,7 +727,8 @@ def test_one_search_whatever_the_calibration_slicing():
     config = SPPConfig(**{**FAST, "search_seq_len": 16, "search_labels": "sampled"})
     paths = [AutoPruner(model).search_solution_path(config, calibration=x) for x in (ids, ids.view(16, 16))]
     assert [p.meta["windows"] for p in paths] == [[16, 16], [16, 16]] and paths[0].steps == config.steps
-    assert paths[0].meta["nu"] == paths[1].meta["nu"]
+    assert paths[0].meta["nu"] == paths[1].meta["nu"] and paths[0].meta["search_cpu_seconds"] > 0
+    assert {"targets_seconds", "targets_cpu_seconds"} <= set(paths[0].meta)  # the windows and labels, timed apart
     for key, st in paths[0].stats.items():
         assert all(torch.equal(st[s], paths[1].stats[key][s]) for s in ("entry", "z", "mask")), key
     whole = AutoPruner(model).search_solution_path(SPPConfig(**{**config.search_settings(), "search_seq_len": None,

@@ -254,7 +254,7 @@ def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> 
     config.check_search_length(total)  # before any step (an `epochs` search is checked here, on the data's size)
     settings = {**config.search_settings(), "check_search_length": config.check_search_length}
     optimizer = BregmanOptimizer(masks, settings, total)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with tempfile.TemporaryDirectory(prefix="optimum_prune_spp_") as tmp, _search_session(model, masks):
         args = _training_arguments(config, tmp)
         with attach, torch.enable_grad():
@@ -267,7 +267,7 @@ def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> 
             trainer.train()
         losses = [{"step": h["step"], "loss": h["loss"]} for h in trainer.state.log_history if "loss" in h]
         del trainer
-    seconds = time.perf_counter() - t0
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     logger.info("SPP search: %d steps in %.1f s, final support density %.3f", optimizer.steps, seconds,
                 optimizer.density())  # fmt: skip
     return {
@@ -276,6 +276,7 @@ def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> 
         "support": {k: torch.tensor(v) for k, v in optimizer.support.items()},
         "steps": optimizer.steps,
         "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
         "losses": losses,
     }
 
@@ -316,6 +317,7 @@ def run_search(
         "rotary": spec.rotary,
         "steps": out["steps"],
         "search_seconds": out["seconds"],
+        "search_cpu_seconds": out["cpu_seconds"],
         "seed": config.seed,
         "calibration": calibration,
         "windows": _windows(data),
