@@ -146,7 +146,7 @@ def markdown(res: dict) -> str:
             if search.get("targets_seconds") is not None
             else ""
         )
-        + "; units that entered the path: {search.get('entered')}; the "
+        + f"; units that entered the path: {search.get('entered')}; the "
         f"saved path is {_f((search.get('path_bytes') or 0) / 1e6, '.2f')} MB. Every ratio is then extracted from "
         "the saved path with `SPPConfig(pruning_ratio=r, solution_path=...)` (the refit of `o_proj` / `down_proj`, "
         "`compensate=True`, takes one calibration pass on the ids above; without it extraction needs no data). "
