@@ -215,6 +215,12 @@ VARIANTS.update(
             {},
             "NP, allocation='servable', full refit",
         ),
+        "np_servable_s0.5": (
+            _NP,
+            {"allocation": "servable", "compensation_strength": 0.5},
+            {},
+            "NP, allocation='servable', refit at strength 0.5",
+        ),
         "np_servable_num": (
             _NP,
             {"allocation": "servable", "scores": "numerical"},

@@ -71,7 +71,8 @@ class NumericalConfig(StructuredPruningConfig):
             refit, 0 keeps the kept weights (with `compensation_bias`, 0 is FLAP's bias compensation exactly: the
             bias restores the mean output of whatever weights are kept); between the two, the refit fits the
             calibration text less. `None`: 0.5 with the fluctuation metric (light ratios, where the full refit's
-            in-domain gain costs out of domain), 1 with the numerical scores.
+            in-domain gain costs out of domain), 1 with the numerical scores and with `allocation="servable"` (no
+            bias refit restores the mean a partial refit leaves).
         compensation_inputs (`str`, defaults to `"dense"`): `"dense"` refits on the dense model's inputs (the same
             Grams as the scores; the paper's setting, which leaves it implicit) or `"sequential"` (an extension, not in
             the paper): after the masks are fixed, layers are refitted in order on the inputs produced by the already
@@ -142,10 +143,10 @@ class NumericalConfig(StructuredPruningConfig):
     @property
     def refit_strength(self) -> float:
         """The fraction of the refit's change applied: `compensation_strength`, or with `None` `LIGHT_STRENGTH`
-        when the fluctuation metric ranks and 1 otherwise."""
+        when the fluctuation metric ranks (with the bias refit: not with `allocation="servable"`) and 1 otherwise."""
         if self.compensation_strength is not None:
             return float(self.compensation_strength)
-        return LIGHT_STRENGTH if self.resolved_scores == "fluctuation" else 1.0
+        return LIGHT_STRENGTH if self.resolved_scores == "fluctuation" and self.allocation != "servable" else 1.0
 
     @classmethod
     def paper(cls, pruning_ratio: float = 0.2, literal: bool = False, **kwargs) -> NumericalConfig:
