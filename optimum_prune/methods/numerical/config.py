@@ -87,7 +87,8 @@ class NumericalConfig(StructuredPruningConfig):
             kept weights (least squares with an intercept, on centred inputs; an extension, not in the paper). It
             subsumes FLAP's bias compensation (the removed channels' mean contribution) and adds bias parameters
             to those projections, as FLAP does. `None`: on with the fluctuation metric (whose variance is centred),
-            off with the numerical scores. Qwen3 / Gemma-3 GGUF exports take no such bias (set it to `False`).
+            off with the numerical scores and with `allocation="servable"`. Qwen3 / Gemma-3 GGUF exports take no
+            such bias (set it to `False`).
     """
 
     method = "numerical"
@@ -132,10 +133,11 @@ class NumericalConfig(StructuredPruningConfig):
 
     @property
     def refit_bias(self) -> bool:
-        """Whether the refit fits a bias: `compensation_bias`, or with `None` whether the fluctuation metric ranks."""
+        """Whether the refit fits a bias: `compensation_bias`, or with `None` whether the fluctuation metric ranks
+        (never with `allocation="servable"`, whose format has no bias)."""
         if self.compensation_bias is not None:
             return self.compensation_bias
-        return self.compensate and self.resolved_scores == "fluctuation"
+        return self.compensate and self.resolved_scores == "fluctuation" and self.allocation != "servable"
 
     @property
     def refit_strength(self) -> float:

@@ -298,6 +298,11 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._validate_search()
+        if self.allocation not in ("global", "uniform"):
+            raise ValueError(
+                f"SPPConfig takes allocation='global' or 'uniform', not {self.allocation!r} (SPP prunes head "
+                "dimensions, which the DeciLM format of allocation='servable' cannot hold)."
+            )
         _choice("pools", self.pools, ("separate", "per_kind", "cost_weighted"))
         _choice("statistic", self.statistic, ("entry_time", "step_record"))
         _choice("tie_break", self.tie_break, ("z", "gamma"))
