@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from optimum_prune import NumericalConfig
+from optimum_prune import FLAPConfig, NumericalConfig
 from optimum_prune.methods.numerical.functional import (
     compensate,
     compensate_with_bias,
@@ -455,6 +455,12 @@ def test_explicit_settings_win_over_the_auto_rule():
     assert NumericalConfig(pruning_ratio=0.1, compensation_strength=1.0).refit_strength == 1.0
     assert NumericalConfig(pruning_ratio=0.5, compensation_strength=0.0).refit_strength == 0.0
     assert not NumericalConfig(pruning_ratio=0.1, compensation_bias=False).refit_bias
+    servable = NumericalConfig(pruning_ratio=0.2, allocation="servable")  # no bias refit: the full refit
+    assert (servable.resolved_scores, servable.refit_bias, servable.refit_strength) == ("fluctuation", False, 1.0)
+    assert servable.for_architecture(True).compensation_bias is False  # an architecture's bias slot adds none
+    assert FLAPConfig(allocation="servable").for_architecture(True).bias_compensation is False
+    assert FLAPConfig().for_architecture(False).bias_compensation is False
+    assert FLAPConfig().for_architecture(True).bias_compensation is True
     assert NumericalConfig(pruning_ratio=0.1, compensate=False).refit_bias is False
     assert NumericalConfig(pruning_ratio=0.1, scores="numerical").resolved_scores == "numerical"
     assert NumericalConfig(pruning_ratio=0.5, scores="fluctuation").refit_bias
