@@ -32,6 +32,8 @@ import torch  # noqa: E402
 from optimum_prune.calibration.sequential import LayerwiseRunner  # noqa: E402
 from optimum_prune.calibration.stats import GramStats  # noqa: E402
 from optimum_prune.functional.masks import keep_mask  # noqa: E402
+from optimum_prune.functional.scores import wanda_scores  # noqa: E402
+from optimum_prune.functional.sparsegpt import sparsegpt_prune  # noqa: E402
 from optimum_prune.methods.amp.config import AMPConfig  # noqa: E402
 from optimum_prune.methods.amp.equilibrium import (  # noqa: E402
     MaskObjective,
@@ -42,8 +44,6 @@ from optimum_prune.methods.amp.equilibrium import (  # noqa: E402
 )
 from optimum_prune.methods.amp.functional import _DataTerm, amp_masks, binarize, relative_attention_error  # noqa: E402
 from optimum_prune.methods.amp.pruner import AMPPruner  # noqa: E402
-from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune  # noqa: E402
-from optimum_prune.methods.wanda.functional import wanda_scores  # noqa: E402
 from optimum_prune.modeling.access import qk_weights  # noqa: E402
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view  # noqa: E402
 

@@ -29,8 +29,8 @@ import optimum_prune.methods.fista.functional as fista  # noqa: E402
 from optimum_prune import CalibrationConfig, __version__  # noqa: E402
 from optimum_prune.calibration.data import get_calibration_batches  # noqa: E402
 from optimum_prune.functional.masks import keep_mask  # noqa: E402
+from optimum_prune.functional.scores import wanda_scores  # noqa: E402
 from optimum_prune.methods.fista.solver import spectral_gram  # noqa: E402
-from optimum_prune.methods.wanda.functional import wanda_scores  # noqa: E402
 
 PROJECTIONS = {"q_proj": "self_attn.q_proj", "gate_proj": "mlp.gate_proj", "down_proj": "mlp.down_proj"}
 

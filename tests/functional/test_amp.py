@@ -7,6 +7,8 @@ import torch
 from testing_utils import ARCHS, VISION_ARCHS, model_inputs, tiny_model
 
 from optimum_prune.functional.masks import keep_mask
+from optimum_prune.functional.scores import wanda_scores
+from optimum_prune.functional.sparsegpt import sparsegpt_prune
 from optimum_prune.methods.amp.blocked import causal_blocks
 from optimum_prune.methods.amp.config import AMPConfig
 from optimum_prune.methods.amp.functional import (
@@ -22,8 +24,6 @@ from optimum_prune.methods.amp.functional import (
     softmax_causal,
 )
 from optimum_prune.methods.amp.pruner import AMPPruner
-from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune
-from optimum_prune.methods.wanda.functional import wanda_scores
 from optimum_prune.modeling.access import qk_weights
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view
 

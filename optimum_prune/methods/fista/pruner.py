@@ -12,12 +12,12 @@ from torch import nn
 from ...calibration.hooks import capture_inputs
 from ...calibration.stats import CrossGramStats, GramStats, SquaredNormStats
 from ...functional.masks import keep_mask
+from ...functional.scores import wanda_scores
+from ...functional.sparsegpt import sparsegpt_prune
 from ...modeling.access import write_target
 from ...modeling.architectures import LayerView, weight_oi
 from ...utils.distributed import assign_ranks, broadcast_, broadcast_object, rank
-from ..sparsegpt.functional import sparsegpt_prune
 from ..unstructured import SequentialPruner, input_groups
-from ..wanda.functional import wanda_scores
 from .config import FISTAConfig
 from .functional import fista_prune, lipschitz_constant, shrink_refit, spectral_gram
 

@@ -8,23 +8,17 @@ import torch
 from torch import nn
 
 from ...calibration.stats import CrossGramStats, GramStats
+from ...functional.compensation import compensate, compensate_with_bias, damped_cholesky_solve
+from ...functional.fluctuation import fluctuation_scores
+from ...modeling.access import plus_bias
 from ...modeling.architectures import LayerView, weight_oi
 from ...modeling.shapes import head_costs, mlp_channel_cost
 from ...modeling.surgery import apply_layer_plan_, head_rows
 from ...plan import LayerPlan, PruningPlan
 from ...runtime.blocks import Stage
-from ..flap.functional import fluctuation_scores
 from ..structured import StructuredPruner, resolve_gqa_mode
 from .config import NumericalConfig
-from .functional import (
-    compensate,
-    compensate_with_bias,
-    damped_cholesky_solve,
-    numerical_scores,
-    numerical_scores_newton,
-    plus_bias,
-    removal_losses,
-)
+from .functional import numerical_scores, numerical_scores_newton, removal_losses
 
 __all__ = ["NumericalPruner"]
 
