@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ...config import UnstructuredPruningConfig, choice
 from ...modeling.targets import normalize_targets
-from ..unstructured import UnstructuredPruningConfig, choice
 
 __all__ = ["AMPConfig"]
 

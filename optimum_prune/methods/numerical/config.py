@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ...config import StructuredPruningConfig, _choice
+from ...config import StructuredPruningConfig, choice
 
 __all__ = ["NumericalConfig"]
 
@@ -174,11 +174,11 @@ class NumericalConfig(StructuredPruningConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _choice("compensation_inputs", self.compensation_inputs, ("dense", "sequential"))
-        _choice("solver", self.solver, ("closed_form", "newton"))
-        _choice("ranking", self.ranking, ("cost_weighted", "literal", "loss"))
-        _choice("head_score", self.head_score, ("unit", "channel_mean"))
-        _choice("scores", self.scores, ("auto", "numerical", "fluctuation"))
+        choice("compensation_inputs", self.compensation_inputs, ("dense", "sequential"))
+        choice("solver", self.solver, ("closed_form", "newton"))
+        choice("ranking", self.ranking, ("cost_weighted", "literal", "loss"))
+        choice("head_score", self.head_score, ("unit", "channel_mean"))
+        choice("scores", self.scores, ("auto", "numerical", "fluctuation"))
         if self.scores == "fluctuation" and (self.ranking != "cost_weighted" or self.solver != "closed_form"):
             raise ValueError(
                 "scores='fluctuation' ranks units by FLAP's metric with the cost-weighted ranking: it takes "

@@ -8,8 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...config import StructuredPruningConfig, _choice
-from ..unstructured import UnstructuredPruningConfig
+from ...config import StructuredPruningConfig, UnstructuredPruningConfig, choice
 from .functional import reachable_z
 
 __all__ = ["SPPConfig", "SPPRIAConfig", "SEARCH_FIELDS"]
@@ -51,9 +50,9 @@ class _SearchFields:
     training_args: dict[str, Any] = field(default_factory=dict)
 
     def _validate_search(self) -> None:
-        _choice("faithful_to", self.faithful_to, ("coupled", "code", "paper"))
+        choice("faithful_to", self.faithful_to, ("coupled", "code", "paper"))
         if self.search_labels is not None:
-            _choice("search_labels", self.search_labels, ("data", "sampled", "dense"))
+            choice("search_labels", self.search_labels, ("data", "sampled", "dense"))
         for name in ("steps", "batch_size", "gradient_accumulation_steps", "interval"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -286,10 +285,10 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._validate_search()
-        _choice("pools", self.pools, ("separate", "per_kind", "cost_weighted"))
-        _choice("statistic", self.statistic, ("entry_time", "step_record"))
-        _choice("tie_break", self.tie_break, ("z", "gamma"))
-        _choice("attention_scale", self.attention_scale, ("original", "reduced"))
+        choice("pools", self.pools, ("separate", "per_kind", "cost_weighted"))
+        choice("statistic", self.statistic, ("entry_time", "step_record"))
+        choice("tie_break", self.tie_break, ("z", "gamma"))
+        choice("attention_scale", self.attention_scale, ("original", "reduced"))
         if isinstance(self.head_dim_multiple, bool) or not isinstance(self.head_dim_multiple, int):
             raise ValueError(f"`head_dim_multiple` must be a positive int, got {self.head_dim_multiple!r}.")
         if self.head_dim_multiple < 1:
@@ -351,7 +350,7 @@ class SPPRIAConfig(UnstructuredPruningConfig, _SearchFields):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._validate_search()
-        _choice("combine", self.combine, ("masked", "scaled", "support"))
-        _choice("per", self.per, ("row", "matrix"))
-        _choice("statistic", self.statistic, ("entry_time", "step_record"))
-        _choice("tie_break", self.tie_break, ("z", "gamma"))
+        choice("combine", self.combine, ("masked", "scaled", "support"))
+        choice("per", self.per, ("row", "matrix"))
+        choice("statistic", self.statistic, ("entry_time", "step_record"))
+        choice("tie_break", self.tie_break, ("z", "gamma"))
