@@ -213,7 +213,11 @@ def main(argv=None) -> int:
                 model = copy.deepcopy(dense)
                 config = METHODS[method](pruning_ratio=args.ratio, round_to=rt)
                 report = prune_(
-                    model, config, calib_ids if requires_calibration(config) else None, tokenizer=tok, stats_cache=cache
+                    model,
+                    config,
+                    calib_ids if requires_calibration(config) else None,
+                    tokenizer=tok,
+                    stats_cache=cache,
                 )
                 name = f"{method}_rt{rt}"
                 table = layer_table(model, get_spec(model))
