@@ -220,7 +220,7 @@ class StructuredPruningConfig(PruningConfig):
             nearest multiple, within the guards; a layer with at most `round_to` channels is left as allocated).
             Aligned widths keep llama.cpp's / ggml's matrix kernels on their fast paths and let q8_0 quantize every
             row (blocks of 32); `round_to=1` keeps the allocation's exact widths. llama.cpp's k-quants need rows that
-            are a multiple of 256. See `benchmarks/results/alignment_smollm2.md`.
+            are a multiple of 256 (docs/methods/index.md, "Hardware-aligned shapes").
         skip_layers (`tuple[int, ...]`, defaults to `()`): decoder layers left untouched.
     """
 

@@ -25,10 +25,8 @@ __all__ = ["FISTAPruner"]
 
 logger = logging.getLogger(__name__)
 
-# Below this many calibration tokens per input feature FISTA fits the calibration text at the expense of other text:
-# SmolLM2-135M with 32 x 512 BBC tokens (11 per down_proj input) vs 128 x 512 (43 per input), Python docs perplexity
-# with the default 28.85 -> 28.43 at 50% and 83.48 -> 79.24 at 2:4 (benchmarks/results/unstructured_smollm2_*.md); with
-# fewer still the Grams are nearly rank-deficient and it runs more outer steps (fista_calibration_size.md).
+# Below this many calibration tokens per input feature FISTA fits the calibration text at the expense of other text
+# (docs/methods/fista.md, "The paper's setting and our defaults").
 MIN_TOKENS_PER_FEATURE = 40
 
 
@@ -136,10 +134,9 @@ class FISTAPruner(SequentialPruner):
             self._warned_small = True  # once per pruner (one run)
             logger.warning(
                 "FISTA: %d calibration tokens for the %d inputs of %s (fewer than %d per input): FISTA will fit these "
-                "tokens at the expense of text of other kinds (on SmolLM2-135M, 4x more calibration tokens improved "
-                "its perplexity on text unlike the calibration set by 1-5%%). Use more calibration tokens (the default "
+                "tokens at the expense of text of other kinds. Use more calibration tokens (the default "
                 "CalibrationConfig is 128 x 2048), and keep the default eps=1e-2 rather than the paper's 1e-3 (see "
-                "FISTAConfig.eps).",
+                "FISTAConfig.eps and the FISTA page of the documentation).",
                 count, n, path, MIN_TOKENS_PER_FEATURE,
             )  # fmt: skip
 
