@@ -13,7 +13,7 @@ from optimum_prune.methods.amp.blocked import causal_blocks
 from optimum_prune.methods.amp.config import AMPConfig
 from optimum_prune.methods.amp.functional import (
     AttentionInputs,
-    _DataTerm,
+    DataTerm,
     amp_masks,
     attention_probs,
     binarize,
@@ -302,7 +302,7 @@ def test_rope_adjoint_probe_decides_the_backward_by_hand():
         torch.testing.assert_close(fast[0], slow[0], rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(fast[1], slow[1], rtol=1e-10, atol=1e-10)
         if not by_hand:  # forcing the hand-made backward here gives another gradient
-            terms = [_DataTerm(inp, Wq, Wk, None, None, 256.0, True, fb, False) for fb in (True, False)]
+            terms = [DataTerm(inp, Wq, Wk, None, None, 256.0, True, fb, False) for fb in (True, False)]
             terms[0].by_hand = True
             (_, gq, _), (_, ref, _) = (t(Wq * 1.1, Wk * 0.9) for t in terms)
             assert not torch.allclose(gq, ref, rtol=1e-3)
