@@ -66,6 +66,11 @@ class SequentialPruner(BasePruner):
         outputs, self._dense_outputs = self._dense_outputs, None
         return outputs
 
+    def pass_info(self) -> dict:
+        """What the pruner reports about the whole pass, e.g. its own timings (FISTA: the seconds of its solves in
+        this process); `layerwise_pass` puts it into `plan.info` (under `"pruners"`, by position, in a recipe)."""
+        return {}
+
     def make_stats(self, dim: int) -> Any:
         """An accumulator with `.update(x)` for inputs of width `dim` (`None`: data-free)."""
         return None
@@ -185,4 +190,10 @@ def layerwise_pass(pruners: Sequence[SequentialPruner], stage: Stage) -> Pruning
         raise
     plan.layers = dict(sorted(plan.layers.items()))
     plan.info["seconds"] = seconds
+    for k, p in enumerate(pruners):
+        extra = p.pass_info()
+        if extra and len(pruners) == 1:
+            plan.info.update(extra)
+        elif extra:
+            plan.info.setdefault("pruners", {})[str(k)] = extra
     return plan

@@ -148,11 +148,19 @@ class FISTAPruner(SequentialPruner):
         return W * keep_mask(scores, cfg.sparsity, cfg.nm, per="row")
 
     needs_dense_layer = True
+    solve_seconds = 0.0  # this process's time in the per-projection solves (warm start, eigendecomposition, FISTA)
     reuse_passes = True  # a pruned pass may start from a submodule's inputs recorded by the previous one
 
     @property
     def dense_inter_layer(self) -> bool:
         return self.config.inter_layer == "dense"
+
+    def begin(self, stage) -> None:
+        super().begin(stage)
+        self.solve_seconds = 0.0
+
+    def pass_info(self) -> dict:
+        return {"solve_seconds": self.solve_seconds}
 
     def solver_options(self) -> dict:
         """Keyword arguments of `fista_prune` from the config."""
@@ -227,6 +235,7 @@ class FISTAPruner(SequentialPruner):
                 W_best, res = fista_prune(W, Gs=Gs, W0=W0, sparsity=sparsity, nm=cfg.nm, L=L, eig=eig, **side, **opts)
                 rec = {k: res[k] for k in ("error_init", "error_best", "stop_reason", "outer_iterations")}
                 rec.update(spectral_steps=sum(res["spectral"]), seconds=time.perf_counter() - t0)
+                self.solve_seconds += rec["seconds"]
                 rec.update(input_group=gname, stats_seconds=stats_s)
                 solved.append((W_best.to(torch.float32).contiguous(), rec))
             for t, (W_best, rec), owner in zip(targets, solved, owners, strict=True):
