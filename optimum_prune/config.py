@@ -78,7 +78,7 @@ class PruningConfig:
     class attribute names the registered method. `config_version` (written into every file) and `migrations` read
     files of an older version as their version ran: `to_dict` writes every field, so only a field added since can be
     missing, and `migrations[v]` maps each field added in version `v` to the value that reproduces the behaviour before
-    it existed (a file without `config_version`, written by hand, takes today's defaults).
+    it existed (a file without `config_version`, written by hand, takes the current defaults).
 
     Args:
         seed (`int`, defaults to `0`): seed for every random choice the method makes.
