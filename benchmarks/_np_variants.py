@@ -7,6 +7,7 @@ running a calibration pass), `allocate` (the allocation strategy), `score_layer`
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -203,6 +204,12 @@ class _FLAPVariant(_Variant, FLAPPruner):
 
 class _NPVariant(_Variant, NumericalPruner):
     def score_layer(self, view, stats):
+        if "mix" in self.opts:  # (1 − w)·FLAP's metric + w·the numerical scores, both standardised per module
+            w = self.opts["mix"]
+            fluct = NumericalPruner(dataclasses.replace(self.config, scores="fluctuation"))
+            numer = NumericalPruner(dataclasses.replace(self.config, scores="numerical"))
+            pairs = zip(fluct.score_layer(view, stats), numer.score_layer(view, stats))
+            return tuple(None if a is None else (1 - w) * a.double().cpu() + w * b.double().cpu() for a, b in pairs)
         if self.opts.get("scores_from") == "flap":  # FLAP's scores (its config's defaults), this method's compensation
             flap = FLAPPruner(FLAPConfig(pruning_ratio=self.config.pruning_ratio))
             return flap.score_layer(view, {k: self.stats[view.index][k].moments for k in ("attn", "mlp")})

@@ -29,6 +29,10 @@ class FLAPPruner(StructuredPruner):
     requires_calibration = True
     config: FLAPConfig
 
+    def validate(self, model, spec) -> None:
+        super().validate(model, spec)
+        self.config = self.config.for_architecture(spec.output_bias)
+
     def adds_biases(self) -> bool:
         return self.config.compensates_bias
 

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...config import StructuredPruningConfig, choice
 
 __all__ = ["NumericalConfig"]
 
-# Below this pruning ratio `scores="auto"` ranks units by FLAP's fluctuation metric (with a bias refit), from it by the
-# numerical scores (why: docs/methods/numerical.md, "The paper's setting and our defaults").
+# Below this pruning ratio `scores="auto"` ranks units by FLAP's fluctuation metric (with a bias refit where the
+# architecture takes one), from it by the numerical scores (why: docs/methods/numerical.md, "The paper's setting and
+# our defaults").
 LIGHT_RATIO = 0.25
-# `compensation_strength=None` below it (with the fluctuation ranking): the refit's change shrunk to half (the full
-# refit fits the calibration text at light ratios; same section of docs/methods/numerical.md).
+# `compensation_strength=None` below it (with the fluctuation ranking): the refit's change shrunk to half, so that it
+# fits the calibration text less (docs/methods/numerical.md).
 LIGHT_STRENGTH = 0.5
 
 
@@ -87,8 +88,9 @@ class NumericalConfig(StructuredPruningConfig):
             kept weights (least squares with an intercept, on centred inputs; an extension, not in the paper). It
             subsumes FLAP's bias compensation (the removed channels' mean contribution) and adds bias parameters
             to those projections, as FLAP does. `None`: on with the fluctuation metric (whose variance is centred),
-            off with the numerical scores and with `allocation="servable"`. Qwen3 / Gemma-3 GGUF exports take no
-            such bias (set it to `False`).
+            off with the numerical scores and with `allocation="servable"`, and off where the architecture's GGUF
+            graph reads no such bias (Qwen3, Gemma-3: `ArchitectureSpec.output_bias`), so that the default output
+            exports.
     """
 
     method = "numerical"
@@ -146,6 +148,14 @@ class NumericalConfig(StructuredPruningConfig):
         if self.compensation_strength is not None:
             return float(self.compensation_strength)
         return LIGHT_STRENGTH if self.resolved_scores == "fluctuation" and self.allocation != "servable" else 1.0
+
+    def for_architecture(self, output_bias: bool) -> NumericalConfig:
+        """This config with `compensation_bias=None` resolved for an architecture: the automatic choice where its
+        o_proj / down_proj may carry a bias everywhere (`ArchitectureSpec.output_bias`), off where not (Qwen3,
+        Gemma-3: their GGUF graphs have no such bias)."""
+        if self.compensation_bias is not None:
+            return self
+        return replace(self, compensation_bias=output_bias and self.refit_bias)
 
     @classmethod
     def paper(cls, pruning_ratio: float = 0.2, literal: bool = False, **kwargs) -> NumericalConfig:

@@ -55,6 +55,10 @@ class NumericalPruner(StructuredPruner):
     requires_calibration = True
     config: NumericalConfig
 
+    def validate(self, model, spec) -> None:
+        super().validate(model, spec)
+        self.config = self.config.for_architecture(spec.output_bias)
+
     def keep_stats(self) -> bool:
         return self.config.compensate
 
