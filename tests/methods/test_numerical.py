@@ -4,12 +4,10 @@ import pytest
 import torch
 
 from optimum_prune import FLAPConfig, NumericalConfig
+from optimum_prune.functional.compensation import compensate, compensate_with_bias, obs_compensation
 from optimum_prune.methods.numerical.functional import (
-    compensate,
-    compensate_with_bias,
     numerical_scores,
     numerical_scores_newton,
-    obs_compensation,
     removal_losses,
     score_matrix,
 )
@@ -199,7 +197,7 @@ def test_bias_compensation_equals_least_squares_with_intercept(keep):
 def test_compensation_strength_shrinks_the_refit_toward_the_kept_weights(strength):
     """`W + s·(W* − W)` on the kept inputs (zero elsewhere); with a bias, `b` restores the mean output of those
     weights, so s = 0 is FLAP's bias compensation exactly (the removed channels' mean contribution)."""
-    from optimum_prune.methods.flap.functional import bias_compensation
+    from optimum_prune.functional.fluctuation import bias_compensation
 
     W, X, H = _problem()
     X = X + torch.linspace(-2.0, 3.0, X.shape[1], dtype=torch.float64)
@@ -393,7 +391,7 @@ def test_paper_preset_is_the_papers_setting():
 def test_fluctuation_metric_is_flaps_from_the_gram():
     """`scores="fluctuation"` computes FLAP's ‖W_:,j‖²·Var(x_j) from NP's Gram and mean (float64 reference)."""
     from optimum_prune.calibration.stats import GramStats
-    from optimum_prune.methods.flap.functional import fluctuation_scores
+    from optimum_prune.functional.fluctuation import fluctuation_scores
 
     W, X, _ = _problem(D=12, N=300)
     X = X + torch.linspace(-2, 2, 12, dtype=torch.float64)  # channel means matter: Var, not E[x²]

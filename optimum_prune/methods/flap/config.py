@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ...config import StructuredPruningConfig, _choice
+from ...config import StructuredPruningConfig, choice
 
 __all__ = ["FLAPConfig"]
 
@@ -50,4 +50,4 @@ class FLAPConfig(StructuredPruningConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _choice("metric", self.metric, ("wifv", "ifv", "wifn"))
+        choice("metric", self.metric, ("wifv", "ifv", "wifn"))
