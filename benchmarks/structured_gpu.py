@@ -339,7 +339,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="timed last, at the main ratios")  # fmt: skip
     p.add_argument("--ratios", type=float, nargs="+", default=[0.2, 0.5])
     p.add_argument("--extra-ratios", type=float, nargs="*", default=[0.3], help="timed after the round_to sweep")
-    p.add_argument("--allocations", nargs="+", choices=sorted(ALLOCATIONS), default=["np", "uniform"])
+    p.add_argument("--allocations", nargs="+", choices=sorted(ALLOCATIONS), default=["np", "servable", "uniform"])
     p.add_argument(
         "--round-to", type=int, default=64, help="MLP width multiple of every pruned model (library default)"
     )

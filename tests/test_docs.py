@@ -187,15 +187,35 @@ def test_formulas_become_mathml():
     assert "compensation_damping" in out and "\\" not in out
 
 
-def test_no_spec_section_references_in_the_package():
-    """The code points to the docs pages, not to a specification document outside the repository."""
+def _written_sources():
+    """The package, the benchmark scripts and their notes, and the docs sources (the results files are records of a
+    run, their commands as they were typed, and stay as written)."""
+    yield from (REPO / "optimum_prune").rglob("*.py")
+    yield from (REPO / "benchmarks").glob("*.py")
+    yield from (REPO / "benchmarks").glob("*.md")
+    yield from (REPO / "benchmarks" / "notes").rglob("*.md")
+    yield from (p for p in DOCS.rglob("*") if p.suffix in (".md", ".py", ".yml"))
+
+
+def test_no_references_outside_the_repository():
+    """The code, the benchmarks and the docs point to the docs pages and results files, not to a specification
+    document or an issue tracker outside the repository (links to other projects' issues are fine)."""
     offenders = [
         f"{path.relative_to(REPO)}:{i}"
-        for path in (REPO / "optimum_prune").rglob("*.py")
+        for path in _written_sources()
         for i, line in enumerate(path.read_text("utf-8").splitlines(), 1)
-        if re.search(r"\bSPEC\b|spec §|the spec's", line)
+        if re.search(r"\bSPEC\b|spec §|the spec's|\b[Ii]ssues? #?\d+\b", line) and "github.com" not in line
     ]
-    assert not offenders, f"references to SPEC: {offenders}"
+    assert not offenders, f"references outside the repository: {offenders}"
+
+
+def test_no_measurements_in_the_configurations():
+    """A configuration's docstring says what each option does; the measurements behind a default live on the
+    method's page (its "The paper's setting and our defaults" section)."""
+    for config_cls in map(get_config_class, available_methods()):
+        doc = config_cls.__doc__ or ""
+        found = re.findall(r"SmolLM2|DINOv2|BBC|benchmarks/results|perplexity \d|\d+(?:\.\d+)? vs \d", doc)
+        assert not found, f"{config_cls.__name__}'s docstring carries measurements: {found}"
 
 
 def test_docs_paths_in_docstrings_exist():

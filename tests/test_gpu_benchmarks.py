@@ -120,6 +120,17 @@ def test_np_pattern_maps_depths_and_meets_the_ratio():
     assert layers[0].intermediate > layers[2].intermediate
 
 
+def test_servable_layers_keep_attention_and_take_the_ratio_from_the_mlp_in_blocks_of_256():
+    for name in ("llama-3.1-8b", "llama-3.2-1b"):
+        shape = gs.SHAPES[name]
+        for ratio in (0.2, 0.3, 0.5):
+            layers = gs.servable_layers(shape, ratio, 64)
+            assert all((lay.heads, lay.kv_heads) == (shape.heads, shape.kv_heads) for lay in layers)
+            assert all(lay.intermediate % 256 == 0 and not lay.biases for lay in layers)
+            assert gs.describe(shape, layers)["removed"] == pytest.approx(ratio, abs=0.01), (name, ratio)
+            assert len({lay.intermediate for lay in layers}) > 1  # per-layer widths, not a uniform cut
+
+
 @pytest.mark.parametrize(
     "scenario", [Scenario("prefill", 2, 8, "eager"), Scenario("decode", 2, 8, "eager", 2)], ids=["prefill", "decode"]
 )

@@ -16,6 +16,7 @@ from testing_utils import calibration_ids, tiny_model
 
 from optimum_prune import NumericalConfig, SparseGPTConfig, WandaConfig
 from optimum_prune.calibration.stats import GramStats
+from optimum_prune.functional import compensation as C
 from optimum_prune.methods.numerical import functional as F
 from optimum_prune.runtime import memory
 from optimum_prune.runtime.streaming import LayerStore, write_safetensors
@@ -206,8 +207,8 @@ def test_lean_solves_equal_the_direct_formulas(rank):
         for columns in (1, 3):
             B = torch.randn(A.shape[0], columns, dtype=torch.float64)
             want = _direct_cholesky_solve(A, B, damping)
-            for got in (F.damped_cholesky_solve(A, B, damping),
-                        F.damped_cholesky_solve(A.clone(), B, damping, rebuild=lambda: A.clone())):  # fmt: skip
+            for got in (C.damped_cholesky_solve(A, B, damping),
+                        C.damped_cholesky_solve(A.clone(), B, damping, rebuild=lambda: A.clone())):  # fmt: skip
                 if columns == 1:
                     assert torch.equal(got, want)
                 torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
@@ -225,9 +226,9 @@ def test_lean_solves_equal_the_direct_formulas(rank):
         dW = W_ref - W.double()
         residual = float(torch.einsum("od,de,oe->", dW, G, dW))
         if mean is None:
-            W_new, res = F.compensate(W, H, keep, 0.1, 0.7)
+            W_new, res = C.compensate(W, H, keep, 0.1, 0.7)
         else:
-            W_new, b, res = F.compensate_with_bias(W, H, mean, keep, 0.1, 0.7)
+            W_new, b, res = C.compensate_with_bias(W, H, mean, keep, 0.1, 0.7)
             torch.testing.assert_close(b, ((W.double() - W_ref.float().double()) @ mean.double()).float())
         assert torch.equal(W_new, W_ref.float())
         assert res == pytest.approx(residual, rel=1e-9)
@@ -242,7 +243,7 @@ def test_a_matrix_not_exactly_symmetric_is_factored_in_a_copy():
     B = torch.ones(A.shape[0], 1, dtype=torch.float64)
     want = _direct_cholesky_solve(A, B, 1e-6)
     before = A.clone()
-    assert torch.equal(F.damped_cholesky_solve(A, B, 1e-6, rebuild=lambda: before.clone()), want)
+    assert torch.equal(C.damped_cholesky_solve(A, B, 1e-6, rebuild=lambda: before.clone()), want)
     assert torch.equal(A, before)  # copied, not overwritten
 
 

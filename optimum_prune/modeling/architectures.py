@@ -5,7 +5,7 @@ Methods speak in roles (`q`, `k`, `v`, `o`, `mlp_in`, `mlp_out`); only this modu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -27,6 +27,7 @@ __all__ = [
     "is_image_model",
     "require_causal_lm",
     "layer_view",
+    "present_linear_paths",
     "spec_for_config",
     "supported_model_types",
     "weight_oi",
@@ -60,6 +61,9 @@ class ArchitectureSpec:
         pair_attention (`str | None`): which forward of `modeling.pair_attention` runs the attention once its q/k and
             v/o head dimensions differ (SPP): `"rope"` (Llama-style, rotary `rotate_half` pairs (j, j + d/2)),
             `"opt"`, `"gpt2"`, `"vit"` (encoder-only, non-causal); `None`: head dimensions cannot be pruned here.
+        output_bias (`bool`, defaults to `True`): whether `o` and `mlp_out` may carry a bias wherever a model of this
+            architecture goes; `False` where its GGUF graph in llama.cpp has no such bias (Qwen3, Gemma-3), so a
+            compensation that adds one (FLAP's, NP's intercept) is off by default there.
     """
 
     layers: str
@@ -86,6 +90,7 @@ class ArchitectureSpec:
     mlp_in_roles: tuple[str, ...] = ("gate_proj", "up_proj")
     modality: str = "text"
     pair_attention: str | None = None
+    output_bias: bool = True
 
     @property
     def rotary(self) -> bool:
@@ -146,12 +151,14 @@ _LLAMA_LIKE = ArchitectureSpec(
     pair_attention="rope",
 )
 
+_NO_OUTPUT_BIAS = replace(_LLAMA_LIKE, output_bias=False)  # llama.cpp's qwen3 / gemma3 graphs read no o / down bias
+
 ARCHITECTURES: dict[str, ArchitectureSpec] = {
     "llama": _LLAMA_LIKE,
     "mistral": _LLAMA_LIKE,
     "qwen2": _LLAMA_LIKE,
-    "qwen3": _LLAMA_LIKE,
-    "gemma3_text": _LLAMA_LIKE,
+    "qwen3": _NO_OUTPUT_BIAS,
+    "gemma3_text": _NO_OUTPUT_BIAS,
     "opt": ArchitectureSpec(
         layers="model.decoder.layers",
         attn="self_attn",
@@ -347,22 +354,41 @@ class LayerView:
 
     @property
     def group_size(self) -> int:
-        return self.num_heads // self.num_kv_heads
+        return self.num_heads // self.num_kv_heads if self.num_kv_heads else 0
 
     def linears(self) -> dict[str, nn.Module]:
-        return {p: self.module(p) for p in self.spec.linear_paths}
+        return {p: self.module(p) for p in present_linear_paths(self.layer, self.spec)}
+
+
+def _removed(module: nn.Module) -> bool:
+    """Whether `module` stands for a removed sublayer (`modeling.sublayers`)."""
+    return bool(getattr(module, "removed_sublayer", False))
+
+
+def present_linear_paths(layer: nn.Module, spec: ArchitectureSpec) -> tuple[str, ...]:
+    """`spec.linear_paths` of `layer`, without those of a removed attention or MLP sublayer (`modeling.sublayers`)."""
+    gone = set()
+    if _removed(layer.get_submodule(spec.attn)):
+        gone |= {*spec.qkv_paths, spec.o_path}
+    if spec.mlp and _removed(layer.get_submodule(spec.mlp)):
+        gone |= {*spec.mlp_in_paths, spec.mlp_out_path}
+    return tuple(p for p in spec.linear_paths if p not in gone)
 
 
 def layer_view(layer: nn.Module, index: int, spec: ArchitectureSpec, config) -> LayerView:
-    """Read the current (possibly already pruned) geometry of a decoder layer from its modules."""
+    """Read the current (possibly already pruned) geometry of a decoder layer from its modules (a removed
+    sublayer has 0 heads / 0 channels)."""
     attn = layer.get_submodule(spec.attn)
     head_dim = getattr(attn, "head_dim", None) or config.hidden_size // config.num_attention_heads
     qk_dim, vo_dim = getattr(attn, "qk_head_dim", head_dim), getattr(attn, "vo_head_dim", head_dim)
-    o_in = weight_oi(layer.get_submodule(spec.o_path)).shape[1]
-    num_heads = o_in // vo_dim
-    if spec.fused_qkv:
-        num_kv_heads = num_heads
+    if _removed(attn):
+        num_heads = num_kv_heads = 0
     else:
-        num_kv_heads = weight_oi(layer.get_submodule(spec.attn_path(spec.k))).shape[0] // qk_dim
-    intermediate = weight_oi(layer.get_submodule(spec.mlp_out_path)).shape[1]
+        num_heads = weight_oi(layer.get_submodule(spec.o_path)).shape[1] // vo_dim
+        if spec.fused_qkv:
+            num_kv_heads = num_heads
+        else:
+            num_kv_heads = weight_oi(layer.get_submodule(spec.attn_path(spec.k))).shape[0] // qk_dim
+    removed_mlp = bool(spec.mlp) and _removed(layer.get_submodule(spec.mlp))
+    intermediate = 0 if removed_mlp else weight_oi(layer.get_submodule(spec.mlp_out_path)).shape[1]
     return LayerView(index, layer, spec, head_dim, num_heads, num_kv_heads, intermediate, qk_dim, vo_dim)

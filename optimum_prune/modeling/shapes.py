@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from .architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
+from .architectures import ArchitectureSpec, LayerView, get_layers, layer_view, present_linear_paths, weight_oi
 
 __all__ = [
     "layer_row",
@@ -32,7 +32,7 @@ def layer_row(layer: nn.Module, index: int, spec: ArchitectureSpec, config) -> d
         "num_key_value_heads": v.num_kv_heads,
         "head_dim": v.head_dim,
         "intermediate_size": v.intermediate_size,
-        "biases": sorted(p for p in spec.linear_paths if getattr(layer.get_submodule(p), "bias", None) is not None),
+        "biases": sorted(p for p in v.linears() if getattr(layer.get_submodule(p), "bias", None) is not None),
     }
     if v.pair_shaped:
         attn = v.attn
@@ -61,7 +61,7 @@ def attention_mlp_params(model: nn.Module, spec: ArchitectureSpec) -> int:
     """Parameters of every q/k/v/o and MLP projection of the decoder (what `pruning_ratio` refers to)."""
     total = 0
     for layer in get_layers(model, spec):
-        for path in spec.linear_paths:
+        for path in present_linear_paths(layer, spec):
             total += sum(p.numel() for p in layer.get_submodule(path).parameters(recurse=False))
     return total
 

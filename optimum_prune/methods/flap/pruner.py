@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from ...calibration.stats import MomentStats
+from ...functional.fluctuation import bias_compensation, fluctuation_scores
 from ...modeling.architectures import LayerView, weight_oi
 from ...modeling.surgery import head_rows
 from ...plan import LayerPlan
 from ..structured import StructuredPruner
 from .config import FLAPConfig
-from .functional import bias_compensation, fluctuation_scores
 
 __all__ = ["FLAPPruner"]
 
@@ -29,8 +29,15 @@ class FLAPPruner(StructuredPruner):
     requires_calibration = True
     config: FLAPConfig
 
+    def validate(self, model, spec) -> None:
+        super().validate(model, spec)
+        self.config = self.config.for_architecture(spec.output_bias)
+
+    def adds_biases(self) -> bool:
+        return self.config.compensates_bias
+
     def keep_stats(self) -> bool:
-        return self.config.bias_compensation
+        return self.config.compensates_bias
 
     def layer_stats(self, view: LayerView):
         out = {}
@@ -65,11 +72,11 @@ class FLAPPruner(StructuredPruner):
         return b.to(W.dtype)
 
     def finalize_layer(self, view: LayerView, stats, plan: LayerPlan) -> None:
-        if not self.config.bias_compensation:
+        if not self.config.compensates_bias:
             return
-        if plan.keep_heads is not None:
+        if plan.keep_heads:  # (a sublayer removed whole keeps no bias)
             keep = head_rows(plan.keep_heads, view.head_dim)
             plan.biases[view.spec.o_path] = self._bias(view.o_proj, stats["attn"], keep)
-        if plan.keep_channels is not None:
+        if plan.keep_channels:
             keep = torch.as_tensor(plan.keep_channels)
             plan.biases[view.spec.mlp_out_path] = self._bias(view.mlp_out, stats["mlp"], keep)

@@ -13,13 +13,14 @@ from torch import nn
 
 from ...calibration.images import require_classifier
 from ...calibration.stats import GramStats
+from ...functional.compensation import compensate, compensate_with_bias
+from ...modeling.access import plus_bias
 from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
 from ...modeling.surgery import dim_rows
 from ...plan import LayerPlan, PruningPlan
 from ...runtime.blocks import Stage
 from ...runtime.streaming import get_store
 from ..base import BasePruner
-from ..numerical.functional import compensate, compensate_with_bias, plus_bias
 from .config import SPPConfig
 from .extract import extract_keep
 from .masks import folded_weights
@@ -100,8 +101,12 @@ class SPPPruner(BasePruner):
         if self._data is None:
             raise ValueError("The SPP search needs calibration data: pass `calibration=CalibrationConfig(...)`.")
         labels = self.config.labels_for(spec.modality)
-        data = search_dataset(model, self._data, self._source, labels=labels, seed=self.config.seed)
+        t0, c0 = time.perf_counter(), time.process_time()
+        data = search_dataset(model, self._data, self._source, labels=labels, seed=self.config.seed,
+                              seq_len=self.config.search_seq_len)  # fmt: skip
+        targets = {"targets_seconds": time.perf_counter() - t0, "targets_cpu_seconds": time.process_time() - c0}
         self.solution_path = run_search(model, spec, self.config, data, self._calibration)
+        self.solution_path.meta.update(targets)  # the windows and their labels, before the loop
         return self.solution_path
 
     def compute_plan(self, stage: Stage) -> PruningPlan:

@@ -21,9 +21,9 @@ from transformers.pytorch_utils import Conv1D
 
 from ...calibration.stats import SquaredNormStats
 from ...functional.masks import keep_mask
+from ...functional.scores import ria_scores
 from ...modeling.architectures import ArchitectureSpec, LayerView, Target, get_layers, weight_oi
 from ...runtime.blocks import Stage
-from ..ria.functional import ria_scores
 from ..unstructured import SequentialPruner
 from .config import SPPRIAConfig
 from .functional import removal_order
@@ -113,6 +113,7 @@ class SPPRIAPruner(SequentialPruner):
             "SPP + RIA's search",
             self.config.labels_for(spec.modality),
             self.config.seed,
+            self.config.search_seq_len,
         )
         out = train_masks(model, self.config, data, masks, _parametrized(modules, masks))
         entered = sum(int((s["entry"] >= 0).sum()) for s in out["stats"].values())
