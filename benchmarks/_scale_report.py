@@ -62,7 +62,7 @@ def _mode(r: dict) -> str:
 
 
 def accounting(results: dict) -> list[str]:
-    runs = {k: r for k, r in results["runs"].items() if r["model"] == "acct" and r["low_memory"]}
+    runs = {k: r for k, r in results["runs"].items() if r["model"] == "acct" and r["low_memory"] and "at_peak" in r}
     m = results["models"].get("acct", {})
     if not runs or m.get("shape") not in SHAPES:  # a smoke run's local model: no shape to account for
         return []
@@ -136,7 +136,7 @@ def runs_table(results: dict) -> list[str]:
     ]
     partial = []
     for k, r in results["runs"].items():
-        if r["model"] == "acct" and r["low_memory"] and not r.get("digest"):
+        if r["model"] == "acct" and r["low_memory"] and not r.get("digest") and not r.get("partial"):
             continue
         m = results["models"][r["model"]]
         per_pass = " / ".join(f"{v:.1f}" for v in _median_block(r).values())
@@ -160,8 +160,14 @@ def runs_table(results: dict) -> list[str]:
             "",
             f"**{k} did not finish** before the results were recorded (`scale.py --salvage`): its processes had logged "
             + ", ".join(f"{n} blocks of pass {p + 1}" for p, n in sorted(done.items()))
-            + f" ({sum(b['seconds'] for b in blocks) / 60:.0f} min); its memory is the largest of "
-            f"{r['samples']['count']} samples of /proc (every 5 s), its CPU seconds per block from the samples too.",
+            + f" ({sum(b['seconds'] for b in blocks) / 60:.0f} min, code {str(r.get('library_commit'))[:7]}); "
+            + (
+                f"its memory is the largest of {r['samples']['count']} samples of /proc (every 5 s), its CPU seconds "
+                "per block from the samples too."
+                if r["samples"]["count"]
+                else "its memory is what its progress lines logged at the end of each block (the peak: VmHWM), its "
+                "CPU seconds too (no samples: it ran before the parent sampled)."
+            ),
         ]
     resumed = [(k, r) for k, r in results["runs"].items() if len(r.get("parts") or []) > 1]
     for k, r in resumed:
@@ -177,7 +183,7 @@ def runs_table(results: dict) -> list[str]:
 
 
 def _fit(rows: list[tuple[list[float], float]]) -> list[float]:
-    """Least squares without intercept (normal equations; 1 or 2 unknowns)."""
+    """Least squares without intercept (normal equations; 1 or 2 unknowns, none negative)."""
     n = len(rows[0][0])
     if n == 1:
         num = sum(x[0] * y for x, y in rows)
@@ -186,9 +192,12 @@ def _fit(rows: list[tuple[list[float], float]]) -> list[float]:
     a = [[sum(x[i] * x[j] for x, _ in rows) for j in range(n)] for i in range(n)]
     b = [sum(x[i] * y for x, y in rows) for i in range(n)]
     det = a[0][0] * a[1][1] - a[0][1] * a[1][0]
-    if abs(det) < 1e-30:
+    coef = (
+        [(b[0] * a[1][1] - b[1] * a[0][1]) / det, (a[0][0] * b[1] - a[1][0] * b[0]) / det] if abs(det) > 1e-30 else []
+    )
+    if len(coef) < 2 or min(coef) < 0:  # a negative cost has no meaning: the first term alone
         return [_fit([([x[0]], y) for x, y in rows])[0], 0.0]
-    return [(b[0] * a[1][1] - b[1] * a[0][1]) / det, (a[0][0] * b[1] - a[1][0] * b[0]) / det]
+    return coef
 
 
 def projection(results: dict) -> list[str]:

@@ -487,9 +487,11 @@ def salvage(name: str, work: Path, args) -> dict:
 
     progress = re.compile(r"^(\S+ \S+),\d+ optimum_prune\.runtime\.progress pass (\d+), block (\d+)/\d+: "
                           r"([\d.]+) (s|min|h) \(CPU ([\d.]+) (s|min|h)\)")  # fmt: skip
+    memory = re.compile(r"memory ([\d.]+) GB \(anonymous ([\d.]+), file ([\d.]+)\), peak ([\d.]+) GB")
     unit = {"s": 1, "min": 60, "h": 3600}
-    samples = []  # (seconds of the day, pid, values)
-    for line in (work / f"{name}.samples").read_text().splitlines():
+    samples = []  # (seconds of the day, pid, values); a run started before the parent sampled has none
+    sample_file = work / f"{name}.samples"
+    for line in sample_file.read_text().splitlines() if sample_file.is_file() else []:
         stamp, *cells = line.split()
         h, m, sec = (int(x) for x in stamp.split(":"))
         values = {k.rstrip(":"): float(v) for k, v in (c.split("=") for c in cells)}
@@ -518,17 +520,24 @@ def salvage(name: str, work: Path, args) -> dict:
         last = {"t": t, "pass": int(match[2]) - 1}
         blocks.append({"process": process, "pass": int(match[2]) - 1, "block": int(match[3]) - 1,
                        "seconds": seconds, "cpu_seconds": round(cpu, 2), "logged_seconds": logged})  # fmt: skip
-    peak = {k: 1024 * max((v.get(k, 0) for _, _, v in samples), default=0) for k in ("VmRSS", "RssAnon", "RssFile",
-                                                                                     "VmSwap")}  # fmt: skip
+        mem = memory.search(line)
+        if mem and not samples:  # the process's memory at the end of the block, and its peak so far
+            rss, anon, file, high = (1e9 * float(x) for x in mem.groups())
+            blocks[-1].update({"rss": rss, "anon": anon, "file": file, "peak": high})
+    if samples:
+        keys = ("VmRSS", "RssAnon", "RssFile", "VmSwap", "VmHWM", "machine_swap_kB")
+        top = {k: 1024 * max(v.get(k, 0) for _, _, v in samples) for k in keys}
+    else:  # what the progress lines say (at the end of each block; the peak is the kernel's VmHWM)
+        top = {k: max(b.get(key, 0) for b in blocks) for k, key in (("VmRSS", "rss"), ("RssAnon", "anon"),
+                                                                     ("RssFile", "file"), ("VmHWM", "peak"))}  # fmt: skip
     model, low, config, _ = RUNS[name]
     spec = json.loads((work / f"{name}.spec.json").read_text())
     return {
         "partial": True, "library_commit": _commit_of(str(Path(args.src or REPO_ROOT) / "optimum_prune" / "x")),
         "model": model, "low_memory": low, "config": config, "calibration": list(CALIB),
         "threads": spec["threads"], "code": args.label, "src": None,
-        "vmhwm": 1024 * max(v.get("VmHWM", 0) for _, _, v in samples), "peak_sampled": peak,
-        "machine_swap_used": {"peak": 1024 * max(v.get("machine_swap_kB", 0) for _, _, v in samples)},
-        "samples": {"count": len(samples), "first": samples[0][0], "last": samples[-1][0]},
+        "vmhwm": top.pop("VmHWM"), "machine_swap_used": {"peak": top.pop("machine_swap_kB", None)},
+        "peak_sampled": top, "samples": {"count": len(samples)},
         "progress": {"blocks": blocks}, "processes": process + 1, "loadavg_before": list(os.getloadavg()),
     }  # fmt: skip
 
