@@ -10,7 +10,7 @@ generated once under `--work-dir` one block per shard, never whole in memory:
 Calibration: 8 windows of 256 tokens of the protocol's BBC calibration split, tokenized by SmolLM2's tokenizer (its
 ids are valid rows of the 128k vocabulary; only the shapes matter here).
 
-Every run is a fresh child process (`python benchmarks/scale.py --child SPEC`), run under `nice` with the threads
+Every run is a fresh child process (`python benchmarks/scale.py --child RUN.spec.json`), run under `nice` with the threads
 asked (`--threads`). It reports its peak resident memory (VmHWM: anonymous memory plus resident pages of mapped
 files, libraries included), the peaks of the anonymous and file-backed parts sampled every 20 ms and, at the largest
 sample, what it was doing (the innermost of: loading a block, forward, the method's decision, writing a block,
