@@ -5,7 +5,7 @@ Methods speak in roles (`q`, `k`, `v`, `o`, `mlp_in`, `mlp_out`); only this modu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -61,6 +61,9 @@ class ArchitectureSpec:
         pair_attention (`str | None`): which forward of `modeling.pair_attention` runs the attention once its q/k and
             v/o head dimensions differ (SPP): `"rope"` (Llama-style, rotary `rotate_half` pairs (j, j + d/2)),
             `"opt"`, `"gpt2"`, `"vit"` (encoder-only, non-causal); `None`: head dimensions cannot be pruned here.
+        output_bias (`bool`, defaults to `True`): whether `o` and `mlp_out` may carry a bias wherever a model of this
+            architecture goes; `False` where its GGUF graph in llama.cpp has no such bias (Qwen3, Gemma-3), so a
+            compensation that adds one (FLAP's, NP's intercept) is off by default there.
     """
 
     layers: str
@@ -87,6 +90,7 @@ class ArchitectureSpec:
     mlp_in_roles: tuple[str, ...] = ("gate_proj", "up_proj")
     modality: str = "text"
     pair_attention: str | None = None
+    output_bias: bool = True
 
     @property
     def rotary(self) -> bool:
@@ -147,12 +151,14 @@ _LLAMA_LIKE = ArchitectureSpec(
     pair_attention="rope",
 )
 
+_NO_OUTPUT_BIAS = replace(_LLAMA_LIKE, output_bias=False)  # llama.cpp's qwen3 / gemma3 graphs read no o / down bias
+
 ARCHITECTURES: dict[str, ArchitectureSpec] = {
     "llama": _LLAMA_LIKE,
     "mistral": _LLAMA_LIKE,
     "qwen2": _LLAMA_LIKE,
-    "qwen3": _LLAMA_LIKE,
-    "gemma3_text": _LLAMA_LIKE,
+    "qwen3": _NO_OUTPUT_BIAS,
+    "gemma3_text": _NO_OUTPUT_BIAS,
     "opt": ArchitectureSpec(
         layers="model.decoder.layers",
         attn="self_attn",
