@@ -3,6 +3,7 @@ and measures the result into a `PruningReport`."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -81,13 +82,9 @@ def prune_(
     if single and not isinstance(config, PruningConfig):
         raise TypeError(f"`config` must be a PruningConfig subclass instance, got {type(config).__name__}.")
     configs = [config] if single else list(config)
-    spec, pruners, ids, calib_desc = prepare_recipe(model, configs, calibration, tokenizer)
-    bs = batch_size or getattr(calibration, "batch_size", 8)
-    params_before = count_parameters(model)
-    session = {"ids": ids, "batch_size": bs, "device": device, "checkpoint_dir": checkpoint_dir}
-    with open_session(model, spec, configs=configs, activation_memory=activation_memory, **session) as sess:
-        runner = runner_factory(model, spec, ids, bs, device, sess.activations)
-        stage = Stage(model, spec, runner, sess, stats_cache)
+    options = {"batch_size": batch_size, "device": device, "checkpoint_dir": checkpoint_dir}
+    options.update(activation_memory=activation_memory, stats_cache=stats_cache)
+    with _staged(model, configs, calibration, tokenizer, **options) as (stage, pruners, calib_desc, params_before):
         records = run_stages(stage, pruners)
         if single:
             report = _single_report(stage, pruners[0], records[0], params_before, t0)
@@ -101,6 +98,20 @@ def prune_(
         record_history(model, RECIPE_METHOD, 1, resolved, calib_desc, report)
     logger.info("%s", report)
     return report
+
+
+@contextlib.contextmanager
+def _staged(model: nn.Module, configs: list[PruningConfig], calibration: Any, tokenizer: Any, *, batch_size=None,
+            device=None, checkpoint_dir=None, activation_memory=None, stats_cache=None):  # fmt: skip
+    """Validate the recipe (no weight touched), open the session and yield `(stage, pruners, calibration description,
+    parameters before)`: what `run_stages` runs on, with the session open while the caller measures."""
+    spec, pruners, ids, calib_desc = prepare_recipe(model, configs, calibration, tokenizer)
+    bs = batch_size or getattr(calibration, "batch_size", 8)
+    params_before = count_parameters(model)
+    session = {"ids": ids, "batch_size": bs, "device": device, "checkpoint_dir": checkpoint_dir}
+    with open_session(model, spec, configs=configs, activation_memory=activation_memory, **session) as sess:
+        runner = runner_factory(model, spec, ids, bs, device, sess.activations)
+        yield Stage(model, spec, runner, sess, stats_cache), pruners, calib_desc, params_before
 
 
 def _single_report(stage: Stage, pruner: BasePruner, rec: StageRecord, params_before: int, t0: float):
@@ -195,10 +206,6 @@ def _compute_plan(model: nn.Module, config: PruningConfig, calibration: Any = No
 
     Unstructured methods write their new weights while deciding (later layers must see them).
     """
-    spec, (pruner,), ids, _ = prepare_recipe(model, [config], calibration, tokenizer)
-    bs = kwargs.get("batch_size") or getattr(calibration, "batch_size", 8)
-    device = kwargs.get("device")
-    with open_session(model, spec, configs=[config], ids=ids, batch_size=bs, device=device) as sess:
-        with sess.stage(0):
-            runner = runner_factory(model, spec, ids, bs, device, sess.activations)
-            return spec, pruner.compute_plan(Stage(model, spec, runner, sess))
+    with _staged(model, [config], calibration, tokenizer, **kwargs) as (stage, pruners, _, _):
+        (record,) = run_stages(stage, pruners, apply=False)
+    return stage.spec, record.plan
