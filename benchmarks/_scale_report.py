@@ -53,7 +53,8 @@ def _median_block(r: dict, key: str = "cpu_seconds") -> dict[int, float]:
     """Median CPU seconds of a block per pass (the visits of the passes that pruned or scored)."""
     out: dict[int, list[float]] = {}
     for b in (r.get("progress") or {}).get("blocks", []):
-        out.setdefault(b["pass"], []).append(b[key])
+        if b.get("process", 0) == 0:  # a resumed process first replays the finished blocks: not a pass's cost
+            out.setdefault(b["pass"], []).append(b[key])
     return {p: statistics.median(v) for p, v in out.items()}
 
 
@@ -152,15 +153,25 @@ def runs_table(results: dict) -> list[str]:
             f"| {written} | {r['loadavg_before'][0]:.1f} | {_identical(results, r)} |"
         )
     for k, r in partial:
-        blocks = r["progress"]["blocks"]
+        blocks = [b for b in r["progress"]["blocks"] if b.get("process", 0) == 0]
+        later = [b for b in r["progress"]["blocks"] if b.get("process", 0) > 0]
         done = {}
         for b in blocks:
             done[b["pass"]] = done.get(b["pass"], 0) + 1
         lines += [
             "",
-            f"**{k} did not finish** before the results were recorded (`scale.py --salvage`): its processes had logged "
+            f"**{k} did not finish** before the results were recorded (`scale.py --salvage`): its "
+            + (f"{r['processes']} processes (killed, then resumed: {r['resumed']})" if r.get("resumed") else "process")
+            + " had logged "
             + ", ".join(f"{n} blocks of pass {p + 1}" for p, n in sorted(done.items()))
-            + f" ({sum(b['seconds'] for b in blocks) / 60:.0f} min, code {str(r.get('library_commit'))[:7]}); "
+            + f" ({sum(b['seconds'] for b in blocks) / 60:.0f} min, code {str(r.get('library_commit'))[:7]})"
+            + (
+                f", then the resumed process {len(later)} block visits (the finished blocks replayed at a median "
+                f"{statistics.median(b['cpu_seconds'] for b in later):.1f} CPU s each, then the next ones)"
+                if later
+                else ""
+            )
+            + "; "
             + (
                 f"its memory is the largest of {r['samples']['count']} samples of /proc (every 5 s), its CPU seconds "
                 "per block from the samples too."

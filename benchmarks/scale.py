@@ -501,10 +501,12 @@ def salvage(name: str, work: Path, args) -> dict:
         before = [(pid, v["cpu_s"]) for ts, pid, v in samples if ts <= t and "cpu_s" in v]
         return before[-1] if before else None
 
-    blocks, process, last = [], -1, None
+    blocks, process, last, resumed = [], -1, None, None
     for line in (work / f"{name}.log").read_text().splitlines():
         if "with low_memory=True" in line and "Loaded" in line:  # a process starts
             process, last = process + 1, None
+        if "already finished" in line:  # a process resumed the run from its checkpoint directory
+            resumed = line.split(" ", 3)[-1]
         match = progress.match(line)
         if not match:
             continue
@@ -538,7 +540,8 @@ def salvage(name: str, work: Path, args) -> dict:
         "threads": spec["threads"], "code": args.label, "src": None,
         "vmhwm": top.pop("VmHWM"), "machine_swap_used": {"peak": top.pop("machine_swap_kB", None)},
         "peak_sampled": top, "samples": {"count": len(samples)},
-        "progress": {"blocks": blocks}, "processes": process + 1, "loadavg_before": list(os.getloadavg()),
+        "progress": {"blocks": blocks}, "processes": process + 1, "resumed": resumed,
+        "loadavg_before": list(os.getloadavg()),
     }  # fmt: skip
 
 
