@@ -64,8 +64,8 @@ def prune_(
             same call again after a crash continues at the first unfinished block and gives the same model (a
             different model or config in the directory is an error). See `optimum_prune.runtime.checkpoint`.
         activation_memory (`int | str | None`): memory for the calibration activations between blocks (e.g.
-            `"4GB"`); beyond it they go to disk. Default: unlimited in memory; low-memory, half of what is free
-            after the block and its statistics.
+            `"4GB"`); beyond it they go to disk. Default: half of the memory available when the run starts (low-memory:
+            of what is left after a block and its statistics).
         stats_cache (`CalibrationStatsCache | None`): stored calibration passes of the structured methods (NP, FLAP,
             magnitude): a prune that differs from a stored one only in what acts after the pass (`pruning_ratio`,
             `allocation` other than OWL, `round_to`, `owl_lambda`), on the same weights and calibration data, reuses
@@ -126,8 +126,8 @@ def _single_report(stage: Stage, pruner: BasePruner, rec: StageRecord, params_be
         sparsity = {k: s for k, (s, _) in per_target.items()}
         measured = sum(s * n for s, n in per_target.values()) / max(sum(n for _, n in per_target.values()), 1)
         target = config.sparsity
-        read = stage.session.read_offloaded
-        plan.info["whole_model_sparsity"] = zero_fraction(model, spec, params_before, stage.blocks(), read)
+        chunks = stage.session.value_chunks
+        plan.info["whole_model_sparsity"] = zero_fraction(model, spec, params_before, stage.blocks(), chunks)
     return PruningReport(
         method=config.method,
         config=config.to_dict(),
@@ -178,7 +178,7 @@ def _recipe_report(stage: Stage, pruners: Sequence[BasePruner], records: list[St
                 "layers": _layer_info(rec.plan, str(j) if len(rec.members) > 1 else None),
             }
     zeros_prunable = zero_or_removed(spec, prunable_before, stage.blocks())
-    whole = zero_fraction(model, spec, params_before, stage.blocks(), stage.session.read_offloaded)
+    whole = zero_fraction(model, spec, params_before, stage.blocks(), stage.session.value_chunks)
     for k, p in enumerate(pruners):
         sections[k] = {"method": p.config.method, "config": p.config.to_dict(), **sections[k]}
     sparsity = {name: s for sec in sections for name, s in sec.get("sparsity", {}).items()}

@@ -2,10 +2,12 @@
 
 `load_low_memory(path)` builds the model's skeleton on the meta device (accelerate's `init_empty_weights`), then
 loads only what calibration needs besides the blocks (embeddings, final norm, positional tables) from the
-memory-mapped safetensors checkpoint; the output head (when not tied) stays on disk until the save. A `LayerStore`
-attached to the model knows where every version of every block lives: the source checkpoint, then the file written
-when a pruning stage finished the block. The pruning loops make a block resident through the prune session
-(`optimum_prune.runtime.session`), which loads it (the version they ask for), and puts it back on the meta device afterwards.
+memory-mapped safetensors checkpoint (only the rows the calibration tokens touch become resident); the output head
+(when not tied) stays on disk until the save. A `LayerStore` attached to the model knows where every version of every
+block lives: the source checkpoint, then the file written when a pruning stage finished the block. The pruning loops
+make a block resident through the prune session (`optimum_prune.runtime.session`), which loads it (the version they
+ask for), and puts it back on the meta device afterwards. Blocks are read and written by plain file I/O
+(`tensorfile`): a block in memory is one copy of its tensors, and none of its file's pages stay mapped after it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from typing import Any
 import torch
 from accelerate import init_empty_weights
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -31,6 +32,8 @@ from ..modeling.auto_classes import register_pruned_architectures
 from ..modeling.shapes import layer_row
 from ..modeling.surgery import reshape_layer_
 from ..utils.scratch import make_scratch_dir
+from .tensorfile import FileTensor, read_header, write_tensors
+from .tensorfile import read_tensors as read_tensors
 
 __all__ = [
     "STORE_ATTR",
@@ -50,7 +53,6 @@ logger = logging.getLogger(__name__)
 
 STORE_ATTR = "_optimum_prune_store"
 SOURCE = -1  # version of a block as it is in the source checkpoint
-_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 _INDEX = "model.safetensors.index.json"
 
 
@@ -78,9 +80,7 @@ class SafetensorsSource:
             with open(d / _INDEX, encoding="utf-8") as f:
                 self.files = {k: d / v for k, v in json.load(f)["weight_map"].items()}
         elif (d / "model.safetensors").is_file():
-            self.files = dict.fromkeys(
-                _open(d / "model.safetensors", lambda f: list(f.keys())), d / "model.safetensors"
-            )
+            self.files = dict.fromkeys(read_header(d / "model.safetensors"), d / "model.safetensors")
         elif any(d.glob("*.gguf")):
             raise _gguf_error(next(d.glob("*.gguf")))
         else:
@@ -96,26 +96,39 @@ class SafetensorsSource:
                 f"{d} is incomplete: shard(s) {', '.join(missing)} listed in its index are missing."
             )
 
-    def header(self, name: str) -> tuple[torch.dtype | None, list[int]]:
-        s = _open(self.files[name], lambda f: f.get_slice(name))
-        return _DTYPES.get(s.get_dtype()), list(s.get_shape())
+        self._headers: dict[Path, dict[str, FileTensor]] = {}
+
+    def entry(self, name: str) -> FileTensor:
+        """Where tensor `name` is (its file, dtype, shape and bytes), from the file's header."""
+        file = self.files[name]
+        if file not in self._headers:
+            self._headers[file] = read_header(file)
+        return self._headers[file][name]
 
     def float_dtype(self) -> torch.dtype | None:
         """The dtype of the first floating-point tensor (what `from_pretrained(dtype="auto")` would load)."""
         for name in self.files:
-            dtype, _ = self.header(name)
-            if dtype is not None:
+            dtype = self.entry(name).dtype
+            if dtype.is_floating_point:
                 return dtype
         return None
 
-    def read(self, names: list[str]) -> dict[str, torch.Tensor]:
-        """Memory-mapped tensors (file-backed pages: copy them before changing them)."""
-        out: dict[str, torch.Tensor] = {}
+    def _by_file(self, names: list[str]) -> dict[Path, list[str]]:
         by_file: dict[Path, list[str]] = {}
         for n in names:
             by_file.setdefault(self.files[n], []).append(n)
-        for file, ns in by_file.items():
-            out.update(read_tensors(file, ns))
+        return by_file
+
+    def copies(self, names: list[str], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """Tensors read into new memory (floating-point ones in `dtype`): no page of the files stays mapped."""
+        return {k: v for f, ns in self._by_file(names).items() for k, v in read_tensors(f, ns, dtype).items()}
+
+    def read(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """Memory-mapped tensors (file-backed pages: copy them before changing them); only the pages a computation
+        touches become resident, which suits tensors read sparsely (embedding rows)."""
+        out: dict[str, torch.Tensor] = {}
+        for file, ns in self._by_file(names).items():
+            out.update(_open(file, lambda f, ns=ns: {n: f.get_tensor(n) for n in ns}))
         return out
 
 
@@ -128,16 +141,14 @@ def _open(file: Path, read):
         raise OSError(f"Cannot read {file}: {e}. The file is damaged or incomplete.") from e
 
 
-def read_tensors(file: Path, names: list[str] | None = None) -> dict[str, torch.Tensor]:
-    """Tensors of one safetensors file (memory-mapped)."""
-    return _open(file, lambda f: {n: f.get_tensor(n) for n in (names if names is not None else f.keys())})
-
-
-def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Write atomically: a temporary file in the same directory, flushed to disk, then renamed over `path`."""
+def write_safetensors(
+    tensors: dict[str, torch.Tensor | FileTensor], path: Path, dtype: torch.dtype | None = None
+) -> None:
+    """Write atomically: a temporary file in the same directory, flushed to disk, then renamed over `path` (see
+    `tensorfile.write_tensors`: no copy of the tensors is made, `FileTensor`s are copied from their file)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
+        write_tensors(tmp, tensors, {"format": "pt"}, dtype)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -173,20 +184,20 @@ def fill_block_(
     device: torch.device | str,
     dtype: torch.dtype | None = None,
 ) -> None:
-    """Give decoder layer `i` the recorded `shapes` (when they differ) and the values of `tensors` (full names), as
-    private copies on `device` (floating-point ones in `dtype`, default: as stored)."""
+    """Give decoder layer `i` the recorded `shapes` (when they differ) and the values of `tensors` (full names: new
+    tensors the layer takes over, moved to `device` and floating-point ones to `dtype` where they differ)."""
     if shapes is not None and layer_row(layer, i, spec, config) != shapes:
         reshape_layer_(layer_view(layer, i, spec, config), shapes)
     prefix = layer_prefix(spec, i)
     for n in list(layer.state_dict().keys()):
-        t = tensors[prefix + n]
+        t = tensors.pop(prefix + n)  # the layer then holds the only reference (a CPU staging copy dies here)
         to = dtype if (dtype is not None and t.is_floating_point()) else t.dtype
-        set_tensor_(layer, n, t.to(device=device, dtype=to, copy=True))
+        set_tensor_(layer, n, t.to(device=device, dtype=to))
 
 
 def load_block_(layer, i, spec, config, path: Path, shapes: dict, device, dtype=None) -> None:
     """`fill_block_` from a block file written by `write_safetensors`."""
-    fill_block_(layer, i, spec, config, read_tensors(path), shapes, device, dtype)
+    fill_block_(layer, i, spec, config, read_tensors(path, dtype=dtype), shapes, device, dtype)
 
 
 def get_store(model: nn.Module) -> LayerStore | None:
@@ -210,6 +221,7 @@ class LayerStore:
         self.loaded: dict[int, int] = {}  # resident block -> the stage of its version
         self.io = {"blocks_loaded": 0, "bytes_read": 0, "bytes_written": 0}  # logical traffic of the blocks
         self.checked: set[int] = set()  # source blocks whose weights were checked finite
+        self.mapped: dict[str, torch.Tensor] = {}  # resident tensors still backed by the source file's memory map
         self._work: Path | None = None
         self.work_parent: Path | None = None
 
@@ -247,6 +259,14 @@ class LayerStore:
             return {prefix + n: self.source.files[prefix + n] for n in names}
         return dict.fromkeys((prefix + n for n in names), path)
 
+    def nonblock_value(self, name: str, tensor: torch.Tensor) -> torch.Tensor | FileTensor:
+        """Tensor `name` outside the blocks, for reading it whole: from the source file when it is still there
+        unchanged (on disk, or the memory-mapped tensor loaded from it, whose pages a whole read would make
+        resident), else `tensor` itself."""
+        if tensor.device.type == "meta" or self.mapped.get(name) is tensor:
+            return self.source.entry(name)
+        return tensor
+
     # ---------------------------------------------------------------------------------------------- residency
     def _reshape(self, i: int, shapes: dict) -> None:
         layer = get_layers(self.model, self.spec)[i]
@@ -264,7 +284,7 @@ class LayerStore:
         if path is None:
             self._reshape(i, shapes)
             prefix = layer_prefix(self.spec, i)
-            tensors = self.source.read([prefix + n for n in layer.state_dict()])
+            tensors = self.source.copies([prefix + n for n in layer.state_dict()], self.dtype)
             fill_block_(layer, i, self.spec, self.model.config, tensors, None, self.device, self.dtype)
         else:
             load_block_(layer, i, self.spec, self.model.config, path, shapes, self.device, self.dtype)
@@ -360,11 +380,16 @@ def load_low_memory(path: str | os.PathLike, *, torch_dtype: Any = None, **kwarg
         )
     lazy = _output_param_names(model)
     eager = [n for n in state if not n.startswith(layers_prefix) and n not in lazy and n not in tied]
-    for name, t in source.read(eager).items():
-        set_tensor_(model, name, t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t)
+    convert = [n for n in eager if source.entry(n).dtype.is_floating_point and source.entry(n).dtype != dtype]
+    mapped = source.read([n for n in eager if n not in convert])  # memory-mapped: only the pages used are resident
+    for name, t in {**mapped, **source.copies(convert, dtype)}.items():
+        set_tensor_(model, name, t)
     if tied:
         model.tie_weights()
-    setattr(model, STORE_ATTR, LayerStore(model, spec, source, dtype))
+    store = LayerStore(model, spec, source, dtype)
+    resident = model.state_dict(keep_vars=True)
+    store.mapped = {n: resident[n] for n in mapped}
+    setattr(model, STORE_ATTR, store)
     model.register_forward_pre_hook(_refuse_forward)
     logger.info("Loaded %s with low_memory=True: %d blocks stay on disk", path, len(get_layers(model, spec)))
     return model
