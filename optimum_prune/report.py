@@ -23,7 +23,8 @@ def count_parameters(model: nn.Module) -> int:
 
 
 def layer_row(layer: nn.Module, index: int, spec: ArchitectureSpec, config) -> dict[str, Any]:
-    """One decoder layer's heads, KV heads, head_dim, intermediate size, and which projections carry a bias; for a
+    """One decoder layer's heads, KV heads, head_dim, intermediate size (an MoE layer's: its experts' width, with
+    `num_experts`), and which projections carry a bias; for a
     layer whose head dimensions were pruned (SPP) also `qk_head_dim`, `vo_head_dim`, the softmax scale and, on
     rotary models, the kept `rope_pairs` (`modeling.pair_attention`)."""
     v = layer_view(layer, index, spec, config)
@@ -34,6 +35,8 @@ def layer_row(layer: nn.Module, index: int, spec: ArchitectureSpec, config) -> d
         "intermediate_size": v.intermediate_size,
         "biases": sorted(p for p in spec.linear_paths if getattr(layer.get_submodule(p), "bias", None) is not None),
     }
+    if v.is_moe:
+        row["num_experts"] = v.num_experts
     if v.pair_shaped:
         attn = v.attn
         row.update(qk_head_dim=v.qk_head_dim, vo_head_dim=v.vo_head_dim, attn_scaling=float(attn.scaling))

@@ -30,6 +30,7 @@ from ..functional.allocation import (
     round_kept_channels,
 )
 from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
+from ..modeling.experts import moe_parameters
 from ..plan import LayerPlan, PruningPlan
 from ..runtime.session import current_session
 from .base import BasePruner, RunnerFactory, refuse_pruned_head_dims
@@ -60,11 +61,14 @@ def _col_params(mod: nn.Module) -> int:
 
 
 def attention_mlp_params(model: nn.Module, spec: ArchitectureSpec) -> int:
-    """Parameters of every q/k/v/o and MLP projection of the decoder (what `pruning_ratio` refers to)."""
+    """Parameters of every q/k/v/o and MLP projection of the decoder (what `pruning_ratio` refers to); on a
+    mixture-of-experts model the MLP is each MoE block (router and experts)."""
     total = 0
-    for layer in get_layers(model, spec):
+    for i, layer in enumerate(get_layers(model, spec)):
         for path in spec.linear_paths:
             total += sum(p.numel() for p in layer.get_submodule(path).parameters(recurse=False))
+        if spec.moe is not None:
+            total += moe_parameters(layer_view(layer, i, spec, model.config))
     return total
 
 
@@ -167,6 +171,17 @@ class StructuredPruner(BasePruner):
         bad = [i for i in self.config.skip_layers if not 0 <= i < n]
         if bad:
             raise ValueError(f"skip_layers {bad} out of range: the model has {n} layers (0..{n - 1}).")
+        if spec.moe is not None and self.config.prune_mlp:
+            raise ValueError(
+                f"{type(model).__name__} is a mixture-of-experts model: its MLP is its experts, which ExpertConfig "
+                "prunes (whole experts and channels inside them). Set prune_mlp=False to prune only the attention "
+                "here (in a recipe with ExpertConfig for the experts). Nothing was changed."
+            )
+        if self.config.prune_attention and not spec.heads_prunable:
+            raise ValueError(
+                f"The heads of {model.config.model_type} cannot be removed exactly (q/k norms spanning every head, or "
+                "per-head attention sinks): set prune_attention=False. Nothing was changed."
+            )
         if self.config.prune_attention:
             refuse_pruned_head_dims(model, spec, "removing attention heads")
         for view in self._views(model, spec):
