@@ -63,10 +63,10 @@ def check_top_k(view: LayerView, kept: int) -> None:
 
 # ------------------------------------------------------------------------------------------------- forward parts
 def routing(view: LayerView, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The router's decision for tokens `x` (`(..., H)`): `(probs (T, E) float32: softmax over every expert,
-    indices (T, k), weights (T, k): what the layer's forward multiplies the chosen experts' outputs by)`."""
+    """The router's decision for tokens `x` (`(..., H)`): `(probs (T, E): softmax over every expert (at least in
+    float32), indices (T, k), weights (T, k): what the forward multiplies the chosen experts' outputs by)`."""
     logits, weights, indices = view.router(x.reshape(-1, x.shape[-1]))
-    return torch.softmax(logits.float(), dim=-1), indices, weights
+    return torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32)), indices, weights
 
 
 def expert_forward(view: LayerView, j: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,26 +11,37 @@ from optimum_prune.modeling.architectures import get_layers, get_spec, layer_vie
 
 MOE_TYPES = ("qwen3_moe", "mixtral", "olmoe", "gpt_oss")
 
-_COMMON = dict(
-    vocab_size=256,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    num_experts_per_tok=2,
-    tie_word_embeddings=False,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
-)
+_COMMON = {
+    "vocab_size": 256,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "num_experts_per_tok": 2,
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
 _EXTRA = {
-    "qwen3_moe": dict(moe_intermediate_size=24, intermediate_size=48, num_experts=6, head_dim=8, norm_topk_prob=True),
-    "mixtral": dict(intermediate_size=24, num_local_experts=6),
-    "olmoe": dict(intermediate_size=24, num_experts=6, norm_topk_prob=False),
-    "gpt_oss": dict(intermediate_size=24, num_local_experts=6, head_dim=8, sliding_window=8,
-                    layer_types=["sliding_attention", "full_attention"],
-                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    "qwen3_moe": {
+        "moe_intermediate_size": 24,
+        "intermediate_size": 48,
+        "num_experts": 6,
+        "head_dim": 8,
+        "norm_topk_prob": True,
+    },
+    "mixtral": {"intermediate_size": 24, "num_local_experts": 6},
+    "olmoe": {"intermediate_size": 24, "num_experts": 6, "norm_topk_prob": False},
+    "gpt_oss": {
+        "intermediate_size": 24,
+        "num_local_experts": 6,
+        "head_dim": 8,
+        "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    },
 }
 
 
@@ -79,3 +90,23 @@ def masked_router(model, masked: dict[int, list[int]]):
         yield
     finally:
         module.F = real
+
+
+# The contract rows of the expert method (tests/test_common.py checks every registered method has rows somewhere)
+MOE_CASES = [
+    {"expert_ratio": 0.34},
+    {"expert_ratio": 0.34, "channel_ratio": 0.25, "round_to": 8},  # 24 channels -> 16
+    {
+        "expert_ratio": 0.5,
+        "channel_ratio": 0.25,
+        "round_to": 4,
+        "allocation": "global",
+        "channel_scores": "fluctuation",
+    },
+    {"expert_ratio": 0.34, "criterion": "random"},
+    {"channel_ratio": 0.5, "gate": "router", "weighted_refit": False},  # 24 channels -> 12 (round_to 32: not rounded)
+]
+
+
+def moe_ids(num_samples: int = 8, seq_len: int = 24, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, 256, (num_samples, seq_len), generator=torch.Generator().manual_seed(seed))
