@@ -85,6 +85,9 @@ def render_markdown(result: dict[str, Any]) -> str:
                 "not run" if r is None else " / ".join(f"{r[f'ppl_{t}']:.2f}" for t in texts) + f" ({r['time_s']:.0f})"
             )
         lines.append(f"| {MLP[m]} | " + " | ".join(cells) + " |")
+    if any("documents" in r for r in rows.values()):
+        lines += ["", "## Perplexity with its interval; Δ: against Wanda on q/k with the same stage 2", ""]
+        lines += _interval_rows(result, attn, mlps, [(f"ppl_{t}", names[t]) for t in texts])
     lines += ["", "## Times and sparsity", "", "Whole-model fraction of zero weights per cell: " + ", ".join(
         f"{k} {v['whole_model_sparsity']:.3f}" for k, v in rows.items()) + "."]  # fmt: skip
     if st:
@@ -160,6 +163,21 @@ def render_markdown(result: dict[str, Any]) -> str:
     if result.get("status") != "complete":
         lines += ["", f"_Partial results ({result.get('status')}); cells marked 'not run' did not finish._"]
     return "\n".join(lines) + "\n"
+
+
+def _interval_rows(result: dict[str, Any], attn: list[str], mlps: list[str], texts: list) -> list[str]:
+    import harness
+
+    rows, dense = result["rows"], result.get("dense", {})
+    out = [{"group": "dense", "label": "dense", "ppl": dense, "docs": dense.get("documents"), "ref": None}]
+    for m in mlps:
+        base = rows.get(f"wanda|{m}")
+        for a in attn:
+            r = rows.get(f"{a}|{m}")
+            if r is not None:
+                ref = None if a == "wanda" or base is None else {"ppl": base, "docs": base.get("documents")}
+                out.append({"group": MLP[m], "label": ATTN[a], "ppl": r, "docs": r.get("documents"), "ref": ref})
+    return harness.interval_table(out, texts, group="stage 2", baseline="Wanda q/k")
 
 
 def harness_protocol_line(result: dict[str, Any]) -> str:

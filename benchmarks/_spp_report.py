@@ -64,6 +64,39 @@ def _spp_settings(config: dict) -> str:
     return f"pools={pools}, refit with{'' if config.get('compensation_bias', False) else 'out'} a bias at strength {strength}"
 
 
+def _interval_sections(res: dict, ratios: list, bible: bool) -> list[str]:
+    """The perplexities with their bootstrap intervals, each method against NP at the same ratio (NP against FLAP),
+    before and after LoRA (results that store per-document sums)."""
+    import harness
+
+    texts = [("bbc", "BBC"), ("python", "Python docs")] + ([("kjv", "KJV Bible")] if bible else [])
+    dense = res.get("dense", {})
+    out = []
+    for stage, title in (("pruned", "Perplexity with its interval"), ("lora", "After LoRA")):
+        rows = [] if stage == "lora" else [{"group": "0", "label": "dense", "ppl": dense,
+                                            "docs": dense.get("documents"), "ref": None}]  # fmt: skip
+        for ratio in ratios:
+            got = {m: res["rows"][f"{m}@{ratio}"].get(stage) for m in ROWS if f"{m}@{ratio}" in res["rows"]}
+            for method, p in got.items():
+                if not p:
+                    continue
+                base = got.get("flap" if method == "np" else "np")
+                ref = None if method == "flap" or not base else {"ppl": base, "docs": base.get("documents")}
+                rows.append({"group": f"{ratio}", "label": NAMES[method], "ppl": p, "docs": p.get("documents"),
+                             "ref": ref})  # fmt: skip
+        if len(rows) > (stage == "pruned"):
+            out += ["", f"{title} (Δ: each method against NP at the same ratio, NP against FLAP):", ""]
+            out += harness.interval_table(rows, texts, baseline="NP (NP: FLAP)")
+    un = res.get("unstructured", {})
+    if any("documents" in r for r in un.values()):
+        rows = [{"group": "50%", "label": NAMES[m], "ppl": un[m], "docs": un[m].get("documents"),
+                 "ref": None if m == "ria" or "ria" not in un else {"ppl": un["ria"], "docs": un["ria"].get("documents")}}
+                for m in ("spp_ria", "ria", "wanda") if m in un]  # fmt: skip
+        out += ["", "50% unstructured with intervals:", ""]
+        out += harness.interval_table(rows, texts, group="sparsity", baseline="RIA")
+    return out
+
+
 def markdown(res: dict) -> str:
     a = res["args"]
     bible = any("kjv" in row["pruned"] for row in res["rows"].values())  # the protocol's third text
@@ -141,6 +174,8 @@ def markdown(res: dict) -> str:
                 + f"{_f(lo.get('bbc'))} | {_f(lo.get('python'))} | "
                 f"{_f(sp.get('prefill_speedup'))} | {_f(sp.get('decode_speedup'))} | {t} |"
             )
+    if any("documents" in row["pruned"] for row in res["rows"].values()):
+        lines += _interval_sections(res, a["ratios"], bible)
     lora_kjv = {key: row["lora"]["kjv"] for key, row in res["rows"].items() if "kjv" in row.get("lora", {})}
     if lora_kjv:
         lines += ["", f"KJV Bible perplexity after LoRA (dense {_f(dense.get('kjv'))}):", ""]

@@ -306,11 +306,18 @@ def probe_classifier_dir(size: int = DEFAULT_SIZE) -> Path:
 
 
 @torch.no_grad()
-def accuracy(model, pixels: torch.Tensor, labels: torch.Tensor, batch_size: int = 64) -> float:
+def correct(model, pixels: torch.Tensor, labels: torch.Tensor, batch_size: int = 64) -> str:
+    """Which images `model` classifies correctly, in order: a string of `0` / `1` (what a bootstrap over the images
+    resamples; `accuracy` is its mean)."""
     model.eval()
-    correct = 0
+    hits = []
     for s in range(0, len(pixels), batch_size):
-        correct += int(
-            (model(pixel_values=pixels[s : s + batch_size]).logits.argmax(-1) == labels[s : s + batch_size]).sum()
-        )
-    return correct / len(labels)
+        hits += (
+            model(pixel_values=pixels[s : s + batch_size]).logits.argmax(-1) == labels[s : s + batch_size]
+        ).tolist()
+    return "".join("1" if h else "0" for h in hits)
+
+
+def accuracy(model, pixels: torch.Tensor, labels: torch.Tensor, batch_size: int = 64) -> float:
+    hits = correct(model, pixels, labels, batch_size)
+    return hits.count("1") / len(hits)

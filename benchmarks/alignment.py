@@ -146,6 +146,16 @@ def markdown(result: dict[str, Any]) -> str:
             f"{both(lc, 'prefill_speedup')} | "
             f"{both(lc, 'decode_speedup')} | {fmt(r.get('q8_0_mb'), '{:.1f}')} |"
         )
+    if "documents" in dense:
+        lines += ["", "Perplexity with its interval; Δ: against the same method with `round_to=1`:", ""]
+        texts = [(f"ppl_{k}", harness.text_label(t)) for t, k in TEXT_KEYS.items() if f"ppl_{k}" in dense]
+        base = {r["method"]: r for r in result["runs"] if r["round_to"] == 1}
+        rows = [{"group": "–", "label": "dense", "ppl": dense, "docs": dense["documents"], "ref": None}]
+        for r in result["runs"]:
+            b = None if r["round_to"] == 1 else base.get(r["method"])
+            rows.append({"group": str(r["round_to"]), "label": LABELS[r["method"]], "ppl": r,
+                         "docs": r.get("documents"), "ref": b and {"ppl": b, "docs": b.get("documents")}})  # fmt: skip
+        lines += harness.interval_table(rows, texts, group="round_to", baseline="round_to=1")
     for note in result.get("notes", []):
         lines += ["", note]
     if result.get("partial"):
@@ -167,10 +177,12 @@ def main(argv=None) -> int:
     calib_ids = protocol.calibration_ids(tok, args.num_samples, args.seq_len)
     prompt = prompt_ids(protocol, tok, args.prompt_len)
 
-    def ppl(model) -> dict[str, float]:
-        texts = protocol.perplexities(model, tok)
+    def ppl(model) -> dict[str, Any]:
+        texts, docs = protocol.evaluate(model, tok)
         result["protocol"] = protocol.record()
-        return {f"ppl_{TEXT_KEYS[t]}": x for t, x in texts.items()}
+        out: dict[str, Any] = {f"ppl_{TEXT_KEYS[t]}": x for t, x in texts.items()}
+        out["documents"] = {f"ppl_{TEXT_KEYS[t]}": d for t, d in docs.items()}
+        return out
 
     env = harness.environment(argv, "alignment.py")
     result: dict[str, Any] = {

@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", type=Path, default=harness.RESULTS_DIR / "amp_regimes_smollm2.json")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--render-only", action="store_true")
+    harness.add_tree_args(p)
     args = p.parse_args(argv)
     out = args.output.with_suffix(".json")
     if args.render_only:
@@ -198,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     result.update({k: v for k, v in env.items() if k != "command"})
     model, tok, result["setup"]["model"] = harness.load_model(args)
     # an error study on the calibration windows themselves: only the selection split's calibration documents
+    harness.require_clean_tree(args)
     protocol = harness.Protocol(split="selection", seed=args.seed, eval_texts=())
     ids = protocol.calibration_ids(tok, args.num_samples, args.seq_len)
     result["protocol"] = protocol.record()

@@ -80,7 +80,7 @@ def mlp_config(method: str, sparsity: float):
     return {"wanda": WandaConfig, "sparsegpt": SparseGPTConfig}[method](sparsity=sparsity, targets=["mlp"])
 
 
-_SECTIONS = ("dense", "rows", "stage1", "attention_error", "speed", "speed_other_runs", "protocol")
+_SECTIONS = ("dense", "rows", "stage1", "attention_error", "speed", "speed_other_runs", "protocol", "environment")
 
 
 def merge_disk(result: dict[str, Any], json_path: Path) -> None:
@@ -251,16 +251,19 @@ def main(argv: list[str] | None = None) -> int:
     protocol = harness.Protocol.from_args(args)
     ids = protocol.calibration_ids(tok, args.num_samples, args.seq_len)
 
-    def ppl(model) -> dict[str, float]:
-        texts = protocol.perplexities(model, tok)
+    def ppl(model) -> dict[str, Any]:
+        texts, docs = protocol.evaluate(model, tok)
         result["protocol"] = protocol.record()
-        return {f"ppl_{TEXT_KEYS[t]}": x for t, x in texts.items()}
+        out: dict[str, Any] = {f"ppl_{TEXT_KEYS[t]}": x for t, x in texts.items()}
+        out["documents"] = {f"ppl_{TEXT_KEYS[t]}": d for t, d in docs.items()}
+        return out
 
     calibration = {"source": "BBC news, calibration split of the protocol (seed)",
                    "num_samples": args.num_samples, "seq_len": args.seq_len, "seed": args.seed,
                    "ids_sum": int(ids.sum())}  # fmt: skip
     env = harness.environment(argv, "attention.py")
     result: dict[str, Any] = {
+        "environment": env,
         "setup": {
             "model": model_desc, "gguf_file": harness.model_source(args)[1], "threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(), "torch": torch.__version__, "optimum_prune": __version__,

@@ -115,7 +115,14 @@ def markdown(result: dict[str, Any]) -> str:
                   "|---|" + "---:|" * len(p["eval_texts"])]  # fmt: skip
         for name, m in result["models"].items():
             cells = [
-                " / ".join(_fmt(m.get("ppl_texts", {}).get(t, {}).get(k)) for k in ("transformers", *OUTTYPES))
+                " / ".join(
+                    harness.ppl_cell(
+                        m.get("ppl_texts", {}).get(t, {}).get("transformers"), m.get("documents", {}).get(t)
+                    )
+                    if k == "transformers"
+                    else _fmt(m.get("ppl_texts", {}).get(t, {}).get(k))
+                    for k in ("transformers", *OUTTYPES)
+                )
                 for t in p["eval_texts"]
             ]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -178,7 +185,9 @@ def main(argv=None) -> int:
     def measure(name: str, model: torch.nn.Module, extra: dict[str, Any]) -> None:
         entry = {**extra, "arch": gguf_layout(model)["arch"], "params": sum(p.numel() for p in model.parameters())}
         t0 = time.perf_counter()
-        ppl = {t: {"transformers": x} for t, x in protocol.perplexities(model, tok).items()}
+        scores, docs = protocol.evaluate(model, tok)
+        ppl = {t: {"transformers": x} for t, x in scores.items()}
+        entry["documents"] = docs
         for outtype in OUTTYPES:
             path = export_gguf(model, workdir / f"{name}.{outtype}.gguf", outtype, tokenizer=tok, overwrite=True)
             files[outtype][name] = str(path)

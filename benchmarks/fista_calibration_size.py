@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=harness.RESULTS_DIR / "fista_calibration_size.json")
     args = parser.parse_args(argv)
     sizes = args.sizes.split(",")
+    harness.require_clean_tree(args)
     protocol = harness.Protocol(split=args.split, seed=args.seed, eval_texts=())
     calib_docs, held_docs = protocol.documents("bbc", "calibration"), protocol.documents("bbc")
     model, tokenizer, model_desc = harness.load_model(args)

@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     variants = {k: VARIANTS[k] for k in args.variants.split(",")}
     json_path = args.output or harness.RESULTS_DIR / f"fista_generalization_{args.num_samples}x{args.seq_len}.json"
+    harness.require_clean_tree(args)
     protocol = harness.Protocol(split=args.split, seed=args.seed, eval_texts=())
     model, tokenizer, model_desc = harness.load_model(args)
     result: dict[str, Any] = {

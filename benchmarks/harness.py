@@ -6,9 +6,13 @@
 - **split**: [`Protocol`] splits every corpus *by document* into calibration / selection / test sets (seeded); a
   script calibrates on the calibration set, chooses defaults and sweeps on `split="selection"` and reports tables on
   `split="test"`; every results file records the split it was evaluated on and each set's document hash.
-- **evaluate**: [`Protocol.perplexities`] scores at least three texts of different kinds (BBC news, the Python
-  documentation, the King James Bible) with the same token cap for every model, and records the scored token counts.
-- **environment record**: [`environment`] (date, command, host, load, versions, git commit).
+- **evaluate**: [`Protocol.evaluate`] scores at least three texts of different kinds (BBC news, the Python
+  documentation, the King James Bible) with the same token cap for every model, records the scored token counts, and
+  returns each text's NLL summed per document, which results files store so that [`ppl_cell`] / [`delta_cell`] print
+  a document-level bootstrap 95% interval beside every perplexity and every Δ against a baseline (paired: the same
+  resampled documents for both), with the one verdict rule (`optimum_prune.evaluation.verdict`).
+- **environment record**: [`environment`] (UTC date, command, host, load, versions, git commit and whether the tree
+  had uncommitted changes); protocol runs refuse such a tree ([`require_clean_tree`]) unless `--allow-dirty`.
 - **results writing**: [`write_results`] writes `<name>.json` and, through the one renderer (`render.py`),
   `<name>.md`, atomically.
 - **timing**: [`timing_lock`] (one timed measurement at a time on a machine), [`spread`] and [`speed_verdict`]
@@ -45,6 +49,15 @@ RESULTS_DIR = BENCH_DIR / "results"
 if str(BENCH_DIR) not in sys.path:  # scripts import their private helpers (`_llamacpp`, ...) by bare name
     sys.path.insert(0, str(BENCH_DIR))
 
+from _intervals import (  # noqa: E402  (the tables' uncertainty cells, re-exported)
+    accuracy_cell,
+    accuracy_delta_cell,
+    delta_cell,
+    has_documents,
+    interval_table,
+    ppl_cell,
+)
+
 import optimum_prune  # noqa: E402
 from optimum_prune import AutoPruner, CalibrationConfig, CalibrationStatsCache, reuse_calibration_stats  # noqa: E402  # noqa: E402
 from optimum_prune.calibration.data import (  # noqa: E402
@@ -54,7 +67,7 @@ from optimum_prune.calibration.data import (  # noqa: E402
     python_docs_dir,
 )
 from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir  # noqa: E402
-from optimum_prune.evaluation import perplexity  # noqa: E402
+from optimum_prune.evaluation import score_documents  # noqa: E402
 from optimum_prune.runtime.checkpoint import jsonable  # noqa: E402  (tensors, paths, numpy scalars)
 
 __all__ = [
@@ -65,9 +78,15 @@ __all__ = [
     "CalibrationStatsCache",
     "Protocol",
     "add_model_args",
+    "accuracy_cell",
+    "accuracy_delta_cell",
     "add_protocol_args",
+    "delta_cell",
     "environment",
+    "interval_table",
     "load_model",
+    "ppl_cell",
+    "require_clean_tree",
     "reuse_calibration_stats",
     "speed_verdict",
     "spread",
@@ -190,6 +209,7 @@ class Protocol:
     _splits: dict[str, dict[str, list[str]]] = field(default_factory=dict, repr=False)
     _calibration: dict[str, Any] = field(default_factory=dict, repr=False)
     _scored: dict[str, int] = field(default_factory=dict, repr=False)
+    _scored_documents: dict[str, int] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.split not in ("selection", "test"):
@@ -207,6 +227,7 @@ class Protocol:
             "eval_tokens": args.eval_tokens,
             "eval_seq_len": args.eval_seq_len,
         }
+        require_clean_tree(args)
         return cls(**{**kw, **overrides})
 
     def documents(self, corpus: str, split: str | None = None) -> list[str]:
@@ -250,18 +271,23 @@ class Protocol:
         n = len(tokenizer("\n\n".join(self.texts(corpus, tokens)))["input_ids"])
         return (min(n, tokens) // seq_len) * (seq_len - 1)
 
-    def perplexities(
+    def evaluate(
         self, model: torch.nn.Module, tokenizer: Any, *, seq_len: int | None = None, tokens: int | None = None
-    ) -> dict[str, float]:
-        """`{corpus: perplexity}` on the evaluation split of every evaluation text, same tokens for every model."""
+    ) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+        """`({corpus: perplexity}, {corpus: per-document sums})` on the evaluation split of every evaluation text, the
+        same tokens for every model. The sums (`{"unit", "units", "nll", "tokens"}`,
+        `optimum_prune.evaluation.score_documents`) are what a results file stores beside the perplexity, so that
+        its tables can print bootstrap intervals (`ppl_cell`, `delta_cell`)."""
         seq_len, tokens = seq_len or self.eval_seq_len, tokens or self.eval_tokens
-        out = {}
+        ppl, docs = {}, {}
         for corpus in self.eval_texts:
             key = f"{corpus}@{seq_len}x{tokens}"
             if key not in self._scored:
                 self._scored[key] = self.scored_tokens(tokenizer, corpus, seq_len, tokens)
-            out[corpus] = perplexity(model, tokenizer, self.texts(corpus, tokens), seq_len=seq_len, max_tokens=tokens)
-        return out
+            scores = score_documents(model, tokenizer, self.texts(corpus, tokens), seq_len=seq_len, max_tokens=tokens)
+            ppl[corpus], docs[corpus] = scores.perplexity, scores.as_dict()
+            self._scored_documents[key] = len(scores.units)
+        return ppl, docs
 
     def record(self) -> dict[str, Any]:
         """What every results file stores of the protocol: the evaluation split, the seed, the hash and size of every
@@ -281,6 +307,7 @@ class Protocol:
             "eval_tokens": self.eval_tokens,
             "eval_seq_len": self.eval_seq_len,
             "scored_tokens": scored,
+            "scored_documents": dict(self._scored_documents),
             "meets_min_scored_tokens": least >= self.min_scored_tokens if least is not None else not self.eval_texts,
             "calibration": list(self._calibration.values()),
             "corpora": corpora,
@@ -296,6 +323,17 @@ def add_split_args(p: argparse.ArgumentParser, *, split: str = "test", what: str
         help=f"{what}: 'selection' to choose defaults / sweep, 'test' to report (default: {split})",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the document split and calibration windows")
+    add_tree_args(p)
+    return p
+
+
+def add_tree_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`--allow-dirty`: run although the tree has uncommitted changes (smoke runs); the results say so."""
+    p.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="run from a tree with uncommitted changes (smoke runs only: the results file is marked as such)",
+    )
     return p
 
 
@@ -372,11 +410,12 @@ def is_packaged_model(args: argparse.Namespace) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------- environment
-def _git(*cmd: str) -> str | None:
+def _git(*cmd: str, strip: bool = True) -> str | None:
     try:
-        return subprocess.run(["git", *cmd], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        out = subprocess.run(["git", *cmd], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
+    return out.strip() if strip else out
 
 
 def host_info() -> dict[str, Any]:
@@ -410,21 +449,56 @@ def loadavg() -> list[float] | None:
         return None
 
 
+# what a run's results depend on, beside the installed packages: a change here makes the tree dirty
+CODE_PATHS = ("optimum_prune", "benchmarks", ":(exclude)benchmarks/results", "pyproject.toml")
+
+
+class DirtyTreeError(RuntimeError):
+    """A protocol run was started from a tree with uncommitted changes."""
+
+
+def tree_state() -> dict[str, Any]:
+    """`{"commit", "dirty", "dirty_paths"}` of the repository: the commit a run records, and the uncommitted changes
+    (tracked or not) under the code it runs (`CODE_PATHS`; results files excluded). `None`s outside a git checkout."""
+    status = _git("status", "--porcelain", "--untracked-files=all", "--", *CODE_PATHS, strip=False)
+    paths = [line[3:] for line in status.splitlines()] if status else []
+    return {"commit": _git("rev-parse", "HEAD"), "dirty": bool(paths) if status is not None else None,
+            "dirty_paths": paths}  # fmt: skip
+
+
+def require_clean_tree(args: argparse.Namespace | None = None) -> None:
+    """Refuse a protocol run from a tree with uncommitted changes (its results would name a commit that did not
+    make them), unless `args.allow_dirty` (`--allow-dirty`, for smoke runs; the results file then says so)."""
+    if getattr(args, "allow_dirty", False):
+        return
+    state = tree_state()
+    if state["dirty"]:
+        shown = ", ".join(state["dirty_paths"][:8]) + (" ..." if len(state["dirty_paths"]) > 8 else "")
+        raise DirtyTreeError(
+            f"A protocol run records the commit it ran ({str(state['commit'])[:10]}), but the tree has uncommitted "
+            f"changes: {shown}. Commit them (git commit) or set them aside (git stash -u), then run again; "
+            "--allow-dirty runs anyway for a smoke run, and marks its results file as made from a dirty tree."
+        )
+
+
 def versions() -> dict[str, Any]:
     import transformers
 
-    dirty = _git("status", "--porcelain", "--", "optimum_prune")
+    state = tree_state()
+    lib_dirty = _git("status", "--porcelain", "--", "optimum_prune")
     return {
         "optimum_prune": optimum_prune.__version__,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "git_commit": _git("rev-parse", "HEAD"),
-        "library_tree_dirty": bool(dirty) if dirty is not None else None,
+        "git_commit": state["commit"],
+        "library_tree_dirty": bool(lib_dirty) if lib_dirty is not None else None,
+        "tree_dirty": state["dirty"],
+        "dirty_paths": state["dirty_paths"],
     }
 
 
 def environment(argv: Sequence[str] | None = None, script: str | None = None) -> dict[str, Any]:
-    """Date, command, host (CPU, threads, memory, load), versions and commit of a run."""
+    """UTC date, command, host (CPU, threads, memory, load), versions, commit and tree state of a run."""
     script = script or Path(sys.argv[0]).name
     args = list(sys.argv[1:] if argv is None else argv)
     return {
@@ -433,6 +507,14 @@ def environment(argv: Sequence[str] | None = None, script: str | None = None) ->
         "host": host_info(),
         "versions": versions(),
     }
+
+
+def run_record(result: dict[str, Any]) -> dict[str, Any] | None:
+    """The `environment` a results file holds (at its top level, or under `"environment"`), or None."""
+    for env in (result, result.get("environment") or {}):
+        if env.get("date") and (env.get("versions") or {}).get("git_commit") is not None:
+            return env
+    return None
 
 
 def setup_logging() -> None:
@@ -459,6 +541,11 @@ def write_results(result: dict[str, Any], path: Path, renderer: str | None = Non
         result["renderer"] = renderer
     if "renderer" not in result:
         raise ValueError("a results file names its renderer (the script's module name)")
+    if run_record(result) is None:
+        raise ValueError(
+            "a results file records the UTC date, commit and tree state of its run: merge harness.environment() into "
+            "it (at its top level or under 'environment')"
+        )
     path = Path(path).with_suffix(".json")
     path.parent.mkdir(parents=True, exist_ok=True)
     data = jsonable(result)
@@ -518,9 +605,17 @@ def protocol_line(res: dict[str, Any]) -> str:
         n = c.get(p["split"], {}).get("documents")
         sha = (c.get(p["split"], {}).get("sha256") or "")[:8]
         scored = [v for k, v in p["scored_tokens"].items() if k.startswith(name + "@")]
+        scored_docs = [v for k, v in p.get("scored_documents", {}).items() if k.startswith(name + "@")]
         texts.append(
             f"{CORPORA[name].label if name in CORPORA else name} ({n} documents, sha {sha}"
             + (f", {min(scored)} scored tokens" if scored else "")
+            + (
+                f" in {min(scored_docs)}-{max(scored_docs)} documents".replace(
+                    f"{min(scored_docs)}-{min(scored_docs)} ", f"{min(scored_docs)} "
+                )
+                if scored_docs
+                else ""
+            )
             + ")"
         )
     calib = ", ".join(f"{c['num_samples']} × {c['seq_len']} {c['corpus']}" for c in p.get("calibration", []))
@@ -533,6 +628,17 @@ def protocol_line(res: dict[str, Any]) -> str:
     )
     if not p.get("meets_min_scored_tokens", True):
         line += f" **Below the protocol's {MIN_SCORED_TOKENS} scored tokens per text (a smoke run).**"
+    env = run_record(res)
+    if env is not None and "tree_dirty" in env["versions"]:  # results files of runs that record the tree's state
+        line += f" Run at commit {str(env['versions']['git_commit'])[:10]}, {env['date']} (UTC)."
+        if env["versions"]["tree_dirty"] is not False:
+            line += " **Run from a tree with uncommitted changes (`--allow-dirty`): not a protocol result.**"
+    if has_documents(res):
+        line += (
+            " Intervals: document-level bootstrap 95% (2,000 seeded resamples of the scored documents; a Δ against a"
+            " baseline resamples the same documents for both); better / worse only when the Δ's interval excludes 0,"
+            " else tie."
+        )
     return line
 
 

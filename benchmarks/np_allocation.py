@@ -243,6 +243,8 @@ def markdown(res: dict[str, Any]) -> str:
     runs = res["runs"]
     ratios = sorted({r["ratio"] for r in runs})
     variants = [v for v in s["variants"] if any(r["variant"] == v for r in runs)]
+    if any(r.get("documents") for r in runs):
+        return "\n".join(lines + _interval_tables(res, texts, seqs, ratios, variants)) + "\n"
     for t, label in texts:
         for k, q in seqs:
             lines += ["", f"## {label}, seq {q}", "", "| variant | " + " | ".join(f"{r:g}" for r in ratios) + " |",
@@ -267,6 +269,32 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _interval_tables(res, texts, seqs, ratios, variants) -> list[str]:
+    """Per window length: every run's perplexity on each text with its bootstrap 95% interval, and its Δ against FLAP
+    at the same ratio with the paired interval and the verdict (results that store per-document sums)."""
+    runs = {(r["variant"], r["ratio"]): r for r in res["runs"]}
+    dense_docs = res.get("dense_documents", {})
+    lines = []
+    for k, q in seqs:
+        keys = [(t + k, label) for t, label in texts]
+        dense = {"group": "0", "label": "dense", "ppl": res["dense"], "docs": dense_docs, "ref": None}
+        rows = [dense]
+        for ratio in ratios:
+            flap = runs.get(("flap", ratio))
+            for v in variants:
+                run = runs.get((v, ratio))
+                if run is not None:
+                    ref = None if v == "flap" or flap is None else {"ppl": flap, "docs": flap.get("documents")}
+                    rows.append({"group": f"{ratio:g}", "label": _label(res, v), "ppl": run,
+                                 "docs": run.get("documents"), "ref": ref})  # fmt: skip
+        lines += ["", f"## Perplexity, windows of {q}", ""] + harness.interval_table(rows, keys)
+    lines += ["", "## Measured ratio and decide time (s) per run", ""]
+    lines += [
+        f"- {r['variant']} @ {r['ratio']:g}: measured {r['measured']:.3f}, {r['prune_s']:.1f} s" for r in res["runs"]
+    ]
+    return lines
+
+
 def write(res: dict[str, Any], out: Path) -> None:
     harness.write_results(res, out, "np_allocation")
 
@@ -283,13 +311,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     calib_ids = protocol.calibration_ids(tokenizer, args.num_samples, args.seq_len)
     seqs = {"": args.eval_seq_len, **({"_long": args.long_eval_seq_len} if args.long_eval_seq_len else {})}
 
-    def perplexities(model: torch.nn.Module) -> dict[str, float]:
-        out = {}
+    def perplexities(model: torch.nn.Module) -> tuple[dict[str, float], dict[str, Any]]:
+        out, documents = {}, {}
         for suffix, q in seqs.items():
-            for t, x in protocol.perplexities(model, tokenizer, seq_len=q).items():
-                out[TEXT_KEYS[t] + suffix] = x
+            ppl, docs = protocol.evaluate(model, tokenizer, seq_len=q)
+            for t, x in ppl.items():
+                out[TEXT_KEYS[t] + suffix], documents[TEXT_KEYS[t] + suffix] = x, docs[t]
         res["protocol"] = protocol.record()
-        return out
+        return out, documents
 
     env = harness.environment(argv, "np_allocation.py")
     res: dict[str, Any] = {
@@ -317,6 +346,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for k in ("eval_tokens", "eval_seq_len", "long_eval_seq_len", "round_to", "split")
         ):
             res["runs"], res["dense"], res["collect_s"] = old["runs"], old["dense"], old.get("collect_s", 0.0)
+            res["dense_documents"] = old.get("dense_documents", {})
             res["settings"]["variants"] = list(dict.fromkeys(old["settings"]["variants"] + args.variants))
             logger.info("Resuming %s: %d runs kept", args.output, len(res["runs"]))
     sha = res["settings"]["calibration_ids_sha256"]
@@ -327,7 +357,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.collect_only:
         return res
     if not res["dense"]:
-        res["dense"] = perplexities(dense)
+        res["dense"], res["dense_documents"] = perplexities(dense)
         logger.info("dense: %s", {t: round(x, 3) for t, x in res["dense"].items()})
 
     layers = get_layers(dense, spec)
@@ -351,7 +381,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
             run = {"variant": name, "ratio": ratio, "prune_s": prune_s, "shapes": shapes, "config": config,
                    "measured": 1 - attention_mlp_params(model, spec) / before, **info}  # fmt: skip
-            ppl = perplexities(model)
+            ppl, run["documents"] = perplexities(model)
             run.update(ppl)
             res["runs"].append(run)
             logger.info("%s @ %g: %s", name, ratio, {t: round(x, 3) for t, x in ppl.items()})

@@ -73,7 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def evaluate(model, tokenizer, protocol: harness.Protocol, args) -> dict[str, Any]:
     t0 = time.perf_counter()
-    out = {TEXT_KEYS[t]: x for t, x in protocol.perplexities(model, tokenizer).items()}
+    ppl, docs = protocol.evaluate(model, tokenizer)
+    out: dict[str, Any] = {TEXT_KEYS[t]: x for t, x in ppl.items()}
+    out["documents"] = {TEXT_KEYS[t]: d for t, d in docs.items()}
     if args.zero_shot_limit:
         # the topic task over the evaluation split's BBC articles (never calibrated or trained on)
         task = bbc_news_topic_task(documents=protocol.documents("bbc"))
@@ -166,8 +168,25 @@ def markdown(res: dict) -> str:
             ppl = " | ".join(_f(r.get(k)) for k in keys)
             train = _f(r.get("train_s"), ".0f") if variant != "pruned" else "—"
             lines.append(f"| {row['name']} | {label} | {ppl} | {acc} | {train} |")
+    if "documents" in dense:
+        lines += ["", "Perplexity with its interval; Δ: each recovery against the same pruned model without it:", ""]
+        lines += _interval_rows(res, list(zip(keys, labels)))
     lines.append("")
     return "\n".join(lines)
+
+
+def _interval_rows(res: dict, texts: list[tuple[str, str]]) -> list[str]:
+    dense = res["dense"]
+    rows = [{"group": "dense", "label": "dense", "ppl": dense, "docs": dense.get("documents"), "ref": None}]
+    for key in res["args"]["methods"]:
+        row = res["rows"].get(key, {})
+        pruned = row.get("pruned")
+        for variant, label in (("pruned", "none"), ("lora", "LoRA"), ("lora_kd", "LoRA + KD")):
+            r = row.get(variant)
+            if r is not None:
+                ref = None if variant == "pruned" or not pruned else {"ppl": pruned, "docs": pruned.get("documents")}
+                rows.append({"group": row["name"], "label": label, "ppl": r, "docs": r.get("documents"), "ref": ref})
+    return harness.interval_table(rows, texts, group="method", baseline="no recovery")
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -34,6 +34,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
@@ -141,9 +142,12 @@ def spp_shape(args) -> dict:
     return {k: v for k, v in shape.items() if v is not None}
 
 
-def evaluate(model, tokenizer, protocol: harness.Protocol, args) -> dict[str, float]:
+def evaluate(model, tokenizer, protocol: harness.Protocol, args) -> dict[str, Any]:
+    """`{text key: perplexity, "documents": {text key: per-document sums}, "eval_s"}`."""
     t0 = time.perf_counter()
-    out = {TEXT_KEYS[t]: x for t, x in protocol.perplexities(model, tokenizer).items()}
+    ppl, docs = protocol.evaluate(model, tokenizer)
+    out: dict[str, Any] = {TEXT_KEYS[t]: x for t, x in ppl.items()}
+    out["documents"] = {TEXT_KEYS[t]: d for t, d in docs.items()}
     out["eval_s"] = time.perf_counter() - t0
     return out
 

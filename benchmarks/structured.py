@@ -492,6 +492,9 @@ def markdown(res: dict[str, Any]) -> str:
         ]
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "Bold: lowest perplexity at that ratio."]
+    if any(r.get("ppl_documents") for r in runs):
+        lines += ["", "Perplexity with its interval, and each method against FLAP at the same ratio:", ""]
+        lines += _interval_rows(res, ["bbc", *others])
     timing = res.get("pruning_time_interleaved") or []
     if timing:
         lines += [
@@ -516,6 +519,24 @@ def markdown(res: dict[str, Any]) -> str:
             "on this CPU); run with `--long-eval-seq-len 2048` to add it.",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _interval_rows(res: dict[str, Any], texts: list[str]) -> list[str]:
+    """`harness.interval_table` of the runs (and the dense model), FLAP at the same ratio as the baseline."""
+
+    def row(group: str, r: dict[str, Any], ref: dict[str, Any] | None) -> dict[str, Any]:
+        ppl, docs = dict(r.get("ppl_texts") or {"bbc": r["ppl"]}), dict(r.get("ppl_documents") or {})
+        if r.get("ppl_long") is not None:
+            ppl["long"], docs["long"] = r["ppl_long"], r.get("ppl_long_documents")
+        return {"group": group, "label": r.get("label", "dense"), "ppl": ppl, "docs": docs, "ref": ref}
+
+    flap = {r["ratio"]: row("", r, None) for r in res["runs"] if r["method"] == "flap"}
+    rows = [row("0", res["dense"], None)]
+    rows += [row(f"{r['ratio']:.1f}", r, None if r["method"] == "flap" else flap.get(r["ratio"])) for r in res["runs"]]
+    texts = [(t, harness.text_label(t)) for t in texts]
+    if res["settings"].get("long_eval_seq_len"):
+        texts.append(("long", f"{harness.text_label('bbc')} @{res['settings']['long_eval_seq_len']}"))
+    return harness.interval_table(rows, texts)
 
 
 def write_outputs(res: dict[str, Any], out: Path) -> None:
@@ -590,23 +611,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         res["dense_forward"]["decoder_median_s"] = statistics.median(res["dense_forward"]["decoder_s"])
         logger.info("Dense forward over the calibration ids: %.1f s (decoder only %.1f s)", full, dec)
 
-    def ppl_texts(model: torch.nn.Module) -> dict[str, float]:
-        out = protocol.perplexities(model, tokenizer)
+    def ppl_texts(model: torch.nn.Module) -> tuple[dict[str, float], dict[str, Any]]:
+        out = protocol.evaluate(model, tokenizer)
         res["protocol"] = protocol.record()
         return out
 
-    def ppl(model: torch.nn.Module, seq_len: int, max_tokens: int) -> float:
-        return protocol.perplexities(model, tokenizer, seq_len=seq_len, tokens=max_tokens)["bbc"]
+    def ppl(model: torch.nn.Module, seq_len: int, max_tokens: int) -> tuple[float, dict[str, Any]]:
+        ppl, docs = protocol.evaluate(model, tokenizer, seq_len=seq_len, tokens=max_tokens)
+        return ppl["bbc"], docs["bbc"]
 
     t0 = time.perf_counter()
-    dense_texts = ppl_texts(dense)
+    dense_texts, dense_docs = ppl_texts(dense)
     res["dense"] = {
         "params": sum(p.numel() for p in {id(p): p for p in dense.parameters()}.values()),
         "ppl": dense_texts.get("bbc"),
         "ppl_texts": dense_texts,
+        "ppl_documents": dense_docs,
     }
     if args.long_eval_seq_len:
-        res["dense"]["ppl_long"] = ppl(dense, args.long_eval_seq_len, args.long_eval_tokens)
+        res["dense"]["ppl_long"], res["dense"]["ppl_long_documents"] = ppl(
+            dense, args.long_eval_seq_len, args.long_eval_tokens
+        )
     res["dense"]["perplexity_time_s"] = time.perf_counter() - t0
     logger.info("Dense perplexity %.3f (%.0f s)", res["dense"]["ppl"], res["dense"]["perplexity_time_s"])
     time_dense_forward()
@@ -623,9 +648,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
             res["dense"]["prunable_params"] = report.prunable_params_before
             t0 = time.perf_counter()
-            texts = ppl_texts(model)
+            texts, docs = ppl_texts(model)
             ppl_short = texts.get("bbc")
-            ppl_long = ppl(model, args.long_eval_seq_len, args.long_eval_tokens) if args.long_eval_seq_len else None
+            ppl_long, docs_long = (
+                ppl(model, args.long_eval_seq_len, args.long_eval_tokens) if args.long_eval_seq_len else (None, None)
+            )
             t_ppl = time.perf_counter() - t0
             run = {
                 "method": name,
@@ -639,6 +666,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "ppl": ppl_short,
                 "ppl_long": ppl_long,
                 "ppl_texts": texts,
+                "ppl_documents": docs,
+                "ppl_long_documents": docs_long,
                 "ppl_ratio_vs_dense": ppl_short / res["dense"]["ppl"],
                 "speed": None,
                 "prune_time_s": report.timings["total_s"],

@@ -302,7 +302,10 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_num(nm, 'ppl_ood', '.2f')} | {_num(u, 'time_s', '.1f')} | {_num(nm, 'time_s', '.1f')} | "
             f"{_num(u, 'measured_sparsity', '.4f')} / {_num(nm, 'measured_sparsity', '.4f')} |"
         )
-    if result.get("protocol"):
+    if result.get("protocol") and any(r.get("ppl_documents") for r in result["runs"]):
+        lines += ["", harness.protocol_line(result), "", "## Perplexity on every evaluation text", ""]
+        lines += _interval_rows(result)
+    elif result.get("protocol"):
         texts = result["protocol"]["eval_texts"]
         lines += [
             "",
@@ -357,6 +360,27 @@ def markdown(result: dict[str, Any]) -> str:
     if result.get("status") != "complete":
         lines += ["", f"_Partial results ({result.get('status')}); runs finished: {len(result['runs'])}._"]
     return "\n".join(lines) + "\n"
+
+
+BASELINE = "sparsegpt"  # the Δ columns compare every method with SparseGPT at the same pattern
+
+
+def _interval_rows(result: dict[str, Any]) -> list[str]:
+    """`harness.interval_table` of the runs: each against SparseGPT at the same sparsity and pattern."""
+
+    def row(group: str, lab: str, r: dict[str, Any], ref: dict[str, Any] | None) -> dict[str, Any]:
+        return {"group": group, "label": lab, "ppl": r.get("ppl_texts") or {}, "docs": r.get("ppl_documents"),
+                "ref": ref}  # fmt: skip
+
+    base = {(r["sparsity"], r["pattern"]): row("", "", r, None) for r in result["runs"] if r["method"] == BASELINE}
+    dense = {"ppl_texts": result.get("dense_ppl_texts"), "ppl_documents": result.get("dense_ppl_documents")}
+    rows = [row("dense", "dense", dense, None)]
+    for r in result["runs"]:
+        setting = r["pattern"] if r["pattern"] != "unstructured" else f"{r['sparsity']:.0%}"
+        ref = None if r["method"] == BASELINE else base.get((r["sparsity"], r["pattern"]))
+        rows.append(row(setting, label(r["method"]), r, ref))
+    texts = [(t, harness.text_label(t)) for t in result["protocol"]["eval_texts"]]
+    return harness.interval_table(rows, texts, group="setting", baseline=label(BASELINE))
 
 
 def add_time_ratios(result: dict[str, Any]) -> None:
@@ -480,14 +504,16 @@ def main(argv: list[str] | None = None) -> int:
     ood_docs = protocol.documents(args.ood)
 
     def scores(model) -> dict[str, Any]:
-        texts = protocol.perplexities(model, tok)
+        texts, docs = protocol.evaluate(model, tok)
         result["protocol"] = protocol.record()
-        return {"ppl": texts.get("bbc"), "ppl_ood": texts.get(args.ood), "ppl_texts": texts}
+        return {"ppl": texts.get("bbc"), "ppl_ood": texts.get(args.ood), "ppl_texts": texts, "ppl_documents": docs}
 
     plan = [(m, 0.5, pat) for pat in patterns for m in methods]
     plan += [(m, x, "unstructured") for x in sweep for m in methods if m in sweep_methods and x != 0.5]
 
+    env = harness.environment(argv, "unstructured.py")
     result: dict[str, Any] = {
+        **env,
         "setup": {
             "model": model_desc, "gguf_file": harness.model_source(args)[1], "dtype": "float32", "device": "cpu",
             "threads": torch.get_num_threads(), "torch": torch.__version__, "optimum_prune": __version__,
@@ -502,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
                      "tokens": args.eval_tokens, "seq_len": args.eval_seq_len, "split": args.split},
             "ood": {"corpus": args.ood, "source": OOD.get(args.ood, args.ood), "num_documents": len(ood_docs),
                     "tokens": args.eval_tokens, "seq_len": args.eval_seq_len},
-            "command": harness.environment(argv, "unstructured.py")["command"],
+            "command": env["command"],
         },
         "status": "running", "dense_ppl": None, "dense_ppl_ood": None, "runs": [], "fista_over_sparsegpt_time": {},
     }  # fmt: skip
@@ -513,6 +539,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"--resume: {json_path} has another {field} setting: {old['setup'].get(field)}")
         result["runs"], result["dense_ppl"] = old.get("runs", []), old.get("dense_ppl")
         result["dense_ppl_ood"] = old.get("dense_ppl_ood")
+        result["dense_ppl_texts"], result["dense_ppl_documents"] = (
+            old.get("dense_ppl_texts"),
+            old.get("dense_ppl_documents"),
+        )
     weights_dir = Path(args.weights_dir) if args.weights_dir else None
     if (args.from_weights or args.refit_sweep) and weights_dir is None:
         raise SystemExit("--from-weights / --refit-sweep need --weights-dir (where an earlier run saved the weights)")
@@ -533,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
             sc["ppl_ood"],
             sc["ppl_texts"],
         )
+        result["dense_ppl_documents"] = sc["ppl_documents"]
         print(f"dense ppl {result['dense_ppl']:.3f} / OOD {result['dense_ppl_ood']:.3f} "
               f"({time.perf_counter() - t:.1f}s)", flush=True)  # fmt: skip
         write_outputs(result, json_path, md_path)
@@ -560,7 +591,8 @@ def main(argv: list[str] | None = None) -> int:
         eval_s = time.perf_counter() - t
         rec = {
             "key": key, "method": method, "pattern": pattern, "sparsity": sparsity, "ppl": value,
-            "ppl_ood": value_ood, "ppl_texts": sc.get("ppl_texts"), "process": process,
+            "ppl_ood": value_ood, "ppl_texts": sc.get("ppl_texts"), "ppl_documents": sc.get("ppl_documents"),
+            "process": process,
             "time_s": report.timings["total_s"], "cpu_s": cpu_s, "timings": report.timings, "eval_s": eval_s,
             "measured_sparsity": report.measured,
             "whole_model_sparsity": report.info.get("whole_model_sparsity"), "config": report.config,

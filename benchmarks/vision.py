@@ -127,6 +127,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     p.add_argument("--no-dense", action="store_true", help="skip the dense run (a partial run to --merge later)")
     p.add_argument("--merge", nargs="+", type=Path, default=[], help="add the runs of these result files, then exit")
+    harness.add_tree_args(p)
     return p.parse_args(argv)
 
 
@@ -219,8 +220,9 @@ def quality(args, res: dict) -> None:
     res.setdefault("host", {})["machine"] = env["host"]["machine"]
     if "dense" not in res["runs"] and not args.no_dense:
         t0 = time.perf_counter()
+        hits = data.correct(dense, test_x, test_y)
         res["runs"]["dense"] = {"method": "dense", "ratio": 0.0, "params": sum(p.numel() for p in dense.parameters()),
-                                "accuracy": data.accuracy(dense, test_x, test_y), "eval_s": time.perf_counter() - t0}  # fmt: skip
+                                "accuracy": _mean(hits), "correct": hits, "eval_s": time.perf_counter() - t0}  # fmt: skip
         _write(args, res)
     for ratio in args.ratios:
         for method in args.methods:
@@ -235,18 +237,20 @@ def quality(args, res: dict) -> None:
             )  # SPP's refit of o_proj / down_proj reads activations
             report = prune_(model, config, calibration if needs_data else None)
             save_pruned_model(model, _saved_dir(args, name), overwrite=True, model_card=False)
-            acc = data.accuracy(model, test_x, test_y)
-            after, ft = {}, {}
+            hits = data.correct(model, test_x, test_y)
+            after, after_hits, ft = {}, {}, {}
             for lr in args.ft_lr:  # each rate fine-tunes its own copy of the pruned model
                 cfg = FinetuneConfig(method="full", max_steps=args.ft_steps, batch_size=args.ft_batch,
                                      learning_rate=lr, warmup_steps=max(1, args.ft_steps // 10), seed=0)  # fmt: skip
                 tuned, ft[lr] = finetune_(copy.deepcopy(model), cfg, ft_examples, None)
-                after[f"{lr:g}"] = data.accuracy(tuned, test_x, test_y)
+                after_hits[f"{lr:g}"] = data.correct(tuned, test_x, test_y)
+                after[f"{lr:g}"] = _mean(after_hits[f"{lr:g}"])
                 del tuned
             first = ft[args.ft_lr[0]]
             res["runs"][name] = {
                 "method": method, "ratio": ratio, "measured_ratio": report.measured, "params": report.params_after,
-                "prune_s": report.timings["total_s"], "accuracy_before_ft": acc,
+                "prune_s": report.timings["total_s"], "accuracy_before_ft": _mean(hits), "correct_before_ft": hits,
+                "correct_after_ft_by_lr": after_hits,
                 "accuracy_after_ft": after[f"{args.ft_lr[0]:g}"], "accuracy_after_ft_by_lr": after,
                 "ft_heldout_accuracy": [first.accuracy_before, first.accuracy_after],
                 "ft_runtime_s": first.train_runtime_s, "ft_loss": first.loss_history,
@@ -296,6 +300,43 @@ def timing(args, res: dict) -> None:
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
     }  # fmt: skip
     _write(args, res)
+
+
+def _mean(hits: str) -> float:
+    return hits.count("1") / len(hits)
+
+
+BASELINE = "numerical"  # the Δ columns compare every method with NP at the same ratio
+
+
+def _interval_rows(res: dict, lrs: list[str]) -> list[str]:
+    """Accuracy with its bootstrap 95% interval over the test images, and each method against NP at the same ratio
+    (paired: the same resampled images), before and after fine-tuning (results that store per-image hits)."""
+    runs = res["runs"]
+    cols = [("before", "correct_before_ft", "before FT")] + [(x, x, f"after FT (lr {x})") for x in lrs]
+
+    def hits(r: dict, col: str) -> str | None:
+        return (
+            r.get("correct")
+            if r["method"] == "dense"
+            else (
+                r.get("correct_before_ft")
+                if col == "correct_before_ft"
+                else (r.get("correct_after_ft_by_lr") or {}).get(col)
+            )
+        )
+
+    lines = ["| method | ratio | " + " | ".join(f"{label} [95%] | Δ vs NP [95%]" for _, _, label in cols) + " |",
+             "|---|---:|" + "---:|---|" * len(cols)]  # fmt: skip
+    for r in runs.values():
+        base = next((b for b in runs.values() if b["method"] == BASELINE and b["ratio"] == r["ratio"]), None)
+        cells = []
+        for _, col, _ in cols:
+            h = hits(r, col)
+            ref = None if base is None or r is base or r["method"] == "dense" else hits(base, col)
+            cells += [harness.accuracy_cell(h), harness.accuracy_delta_cell(h, ref) if ref else ""]
+        lines.append(f"| {r['method']} | {r['ratio']:g} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def markdown(res: dict) -> str:
@@ -371,6 +412,11 @@ def markdown(res: dict) -> str:
                   + "; ".join(f"{n}: " + ", ".join(f"{sum(x[k] for x in r['layers']) / len(r['layers']):.0f}"
                                                    for k in (1, 2, 3))
                               for n, r in runs.items() if "extract_s" in r) + "."]  # fmt: skip
+    if any("correct" in r or "correct_before_ft" in r for r in runs.values()):
+        lines += ["", "Accuracy with its interval (bootstrap over the test images, 2,000 seeded resamples); Δ: the "
+                  "difference of accuracies against NP at the same ratio, paired (the same resampled images); "
+                  "better / worse only when its interval excludes 0, else tie:", ""]  # fmt: skip
+        lines += _interval_rows(res, lrs)
     vp = res.get("vision_protocol")
     if vp:  # results made under the protocol: the image splits used
         lines += ["", "Protocol (benchmarks/README.md): images split train / calibration / selection / test (seed "
@@ -391,6 +437,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
     args.argv = argv
+    if not args.merge:
+        harness.require_clean_tree(args)
     data.IMAGES = args.images
     if args.cache_dir is not None:
         data.CACHE = args.cache_dir

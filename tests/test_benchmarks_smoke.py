@@ -47,13 +47,23 @@ def _corpora():
         )
 
 
+NOT_PROTOCOL = (
+    "amp_synthetic",
+    "semi_structured",
+    "structured_gpu",
+    "scale",
+)  # no text scored: synthetic data, speed, memory
+
+
 def _run(script: str, argv: list[str], out: Path) -> dict:
+    """Run `script` (from a tree that may have uncommitted changes: `--allow-dirty`) and check its markdown."""
     import render
 
     module = importlib.import_module(script)
     threads = torch.get_num_threads()
+    dirty = [] if script in NOT_PROTOCOL else ["--allow-dirty"]
     try:
-        rc = module.main([*argv, "--output", str(out)])
+        rc = module.main([*argv, *dirty, "--output", str(out)])
     finally:
         torch.set_num_threads(threads)  # scripts may pin their own thread count
     assert rc in (None, 0) or isinstance(rc, dict), f"{script}.main returned {rc}"
@@ -114,6 +124,42 @@ def test_harness_spread_and_tie():
     r = harness.round_ratios([10.0, 10.0, 10.0, 10.0], [5.0, 12.5, 8.0, 10.0], "x")
     assert r["x_rounds"] == [2.0, 0.8, 1.25, 1.0] and r["x_verdict"] == "tie"
     assert harness.round_ratios([10.0, 10.0, 10.0], [5.0, 5.0, 4.0], "x")["x_verdict"] == "faster"
+
+
+def test_protocol_runs_refuse_a_dirty_tree_and_say_when_allowed(monkeypatch, tmp_path):
+    import harness
+
+    dirty = {"commit": "abc1234def", "dirty": True, "dirty_paths": ["optimum_prune/x.py"]}
+    monkeypatch.setattr(harness, "tree_state", lambda: dirty)
+    args = harness.add_protocol_args(__import__("argparse").ArgumentParser()).parse_args(["--split", "selection"])
+    with pytest.raises(harness.DirtyTreeError, match=r"optimum_prune/x\.py.*git commit.*git stash -u.*--allow-dirty"):
+        harness.Protocol.from_args(args)
+    args.allow_dirty = True
+    harness.Protocol.from_args(args)  # runs, and the results say so:
+    res = {**harness.environment([], "x.py"), "protocol": harness.Protocol(split="test").record(), "renderer": "x"}
+    assert res["versions"]["tree_dirty"] is True and res["date"].endswith("+00:00")
+    line = harness.protocol_line(res)
+    assert "commit abc1234def" in line and "uncommitted changes (`--allow-dirty`): not a protocol result" in line
+    monkeypatch.setattr(harness, "tree_state", lambda: {**dirty, "dirty": False, "dirty_paths": []})
+    harness.Protocol.from_args(args)
+    clean = {**harness.environment([], "x.py"), "protocol": res["protocol"]}
+    assert "not a protocol result" not in harness.protocol_line(clean)
+    with pytest.raises(ValueError, match="UTC date, commit and tree state"):
+        harness.write_results({"renderer": "x"}, tmp_path / "x.json")
+
+
+def test_interval_cells_pair_only_the_same_documents():
+    import harness
+
+    docs = {"units": [0, 1, 2, 3], "nll": [300.0, 330.0, 290.0, 310.0], "tokens": [100, 100, 100, 100]}
+    worse = {**docs, "nll": [x + 100 * 0.0198 for x in docs["nll"]]}  # +2% on every document
+    assert harness.delta_cell(1.0, 1.0, worse, docs).endswith("[+2.0, +2.0] worse")
+    assert harness.delta_cell(1.0, 1.0, docs, worse).endswith("better")
+    other = {**docs, "units": [0, 1, 2, 4]}  # another document set: no paired interval
+    assert harness.delta_cell(1.02, 1.0, worse, other) == "+2.0%"
+    assert harness.ppl_cell(20.0) == "20.00" and harness.ppl_cell(None) == "–"
+    low, high = (float(x) for x in harness.ppl_cell(21.65, docs).split("[")[1].rstrip("]").split(", "))
+    assert 18.1 < low < 21.65 < high < 27.2  # exp(mean NLL 3.075), inside exp(2.9) ... exp(3.3) of the documents
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="2:4 sparse kernels need an NVIDIA GPU (none here)")
