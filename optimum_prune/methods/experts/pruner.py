@@ -76,8 +76,23 @@ class ExpertPruner(BasePruner):
             elif (cfg.min_experts_per_layer or 0) > view.num_experts:
                 raise ValueError(f"min_experts_per_layer={cfg.min_experts_per_layer} exceeds layer {view.index}'s "
                                  f"{view.num_experts} experts.")  # fmt: skip
-            if cfg.channel_ratio > 0 and self._channels_kept(view) < 1:
-                raise ValueError(f"channel_ratio={cfg.channel_ratio} leaves layer {view.index}'s experts no channel.")
+            if cfg.channel_ratio > 0:
+                self._check_width(model, view)
+
+    def _check_width(self, model: nn.Module, view: LayerView) -> None:
+        kept = self._channels_kept(view)
+        if kept < 1:
+            raise ValueError(
+                f"channel_ratio={self.config.channel_ratio} leaves layer {view.index}'s experts no channel."
+            )
+        # transformers' default experts kernel (grouped_mm) needs rows of a multiple of 16 bytes
+        align = 16 // view.experts.down_proj.element_size()
+        if getattr(model.config, "_experts_implementation", None) == "grouped_mm" and kept % align:
+            raise ValueError(
+                f"Experts of {kept} channels cannot run in transformers' grouped_mm experts kernel, which needs a "
+                f"multiple of {align} channels in {view.experts.down_proj.dtype}: set round_to to a multiple of {align} "
+                "(the default, 32, is one). Nothing was changed."
+            )
 
     # ----------------------------------------------------------------------------------------------- decisions
     def _observe(self, run, view: LayerView, layer: nn.Module | None = None, grams: bool = False):
