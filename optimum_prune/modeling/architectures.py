@@ -225,7 +225,10 @@ def _moe(keys: dict[str, str], moe: MoESpec, heads_prunable: bool = True) -> Arc
 ARCHITECTURES.update(
     {
         "qwen3_moe": _moe(_moe_keys("moe_intermediate_size", "num_local_experts"), MoESpec(dense_out="down_proj")),
-        "mixtral": _moe(_moe_keys("intermediate_size", "num_local_experts"), MoESpec(norm_key=None, always_norm=True)),
+        "mixtral": _moe(
+            _moe_keys("intermediate_size", "num_local_experts"),
+            MoESpec(norm_key=None, always_norm=True, legacy_block="block_sparse_moe", legacy_names=("w1", "w3", "w2")),
+        ),
         "olmoe": _moe(_moe_keys("intermediate_size", "num_experts", head_dim=False), MoESpec(), heads_prunable=False),
         "gpt_oss": _moe(
             _moe_keys("intermediate_size", "num_local_experts"),
@@ -236,6 +239,7 @@ ARCHITECTURES.update(
                 expert_bias=True,
                 routing="topk_softmax",
                 norm_key=None,
+                legacy_block=None,  # stored fused
             ),  # fmt: skip
             heads_prunable=False,
         ),

@@ -38,6 +38,10 @@ class MoESpec:
         shared_expert (`str | None`): a dense MLP every token also goes through (none of the supported models).
         dense_out (`str | None`): output projection of the dense MLP of a non-MoE layer of the same model
             (Qwen3-MoE's `mlp_only_layers`), to read its width.
+        legacy_block (`str | None`): the block's name in checkpoints that store one tensor per expert (what
+            transformers writes and the Hub holds: `mlp`; Mixtral's `block_sparse_moe`); `None`: stored fused.
+        legacy_names (`tuple[str, str, str]`): the gate, up and down projections of one expert in those checkpoints
+            (`experts.{j}.<name>.weight`).
     """
 
     router: str = "gate"
@@ -50,6 +54,42 @@ class MoESpec:
     always_norm: bool = False
     shared_expert: str | None = None
     dense_out: str | None = None
+    legacy_block: str | None = "mlp"
+    legacy_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+
+    def legacy_tensors(self, block: str, num_experts: int) -> dict[str, tuple[str, list[str]]]:
+        """How the fused tensors of the MoE block at `block` (full name, e.g. `model.layers.3.mlp`) are stored in a
+        per-expert checkpoint: `{fused name: ("gate_up" | "stack" | "same", stored names)}` (`"gate_up"`: expert j's
+        gate and up rows concatenated, `"stack"`: one tensor per expert stacked, `"same"`: one tensor renamed)."""
+        if self.legacy_block is None:
+            return {}
+        old = block.rsplit(".", 1)[0] + "." + self.legacy_block
+        gate, up, down = (
+            [f"{old}.{self.experts}.{j}.{name}.weight" for j in range(num_experts)] for name in self.legacy_names
+        )
+        out = {
+            f"{block}.{self.experts}.gate_up_proj": ("gate_up", [t for pair in zip(gate, up) for t in pair]),
+            f"{block}.{self.experts}.down_proj": ("stack", down),
+        }
+        if old != block:
+            out[f"{block}.{self.router}.weight"] = ("same", [f"{old}.{self.router}.weight"])
+        return out
+
+    def to_legacy(self, block: str, tensors: dict) -> dict:
+        """`tensors` (a block's state, full names) with the fused experts of the MoE block at `block` split into the
+        per-expert tensors `legacy_tensors` names (what transformers writes, and llama.cpp's converter reads)."""
+        fused = f"{block}.{self.experts}.down_proj"
+        if self.legacy_block is None or fused not in tensors:
+            return tensors
+        out = dict(tensors)
+        for name, (how, parts) in self.legacy_tensors(block, tensors[fused].shape[0]).items():
+            t = out.pop(name)
+            if how == "same":
+                out[parts[0]] = t
+                continue
+            pieces = [p for j in range(t.shape[0]) for p in (t[j].chunk(2) if how == "gate_up" else (t[j],))]
+            out.update({p: x.contiguous() for p, x in zip(parts, pieces)})
+        return out
 
     def normalizes(self, config) -> bool:
         """Whether the top-k weights are renormalised to sum to 1 (for `"softmax_topk"`)."""

@@ -89,7 +89,8 @@ def save_streamed_(model: nn.Module, spec: ArchitectureSpec, directory: Path, ex
         files = store.tensor_files(i)
         block_extra = {k: v for k, v in extra.items() if k.startswith(layer_prefix(spec, i))}
         distinct = set(files.values())
-        linkable = len(distinct) == 1 and not block_extra and not distinct & sources
+        legacy = spec.moe is not None and spec.moe.legacy_block is not None  # experts stored one tensor each
+        linkable = len(distinct) == 1 and not block_extra and not distinct & sources and not legacy
         plans.append((i, files, block_extra, linkable))
         if not (linkable and _same_fs(next(iter(distinct)), directory)):
             est += sum(t.numel() for t in layer.state_dict().values()) * elsize
@@ -113,10 +114,12 @@ def save_streamed_(model: nn.Module, spec: ArchitectureSpec, directory: Path, ex
             for k, f in files.items():
                 by_file.setdefault(f, []).append(k)
             tensors = {}
-            for f, ks in by_file.items():
-                tensors.update(read_tensors(f, ks))
+            for f, ks in by_file.items():  # the source's own tensors through it (fused experts from their parts)
+                tensors.update(store.source.read(ks) if f in sources else read_tensors(f, ks))
             tensors = {k: (v.to(store.dtype) if v.is_floating_point() else v) for k, v in tensors.items()}
             tensors.update(block_extra)
+            if spec.moe is not None:
+                tensors = spec.moe.to_legacy(layer_prefix(spec, i) + spec.mlp, tensors)
             write_safetensors(tensors, shard)
         weight_map.update(dict.fromkeys(tensors, shard.name))
         total += sum(_nbytes(t) for t in tensors.values())

@@ -90,13 +90,28 @@ class SafetensorsSource:
                 f"none ({found}). A PyTorch .bin checkpoint cannot be memory-mapped safely: load it normally once and "
                 "save it with save_pretrained (safetensors)."
             )
+        self.composite: dict[str, tuple[str, list[str]]] = {}  # fused name -> how its stored parts combine
+        self.part_files: dict[str, Path] = {}
         missing = sorted({str(p.name) for p in self.files.values() if not p.is_file()})
         if missing:
             raise FileNotFoundError(
                 f"{d} is incomplete: shard(s) {', '.join(missing)} listed in its index are missing."
             )
 
+    def alias(self, name: str, how: str, parts: list[str]) -> None:
+        """Serve `name` from the stored tensors `parts`, combined by `how` (`modeling.moe.MoESpec.legacy_tensors`: a
+        checkpoint that stores one tensor per expert, read as the model's fused experts)."""
+        self.composite[name] = (how, parts)
+        self.files[name] = self.files[parts[0]]
+        for p in parts:
+            self.part_files[p] = self.files.pop(p)
+
     def header(self, name: str) -> tuple[torch.dtype | None, list[int]]:
+        if name in self.composite:
+            dtype, _ = _open(
+                self.part_files[self.composite[name][1][0]], lambda f: _header(f, self.composite[name][1][0])
+            )
+            return dtype, []
         s = _open(self.files[name], lambda f: f.get_slice(name))
         return _DTYPES.get(s.get_dtype()), list(s.get_shape())
 
@@ -112,11 +127,27 @@ class SafetensorsSource:
         """Memory-mapped tensors (file-backed pages: copy them before changing them)."""
         out: dict[str, torch.Tensor] = {}
         by_file: dict[Path, list[str]] = {}
+        composite = [n for n in names if n in self.composite]
         for n in names:
-            by_file.setdefault(self.files[n], []).append(n)
+            if n not in self.composite:
+                by_file.setdefault(self.files[n], []).append(n)
+        for n in composite:
+            for part in self.composite[n][1]:
+                by_file.setdefault(self.part_files[part], []).append(part)
         for file, ns in by_file.items():
             out.update(read_tensors(file, ns))
+        for n in composite:
+            how, parts = self.composite[n]
+            tensors = [out.pop(p) for p in parts]
+            if how == "gate_up":  # expert j: its gate rows, then its up rows
+                tensors = [torch.cat(tensors[k : k + 2]) for k in range(0, len(tensors), 2)]
+            out[n] = tensors[0] if how == "same" else torch.stack(tensors)
         return out
+
+
+def _header(f, name: str) -> tuple[torch.dtype | None, list[int]]:
+    s = f.get_slice(name)
+    return _DTYPES.get(s.get_dtype()), list(s.get_shape())
 
 
 def _open(file: Path, read):
@@ -350,6 +381,7 @@ def load_low_memory(path: str | os.PathLike, *, torch_dtype: Any = None, **kwarg
     spec = get_spec(model)
     state = model.state_dict(keep_vars=True)
     layers_prefix = spec.layers + "."
+    _alias_fused_experts(source, model, spec)
     tied = {n for n in state if n not in source.files and n in _tied_names(model)}
     missing = sorted(n for n in state if n not in source.files and n not in tied)
     unexpected = sorted(set(source.files) - set(state))
@@ -368,6 +400,21 @@ def load_low_memory(path: str | os.PathLike, *, torch_dtype: Any = None, **kwarg
     model.register_forward_pre_hook(_refuse_forward)
     logger.info("Loaded %s with low_memory=True: %d blocks stay on disk", path, len(get_layers(model, spec)))
     return model
+
+
+def _alias_fused_experts(source: SafetensorsSource, model: nn.Module, spec: ArchitectureSpec) -> None:
+    """A mixture-of-experts checkpoint stored one tensor per expert (as transformers saves it) is read as the
+    model's fused experts."""
+    if spec.moe is None:
+        return
+    for i, layer in enumerate(get_layers(model, spec)):
+        view = layer_view(layer, i, spec, model.config)
+        if not view.is_moe:
+            continue
+        block = layer_prefix(spec, i) + spec.mlp
+        for name, (how, parts) in spec.moe.legacy_tensors(block, view.num_experts).items():
+            if name not in source.files and all(p in source.files for p in parts):
+                source.alias(name, how, parts)
 
 
 def _tied_names(model: nn.Module) -> set[str]:

@@ -195,3 +195,54 @@ def test_recipe_with_attention_pruning(tmp_path):
     save_pruned_model(model, tmp_path / "out")
     reloaded = AutoPrunedModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     torch.testing.assert_close(_logits(reloaded), _logits(model), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"expert_ratio": 0.34, "channel_ratio": 0.25, "round_to": 8}, {"expert_ratio": 0.5, "allocation": "global"}],
+    ids=["uniform-channels", "global"],
+)
+def test_low_memory_equals_in_memory(kwargs, tmp_path, monkeypatch):
+    """Blocks streamed from disk one at a time: routing is recorded in the same layer-wise pass, same model."""
+    from scale_utils import assert_same_state, prune_and_save, saved_state
+
+    from optimum_prune.runtime.streaming import LayerStore
+
+    src = tmp_path / "src"
+    save_pruned_model(tiny_moe("qwen3_moe", dtype=torch.float32, num_hidden_layers=3), src, model_card=False)
+    loads, original = [], LayerStore.load
+
+    def load(self, i, stage=None):
+        assert not set(self.loaded) - {i}, "a second block was loaded"
+        loads.append(i)
+        return original(self, i, stage)
+
+    monkeypatch.setattr(LayerStore, "load", load)
+    config, ids = ExpertConfig(**kwargs), moe_ids()
+    prune_and_save(src, config, tmp_path / "mem", calibration=ids, batch_size=3)
+    assert not loads
+    report = prune_and_save(src, config, tmp_path / "low", low_memory=True, calibration=ids, batch_size=3)
+    assert loads and report.info["low_memory"] is True
+    assert_same_state(saved_state(tmp_path / "mem"), saved_state(tmp_path / "low"))
+
+
+def test_two_processes_give_the_single_process_result(tmp_path):
+    """torchrun, 2 CPU processes on gloo, each calibrating on its half of the samples (low-memory and not): the routing
+    statistics and the experts' Grams are summed over the ranks, so the decisions and the refit are those of one
+    process."""
+    from scale_utils import assert_same_state, prune_and_save, saved_state
+    from test_distributed import _torchrun
+    from testing_utils import calibration_ids
+
+    src = tmp_path / "src"
+    save_pruned_model(tiny_moe("mixtral", dtype=torch.float32), src, model_card=False)
+    cases = {"uniform": (ExpertConfig(expert_ratio=0.34, channel_ratio=0.25, round_to=8), True),
+             "global": (ExpertConfig(expert_ratio=0.5, allocation="global"), False)}  # fmt: skip
+    job = {"mode": "cases", "src": str(src), "out": str(tmp_path / "dp"),
+           "cases": [{"name": n, "config": c.to_dict(), "low_memory": low} for n, (c, low) in cases.items()]}  # fmt: skip
+    proc, log = _torchrun(job, tmp_path)
+    assert proc.returncode == 0, log
+    for name, (config, _) in cases.items():
+        prune_and_save(src, config, tmp_path / "single" / name, calibration=calibration_ids(8, 16), batch_size=3)
+        # the same experts and channels kept (shapes and names), the same refitted weights
+        assert_same_state(saved_state(tmp_path / "single" / name), saved_state(tmp_path / "dp" / name), atol=1e-5)
