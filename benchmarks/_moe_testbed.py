@@ -164,8 +164,8 @@ def convert(dense, ids: torch.Tensor, experts: int, top_k: int, settings: dict[s
     records = []
     for i, (d_layer, m_layer) in enumerate(zip(dense.model.layers, moe.model.layers)):
         seen: list[torch.Tensor] = []
-        runner.run_layer(i, observe={"mlp": m_layer.mlp}, callback=lambda _, x: seen.append(x.reshape(-1, x.shape[-1])),
-                         keep_outputs=False)  # fmt: skip
+        record = lambda _, x, seen=seen: seen.append(x.reshape(-1, x.shape[-1]))  # noqa: E731
+        runner.run_layer(i, observe={"mlp": m_layer.mlp}, callback=record, keep_outputs=False)
         x = torch.cat(seen)  # (N, H) the MoE layer's MLP inputs, on the converted model's stream
         clusters = balanced_clusters(_activation_profiles(d_layer.mlp, x, settings["profile_tokens"]), experts,
                                      seed=settings.get("seed", 0))  # fmt: skip
