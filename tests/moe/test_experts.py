@@ -42,6 +42,8 @@ def test_contract(model_type, kwargs, tmp_path):
     rows = [r for r in report.layers if "num_experts" in r]
     if config.allocation == "uniform":
         assert {r["num_experts"] for r in rows} == {6 - round(6 * config.expert_ratio)}
+    else:
+        rows.sort(key=lambda r: r["num_experts"])  # the card gives the range
     assert {r["intermediate_size"] for r in rows} == {kept_width(24, config.channel_ratio, config.round_to)}
     out = _logits(model)
     assert torch.isfinite(out).all()
@@ -53,6 +55,8 @@ def test_contract(model_type, kwargs, tmp_path):
         torch.testing.assert_close(_logits(reloaded), out, rtol=0, atol=0)
     assert PruningConfig.from_dict(config.to_dict()) == config
     assert PruningConfig.from_pretrained(tmp_path / "out") == config
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert f"Experts per layer: 6 → {rows[0]['num_experts']}" in card, card
 
 
 @pytest.mark.parametrize("model_type", MOE_TYPES)
@@ -246,3 +250,25 @@ def test_two_processes_give_the_single_process_result(tmp_path):
         prune_and_save(src, config, tmp_path / "single" / name, calibration=calibration_ids(8, 16), batch_size=3)
         # the same experts and channels kept (shapes and names), the same refitted weights
         assert_same_state(saved_state(tmp_path / "single" / name), saved_state(tmp_path / "dp" / name), atol=1e-5)
+
+
+def test_cli_method_experts_and_gguf_export(tmp_path, smollm2_tokenizer):
+    """`optimum-prune prune --method experts --ratio` (the expert ratio), `--set` for channels, then `export`."""
+    from optimum_prune.cli import main
+
+    src = tmp_path / "src"
+    model = tiny_moe("qwen3_moe", dtype=torch.float32, vocab_size=len(smollm2_tokenizer))
+    model.save_pretrained(src)
+    smollm2_tokenizer.save_pretrained(src)
+    calib = tmp_path / "calib.txt"
+    calib.write_text("the bank said profits rose sharply as markets recovered while the minister warned. " * 60)
+    argv = ["prune", str(src), "--method", "experts", "--ratio", "0.34", "--set", "channel_ratio=0.25", "--set",
+            "round_to=8", "--calib", str(calib), "--num-samples", "4", "--seq-len", "32", "-o", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 0
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out")  # uniform: a stock Qwen3-MoE checkpoint
+    assert reloaded.config.num_experts == 4 and reloaded.config.moe_intermediate_size == 16
+    assert (
+        main(["export-gguf", "--model", str(tmp_path / "out"), "-o", str(tmp_path / "m.gguf"), "--outtype", "f32"])
+        == 0
+    )
+    assert (tmp_path / "m.gguf").stat().st_size > 0
