@@ -86,3 +86,55 @@ def test_gpu_run_matches_cpu(cfg_cls, kwargs, tol, arch, placement):
         agree = sum(int((zc[n] == zg[n]).sum()) for n in zc) / sum(zc[n].numel() for n in zc)
         assert agree >= 0.99, f"masks agree on {agree:.4f} of the weights"
         assert cpu_report.measured == pytest.approx(report.measured, abs=0.01)
+
+
+def _has_24_kernels() -> bool:
+    from optimum_prune.modeling.semi_structured import check_semi_structured_support
+
+    try:
+        check_semi_structured_support()
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _has_24_kernels(), reason="needs compute capability >= 8.0")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("backend", ["cusparselt", "cutlass"])
+def test_semi_structured_model_replays_in_a_cuda_graph(backend, dtype):
+    """A 2:4 model on each backend and dtype computes the dense model's logits, eagerly and replayed from a CUDA
+    graph (how `benchmarks/semi_structured.py` times it without the per-call host work)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from optimum_prune import MagnitudeConfig, to_semi_structured_
+
+    if backend == "cusparselt" and not torch.backends.cusparselt.is_available():
+        pytest.skip("this torch has no cuSPARSELt")
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, vocab_size=128
+    )
+    model = LlamaForCausalLM(config).eval()
+    prune_(model, MagnitudeConfig(pattern="2:4", sparsity=0.5))
+    ids = calibration_ids(2, 64).cuda() % 128
+    model = model.to(device="cuda", dtype=dtype)
+
+    def forward():
+        with torch.inference_mode():
+            return model(input_ids=ids, use_cache=True, logits_to_keep=1).logits.float()
+
+    dense = forward().clone()
+    assert len(to_semi_structured_(model, dtype=dtype, backend=backend)) == 2 * 7
+    eager = forward().clone()
+    torch.testing.assert_close(eager, dense, rtol=3e-2, atol=3e-2)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        forward()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = forward()
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(replayed, eager, rtol=1e-3, atol=1e-3)

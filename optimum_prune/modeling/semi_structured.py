@@ -1,8 +1,9 @@
 """2:4 weights → PyTorch's semi-structured sparse tensors, where the installed torch and the GPU support them.
 
 Zeros in dense weights never make a model faster. A 2:4 pattern can, on NVIDIA GPUs with sparse tensor cores
-(compute capability ≥ 8.0: Ampere, Ada, Hopper), through `torch.sparse.to_sparse_semi_structured` (CUTLASS /
-cuSPARSELt kernels), mostly for large matrix products (prefill, big batches).
+(compute capability ≥ 8.0: Ampere, Ada, Hopper), through PyTorch's semi-structured tensors (cuSPARSELt or CUTLASS
+kernels), mostly for large matrix products (prefill, big batches). Each product through them also pays host work
+(the tensor subclass's Python dispatch, cuSPARSELt's per-call plan), which a CUDA graph replay does not repeat.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ import logging
 
 import torch
 from torch import nn
-from torch.sparse import to_sparse_semi_structured
+from torch.sparse import SparseSemiStructuredTensorCUSPARSELT, SparseSemiStructuredTensorCUTLASS
 from transformers.pytorch_utils import Conv1D
 
 from ..functional.masks import is_valid_nm
 from .architectures import get_layers, get_spec, weight_oi
 
-__all__ = ["check_semi_structured_support", "to_semi_structured_", "find_non_24_layers"]
+__all__ = ["check_semi_structured_support", "to_semi_structured_", "find_non_24_layers", "SEMI_STRUCTURED_BACKENDS"]
+
+SEMI_STRUCTURED_BACKENDS = ("auto", "cusparselt", "cutlass")
 
 logger = logging.getLogger(__name__)
 
@@ -50,17 +53,41 @@ def find_non_24_layers(model: nn.Module) -> list[str]:
     return bad
 
 
-def to_semi_structured_(model: nn.Module, dtype: torch.dtype = torch.float16, device: str = "cuda") -> list[str]:
+def _sparse_tensor_class(backend: str) -> type:
+    """PyTorch's semi-structured tensor class of `backend` (`"auto"`: cuSPARSELt where this torch has it, else
+    CUTLASS), chosen per call rather than through PyTorch's global `_FORCE_CUTLASS` switch."""
+    cusparselt = torch.backends.cusparselt.is_available()
+    if backend == "cusparselt" and not cusparselt:
+        raise RuntimeError(
+            f"torch {torch.__version__} was built without cuSPARSELt; use backend='cutlass' (or 'auto')."
+        )
+    if backend == "cutlass" or (backend == "auto" and not cusparselt):
+        return SparseSemiStructuredTensorCUTLASS
+    return SparseSemiStructuredTensorCUSPARSELT
+
+
+def to_semi_structured_(
+    model: nn.Module, dtype: torch.dtype = torch.float16, device: str = "cuda", backend: str = "auto"
+) -> list[str]:
     """Replace the weights of every 2:4-pruned projection by a semi-structured sparse tensor, in place.
 
     The model is moved to `device` and `dtype` (fp16 / bf16, as the kernels require). Checks the pattern of every
-    projection and the hardware before changing anything.
+    projection, the backend and the hardware before changing anything. Each weight is compressed once, here. Every
+    sparse product also costs host work (PyTorch's tensor-subclass dispatch; in torch versions without a plan cache,
+    cuSPARSELt's matmul plan), which a replayed CUDA graph (`torch.cuda.graph`, or `torch.compile` with
+    `mode="reduce-overhead"`) does not repeat.
+
+    Args:
+        backend (`str`, defaults to `"auto"`): `"cusparselt"`, `"cutlass"` or `"auto"` (cuSPARSELt where this torch
+            was built with it, else CUTLASS).
 
     Returns:
         The converted projections, `layers.<i>.<path>`.
     """
     if dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"2:4 kernels take float16 or bfloat16 weights, got {dtype}.")
+    if backend not in SEMI_STRUCTURED_BACKENDS:
+        raise ValueError(f"backend must be one of {SEMI_STRUCTURED_BACKENDS}, got {backend!r}.")
     bad = find_non_24_layers(model)
     if bad:
         raise ValueError(
@@ -68,6 +95,7 @@ def to_semi_structured_(model: nn.Module, dtype: torch.dtype = torch.float16, de
             "(e.g. SparseGPTConfig(pattern='2:4'))."
         )
     check_semi_structured_support(device)
+    sparse_cls = _sparse_tensor_class(backend)
 
     model.to(device=device, dtype=dtype)
     spec = get_spec(model)
@@ -79,12 +107,12 @@ def to_semi_structured_(model: nn.Module, dtype: torch.dtype = torch.float16, de
                 logger.warning("layers.%d.%s is a Conv1D (weights transposed); left dense", i, path)
                 continue
             try:
-                mod.weight = nn.Parameter(
-                    to_sparse_semi_structured(mod.weight.detach().contiguous()), requires_grad=False
-                )
+                mod.weight = nn.Parameter(sparse_cls.from_dense(mod.weight.detach().contiguous()), requires_grad=False)
             except (RuntimeError, ValueError) as e:  # e.g. shapes below the kernels' minimum tile sizes
                 logger.warning("layers.%d.%s left dense: %s", i, path, e)
                 continue
             converted.append(f"layers.{i}.{path}")
-    logger.info("Converted %d projections to 2:4 semi-structured sparse tensors", len(converted))
+    logger.info(
+        "Converted %d projections to 2:4 semi-structured sparse tensors (%s)", len(converted), sparse_cls.__name__
+    )
     return converted

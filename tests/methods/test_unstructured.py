@@ -13,7 +13,11 @@ from optimum_prune import (
     prune_,
     to_semi_structured_,
 )
-from optimum_prune.modeling.semi_structured import check_semi_structured_support, find_non_24_layers
+from optimum_prune.modeling.semi_structured import (
+    _sparse_tensor_class,
+    check_semi_structured_support,
+    find_non_24_layers,
+)
 
 
 @pytest.mark.parametrize("cfg_cls", [WandaConfig, SparseGPTConfig, RIAConfig, FISTAConfig])
@@ -67,6 +71,37 @@ def test_semi_structured_conversion_checks_pattern_then_hardware():
             to_semi_structured_(model)
 
 
+def test_semi_structured_backend_is_checked_before_any_weight_changes():
+    model = tiny_model("llama")
+    prune_(model, WandaConfig(pattern="2:4"), calibration_ids())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match="'auto', 'cusparselt', 'cutlass'"):
+        to_semi_structured_(model, backend="cuSPARSELt")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize(
+    ("backend", "cusparselt", "expected"),
+    [
+        ("auto", True, "SparseSemiStructuredTensorCUSPARSELT"),
+        ("auto", False, "SparseSemiStructuredTensorCUTLASS"),
+        ("cutlass", True, "SparseSemiStructuredTensorCUTLASS"),
+        ("cusparselt", True, "SparseSemiStructuredTensorCUSPARSELT"),
+    ],
+)
+def test_semi_structured_backend_choice(monkeypatch, backend, cusparselt, expected):
+    """The backend is chosen per conversion (PyTorch's global `_FORCE_CUTLASS` is left alone); `auto` falls back to
+    CUTLASS on a torch built without cuSPARSELt instead of leaving every layer dense."""
+    monkeypatch.setattr(torch.backends.cusparselt, "is_available", lambda: cusparselt)
+    assert _sparse_tensor_class(backend).__name__ == expected
+
+
+def test_semi_structured_cusparselt_missing_names_the_alternative(monkeypatch):
+    monkeypatch.setattr(torch.backends.cusparselt, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="backend='cutlass'"):
+        _sparse_tensor_class("cusparselt")
+
+
 def _has_24_kernels() -> bool:
     try:
         check_semi_structured_support()
@@ -77,7 +112,8 @@ def _has_24_kernels() -> bool:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _has_24_kernels(), reason="needs an NVIDIA GPU with compute capability >= 8.0")
-def test_semi_structured_conversion_on_gpu():
+@pytest.mark.parametrize("backend", ["auto", "cutlass"])
+def test_semi_structured_conversion_on_gpu(backend):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -87,5 +123,5 @@ def test_semi_structured_conversion_on_gpu():
     prune_(model, MagnitudeConfig(pattern="2:4", sparsity=0.5))
     ids = calibration_ids(2, 64).cuda()
     ref = model.half().cuda()(ids).logits.float()
-    assert to_semi_structured_(model)
+    assert to_semi_structured_(model, backend=backend)
     torch.testing.assert_close(model(ids).logits.float(), ref, rtol=2e-2, atol=2e-2)
