@@ -35,7 +35,7 @@ import torch  # noqa: E402
 from _moe_testbed import build_testbed  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from optimum_prune import ExpertConfig, prune_  # noqa: E402
+from optimum_prune import ExpertConfig, export_gguf, prune_  # noqa: E402
 from optimum_prune.evaluation import compare_geometric_mean  # noqa: E402
 
 logger = logging.getLogger("benchmarks.moe")
@@ -78,6 +78,22 @@ def load_testbed(args, dense, tokenizer, ids) -> tuple[torch.nn.Module, dict[str
     return model, json.loads((path / "testbed.json").read_text())
 
 
+def llama_cpp_ppl(model, tokenizer, protocol, path: Path) -> dict[str, Any]:
+    """The model exported to GGUF (f32) and scored by llama.cpp on the very token ids `protocol.evaluate` scores."""
+    import _llamacpp  # the `llamacpp` extra; its absence raises an ImportError naming it
+
+    from optimum_prune.export.gguf import gguf_layout
+
+    export_gguf(model, path, "f32", tokenizer=tokenizer, overwrite=True)
+    llm = _llamacpp.load(path, n_ctx=protocol.eval_seq_len, n_threads=1, logits_all=True)
+    out = {"arch": gguf_layout(model)["arch"], "bytes": path.stat().st_size}
+    for t in protocol.eval_texts:
+        ids = tokenizer("\n\n".join(protocol.texts(t)))["input_ids"][: protocol.eval_tokens]
+        out[t] = _llamacpp.perplexity(llm, ids, protocol.eval_seq_len)
+    path.unlink()
+    return out
+
+
 def expert_params(model) -> int:
     return sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
 
@@ -96,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", nargs="+", default=["reap", "frequency", "random", "channels", "mixed"], choices=ROWS)
     p.add_argument("--ratios", nargs="+", type=float, default=[0.25, 0.5])
     p.add_argument("--round-to", type=int, default=ROUND_TO, help="channel widths: a multiple of this")
+    p.add_argument("--gguf", nargs="*", default=[], help="rows (and 'moe') also scored in llama.cpp, exported f32")
+    p.add_argument("--gguf-dir", default="/tmp/optimum_prune_moe_gguf")
     p.add_argument("--output", default=str(harness.RESULTS_DIR / "moe_smollm2.json"))
     args = p.parse_args(argv)
     harness.require_clean_tree(args)
@@ -112,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         ppl, docs = protocol.evaluate(model, tok)
         row = {"name": name, "label": label, "ratio": ratio, "config": config, "ppl": ppl, "documents": docs,
                "expert_params": expert_params(model), "prune_s": seconds}  # fmt: skip
+        if name in args.gguf:
+            row["llama_cpp"] = llama_cpp_ppl(model, tok, protocol, Path(args.gguf_dir) / f"{name}_{ratio}.gguf")
         result["rows"].append(row)
         result["protocol"] = protocol.record()
         logger.info("%s @ %s: %s", label, ratio, {k: round(v, 2) for k, v in ppl.items()})
@@ -185,6 +205,16 @@ def markdown(res: dict[str, Any]) -> str:
         lines += harness.interval_table(table, texts, group="ratio", baseline="REAP")
         if base:
             lines.append(_criterion([r for r in pruned if r["name"] != "reap" and r["ratio"] in base], base))
+    checked = [r for r in rows if r.get("llama_cpp")]
+    if checked:
+        lines += ["", "## The same models in llama.cpp (GGUF f32, the same tokens)", "",
+                  "| ratio | model | llama.cpp arch | " + " | ".join(f"{lab}: transformers / llama.cpp" for _, lab in texts)
+                  + " |", "|---:|---|---|" + "---:|" * len(texts)]  # fmt: skip
+        for r in checked:
+            c = r["llama_cpp"]
+            cells = [f"{r['ppl'][t]:.3f} / {c[t]:.3f}" for t, _ in texts]
+            ratio = "–" if r["ratio"] is None else f"{r['ratio']:g}"
+            lines.append(f"| {ratio} | {r['label']} | `{c['arch']}` | " + " | ".join(cells) + " |")
     return "\n".join(line for line in lines if line is not None) + "\n"
 
 

@@ -445,6 +445,9 @@ def test_moe(tiny_dir, tmp_path):
     argv = ["--model", str(tiny_dir), "--testbed", str(tmp_path / "testbed"), *TINY_CALIB, *TINY_EVAL,
             "--router-steps", "3", "--router-mse-steps", "2", "--rows", "reap", "random", "channels", "mixed",
             "--ratios", "0.5", "--round-to", "4"]  # fmt: skip
+    gguf = importlib.util.find_spec("llama_cpp") is not None  # the llama.cpp check runs where it is installed
+    if gguf:
+        argv += ["--gguf", "reap", "--gguf-dir", str(tmp_path / "gguf")]
     result = _run("moe", argv, tmp_path / "moe.json")
     _check_protocol(result)
     assert (tmp_path / "testbed" / "config.json").is_file()
@@ -454,3 +457,7 @@ def test_moe(tiny_dir, tmp_path):
     full = result["rows"][1]["expert_params"]
     for r in result["rows"][2:]:
         assert abs(1 - r["expert_params"] / full - 0.5) < 0.1, r["name"]  # the mixed row's widths are rounded
+    if gguf:
+        reap = result["rows"][2]["llama_cpp"]
+        assert reap["arch"] == "llama" and all(abs(reap[t] / result["rows"][2]["ppl"][t] - 1) < 1e-3 for t in reap
+                                               if t in result["rows"][2]["ppl"])  # fmt: skip
