@@ -7,7 +7,8 @@ channel's activation profile |silu(g·x)·(u·x)| over the tokens, cosine simila
 gate / up rows and down columns, scaled by `top_k` so that equal routing weights give the sum of the chosen experts.
 Only the routers are trained, layer by layer on the calibration text (each layer's inputs from the already converted
 layers): first toward the pair of experts whose sum is closest to the dense MLP's output on each token (cross-entropy
-on that pair), then, with `--router-mse`, on the squared error of the routed output itself. With every expert chosen
+on that pair), then on the squared error of the routed output itself; tokens are drawn in proportion to the energy of
+their dense MLP output (plus a floor), so that the rare tokens with massive activations are routed right. With every expert chosen
 (`top_k = experts`) and its output scaled by `experts`, the converted model is the dense one exactly (checked).
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -121,48 +123,65 @@ def _best_pairs(f: torch.Tensor, y: torch.Tensor, top_k: int) -> torch.Tensor:
 
 
 def train_router(router_weight: torch.Tensor, x, f, y, top_k: int, settings: dict[str, Any]) -> dict[str, float]:
-    """Fit the router `(E, H)` on inputs `x (N, H)`, expert shares `f (N, E, H)` and dense outputs `y (N, H)`."""
+    """Fit the router `(E, H)` on inputs `x (N, H)`, expert shares `f (N, E, H)` and dense outputs `y (N, H)`.
+
+    Tokens are drawn in proportion to `1 + ‖y‖² / mean ‖y‖²`: the few tokens whose MLP output is orders of magnitude
+    larger than the rest (a model's massive activations) dominate the layer's error and must be routed right."""
     g = torch.Generator().manual_seed(settings.get("seed", 0))
     target = _best_pairs(f, y, top_k)  # (N, k)
     soft = torch.zeros(x.shape[0], f.shape[1]).scatter_(1, target, 1.0 / top_k)  # (N, E)
+    energy = y.pow(2).sum(-1)  # (N,)
+    draw = 1 + energy / energy.mean()  # (N,) sampling weights
     W = torch.nn.Parameter(router_weight.detach().clone().normal_(0, 1e-3, generator=g))
     opt = torch.optim.Adam([W], lr=settings["lr"])
     N, bs = x.shape[0], settings["batch"]
     for step in range(settings["steps"] + settings["mse_steps"]):
-        rows = torch.randint(0, N, (bs,), generator=g)
+        rows = torch.multinomial(draw, bs, replacement=True, generator=g)
         logits = x[rows] @ W.T  # (bs, E)
         if step < settings["steps"]:
             loss = -(soft[rows] * logits.log_softmax(-1)).sum(-1).mean()
-        else:  # the routed output itself: top-k of the softmax, renormalised (Mixtral's routing)
-            probs = logits.softmax(-1)
-            val, idx = probs.topk(top_k, dim=-1)
+        else:  # the routed output itself: top-k of the softmax, renormalised (Mixtral's routing), per drawn weight
+            val, idx = logits.softmax(-1).topk(top_k, dim=-1)
             w = val / val.sum(-1, keepdim=True)  # (bs, k)
             out = top_k * (w[..., None] * f[rows[:, None], idx]).sum(1)  # (bs, H)
-            loss = (out - y[rows]).pow(2).sum(-1).mean() / y[rows].pow(2).sum(-1).mean()
+            loss = ((out - y[rows]).pow(2).sum(-1) / draw[rows]).mean() / energy.mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
     with torch.no_grad():
         router_weight.copy_(W)
-        probs = (x @ W.T).softmax(-1)
-        val, idx = probs.topk(top_k, dim=-1)
+        val, idx = (x @ W.T).softmax(-1).topk(top_k, dim=-1)
         out = top_k * ((val / val.sum(-1, keepdim=True))[..., None] * f[torch.arange(N)[:, None], idx]).sum(1)
-        rel = float((out - y).pow(2).sum() / y.pow(2).sum())
-        pair_hit = float((idx.sort(-1).values == target.sort(-1).values).all(-1).float().mean())
-        best = float((f.gather(1, target[..., None].expand(-1, -1, f.shape[-1])).sum(1) - y).pow(2).sum()
-                     / y.pow(2).sum())  # fmt: skip
-    return {"relative_error": rel, "best_pair_error": best, "pair_accuracy": pair_hit}
+        err = (out - y).pow(2).sum(-1)  # (N,)
+        best = (f.gather(1, target[..., None].expand(-1, -1, f.shape[-1])).sum(1) - y).pow(2).sum(-1)  # (N,)
+        hit = (idx.sort(-1).values == target.sort(-1).values).all(-1).float().mean()
+    return {
+        "relative_error": float(err.sum() / energy.sum()),
+        "best_pair_error": float(best.sum() / energy.sum()),
+        "median_token_error": float((err / energy.clamp_min(1e-12)).median()),
+        "pair_accuracy": float(hit),
+    }
 
 
-def convert(dense, ids: torch.Tensor, experts: int, top_k: int, settings: dict[str, Any], batch_size: int = 8):
+def convert(dense, ids: torch.Tensor, experts: int, top_k: int, settings: dict[str, Any], work=None, batch_size=8):
     """The Mixtral model of `dense` (see the module docstring), its routers trained on calibration `ids`; returns
-    `(model, per-layer fit records)`."""
+    `(model, per-layer fit records)`. Each converted layer is stored in `work` (a directory) as it is done, and a
+    run that finds them there (after a crash) continues after the last one."""
     moe = MixtralForCausalLM(mixtral_config(dense.config, experts, top_k)).to(dense.dtype).eval()
     _copy_shared(dense, moe)
     spec = get_spec(moe)
     runner = LayerwiseRunner(moe, spec, ids, batch_size=batch_size)
     records = []
     for i, (d_layer, m_layer) in enumerate(zip(dense.model.layers, moe.model.layers)):
+        done = None if work is None else Path(work) / f"layer{i:03d}.pt"
+        if done is not None and done.is_file():
+            state = torch.load(done)
+            _split_mlp(d_layer.mlp, m_layer.mlp.experts, state["clusters"], float(top_k))
+            with torch.no_grad():
+                m_layer.mlp.gate.weight.copy_(state["router"])
+            records.append(state["record"])
+            runner.advance(runner.run_layer(i))
+            continue
         seen: list[torch.Tensor] = []
         record = lambda _, x, seen=seen: seen.append(x.reshape(-1, x.shape[-1]))  # noqa: E731
         runner.run_layer(i, observe={"mlp": m_layer.mlp}, callback=record, keep_outputs=False)
@@ -171,17 +190,24 @@ def convert(dense, ids: torch.Tensor, experts: int, top_k: int, settings: dict[s
                                      seed=settings.get("seed", 0))  # fmt: skip
         _split_mlp(d_layer.mlp, m_layer.mlp.experts, clusters, float(top_k))
         sample = x[torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(i))[: settings["train_tokens"]]]
+        del seen, x
         with torch.no_grad():
             y = d_layer.mlp(sample)
         f = _expert_outputs(m_layer.mlp.experts, sample, top_k)
-        fit = train_router(m_layer.mlp.gate.weight, sample, f, y, top_k, settings)
-        records.append({"layer": i, **fit})
+        fit = {"layer": i, **train_router(m_layer.mlp.gate.weight, sample, f, y, top_k, settings)}
+        del f, y, sample
+        records.append(fit)
         logger.info("layer %d: %s", i, {k: round(v, 4) for k, v in fit.items()})
+        if done is not None:
+            done.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"clusters": clusters, "router": m_layer.mlp.gate.weight.detach().clone(), "record": fit},
+                       done.with_suffix(".tmp"))  # fmt: skip
+            done.with_suffix(".tmp").rename(done)
         runner.advance(runner.run_layer(i))
     return moe, records
 
 
-def build_testbed(dense, ids, experts: int, top_k: int, settings: dict[str, Any]):
+def build_testbed(dense, ids, experts: int, top_k: int, settings: dict[str, Any], work=None):
     """`convert`, after checking on `ids` that the same split with every expert chosen is the dense model."""
     check = MixtralForCausalLM(mixtral_config(dense.config, experts, experts)).to(dense.dtype).eval()
     _copy_shared(dense, check)
@@ -194,5 +220,5 @@ def build_testbed(dense, ids, experts: int, top_k: int, settings: dict[str, Any]
         gap = float((check(ids[:1, :64]).logits - dense(ids[:1, :64]).logits).abs().max())
     if gap > 1e-3:
         raise RuntimeError(f"the Mixtral conversion with every expert differs from the dense model by {gap}")
-    model, records = convert(dense, ids, experts, top_k, settings)
+    model, records = convert(dense, ids, experts, top_k, settings, work)
     return model, records, gap

@@ -40,7 +40,7 @@ from optimum_prune.evaluation import compare_geometric_mean  # noqa: E402
 
 logger = logging.getLogger("benchmarks.moe")
 TEXTS = {"bbc": "BBC", "python_docs": "Python docs", "kjv": "KJV Bible"}
-ROUTER = {"lr": 3e-3, "batch": 512, "steps": 1500, "mse_steps": 500, "train_tokens": 16384, "profile_tokens": 4096}
+ROUTER = {"lr": 3e-3, "batch": 512, "steps": 1500, "mse_steps": 500, "train_tokens": 12288, "profile_tokens": 4096}
 
 # name -> (label, ExpertConfig kwargs at expert-parameter ratio r)
 ROWS = {
@@ -64,7 +64,8 @@ def load_testbed(args, dense, tokenizer, ids) -> tuple[torch.nn.Module, dict[str
     if not (path / "config.json").is_file():
         settings = {**ROUTER, "steps": args.router_steps, "mse_steps": args.router_mse_steps, "seed": args.seed}
         t0 = time.perf_counter()
-        moe, records, gap = build_testbed(dense, ids, args.experts, args.top_k, settings)
+        work = path.with_name(path.name + ".layers")  # finished layers: a killed build continues from them
+        moe, records, gap = build_testbed(dense, ids, args.experts, args.top_k, settings, work)
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         moe.save_pretrained(tmp)
@@ -74,6 +75,7 @@ def load_testbed(args, dense, tokenizer, ids) -> tuple[torch.nn.Module, dict[str
                   "calibration_ids_sum": int(ids.sum())}  # fmt: skip
         (tmp / "testbed.json").write_text(json.dumps(record, indent=1))
         tmp.rename(path)
+        shutil.rmtree(work, ignore_errors=True)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return model, json.loads((path / "testbed.json").read_text())
 
