@@ -17,9 +17,11 @@ from optimum_prune.calibration.sequential import LayerwiseRunner
 from optimum_prune.functional.allocation import LayerUnits, allocate_per_layer
 from optimum_prune.methods.flap import FLAPConfig, FLAPPruner
 from optimum_prune.methods.numerical import NumericalPruner
-from optimum_prune.methods.structured import layer_outlier_fraction, layer_params
+from optimum_prune.methods.structured import layer_outlier_fraction
 from optimum_prune.modeling.architectures import get_layers, layer_view
+from optimum_prune.modeling.shapes import layer_params
 from optimum_prune.modeling.surgery import apply_layer_plan_
+from optimum_prune.runtime.blocks import Stage
 
 __all__ = ["owl_norms", "prune_variant"]
 
@@ -74,7 +76,7 @@ def _make_pruner(variants, name, ratio, round_to, stats):
     def own(i: int) -> dict[str, Any]:
         return {k: getattr(stats[i][k], key) for k in ("attn", "mlp")}
 
-    def cached_collect(views, runner):  # the dense statistics, already collected: score them, keep them
+    def cached_collect(stage, views):  # the dense statistics, already collected: score them, keep them
         scores = {v.index: pruner.score_layer(v, own(v.index)) for v in views}
         outliers = {}
         if config.allocation == "owl":
@@ -132,7 +134,7 @@ def prune_variant(variants, dense, spec, name, ratio, round_to, stats, calib_ids
     if getattr(pruner.config, "compensation_inputs", "dense") == "sequential":
         runner = lambda: LayerwiseRunner(model, spec, calib_ids, batch_size=8)  # noqa: E731
     with ctx:
-        plan = pruner.compute_plan(model, spec, runner)
+        plan = pruner.compute_plan(Stage(model, spec, runner))
     info.update({k: plan.info[k] for k in ("layer_ratios", "outlier_fractions") if k in plan.info})
     layers = get_layers(model, spec)
     for idx, lp in plan.layers.items():

@@ -22,6 +22,7 @@ Writes `<output>.json` after every model (a partial run keeps what finished) and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import json
@@ -50,7 +51,7 @@ from optimum_prune import (  # noqa: E402
 from optimum_prune.calibration.data import get_calibration_batches  # noqa: E402
 from optimum_prune.export import export_gguf  # noqa: E402
 from optimum_prune.modeling.architectures import get_spec  # noqa: E402
-from optimum_prune.report import layer_table  # noqa: E402
+from optimum_prune.modeling.shapes import layer_table  # noqa: E402
 
 logger = logging.getLogger("benchmarks.alignment")
 
@@ -203,14 +204,17 @@ def main(argv=None) -> int:
     speed_round_to = {
         m: (args.round_to if m in args.speed_all else [r for r in args.round_to if r in (1, 64)]) for m in args.methods
     }
-    with harness.reuse_calibration_stats():  # the runs of one method differ only after the calibration pass
+    # the runs of one method differ only after the calibration pass
+    with contextlib.nullcontext(harness.CalibrationStatsCache()) as cache:
         for method in args.methods:
             kept: dict[str, torch.nn.Module] = {}
             runs = {}
             for rt in args.round_to:
                 model = copy.deepcopy(dense)
                 config = METHODS[method](pruning_ratio=args.ratio, round_to=rt)
-                report = prune_(model, config, calib_ids if needs_calibration(config) else None, tokenizer=tok)
+                report = prune_(
+                    model, config, calib_ids if needs_calibration(config) else None, tokenizer=tok, stats_cache=cache
+                )
                 name = f"{method}_rt{rt}"
                 table = layer_table(model, get_spec(model))
                 run = runs[name] = {
@@ -333,7 +337,7 @@ def q8_0_megabytes(model: torch.nn.Module) -> float:
 def needs_calibration(config) -> bool:
     from optimum_prune.methods.registry import get_pruner_class
 
-    return get_pruner_class(config.method)(config).needs_calibration
+    return get_pruner_class(config.method)(config).requires_calibration
 
 
 if __name__ == "__main__":

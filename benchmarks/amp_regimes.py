@@ -41,9 +41,10 @@ from optimum_prune.methods.amp.equilibrium import (  # noqa: E402
     refit_kept,
 )
 from optimum_prune.methods.amp.functional import _DataTerm, amp_masks, binarize, relative_attention_error  # noqa: E402
-from optimum_prune.methods.amp.pruner import AMPPruner, _qk  # noqa: E402
+from optimum_prune.methods.amp.pruner import AMPPruner  # noqa: E402
 from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune  # noqa: E402
 from optimum_prune.methods.wanda.functional import wanda_scores  # noqa: E402
+from optimum_prune.modeling.access import qk_weights  # noqa: E402
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view  # noqa: E402
 
 RANKINGS = {  # name -> (binarize score, per)
@@ -206,12 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     spec = get_spec(model)
     run = LayerwiseRunner(model, spec, ids, batch_size=8)
     layers = [int(x) for x in args.layers.split(",")]
-    capture = AMPPruner(AMPConfig())._capture
+    capture = AMPPruner(AMPConfig()).capture
     for i in range(max(layers) + 1):
         if i in layers and str(i) not in result["layers"]:
             view = layer_view(get_layers(model, spec)[i], i, spec, model.config)
             print(f"layer {i}", flush=True)
-            Wq, bq, Wk, bk = _qk(view)
+            Wq, bq, Wk, bk = qk_weights(view)
             rec = study_layer(capture(run, view)[0], Wq, Wk, bq, bk, args.rho, args.cg_steps, args.refit_steps)
             result["layers"][str(i)] = rec
             harness.write_results(result, out, "amp_regimes")

@@ -52,9 +52,10 @@ from optimum_prune.calibration.stats import GramStats  # noqa: E402
 from optimum_prune.functional.masks import keep_mask  # noqa: E402
 from optimum_prune.methods.amp.blocked import causal_blocks  # noqa: E402
 from optimum_prune.methods.amp.functional import amp_masks, relative_attention_error  # noqa: E402
-from optimum_prune.methods.amp.pruner import AMPPruner, _qk  # noqa: E402
+from optimum_prune.methods.amp.pruner import AMPPruner  # noqa: E402
 from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune  # noqa: E402
 from optimum_prune.methods.wanda.functional import wanda_scores  # noqa: E402
+from optimum_prune.modeling.access import qk_weights as layer_qk  # noqa: E402
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view, weight_oi  # noqa: E402
 
 RESULTS = harness.RESULTS_DIR
@@ -139,8 +140,8 @@ def error_study(model, ids, layers: list[int], rhos: list[float], steps: int, sp
     for i in range(max(layers) + 1):
         if i in layers:
             view = layer_view(get_layers(model, spec)[i], i, spec, model.config)
-            inp = AMPPruner(configs["amp"])._capture(run, view)[0]
-            Wq, bq, Wk, bk = _qk(view)
+            inp = AMPPruner(configs["amp"]).capture(run, view)[0]
+            Wq, bq, Wk, bk = layer_qk(view)
             X = torch.cat([x.reshape(-1, x.shape[-1]) for x in inp.xs]).float()
             H = GramStats(X.shape[1])
             H.update(X)
@@ -194,8 +195,8 @@ def speed_probe(model, ids, layers: int, steps: int, repeats: int = 3) -> dict[s
     fast, slow, cpu, cpu_slow, load, floor = [], [], [], [], [(harness.loadavg() or [None])[0]], None
     for i in range(layers):
         view = layer_view(get_layers(model, spec)[i], i, spec, model.config)
-        inp = pruner._capture(run, view)[0]
-        Wq, bq, Wk, bk = _qk(view)
+        inp = pruner.capture(run, view)[0]
+        Wq, bq, Wk, bk = layer_qk(view)
         floor = floor or flop_floor(inp)
         amp_masks(inp, Wq, Wk, bq, bk, steps=1, progress=False)  # warm-up
         for _ in range(repeats):

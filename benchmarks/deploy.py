@@ -24,6 +24,7 @@ Writes `<output>.json` after every step (a partial run keeps what finished) and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import json
@@ -209,12 +210,15 @@ def main(argv=None) -> int:
         save()
 
     measure("dense", dense, {})
-    with harness.reuse_calibration_stats():  # every NP run shares one calibration pass (they differ only after it)
+    # every NP run shares one calibration pass (they differ only after it)
+    with contextlib.nullcontext(harness.CalibrationStatsCache()) as cache:
         for ratio in args.ratios:
             for allocation in args.allocations:
                 name = f"NP {int(round(ratio * 100))}% {'per-layer' if allocation == 'global' else 'uniform'}"
                 model = copy.deepcopy(dense)
-                report = prune_(model, NumericalConfig(pruning_ratio=ratio, allocation=allocation), calib_ids)
+                report = prune_(
+                    model, NumericalConfig(pruning_ratio=ratio, allocation=allocation), calib_ids, stats_cache=cache
+                )
                 measure(name, model, {"ratio": ratio, "allocation": allocation, "measured_ratio": report.measured})
                 del model
                 gc.collect()

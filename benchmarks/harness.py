@@ -59,7 +59,7 @@ from _intervals import (  # noqa: E402  (the tables' uncertainty cells, re-expor
 )
 
 import optimum_prune  # noqa: E402
-from optimum_prune import AutoPruner, CalibrationConfig, CalibrationStatsCache, reuse_calibration_stats  # noqa: E402  # noqa: E402
+from optimum_prune import AutoPruner, CalibrationConfig, CalibrationStatsCache  # noqa: E402
 from optimum_prune.calibration.data import (  # noqa: E402
     bbc_news_dir,
     get_calibration_batches,
@@ -87,7 +87,6 @@ __all__ = [
     "load_model",
     "ppl_cell",
     "require_clean_tree",
-    "reuse_calibration_stats",
     "speed_verdict",
     "spread",
     "timing_lock",

@@ -41,8 +41,8 @@ from _np_variants import prune_variant  # noqa: E402
 from harness import REPO_ROOT  # noqa: E402
 
 from optimum_prune import FLAPConfig, NumericalConfig  # noqa: E402
-from optimum_prune.methods.structured import attention_mlp_params  # noqa: E402
 from optimum_prune.modeling.architectures import get_layers, get_spec  # noqa: E402
+from optimum_prune.modeling.shapes import attention_mlp_params  # noqa: E402
 
 logger = logging.getLogger("benchmarks.np_allocation")
 # evaluation texts of the protocol -> the keys this script's results use

@@ -27,6 +27,7 @@ after fine-tuning, latency) against magnitude runs in `benchmarks/vision.py` (it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import json
@@ -226,7 +227,7 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
         "np": lambda r: NumericalConfig(pruning_ratio=r),
         "flap": lambda r: FLAPConfig(pruning_ratio=r),
     }
-    with harness.reuse_calibration_stats():
+    with contextlib.nullcontext(harness.CalibrationStatsCache()) as cache:
         for ratio in args.ratios:
             for method in [m for m in configs if args.rows is None or m in args.rows]:
                 key = f"{method}@{ratio}"
@@ -235,7 +236,7 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
                 model = copy.deepcopy(dense)
                 config = configs[method](ratio)
                 needs = method.startswith("np") or method == "flap" or config.compensate
-                report = prune_(model, config, calib if needs else None)
+                report = prune_(model, config, calib if needs else None, stats_cache=cache)
                 row = {"method": method, "ratio": ratio, "measured": report.measured, "params": report.params_after,
                        "prune_s": report.timings["total_s"], "config": report.config}  # fmt: skip
                 if method.startswith("spp"):

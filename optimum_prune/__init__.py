@@ -1,6 +1,5 @@
 """optimum_prune: prune Hugging Face transformers into smaller, faster checkpoints."""
 
-from ._deprecation import deprecated_getattr
 from .auto import AutoPrunedModelForCausalLM, AutoPrunedModelForImageClassification, AutoPruner
 from .config import CalibrationConfig, PruningConfig, StructuredPruningConfig
 from .export import GGUFExportError, GGUFTokenizerError, export_gguf
@@ -15,16 +14,15 @@ from .methods.registry import available_methods, register_pruning_method
 from .methods.ria import RIAConfig
 from .methods.sparsegpt import SparseGPTConfig
 from .methods.spp import SolutionPath, SolutionPathError, SPPConfig, SPPRIAConfig, SPPSearchError
-from .methods.stats_cache import CalibrationStatsCache, reuse_calibration_stats
 from .methods.unstructured import UnstructuredPruningConfig
 from .methods.wanda import WandaConfig
 from .modeling.architectures import UnsupportedArchitectureError, supported_model_types
 from .modeling.auto_classes import register_pruned_architectures
 from .modeling.semi_structured import to_semi_structured_
-from .prune import _compute_plan as _compute_plan  # served under its old public name below
 from .prune import prune_
 from .report import PruningReport
 from .runtime.memory import InsufficientMemoryError
+from .runtime.stats_cache import CalibrationStatsCache
 from .serialization import load_pruned_model, save_pruned_model
 from .version import __version__
 
@@ -69,21 +67,7 @@ __all__ = [
     "load_pruned_model",
     "prune_",
     "register_pruning_method",
-    "reuse_calibration_stats",
     "save_pruned_model",
     "supported_model_types",
     "to_semi_structured_",
 ]
-
-# Old names, kept for one release: reading one warns (FutureWarning) and names its replacement.
-__getattr__ = deprecated_getattr(
-    __name__,
-    globals(),
-    {
-        "FistaConfig": ("FISTAConfig", "`optimum_prune.FISTAConfig`"),
-        "MagnitudePruningConfig": ("MagnitudeConfig", "`optimum_prune.MagnitudeConfig`"),
-        "NumericalPruningConfig": ("NumericalConfig", "`optimum_prune.NumericalConfig`"),
-        "save_pruned": ("save_pruned_model", "`optimum_prune.save_pruned_model` (the pair of `load_pruned_model`)"),
-        "compute_plan": ("_compute_plan", "`prune_` (planning without pruning is internal)"),
-    },
-)

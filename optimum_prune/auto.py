@@ -16,7 +16,6 @@ from torch import nn
 from transformers import AutoConfig, AutoImageProcessor, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import IMAGE_PROCESSOR_NAME, PROCESSOR_NAME
 
-from ._deprecation import warn_deprecated
 from .config import PruningConfig
 from .export import GGUFExportError, export_gguf
 from .finetune import finetune_
@@ -204,7 +203,7 @@ class AutoPruner:
         self, config: PruningConfig | list[PruningConfig], calibration: Any = None, **kwargs: Any
     ) -> PruningReport:
         """Run `prune_` on the model (a config, or a recipe: a list of configs); see `optimum_prune.prune_` (e.g.
-        `checkpoint_dir=` to make the run resumable, `device=`, `activation_memory=`)."""
+        `checkpoint_dir=` to make the run resumable, `device=`, `activation_memory=`, `stats_cache=`)."""
         if self.keep_teacher and self._source is None and self._teacher is None and not self.reports:
             self._keep_teacher_copy()
         store = getattr(self.model, "_optimum_prune_store", None)
@@ -224,11 +223,6 @@ class AutoPruner:
 
         self.solution_path = search_solution_path(self.model, config, calibration, self.tokenizer)
         return self.solution_path
-
-    def search(self, config: PruningConfig, calibration: Any):
-        """Deprecated name of `search_solution_path` (kept for one release)."""
-        warn_deprecated("AutoPruner.search", "`AutoPruner.search_solution_path`")
-        return self.search_solution_path(config, calibration)
 
     def _keep_teacher_copy(self) -> None:
         """Before the first pruning of an in-memory model: a CPU copy of it, the default distillation teacher."""

@@ -1,4 +1,5 @@
-"""`prune_`: the one functional entry point."""
+"""`prune_`: the one functional entry point. It validates, opens the session, runs the stages (`recipe.run_stages`)
+and measures the result into a `PruningReport`."""
 
 from __future__ import annotations
 
@@ -11,39 +12,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._deprecation import deprecated_getattr
 from .calibration.sequential import runner_factory
 from .config import PruningConfig
-from .methods.registry import prepare_pruner
-from .methods.structured import attention_mlp_params
-from .methods.unstructured import target_sparsity
-from .modeling.surgery import apply_plan_
-from .recipe import prune_recipe_
-from .report import PruningReport, count_parameters, layer_table, record_history
-from .runtime.session import open_session, zero_fraction
+from .methods.base import BasePruner
+from .modeling.shapes import attention_mlp_params, layer_table
+from .plan import PruningPlan
+from .recipe import StageRecord, prepare_recipe, run_stages
+from .report import PruningReport, count_parameters, record_history, target_sparsity, zero_fraction, zero_or_removed
+from .runtime.blocks import Stage
+from .runtime.session import open_session
+from .runtime.stats_cache import CalibrationStatsCache
 from .utils.distributed import init_from_env
 
-__all__ = [
-    "prune_",
-]
+__all__ = ["prune_", "RECIPE_METHOD"]
 
 logger = logging.getLogger(__name__)
 
-
-def _compute_plan(model: nn.Module, config: PruningConfig, calibration: Any = None, tokenizer: Any = None, **kwargs):
-    """Decide without executing the removal: returns `(spec, plan)` (the tests use it to verify "removed ≡ zeroed";
-    internal: a plan's layout is no public contract).
-
-    Unstructured methods write their new weights while deciding (later layers must see them).
-    """
-    spec, pruner, ids, _ = prepare_pruner(model, config, calibration, tokenizer)
-    bs = kwargs.get("batch_size") or getattr(calibration, "batch_size", 8)
-    device = kwargs.get("device")
-    with open_session(model, spec, configs=[config], ids=ids, batch_size=bs, device=device) as sess:
-        with sess.stage(0):
-            return spec, pruner.compute_plan(
-                model, spec, runner_factory(model, spec, ids, bs, device, sess.activations)
-            )
+RECIPE_METHOD = "recipe"
 
 
 def prune_(
@@ -56,6 +41,7 @@ def prune_(
     device: torch.device | str | None = None,
     checkpoint_dir: str | os.PathLike | None = None,
     activation_memory: int | str | None = None,
+    stats_cache: CalibrationStatsCache | None = None,
 ) -> PruningReport:
     """Prune `model` in place with the method chosen by `config`.
 
@@ -79,6 +65,10 @@ def prune_(
         activation_memory (`int | str | None`): memory for the calibration activations between blocks (e.g.
             `"4GB"`); beyond it they go to disk. Default: unlimited in memory; low-memory, half of what is free
             after the block and its statistics.
+        stats_cache (`CalibrationStatsCache | None`): stored calibration passes of the structured methods (NP, FLAP,
+            magnitude): a prune that differs from a stored one only in what acts after the pass (`pruning_ratio`,
+            `allocation` other than OWL, `round_to`, `owl_lambda`), on the same weights and calibration data, reuses
+            it (see `CalibrationStatsCache`).
 
     Returns:
         `PruningReport` with measured ratios and per-layer shapes. All validation happens before any weight is
@@ -86,56 +76,128 @@ def prune_(
         `accelerate launch`), the ranks split the calibration samples and all-reduce the statistics.
     """
     init_from_env()
-    if isinstance(config, (list, tuple)):
-        return prune_recipe_(model, list(config), calibration, tokenizer, batch_size=batch_size, device=device,
-                             checkpoint_dir=checkpoint_dir, activation_memory=activation_memory)  # fmt: skip
     t0 = time.perf_counter()
-    spec, pruner, ids, calib_desc = prepare_pruner(model, config, calibration, tokenizer)
+    single = not isinstance(config, (list, tuple))
+    if single and not isinstance(config, PruningConfig):
+        raise TypeError(f"`config` must be a PruningConfig subclass instance, got {type(config).__name__}.")
+    configs = [config] if single else list(config)
+    spec, pruners, ids, calib_desc = prepare_recipe(model, configs, calibration, tokenizer)
     bs = batch_size or getattr(calibration, "batch_size", 8)
-    params_before, prunable_before = count_parameters(model), attention_mlp_params(model, spec)
+    params_before = count_parameters(model)
     session = {"ids": ids, "batch_size": bs, "device": device, "checkpoint_dir": checkpoint_dir}
-    with open_session(model, spec, configs=[config], activation_memory=activation_memory, **session) as sess:
-        with sess.stage(0):
-            plan = sess.completed_plan()
-            if plan is None:
-                plan = pruner.compute_plan(model, spec, runner_factory(model, spec, ids, bs, device, sess.activations))
-            t1 = time.perf_counter()
-            apply_plan_(model, spec, plan)
-        t2 = time.perf_counter()
-        prunable_after = attention_mlp_params(model, spec)
-        sparsity = {}
-        if pruner.is_structured:
-            measured = 1 - prunable_after / prunable_before
-            target = config.pruning_ratio
+    with open_session(model, spec, configs=configs, activation_memory=activation_memory, **session) as sess:
+        runner = runner_factory(model, spec, ids, bs, device, sess.activations)
+        stage = Stage(model, spec, runner, sess, stats_cache)
+        records = run_stages(stage, pruners)
+        if single:
+            report = _single_report(stage, pruners[0], records[0], params_before, t0)
         else:
-            per_target = target_sparsity(model, spec, pruner.resolve(model, spec))
-            sparsity = {k: s for k, (s, _) in per_target.items()}
-            measured = sum(s * n for s, n in per_target.values()) / max(sum(n for _, n in per_target.values()), 1)
-            target = config.sparsity
-            plan.info["whole_model_sparsity"] = zero_fraction(model, params_before)
-        sess.mark_complete(0, plan)
-    report = PruningReport(
+            report = _recipe_report(stage, pruners, records, params_before, t0)
+    report.calibration = calib_desc
+    if single:
+        record_history(model, config.method, config.config_version, config.to_dict(), calib_desc, report)
+    else:
+        record_history(model, RECIPE_METHOD, 1, [c.to_dict() for c in configs], calib_desc, report)
+    logger.info("%s", report)
+    return report
+
+
+def _single_report(stage: Stage, pruner: BasePruner, rec: StageRecord, params_before: int, t0: float):
+    """The report of one config: its target and measured ratio (structured) or sparsity (unstructured)."""
+    model, spec, plan, config = stage.model, stage.spec, rec.plan, pruner.config
+    sparsity = {}
+    if pruner.structured:
+        measured = 1 - rec.prunable_after / rec.prunable_before
+        target = config.pruning_ratio
+    else:
+        per_target = target_sparsity(model, spec, pruner.resolve(model, spec), stage.blocks())
+        sparsity = {k: s for k, (s, _) in per_target.items()}
+        measured = sum(s * n for s, n in per_target.values()) / max(sum(n for _, n in per_target.values()), 1)
+        target = config.sparsity
+        read = stage.session.read_offloaded
+        plan.info["whole_model_sparsity"] = zero_fraction(model, spec, params_before, stage.blocks(), read)
+    return PruningReport(
         method=config.method,
         config=config.to_dict(),
         target=float(target),
         measured=float(measured),
         params_before=params_before,
         params_after=count_parameters(model),
-        prunable_params_before=prunable_before,
-        prunable_params_after=prunable_after,
+        prunable_params_before=rec.prunable_before,
+        prunable_params_after=rec.prunable_after,
         layers=layer_table(model, spec),
         sparsity=sparsity,
-        timings={"decide_s": t1 - t0, "apply_s": t2 - t1, "total_s": t2 - t0},
-        calibration=calib_desc,
-        info={**plan.info, **sess.summary(), "layers": {i: lp.info for i, lp in plan.layers.items() if lp.info}},
+        timings={"decide_s": rec.decided - t0, "apply_s": rec.finished - rec.decided, "total_s": rec.finished - t0},
+        info={**plan.info, **stage.session.summary(), "layers": _layer_info(plan)},
         artifacts=plan.artifacts,
     )
-    record_history(model, config.method, config.config_version, config.to_dict(), calib_desc, report)
-    logger.info("%s", report)
-    return report
 
 
-# old public name, kept for one release
-__getattr__ = deprecated_getattr(
-    __name__, globals(), {"compute_plan": ("_compute_plan", "`prune_` (planning without pruning is internal)")}
-)
+def _layer_info(plan: PruningPlan, key: str | None = None) -> dict:
+    return {i: (lp.info.get(key, {}) if key else lp.info) for i, lp in plan.layers.items() if lp.info}
+
+
+def _recipe_report(stage: Stage, pruners: Sequence[BasePruner], records: list[StageRecord], params_before, t0):
+    """The report of a recipe: one section per config, the zeros or removals of the whole recipe."""
+    model, spec = stage.model, stage.spec
+    prunable_before = records[0].prunable_before
+    sections: list[dict] = [{} for _ in pruners]
+    expected = 0.0
+    for rec in records:
+        if len(rec.members) == 1 and pruners[rec.members[0]].structured:
+            k = rec.members[0]
+            expected += pruners[k].config.pruning_ratio * prunable_before
+            sections[k] = {
+                "target": pruners[k].config.pruning_ratio,
+                "measured": (rec.prunable_before - rec.prunable_after) / prunable_before,
+                "seconds": rec.finished - rec.started,
+                "info": rec.plan.info,
+            }
+            continue
+        for j, k in enumerate(rec.members):
+            per = target_sparsity(model, spec, pruners[k].resolve(model, spec), stage.blocks())
+            numel = sum(n for _, n in per.values())
+            expected += pruners[k].config.sparsity * numel
+            sections[k] = {
+                "target": pruners[k].config.sparsity,
+                "measured": sum(s * n for s, n in per.values()) / max(numel, 1),
+                "sparsity": {name: s for name, (s, _) in per.items()},
+                "seconds": rec.plan.info["seconds"][j],
+                "layers": _layer_info(rec.plan, str(j) if len(rec.members) > 1 else None),
+            }
+    zeros_prunable = zero_or_removed(spec, prunable_before, stage.blocks())
+    whole = zero_fraction(model, spec, params_before, stage.blocks(), stage.session.read_offloaded)
+    for k, p in enumerate(pruners):
+        sections[k] = {"method": p.config.method, "config": p.config.to_dict(), **sections[k]}
+    sparsity = {name: s for sec in sections for name, s in sec.get("sparsity", {}).items()}
+    total = time.perf_counter() - t0
+    return PruningReport(
+        method=RECIPE_METHOD,
+        config={"recipe": [p.config.to_dict() for p in pruners]},
+        target=expected / max(prunable_before, 1),
+        measured=zeros_prunable,
+        params_before=params_before,
+        params_after=count_parameters(model),
+        prunable_params_before=prunable_before,
+        prunable_params_after=attention_mlp_params(model, spec),
+        layers=layer_table(model, spec),
+        sparsity=sparsity,
+        timings={"total_s": total, **{f"section_{k}_s": s["seconds"] for k, s in enumerate(sections)}},
+        info={"whole_model_sparsity": whole, **stage.session.summary()},
+        sections=sections,
+    )
+
+
+def _compute_plan(model: nn.Module, config: PruningConfig, calibration: Any = None, tokenizer: Any = None, **kwargs):
+    """Decide without executing the removal: returns `(spec, plan)` (the tests use it to verify "removed ≡ zeroed";
+    internal: a plan's layout is no public contract).
+
+    Unstructured methods write their new weights while deciding (later layers must see them).
+    """
+    spec, (pruner,), ids, _ = prepare_recipe(model, [config], calibration, tokenizer)
+    bs = kwargs.get("batch_size") or getattr(calibration, "batch_size", 8)
+    device = kwargs.get("device")
+    with open_session(model, spec, configs=[config], ids=ids, batch_size=bs, device=device) as sess:
+        with sess.stage(0):
+            runner = runner_factory(model, spec, ids, bs, device, sess.activations)
+            return spec, pruner.compute_plan(Stage(model, spec, runner, sess))

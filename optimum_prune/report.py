@@ -1,20 +1,37 @@
-"""`PruningReport`: what was asked, what was measured."""
+"""`PruningReport`: what was asked, what was measured; and the measurements it is made of (parameter counts, zeros).
+
+The measurements that read weights take the model's decoder blocks as an iterable of `(index, block)`, each in memory
+while it is yielded: a low-memory model's blocks come from disk one at a time (`Stage.blocks()`).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import torch
 import transformers
 from torch import nn
 
 from .constants import HISTORY_ATTR
-from .modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
+from .modeling.access import read_target
+from .modeling.architectures import ArchitectureSpec, Target, get_layers, layer_view, weight_oi
 from .version import __version__
 
-__all__ = ["PruningReport", "layer_table", "layer_row", "count_parameters", "linear_sparsity", "record_history"]
+__all__ = [
+    "PruningReport",
+    "count_parameters",
+    "linear_sparsity",
+    "target_sparsity",
+    "zero_fraction",
+    "zero_or_removed",
+    "record_history",
+]
+
+Blocks = Iterable[tuple[int, nn.Module]]
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -22,32 +39,44 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-def layer_row(layer: nn.Module, index: int, spec: ArchitectureSpec, config) -> dict[str, Any]:
-    """One decoder layer's heads, KV heads, head_dim, intermediate size (an MoE layer's: its experts' width, with
-    `num_experts`), and which projections carry a bias; for a
-    layer whose head dimensions were pruned (SPP) also `qk_head_dim`, `vo_head_dim`, the softmax scale and, on
-    rotary models, the kept `rope_pairs` (`modeling.pair_attention`)."""
-    v = layer_view(layer, index, spec, config)
-    row = {
-        "num_attention_heads": v.num_heads,
-        "num_key_value_heads": v.num_kv_heads,
-        "head_dim": v.head_dim,
-        "intermediate_size": v.intermediate_size,
-        "biases": sorted(p for p in spec.linear_paths if getattr(layer.get_submodule(p), "bias", None) is not None),
-    }
-    if v.is_moe:
-        row["num_experts"] = v.num_experts
-    if v.pair_shaped:
-        attn = v.attn
-        row.update(qk_head_dim=v.qk_head_dim, vo_head_dim=v.vo_head_dim, attn_scaling=float(attn.scaling))
-        if getattr(attn, "rope_pairs", None) is not None:
-            row["rope_pairs"] = list(attn.rope_pairs)
-    return row
+def target_sparsity(model: nn.Module, spec: ArchitectureSpec, targets: Sequence[Target], blocks: Blocks) -> dict:
+    """`layers.<i>.<key>` → (fraction of zeros, numel) of every target of every block."""
+    out = {}
+    for i, layer in blocks:
+        view = layer_view(layer, i, spec, model.config)
+        for t in targets:
+            w = read_target(view, t)
+            out[f"layers.{i}.{t.key}"] = (float((w == 0).sum()) / max(w.numel(), 1), w.numel())
+    return out
 
 
-def layer_table(model: nn.Module, spec: ArchitectureSpec) -> list[dict[str, Any]]:
-    """`layer_row` of every decoder layer."""
-    return [layer_row(layer, i, spec, model.config) for i, layer in enumerate(get_layers(model, spec))]
+def zero_or_removed(spec: ArchitectureSpec, prunable_before: int, blocks: Blocks) -> float:
+    """Fraction of the original attention + MLP parameters that are now removed or exactly zero."""
+    nonzero = 0
+    for _, layer in blocks:
+        for path in spec.linear_paths:
+            nonzero += sum(int((p != 0).sum()) for p in layer.get_submodule(path).parameters(recurse=False))
+    return 1 - nonzero / max(prunable_before, 1)
+
+
+def zero_fraction(
+    model: nn.Module,
+    spec: ArchitectureSpec,
+    params: int,
+    blocks: Blocks,
+    read_offloaded: Callable[[list[str]], dict[str, torch.Tensor]] | None = None,
+) -> float:
+    """Exact zeros among all parameters (tied weights once), relative to `params`; the tensors outside the blocks
+    that a low-memory model keeps on disk are read with `read_offloaded(names)`."""
+    in_blocks = {id(p) for layer in get_layers(model, spec) for p in layer.parameters()}
+    unique = {id(p): (n, p) for n, p in model.named_parameters() if id(p) not in in_blocks}.values()
+    on_disk = [n for n, p in unique if p.device.type == "meta"]
+    zeros = sum(float((p == 0).sum()) for _, p in unique if p.device.type != "meta")
+    if on_disk and read_offloaded is not None:
+        zeros += sum(float((t == 0).sum()) for t in read_offloaded(on_disk).values())
+    for _, layer in blocks:
+        zeros += sum(float((p == 0).sum()) for p in layer.parameters())
+    return zeros / max(params, 1)
 
 
 def linear_sparsity(model: nn.Module, spec: ArchitectureSpec) -> dict[str, float]:

@@ -29,7 +29,6 @@ from torch import nn
 from transformers import AutoConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from ._deprecation import deprecated_getattr, renamed
 from .card import model_card as make_card
 from .constants import FINETUNE_ATTR, FORMAT_VERSION, HISTORY_ATTR, PRUNED_MODEL_TYPE_PREFIX, PRUNING_CONFIG_NAME
 from .finetune.adapters import ADAPTER_SUBDIR, lora_removed
@@ -41,7 +40,7 @@ from .modeling.auto_classes import (
     pruned_classes,
     register_pruned_architectures,
 )
-from .report import layer_table
+from .modeling.shapes import layer_table
 from .runtime.sharded import save_streamed_
 from .runtime.streaming import get_store
 from .utils.distributed import is_main_process, rank
@@ -312,7 +311,3 @@ def load_pruned_model(path: str | os.PathLike, task: str | None = None, **kwargs
         if data.get("finetune"):
             setattr(model, FINETUNE_ATTR, data["finetune"])
     return model
-
-
-# old name, kept for one release (renamed to match `load_pruned_model`)
-__getattr__ = deprecated_getattr(__name__, globals(), renamed(__name__, save_pruned="save_pruned_model"))

@@ -1,6 +1,4 @@
-"""The public API: what `optimum_prune` exports, and the old names kept for one release (each warns with a
-`FutureWarning` naming its replacement and still works). pyproject's pytest config ignores FutureWarning globally,
-so every check here asks for the warning explicitly."""
+"""The public API: what `optimum_prune` exports, warning-free."""
 
 from __future__ import annotations
 
@@ -10,7 +8,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
 
 import optimum_prune
 from optimum_prune import (
@@ -24,40 +21,6 @@ from optimum_prune import (
     WandaConfig,
     save_pruned_model,
 )
-from optimum_prune.prune import _compute_plan
-
-RENAMED = [  # (module, old name, new name)
-    ("optimum_prune", "FistaConfig", "FISTAConfig"),
-    ("optimum_prune", "MagnitudePruningConfig", "MagnitudeConfig"),
-    ("optimum_prune", "NumericalPruningConfig", "NumericalConfig"),
-    ("optimum_prune", "save_pruned", "save_pruned_model"),
-    ("optimum_prune.serialization", "save_pruned", "save_pruned_model"),
-    ("optimum_prune.methods.fista", "FistaConfig", "FISTAConfig"),
-    ("optimum_prune.methods.fista", "FistaPruner", "FISTAPruner"),
-    ("optimum_prune.methods.fista.config", "FistaConfig", "FISTAConfig"),
-    ("optimum_prune.methods.fista.pruner", "FistaPruner", "FISTAPruner"),
-    ("optimum_prune.methods.magnitude", "MagnitudePruningConfig", "MagnitudeConfig"),
-    ("optimum_prune.methods.magnitude.config", "MagnitudePruningConfig", "MagnitudeConfig"),
-    ("optimum_prune.methods.numerical", "NumericalPruningConfig", "NumericalConfig"),
-    ("optimum_prune.methods.numerical.config", "NumericalPruningConfig", "NumericalConfig"),
-    ("optimum_prune.methods.unstructured", "UnstructuredConfigMixin", "UnstructuredPruningConfig"),
-]
-
-
-@pytest.mark.parametrize("module, old, new", RENAMED)
-def test_old_names_warn_and_still_work(module, old, new):
-    mod = importlib.import_module(module)
-    with pytest.warns(FutureWarning, match=rf"`{module}\.{old}` is deprecated.*`{module}\.{new}`"):
-        value = getattr(mod, old)
-    assert value is getattr(mod, new)
-    assert old not in mod.__all__ and new in mod.__all__
-
-
-def test_from_import_of_an_old_name_warns():
-    with pytest.warns(FutureWarning, match="FISTAConfig"):
-        from optimum_prune import FistaConfig  # noqa: F401
-    with pytest.warns(FutureWarning, match="save_pruned_model"):
-        from optimum_prune import save_pruned  # noqa: F401
 
 
 def test_new_names_do_not_warn():
@@ -72,17 +35,7 @@ def test_new_names_do_not_warn():
 def test_compute_plan_is_private():
     assert "compute_plan" not in optimum_prune.__all__
     for module in (optimum_prune, importlib.import_module("optimum_prune.prune")):
-        with pytest.warns(FutureWarning, match=r"compute_plan` is deprecated.*use `prune_`"):
-            assert module.compute_plan is _compute_plan
-
-
-def test_search_is_search_solution_path(monkeypatch):
-    calls = []
-    monkeypatch.setattr(AutoPruner, "search_solution_path", lambda self, config, calibration: calls.append(1) or "P")
-    pruner = AutoPruner(torch.nn.Linear(2, 2))
-    with pytest.warns(FutureWarning, match=r"`AutoPruner.search` is deprecated.*`AutoPruner.search_solution_path`"):
-        assert pruner.search(None, None) == "P"
-    assert calls == [1]
+        assert not hasattr(module, "compute_plan")
 
 
 def test_config_names_follow_one_rule():

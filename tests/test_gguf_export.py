@@ -17,7 +17,7 @@ from optimum_prune import AutoPruner, MagnitudeConfig, NumericalConfig, export_g
 from optimum_prune.cli import main
 from optimum_prune.export import GGUFExportError
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view
-from optimum_prune.report import layer_table
+from optimum_prune.modeling.shapes import layer_table
 
 PROBES = [
     "Hello world! 3,141 reporters in 2024.",

@@ -17,8 +17,8 @@ from _gpu_timing import Runner, Scenario  # noqa: E402
 
 from optimum_prune import MagnitudeConfig, prune_  # noqa: E402
 from optimum_prune.functional.allocation import round_kept_channels  # noqa: E402
-from optimum_prune.methods.structured import attention_mlp_params  # noqa: E402
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view  # noqa: E402
+from optimum_prune.modeling.shapes import attention_mlp_params  # noqa: E402
 
 TINY_QWEN3 = gs.ModelShape("qwen3", 48, 80, 3, 6, 2, 8, 96, qk_norm=True)
 TINY_TIED = gs.ModelShape("llama", 48, 80, 3, 6, 3, 8, 96, tie_embeddings=True)

@@ -83,7 +83,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     _check_parent(args.report)
     calibration = None
     configs = config if isinstance(config, list) else [config]
-    needing = [c.method for c in configs if get_pruner_class(c.method)(c).needs_calibration]
+    needing = [c.method for c in configs if get_pruner_class(c.method)(c).requires_calibration]
     if needing:
         if args.calib is None:
             raise UserError(f"Method {needing[0]!r} needs calibration text: pass --calib PATH|DIR|NAME (or 'bbc').")

@@ -31,7 +31,7 @@ from transformers import AutoTokenizer
 
 from ..constants import HISTORY_ATTR
 from ..modeling.architectures import get_layers, get_spec, require_causal_lm
-from ..report import layer_table
+from ..modeling.shapes import layer_table
 from ..serialization import load_pruned_model
 from ..version import __version__
 from .gguf_moe import is_moe_tensor, moe_arch, moe_tensors, write_moe_hparams

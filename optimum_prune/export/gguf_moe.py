@@ -43,6 +43,8 @@ def moe_arch(model: nn.Module, spec: ArchitectureSpec, base: str, layers: list[d
             f"llama.cpp's {arch} graph {'renormalises' if norm else 'does not renormalise'} the top-k routing weights "
             f"and this model does{'' if not norm else ' not'} (norm_topk_prob): its logits would differ."
         )
+    if arch == "olmoe" and any(r["num_key_value_heads"] != r["num_attention_heads"] for r in layers):
+        raise error("llama.cpp's olmoe graph has one key head per query head (its k norm spans the hidden size).")
     if getattr(model.config, "clip_qkv", None):
         raise error(f"llama.cpp's {arch} graph does not clip q/k/v (clip_qkv={model.config.clip_qkv}).")
     if moe_rows[0]["num_experts"] < model.config.num_experts_per_tok:

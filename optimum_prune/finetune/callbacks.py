@@ -39,7 +39,7 @@ def cubic_sparsity(step: int, start_step: int, end_step: int, final_sparsity: fl
 
 
 def _is_structured(config: PruningConfig) -> bool:
-    return get_pruner_class(config.method)(config).is_structured
+    return get_pruner_class(config.method)(config).structured
 
 
 class PruningCallback(TrainerCallback):

@@ -1,28 +1,27 @@
 """`BasePruner`: the contract every method implements.
 
-Lifecycle (driven by `optimum_prune.prune_`):
+Lifecycle (driven by `optimum_prune.prune_`, the runner):
   1. `validate(model, spec)`: reject what cannot work, before any weight changes.
-  2. `compute_plan(model, spec, runner_factory)`: decide (and, for sequential unstructured methods, write the new
-     weights layer by layer, since later layers must see the pruned outputs).
-  3. The framework applies the plan (`modeling.surgery`), measures and reports.
+  2. `compute_plan(stage)`: decide (and, for sequential unstructured methods, write the new weights layer by layer,
+     since later layers must see the pruned outputs). The `Stage` (`runtime.blocks`) holds everything the pruner
+     works with, as arguments: the model, its architecture entry, the calibration runner, the session and the cache
+     of calibration passes; its passes over the blocks go through `stage.walk`.
+  3. The runner applies the plan (`modeling.surgery`), measures and reports.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import ClassVar
 
 import torch
 from torch import nn
 
-from ..calibration.sequential import LayerwiseRunner
 from ..config import PruningConfig
 from ..modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
 from ..plan import PruningPlan
+from ..runtime.blocks import Stage
 
-__all__ = ["BasePruner", "RunnerFactory", "refuse_pruned_head_dims"]
-
-RunnerFactory = Callable[[], LayerwiseRunner]
+__all__ = ["BasePruner", "refuse_pruned_head_dims"]
 
 
 def refuse_pruned_head_dims(model: nn.Module, spec: ArchitectureSpec, what: str) -> None:
@@ -41,27 +40,20 @@ def refuse_pruned_head_dims(model: nn.Module, spec: ArchitectureSpec, what: str)
 class BasePruner:
     """Base class of the pruners.
 
-    Capability flags (read by the framework, never method names):
-        requires_calibration (`bool`): needs calibration text.
+    Capability flags (read by the framework, never method names; a pruner whose flag depends on its config
+    overrides it with a property):
+        requires_calibration (`bool`): needs calibration data.
         structured (`bool`): removes heads / channels (the framework then changes shapes).
     """
 
     config_cls: ClassVar[type[PruningConfig]] = PruningConfig
-    requires_calibration: ClassVar[bool] = True
-    structured: ClassVar[bool] = False
+    requires_calibration: bool = True
+    structured: bool = False
 
     def __init__(self, config: PruningConfig) -> None:
         if not isinstance(config, self.config_cls):
             raise TypeError(f"{type(self).__name__} needs a {self.config_cls.__name__}, got {type(config).__name__}.")
         self.config = config
-
-    @property
-    def needs_calibration(self) -> bool:
-        return self.requires_calibration
-
-    @property
-    def is_structured(self) -> bool:
-        return self.structured
 
     def attach_calibration(self, data, description: dict | None = None, source=None) -> None:
         """Called by the framework, before `compute_plan`, with the calibration data itself (token ids of shape
@@ -79,5 +71,6 @@ class BasePruner:
                         "model first. Nothing was changed."
                     )
 
-    def compute_plan(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory | None) -> PruningPlan:
+    def compute_plan(self, stage: Stage) -> PruningPlan:
+        """Decide for `stage.model` (see the module docstring)."""
         raise NotImplementedError

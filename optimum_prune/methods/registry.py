@@ -64,7 +64,7 @@ def prepare_pruner(model: nn.Module, config: PruningConfig, calibration: Any, to
     spec = get_spec(model)
     pruner = get_pruner_class(config.method)(config)
     pruner.validate(model, spec)
-    ids, calib_desc = calibration_inputs(model, calibration, tokenizer, [config.method] * pruner.needs_calibration)
+    ids, calib_desc = calibration_inputs(model, calibration, tokenizer, [config.method] * pruner.requires_calibration)
     if ids is not None:
         pruner.attach_calibration(ids, calib_desc, source=calibration)
     return spec, pruner, ids, calib_desc

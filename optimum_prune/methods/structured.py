@@ -3,10 +3,13 @@
 Lifecycle:
   - one dense calibration pass, layer by layer: `layer_stats` says which module inputs to observe, the runner feeds
     them, `score_layer` turns them into per-query-head and per-channel scores (lower = removed first);
-  - heads become units (whole KV groups, or query-head ranks inside groups) with parameter costs, and
-    `functional.allocation` picks the units to remove (global cost-weighted ranking, uniform, or per-layer budgets
-    weighted by each layer's activation outliers, OWL: the same pass then also measures each layer's outliers);
-  - `finalize_layer` writes the compensated weights / biases of the kept units into a `LayerPlan`.
+  - heads become units (whole KV groups, or query-head ranks inside groups) with parameter costs, and `allocate`,
+    the allocation strategy, picks the units to remove (`functional.allocation`: global cost-weighted ranking,
+    uniform, or per-layer budgets weighted by each layer's activation outliers, OWL: the same pass then also measures
+    each layer's outliers; a subclass may override it);
+  - a second pass over the blocks: `finalize_layer` writes the compensated weights / biases of the kept units into a
+    `LayerPlan`, and the session finishes the block (a low-memory or checkpointed run writes it at once).
+Both passes run through `Stage.walk` (`runtime.blocks`), the one block loop.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..calibration.stats import SquaredNormStats
 from ..config import StructuredPruningConfig
@@ -30,68 +32,20 @@ from ..functional.allocation import (
     round_kept_channels,
 )
 from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
-from ..modeling.experts import moe_parameters
+from ..modeling.shapes import attention_mlp_params, head_costs, layer_params, mlp_channel_cost
 from ..plan import LayerPlan, PruningPlan
-from ..runtime.session import current_session
-from .base import BasePruner, RunnerFactory, refuse_pruned_head_dims
-from .stats_cache import CalibrationStatsCache, active_stats_cache, reuse_calibration_stats, tensor_digest
+from ..runtime.blocks import Stage
+from ..runtime.stats_cache import tensor_digest
+from .base import BasePruner, refuse_pruned_head_dims
 
 __all__ = [
-    "CalibrationStatsCache",
     "StructuredPruner",
-    "reuse_calibration_stats",
     "resolve_gqa_mode",
-    "attention_mlp_params",
-    "head_costs",
-    "mlp_channel_cost",
-    "layer_params",
     "layer_outlier_fraction",
     "owl_inputs",
 ]
 
 logger = logging.getLogger(__name__)
-
-
-def _row_params(mod: nn.Module) -> int:
-    return weight_oi(mod).shape[1] + (1 if getattr(mod, "bias", None) is not None else 0)
-
-
-def _col_params(mod: nn.Module) -> int:
-    return weight_oi(mod).shape[0]
-
-
-def attention_mlp_params(model: nn.Module, spec: ArchitectureSpec) -> int:
-    """Parameters of every q/k/v/o and MLP projection of the decoder (what `pruning_ratio` refers to); on a
-    mixture-of-experts model the MLP is each MoE block (router and experts)."""
-    total = 0
-    for i, layer in enumerate(get_layers(model, spec)):
-        for path in spec.linear_paths:
-            total += sum(p.numel() for p in layer.get_submodule(path).parameters(recurse=False))
-        if spec.moe is not None:
-            total += moe_parameters(layer_view(layer, i, spec, model.config))
-    return total
-
-
-def head_costs(view: LayerView) -> tuple[float, float]:
-    """Parameters removed with one query head (its q rows and o columns) and with one whole KV group (its query
-    heads plus the k / v rows of its KV head)."""
-    spec, d = view.spec, view.head_dim
-    if spec.fused_qkv:
-        q_row = k_row = v_row = _row_params(view.module(spec.qkv_paths[0]))
-    else:
-        q_row, k_row, v_row = (_row_params(view.module(p)) for p in spec.qkv_paths)
-    per_q_head = d * (q_row + _col_params(view.o_proj))
-    return float(per_q_head), float(view.group_size * per_q_head + d * (k_row + v_row))
-
-
-def mlp_channel_cost(view: LayerView) -> float:
-    """Parameters removed with one MLP channel (rows of the input projections, a column of the output one)."""
-    return float(sum(_row_params(view.module(p)) for p in view.spec.mlp_in_paths) + _col_params(view.mlp_out))
-
-
-def layer_params(view: LayerView) -> float:
-    """Parameters of the layer's attention + MLP projections."""
-    return float(sum(p.numel() for mod in view.linears().values() for p in mod.parameters(recurse=False)))
 
 
 def owl_inputs(view: LayerView) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
@@ -151,19 +105,19 @@ class StructuredPruner(BasePruner):
         return False
 
     # ---------------------------------------------------------------------------------------------- framework
-    _calibration_digest: str | None = None
+    calibration_digest: str | None = None
 
     def attach_calibration(self, data, description: dict | None = None, source=None) -> None:
-        """Records a digest of the calibration ids (the key of [`reuse_calibration_stats`])."""
+        """Records a digest of the calibration ids (part of the key of a `CalibrationStatsCache`)."""
         if isinstance(data, torch.Tensor):
             h = hashlib.sha256()
             tensor_digest(h, data)
-            self._calibration_digest = h.hexdigest()
+            self.calibration_digest = h.hexdigest()
 
     def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
         super().validate(model, spec)
         n = len(get_layers(model, spec))
-        if self.config.allocation == "owl" and not self.needs_calibration:
+        if self.config.allocation == "owl" and not self.requires_calibration:
             raise ValueError(
                 f"allocation='owl' sets each layer's budget from its activation outliers, which needs calibration "
                 f"data; {type(self.config).__name__} is data-free. Use allocation='global' or 'uniform'."
@@ -184,13 +138,10 @@ class StructuredPruner(BasePruner):
             )
         if self.config.prune_attention:
             refuse_pruned_head_dims(model, spec, "removing attention heads")
-        for view in self._views(model, spec):
-            mode = resolve_gqa_mode(self.config.gqa_mode, view)
+        for i, layer in enumerate(get_layers(model, spec)):
+            mode = resolve_gqa_mode(self.config.gqa_mode, layer_view(layer, i, spec, model.config))
             if mode == "query" and spec.fused_qkv:
                 raise ValueError("gqa_mode='query' needs separate q/k/v projections.")
-
-    def _views(self, model: nn.Module, spec: ArchitectureSpec) -> list[LayerView]:
-        return [layer_view(layer, i, spec, model.config) for i, layer in enumerate(get_layers(model, spec))]
 
     def refits_after_plan(self) -> bool:
         """Whether `compute_plan` revisits every block after the allocation pass to refit it (then that pass, not
@@ -214,54 +165,51 @@ class StructuredPruner(BasePruner):
             )
         return {name: a for name, (_, a) in layer_stats.items()}, outputs
 
-    def _collect(self, views: list[LayerView], runner: RunnerFactory | None):
-        """`_collect_pass`, or its stored result inside [`reuse_calibration_stats`] (never in an active session)."""
-        cache = active_stats_cache()
-        key = None if (cache is None or current_session().active) else CalibrationStatsCache.key(self, views)
+    def _collect(self, stage: Stage, views: list[LayerView]):
+        """`_collect_pass`, or its result stored in the stage's `stats_cache` (never in an active session)."""
+        cache = stage.stats_cache
+        key = None if (cache is None or stage.session.active) else cache.key(self, views)
         if key is None:
-            return self._collect_pass(views, runner)
+            return self._collect_pass(stage, views)
         hit = cache.get(key)
         if hit is not None:
             logger.info("%s: calibration pass reused (%d stored)", self.config.method, len(cache))
             return hit
-        result = self._collect_pass(views, runner)
+        result = self._collect_pass(stage, views)
         cache.put(key, result)
         return result
 
-    def _collect_pass(self, views: list[LayerView], runner: RunnerFactory | None):
+    def _collect_pass(self, stage: Stage, views: list[LayerView]):
         """One dense pass: every block's scores (and its statistics where `keep_stats`) and, for OWL, its outlier
         fraction, on the dense model's inputs. A resumed run reads the finished blocks' scores from the checkpoint."""
-        sess = current_session()
+        sess = stage.session
         stats, scores, outliers = {}, {}, {}
         owl = self.config.allocation == "owl"
-        cached = {v.index: c for v in views if (c := sess.cached_scores(v.index)) is not None}
-        todo = [v.index for v in views if v.index not in cached and v.index not in self.config.skip_layers]
-        run = runner() if (runner is not None and self.needs_calibration and todo) else None
-        for view in tqdm(views, desc=f"{self.config.method}: scoring layers", leave=False):
+        for v in views:
+            cached = sess.cached_scores(v.index)
+            if cached is not None:
+                scores[v.index] = cached[:2]
+                if cached[2] is not None:
+                    outliers[v.index] = cached[2]
+        todo = [v.index for v in views if v.index not in scores and v.index not in self.config.skip_layers]
+        run = stage.runner() if (stage.runner is not None and self.requires_calibration and todo) else None
+
+        def visit(view: LayerView):
             i = view.index
-            if i not in todo:
-                if i in cached:
-                    head, chan, outlier = cached[i]
-                    scores[i] = (head, chan)
-                    if outlier is not None:
-                        outliers[i] = outlier
-                if run is not None and i < todo[-1]:
-                    run.advance(sess.forward(run, i, "input"))
-                continue
-            with sess.resident(i, "input"):
-                acc, outputs = self._observe(run, view, owl)
-                if owl:
-                    norms = {}
-                    for name in owl_inputs(view):
-                        a = acc.pop("owl:" + name)
-                        norms[name] = (a.sumsq / max(a.count, 1)).sqrt()
-                    outliers[i] = layer_outlier_fraction(view, norms, self.config.owl_threshold)
-                scores[i] = self.score_layer(view, acc)
-            if outputs is not None:
-                run.advance(outputs)
+            acc, outputs = self._observe(run, view, owl)
+            if owl:
+                norms = {}
+                for name in owl_inputs(view):
+                    a = acc.pop("owl:" + name)
+                    norms[name] = (a.sumsq / max(a.count, 1)).sqrt()
+                outliers[i] = layer_outlier_fraction(view, norms, self.config.owl_threshold)
+            scores[i] = self.score_layer(view, acc)
             sess.save_scores(i, *scores[i], outlier=outliers.get(i))
             if self.keep_stats() and sess.keep_stats(acc):
                 stats[i] = {k: (a.to("cpu") if hasattr(a, "to") else a) for k, a in acc.items()}
+            return outputs
+
+        stage.walk(todo, visit, run=run, desc=f"{self.config.method}: scoring layers")
         return stats, scores, outliers
 
     def _head_units(self, view: LayerView, head_scores: torch.Tensor):
@@ -279,6 +227,49 @@ class StructuredPruner(BasePruner):
         unit_scores = torch.sort(scores, dim=1, stable=True).values.mean(0)  # (g,) nondecreasing
         max_units = min(g - 1, (h - self.config.min_heads_per_layer) // kv)
         return unit_scores, kv * per_q_head, members, max(max_units, 0)
+
+    def _units(self, views: list[LayerView], scores: dict) -> tuple[list[LayerUnits], dict[int, list]]:
+        """Every layer's removable units (heads or KV groups, MLP channels) with their scores and costs, and the query
+        heads of each head unit."""
+        cfg = self.config
+        units, members = [], {}
+        for view in views:
+            if view.index not in scores:
+                units.append(LayerUnits(None, 0.0, 0, None, 0.0, 0))
+                continue
+            head_s, chan_s = scores[view.index]
+            hu = (None, 0.0, [], 0)
+            if cfg.prune_attention and head_s is not None:
+                hu = self._head_units(view, head_s)
+                members[view.index] = hu[2]
+            cc = 0.0
+            if cfg.prune_mlp and chan_s is not None:
+                cc = mlp_channel_cost(view)
+            units.append(
+                LayerUnits(
+                    hu[0],
+                    float(hu[1]),
+                    hu[3],
+                    chan_s if cfg.prune_mlp else None,
+                    cc,
+                    max(view.intermediate_size - cfg.min_mlp_channels_per_layer, 0),
+                )
+            )
+        return units, members
+
+    def allocate(self, views: list[LayerView], units: list[LayerUnits], outliers: dict[int, float], total: float,
+                 info: dict) -> tuple[list[list[int]], list[int]]:  # fmt: skip
+        """The allocation strategy: which units of every layer go, as `(removed head units per layer, removed channel
+        count per layer)` (`functional.allocation`). Default: the config's `allocation` (global cost-weighted
+        ranking, uniform, or OWL's per-layer budgets), the `ranking="literal"` threshold of NP's paper. Override it
+        in a subclass for another strategy; `info` goes to the report."""
+        cfg = self.config
+        mode = getattr(cfg, "ranking", "cost_weighted") == "literal" and "literal" or cfg.allocation
+        info["allocation"] = mode
+        if mode == "owl":
+            return self._owl_allocate(views, units, outliers, total, info)
+        head_weight = 4.0 * views[0].head_dim / 3.0
+        return allocate(units, cfg.pruning_ratio, total, mode=mode, head_weight=head_weight)
 
     def _owl_allocate(self, views, units, outliers, total, info):
         """Per-layer budgets around the ratio of the prunable layers, shifted by OWL's outlier fractions."""
@@ -312,75 +303,47 @@ class StructuredPruner(BasePruner):
             lp.keep_channels = [c for c in range(view.intermediate_size) if c not in drop]
         return lp
 
-    def compute_plan(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory | None) -> PruningPlan:
-        cfg = self.config
-        views = self._views(model, spec)
-        stats, scores, outliers = self._collect(views, runner)
-        units, members = [], {}
-        for view in views:
-            if view.index not in scores:
-                units.append(LayerUnits(None, 0.0, 0, None, 0.0, 0))
-                continue
-            head_s, chan_s = scores[view.index]
-            hu = (None, 0.0, [], 0)
-            if cfg.prune_attention and head_s is not None:
-                hu = self._head_units(view, head_s)
-                members[view.index] = hu[2]
-            cc = 0.0
-            if cfg.prune_mlp and chan_s is not None:
-                cc = mlp_channel_cost(view)
-            units.append(
-                LayerUnits(
-                    hu[0],
-                    float(hu[1]),
-                    hu[3],
-                    chan_s if cfg.prune_mlp else None,
-                    cc,
-                    max(view.intermediate_size - cfg.min_mlp_channels_per_layer, 0),
-                )
-            )
-        total = attention_mlp_params(model, spec)
-        mode = getattr(cfg, "ranking", "cost_weighted") == "literal" and "literal" or cfg.allocation
-        info: dict[str, Any] = {"allocation": mode}
-        if mode == "owl":
-            removed_heads, removed_channels = self._owl_allocate(views, units, outliers, total, info)
-        else:
-            head_weight = 4.0 * views[0].head_dim / 3.0
-            removed_heads, removed_channels = allocate(
-                units, cfg.pruning_ratio, total, mode=mode, head_weight=head_weight
-            )
+    def compute_plan(self, stage: Stage) -> PruningPlan:
+        """Score every block (one dense pass), allocate, then finish every block: its compensation, written at once by
+        a low-memory or checkpointed run."""
+        views = stage.views()
+        stats, scores, outliers = self._collect(stage, views)
+        units, members = self._units(views, scores)
+        info: dict[str, Any] = {}
+        removed_heads, removed_channels = self.allocate(
+            views, units, outliers, attention_mlp_params(stage.model, stage.spec), info
+        )
         plan = PruningPlan(info=info)
-        sess = current_session()
+        sess = stage.session
         deferred = sess.active and self.refits_after_plan()  # the refit pass decides the weights and finishes
         decided = {
             v.index: self._layer_plan(v, units[v.index], members.get(v.index), removed_heads, removed_channels)
             for v in views
             if not sess.done(v.index)
         }
+        for v in views:
+            lp = decided.get(v.index) or sess.restored_plan(v.index)
+            if lp.structured:
+                plan.layers[v.index] = lp
         recompute = set()  # statistics not kept after the first pass (low-memory Grams, a resumed first pass)
         if self.keep_stats() and not deferred:
             recompute = {i for i, lp in decided.items() if lp.structured and i not in stats}
-        run = runner() if (runner is not None and recompute) else None
+        run = stage.runner() if (stage.runner is not None and recompute) else None
         last = max(recompute, default=-1)
-        for view in tqdm(views, desc=f"{cfg.method}: compensating", leave=False):
-            i = view.index
-            lp = decided.get(i) or sess.restored_plan(i)
+
+        def visit(view: LayerView):
+            i, lp = view.index, decided[view.index]
+            layer_stats, outputs = stats.pop(i, {}), None
+            if run is not None and i <= last:
+                if i in recompute:
+                    layer_stats, outputs = self._observe(run, view)
+                else:
+                    outputs = run.run_layer(i)
             if lp.structured:
-                plan.layers[i] = lp
-            if i not in decided or deferred:
-                if run is not None and i < last:
-                    run.advance(sess.forward(run, i, "input"))
-                continue
-            with sess.resident(i, "input"):
-                layer_stats, outputs = stats.pop(i, {}), None
-                if run is not None and i <= last:
-                    if i in recompute:
-                        layer_stats, outputs = self._observe(run, view)
-                    else:
-                        outputs = run.run_layer(i)
-                if lp.structured:
-                    self.finalize_layer(view, layer_stats, lp)
-                sess.finish(i, lp)
-            if outputs is not None:
-                run.advance(outputs)
+                self.finalize_layer(view, layer_stats, lp)
+            sess.finish(i, lp)
+            return outputs
+
+        todo = [] if deferred else sorted(decided)
+        stage.walk(todo, visit, run=run, until=last, desc=f"{self.config.method}: compensating")
         return plan

@@ -22,22 +22,15 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
-from .._deprecation import deprecated_getattr, renamed
 from ..config import PruningConfig, _choice
 from ..functional.masks import check_pattern_fits, parse_pattern
-from ..modeling.architectures import (
-    ArchitectureSpec,
-    LayerView,
-    get_layers,
-    layer_view,
-    weight_oi,
-)
+from ..modeling.access import read_target, write_target
+from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, weight_oi
 from ..modeling.targets import Target, normalize_targets, resolve_targets
 from ..plan import LayerPlan, PruningPlan
-from ..runtime.session import current_session, resident_blocks
-from .base import BasePruner, RunnerFactory, refuse_pruned_head_dims
+from ..runtime.blocks import Stage
+from .base import BasePruner, refuse_pruned_head_dims
 
 __all__ = [
     "UnstructuredPruningConfig",
@@ -45,7 +38,6 @@ __all__ = [
     "input_groups",
     "validate_sparsity",
     "layerwise_pass",
-    "target_sparsity",
 ]
 
 
@@ -115,29 +107,6 @@ def input_groups(spec: ArchitectureSpec) -> dict[str, tuple[str, ...]]:
     }
 
 
-def read_target(view: LayerView, t: Target) -> torch.Tensor:
-    """The `(out, in)` weight of a target (a row slice for part of a fused projection), detached."""
-    W = weight_oi(view.module(t.path)).detach()
-    return W[t.rows(W.shape[0])]
-
-
-def write_target(view: LayerView, t: Target, W: torch.Tensor) -> None:
-    with torch.no_grad():
-        full = weight_oi(view.module(t.path))
-        full[t.rows(full.shape[0])] = W.to(full.device, full.dtype)
-
-
-def target_sparsity(model: nn.Module, spec: ArchitectureSpec, targets: Sequence[Target]) -> dict[str, tuple]:
-    """`layers.<i>.<key>` → (fraction of zeros, numel) of every target of every layer."""
-    out = {}
-    for i, layer in resident_blocks(model, spec):
-        view = layer_view(layer, i, spec, model.config)
-        for t in targets:
-            w = read_target(view, t)
-            out[f"layers.{i}.{t.key}"] = (float((w == 0).sum()) / max(w.numel(), 1), w.numel())
-    return out
-
-
 class SequentialPruner(BasePruner):
     """Base of the unstructured methods; see the module docstring for the lifecycle.
 
@@ -199,9 +168,9 @@ class SequentialPruner(BasePruner):
         with torch.no_grad():
             weight_oi(view.module(path)).copy_(W.to(view.module(path).weight.dtype))
 
-    def begin(self, model: nn.Module, spec: ArchitectureSpec) -> None:
+    def begin(self, stage: Stage) -> None:
         """Called once before the first layer."""
-        self.targets = self.resolve(model, spec)
+        self.targets = self.resolve(stage.model, stage.spec)
 
     def prune_layer(self, run: Any, view: LayerView, dense: nn.Module | None) -> dict:
         """Prune this config's targets in layer `view.index`; returns the layer's report entries."""
@@ -211,7 +180,7 @@ class SequentialPruner(BasePruner):
             if ts:
                 by_group[g] = ts
         stats: dict[str, Any] = {}
-        if run is not None and self.needs_calibration:
+        if run is not None and self.requires_calibration:
             observe = {g: view.module(ts[0].path) for g, ts in by_group.items()}
             stats = {g: self.make_stats(weight_oi(m).shape[1]) for g, m in observe.items()}
             if any(s is not None for s in stats.values()):
@@ -223,13 +192,11 @@ class SequentialPruner(BasePruner):
                 write_target(view, t, self.prune_target(view, t, read_target(view, t), stats.get(g)))
         return {}
 
-    def compute_plan(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory | None) -> PruningPlan:
-        return layerwise_pass([self], model, spec, runner)
+    def compute_plan(self, stage: Stage) -> PruningPlan:
+        return layerwise_pass([self], stage)
 
 
-def layerwise_pass(
-    pruners: Sequence[SequentialPruner], model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory | None
-) -> PruningPlan:
+def layerwise_pass(pruners: Sequence[SequentialPruner], stage: Stage) -> PruningPlan:
     """One layer-by-layer calibration pass in which every pruner prunes its targets of each layer, in list order.
 
     The next layer receives the pruned outputs, unless every pruner asks for the dense ones (FISTA's default).
@@ -238,65 +205,59 @@ def layerwise_pass(
     `plan.layers[i].info` holds each pruner's per-layer entries (keyed by its position when there are several);
     `plan.info["seconds"]` the time each pruner spent.
     """
-    sess = current_session()
-    needs_data = any(p.needs_calibration for p in pruners)
-    todo = [i for i in range(len(get_layers(model, spec))) if not sess.done(i)]
-    run = runner() if (runner is not None and needs_data and todo) else None
+    sess = stage.session
+    needs_data = any(p.requires_calibration for p in pruners)
+    todo = [i for i in range(len(stage.layers())) if not sess.done(i)]
+    run = stage.runner() if (stage.runner is not None and needs_data and todo) else None
     for p in pruners:
-        p.begin(model, spec)
+        p.begin(stage)
     dense_next = all(p.dense_inter_layer for p in pruners)
     want_copy = dense_next or any(p.needs_dense_layer for p in pruners)
     seconds = [0.0] * len(pruners)
     plan = PruningPlan()
-    desc = "+".join(p.config.method for p in pruners)
+    for i in range(len(stage.layers())):
+        if sess.done(i):  # finished by an earlier run: only its outputs are needed
+            plan.layers[i] = sess.restored_plan(i)
     backup: list[tuple[nn.Module, torch.Tensor]] = []  # original weights of what was written, to undo a failure
+
+    def visit(view: LayerView):
+        paths = {t.path for p in pruners for t in p.targets}
+        if not sess.streaming:  # a low-memory block is written elsewhere: its source needs no undo
+            backup.extend((view.module(path), view.module(path).weight.detach().clone()) for path in sorted(paths))
+        dense = copy.deepcopy(view.layer) if (want_copy and run is not None) else None
+        info: dict = {}
+        for k, p in enumerate(pruners):
+            t0 = time.perf_counter()
+            entry = p.prune_layer(run, view, dense)
+            seconds[k] += time.perf_counter() - t0
+            if len(pruners) == 1:
+                info = entry
+            elif entry:
+                info[str(k)] = entry
+        plan.layers[view.index] = LayerPlan(info=info)
+        kept = [o for p in pruners if (o := p.take_dense_outputs()) is not None]
+        outputs = None
+        if run is not None:  # the outputs feed the next layer
+            if dense_next and kept:  # a pruner already ran the dense copy over every chunk
+                outputs = kept[0]
+            else:
+                outputs = run.run_layer(view.index, layer=dense if dense_next else None)
+        del dense
+        sess.finish(view.index, info=info)
+        return outputs
+
+    desc = "+".join(p.config.method for p in pruners)
     try:
-        for i, layer in enumerate(tqdm(get_layers(model, spec), desc=f"{desc}: layers", leave=False)):
-            if sess.done(i):  # finished by an earlier run: only its outputs are needed
-                plan.layers[i] = sess.restored_plan(i)
-                if run is not None and i < todo[-1]:
-                    run.advance(sess.forward(run, i, "input" if dense_next else "current"))
-                continue
-            with sess.resident(i, "input"):
-                view = layer_view(layer, i, spec, model.config)
-                paths = {t.path for p in pruners for t in p.targets}
-                if not sess.streaming:  # a low-memory block is written elsewhere: its source needs no undo
-                    backup += [
-                        (view.module(path), view.module(path).weight.detach().clone()) for path in sorted(paths)
-                    ]
-                dense = copy.deepcopy(layer) if (want_copy and run is not None) else None
-                info: dict = {}
-                for k, p in enumerate(pruners):
-                    t0 = time.perf_counter()
-                    entry = p.prune_layer(run, view, dense)
-                    seconds[k] += time.perf_counter() - t0
-                    if len(pruners) == 1:
-                        info = entry
-                    elif entry:
-                        info[str(k)] = entry
-                plan.layers[i] = LayerPlan(info=info)
-                kept = [o for p in pruners if (o := p.take_dense_outputs()) is not None]
-                if run is not None:  # the outputs feed the next layer
-                    if dense_next and kept:  # a pruner already ran the dense copy over every chunk
-                        run.advance(kept[0])
-                    else:
-                        run.advance(run.run_layer(i, layer=dense if dense_next else None))
-                del dense
-                sess.finish(i, info=info)
+        stage.walk(todo, visit, run=run, skip_as="input" if dense_next else "current", desc=f"{desc}: layers")
     except BaseException:
         with torch.no_grad():
             for module, weight in backup:
                 module.weight.copy_(weight)
         raise
+    plan.layers = dict(sorted(plan.layers.items()))
     plan.info["seconds"] = seconds
     return plan
 
 
 def choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     _choice(name, value, allowed)
-
-
-# old name, kept for one release
-__getattr__ = deprecated_getattr(
-    __name__, globals(), renamed(__name__, UnstructuredConfigMixin="UnstructuredPruningConfig")
-)

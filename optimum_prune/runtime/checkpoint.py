@@ -29,7 +29,7 @@ from torch import nn
 
 from ..calibration.sequential import input_embedding_weight
 from ..modeling.architectures import get_layers
-from ..report import layer_table
+from ..modeling.shapes import layer_table
 from ..utils.distributed import barrier, is_main_process, world_size
 from ..utils.scratch import write_text_atomic
 from ..version import __version__

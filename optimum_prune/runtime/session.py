@@ -1,9 +1,7 @@
-"""The prune session: how the layer loops visit decoder blocks, finish them, and resume.
+"""The prune session: how the passes over the decoder blocks find them, finish them, and resume.
 
-The framework loops (`StructuredPruner`, `layerwise_pass`, NP's sequential refit, the reports) go through the
-active session:
+Every pass visits the blocks through `Stage.walk` (`runtime.blocks`), which asks the stage's session:
 
-    sess = current_session()
     if sess.done(i):                              # finished by an earlier, interrupted run
         run.advance(sess.forward(run, i, "input"))
     else:
@@ -11,8 +9,8 @@ active session:
             ... decide, prune ...
             sess.finish(i, plan, info)            # the block as this stage leaves it
 
-Without a checkpoint directory, with the model in memory, there is no session (`NULL_SESSION`: every call is a no-op
-and the loops run exactly as without this module). With a low-memory model (`streaming.load_low_memory`), `resident`
+Without a checkpoint directory, with the model in memory, the session is a `NullSession`: every call is a no-op and
+the passes run exactly as without this module. With a low-memory model (`streaming.load_low_memory`), `resident`
 loads the block from disk and puts it back afterwards, and `finish` applies a structured decision to the block at once
 and writes it out. With a `checkpoint_dir` (`checkpoint.RunCheckpoint`), `finish` records the block atomically, and a
 rerun skips the blocks recorded there: `done(i)` is true and `forward` reproduces the block's outputs from its
@@ -26,27 +24,23 @@ import copy
 import logging
 import os
 from collections.abc import Iterator
-from contextvars import ContextVar
-from typing import Any
 
 import torch
 from torch import nn
 
 from ..calibration.offload import ActivationBudget, parse_bytes
-from ..modeling.architectures import ArchitectureSpec, get_layers, get_spec, layer_view
+from ..modeling.architectures import ArchitectureSpec, get_layers, layer_view
+from ..modeling.shapes import layer_row
 from ..modeling.surgery import apply_layer_plan_
 from ..plan import LayerPlan, PruningPlan
-from ..report import layer_row
 from ..utils.distributed import broadcast_object, world_size
 from .checkpoint import RunCheckpoint, run_fingerprint
 from .memory import check_device, check_memory
 from .streaming import get_store, layer_prefix, load_block_, write_safetensors
 
-__all__ = ["NULL_SESSION", "PruneSession", "current_session", "open_session", "resident_blocks", "zero_fraction"]
+__all__ = ["NullSession", "PruneSession", "open_session"]
 
 logger = logging.getLogger(__name__)
-
-_CURRENT: ContextVar[Any] = ContextVar("optimum_prune_session", default=None)
 
 
 class NullSession:
@@ -98,22 +92,9 @@ class NullSession:
     def keep_stats(self, stats: dict) -> bool:
         return True
 
-
-NULL_SESSION = NullSession()
-
-
-def current_session() -> NullSession:
-    """The session of the `prune_` call in progress (`NULL_SESSION` outside one, or when it needs none)."""
-    return _CURRENT.get() or NULL_SESSION
-
-
-def resident_blocks(model: nn.Module, spec: ArchitectureSpec) -> Iterator[tuple[int, nn.Module]]:
-    """`(index, block)` of every decoder block, each in memory while it is yielded (low-memory models too)."""
-    sess = current_session()
-    if isinstance(sess, PruneSession) and sess.model is model:
-        yield from sess.blocks()
-    else:
-        yield from enumerate(get_layers(model, spec))
+    def read_offloaded(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """Tensors of the model that stay on disk (none in memory)."""
+        return {}
 
 
 class PruneSession(NullSession):
@@ -308,6 +289,10 @@ class PruneSession(NullSession):
             with self.resident(i):
                 yield i, layer
 
+    def read_offloaded(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """Tensors of a low-memory model that stay on disk outside the blocks (e.g. an untied output layer)."""
+        return self.store.source.read(names) if self.streaming and names else {}
+
 
 @contextlib.contextmanager
 def open_session(
@@ -321,9 +306,9 @@ def open_session(
     checkpoint_dir: str | os.PathLike | None = None,
     activation_memory: int | str | None = None,
 ) -> Iterator[NullSession]:
-    """What a `prune_` call needs around its stages: the activation budget, the checkpoint, and the session made
-    current for the duration (a plain `NullSession` when neither low-memory nor checkpointing: nothing changes).
-    The model runs in eval mode without gradients inside; its training flag is restored on exit, error or not."""
+    """What a `prune_` call needs around its stages: the activation budget, the checkpoint, and the session (a plain
+    `NullSession` when neither low-memory nor checkpointing: nothing changes), handed to every stage. The model runs in
+    eval mode without gradients inside; its training flag is restored on exit, error or not."""
     device = check_device(device)
     store = get_store(model)
     limit = parse_bytes(activation_memory)
@@ -346,7 +331,6 @@ def open_session(
         sess: NullSession = NullSession(activations)
     else:
         sess = PruneSession(model, spec, checkpoint, activations)
-    token = _CURRENT.set(sess if sess.active else None)
     was_training = model.training
     model.eval()
     try:
@@ -354,24 +338,8 @@ def open_session(
             yield sess
     finally:
         model.train(was_training)
-        _CURRENT.reset(token)
         if activations is not None:
             if activations.spilled_chunks:
                 logger.warning("calibration activations: %.2f GB were written to disk in %d chunks",
                                activations.spilled_bytes / 1e9, activations.spilled_chunks)  # fmt: skip
             activations.cleanup()
-
-
-def zero_fraction(model: nn.Module, params: int) -> float:
-    """Exact zeros among all parameters (tied weights once), relative to `params` (blocks of a low-memory model
-    are read one at a time; tensors it keeps on disk are read from there)."""
-    spec = get_spec(model)
-    in_blocks = {id(p) for layer in get_layers(model, spec) for p in layer.parameters()}
-    unique = {id(p): (n, p) for n, p in model.named_parameters() if id(p) not in in_blocks}.values()
-    on_disk = [n for n, p in unique if p.device.type == "meta"]
-    zeros = sum(float((p == 0).sum()) for _, p in unique if p.device.type != "meta")
-    if on_disk:
-        zeros += sum(float((t == 0).sum()) for t in get_store(model).source.read(on_disk).values())
-    for _, layer in resident_blocks(model, spec):
-        zeros += sum(float((p == 0).sum()) for p in layer.parameters())
-    return zeros / max(params, 1)

@@ -28,8 +28,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..modeling.architectures import ArchitectureSpec, get_layers, get_spec, layer_view, spec_for_config
 from ..modeling.auto_classes import register_pruned_architectures
+from ..modeling.shapes import layer_row
 from ..modeling.surgery import reshape_layer_
-from ..report import layer_row
 from ..utils.scratch import make_scratch_dir
 
 __all__ = [

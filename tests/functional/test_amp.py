@@ -21,9 +21,10 @@ from optimum_prune.methods.amp.functional import (
     separate_mask_gradients,
     softmax_causal,
 )
-from optimum_prune.methods.amp.pruner import AMPPruner, _qk
+from optimum_prune.methods.amp.pruner import AMPPruner
 from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune
 from optimum_prune.methods.wanda.functional import wanda_scores
+from optimum_prune.modeling.access import qk_weights
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view
 
 D = torch.float64
@@ -154,7 +155,7 @@ def test_attention_probs_equal_the_real_attention_module(arch):
         inp = AttentionInputs.from_module(view.attn, [seen[0][0]], [seen[0][1]], view.num_heads, view.num_kv_heads,
                                           view.head_dim)  # fmt: skip
         inp.block_size = 5  # several query blocks, one of them ragged
-        Wq, bq, Wk, bk = _qk(view)
+        Wq, bq, Wk, bk = qk_weights(view)
         assert inp.causal == (n == 16)
         p = causal_blocks(inp, n).assemble(attention_probs(inp, 0, Wq, Wk, bq, bk), n)
         torch.testing.assert_close(p.reshape(2, view.num_heads, n, n), attns[i], rtol=1e-5, atol=1e-6)
@@ -263,7 +264,7 @@ def test_fused_backward_gives_the_autograd_iterates(arch):
     h.remove()
     inp = AttentionInputs.from_module(view.attn, xs, rope, view.num_heads, view.num_kv_heads, view.head_dim)
     inp.block_size = 6
-    Wq, bq, Wk, bk = _qk(view)
+    Wq, bq, Wk, bk = qk_weights(view)
     for gradient in ("exact", "algorithm1"):
         fast, slow = (
             amp_masks(inp, Wq, Wk, bq, bk, steps=3, lr=50.0, gradient=gradient, fused_backward=fb, progress=False)

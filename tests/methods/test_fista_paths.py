@@ -9,7 +9,8 @@ from optimum_prune import FISTAConfig, prune_
 from optimum_prune.calibration.stats import CrossGramStats, GramStats
 from optimum_prune.methods.fista import FISTAPruner
 from optimum_prune.methods.fista.functional import fista_prune, shrink_refit, spectral_gram
-from optimum_prune.methods.unstructured import input_groups, write_target
+from optimum_prune.methods.unstructured import input_groups
+from optimum_prune.modeling.access import write_target
 from optimum_prune.modeling.architectures import weight_oi
 
 

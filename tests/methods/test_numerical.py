@@ -328,8 +328,8 @@ def test_loss_ranking_scores_units_by_loss_per_parameter(arch):
 
     from optimum_prune.calibration.stats import GramStats
     from optimum_prune.methods.numerical import NumericalPruner
-    from optimum_prune.methods.structured import head_costs, mlp_channel_cost
     from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view, weight_oi
+    from optimum_prune.modeling.shapes import head_costs, mlp_channel_cost
 
     model = tiny_model(arch)
     spec = get_spec(model)

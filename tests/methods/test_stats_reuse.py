@@ -1,4 +1,4 @@
-"""`reuse_calibration_stats`: structured prunes that differ only in what acts after the calibration pass share one
+"""`prune_(..., stats_cache=)`: structured prunes that differ only in what acts after the calibration pass share one
 pass, and give the weights a fresh pass gives."""
 
 import copy
@@ -6,17 +6,17 @@ import copy
 import pytest
 import torch
 
-from optimum_prune import FLAPConfig, NumericalConfig, prune_
-from optimum_prune.methods.structured import CalibrationStatsCache, StructuredPruner, reuse_calibration_stats
+from optimum_prune import CalibrationStatsCache, FLAPConfig, NumericalConfig, prune_
+from optimum_prune.methods.structured import StructuredPruner
 
 
 def _ids(seed: int, vocab: int) -> torch.Tensor:
     return torch.randint(0, vocab, (4, 32), generator=torch.Generator().manual_seed(seed))
 
 
-def _prune(dense, config, ids):
+def _prune(dense, config, ids, cache=None):
     model = copy.deepcopy(dense)
-    prune_(model, config, calibration=ids, batch_size=2)
+    prune_(model, config, calibration=ids, batch_size=2, stats_cache=cache)
     return model
 
 
@@ -43,14 +43,14 @@ def test_reuse_gives_the_weights_of_a_fresh_pass(tiny_llama, configs):
     calls = []
     original = StructuredPruner._collect_pass
 
-    def counting(self, views, runner):
+    def counting(self, stage, views):
         calls.append(self.config.pruning_ratio)
-        return original(self, views, runner)
+        return original(self, stage, views)
 
     StructuredPruner._collect_pass = counting  # test-only spy on the real pass
     try:
-        with reuse_calibration_stats() as cache:
-            reused = [_prune(tiny_llama, c, ids) for c in configs]
+        cache = CalibrationStatsCache()
+        reused = [_prune(tiny_llama, c, ids, cache) for c in configs]
     finally:
         StructuredPruner._collect_pass = original
     assert len(calls) == 1, "one calibration pass for runs that differ only after it"
@@ -67,8 +67,8 @@ def test_ratios_that_change_nps_scores_do_not_share_a_pass(tiny_llama):
     ids = _ids(0, tiny_llama.config.vocab_size)
     configs = [NumericalConfig(pruning_ratio=r, round_to=1) for r in (0.1, 0.3)]
     fresh = [_prune(tiny_llama, c, ids) for c in configs]
-    with reuse_calibration_stats() as cache:
-        reused = [_prune(tiny_llama, c, ids) for c in configs]
+    cache = CalibrationStatsCache()
+    reused = [_prune(tiny_llama, c, ids, cache) for c in configs]
     assert (cache.hits, cache.misses) == (0, 2)
     for a, b in zip(fresh, reused):
         _assert_same(a, b)
@@ -76,25 +76,23 @@ def test_ratios_that_change_nps_scores_do_not_share_a_pass(tiny_llama):
 
 def test_a_different_input_misses(tiny_llama):
     vocab = tiny_llama.config.vocab_size
-    with reuse_calibration_stats() as cache:
-        _prune(tiny_llama, NumericalConfig(pruning_ratio=0.2), _ids(0, vocab))
-        _prune(tiny_llama, NumericalConfig(pruning_ratio=0.2), _ids(1, vocab))  # other calibration ids
-        _prune(tiny_llama, NumericalConfig(pruning_ratio=0.2, compensate=False), _ids(0, vocab))  # config
-        _prune(tiny_llama, NumericalConfig(pruning_ratio=0.2, allocation="owl"), _ids(0, vocab))  # OWL pass
-        other = copy.deepcopy(tiny_llama)
-        with torch.no_grad():
-            other.model.layers[1].mlp.up_proj.weight.mul_(1.5)
-        _prune(other, NumericalConfig(pruning_ratio=0.2), _ids(0, vocab))  # other weights
+    cache = CalibrationStatsCache()
+    _prune(tiny_llama, NumericalConfig(pruning_ratio=0.2), _ids(0, vocab), cache)
+    _prune(tiny_llama, NumericalConfig(pruning_ratio=0.2), _ids(1, vocab), cache)  # other calibration ids
+    _prune(tiny_llama, NumericalConfig(pruning_ratio=0.2, compensate=False), _ids(0, vocab), cache)  # config
+    _prune(tiny_llama, NumericalConfig(pruning_ratio=0.2, allocation="owl"), _ids(0, vocab), cache)  # OWL pass
+    other = copy.deepcopy(tiny_llama)
+    with torch.no_grad():
+        other.model.layers[1].mlp.up_proj.weight.mul_(1.5)
+    _prune(other, NumericalConfig(pruning_ratio=0.2), _ids(0, vocab), cache)  # other weights
     assert (cache.hits, cache.misses, len(cache)) == (0, 5, 5)
 
 
-def test_a_cache_outlives_its_block_and_is_inactive_outside(tiny_llama):
+def test_a_cache_is_consulted_only_when_given(tiny_llama):
     ids = _ids(0, tiny_llama.config.vocab_size)
     cache = CalibrationStatsCache()
-    with reuse_calibration_stats(cache):
-        _prune(tiny_llama, FLAPConfig(pruning_ratio=0.2), ids)
-    _prune(tiny_llama, FLAPConfig(pruning_ratio=0.3), ids)  # outside any block: not consulted
+    _prune(tiny_llama, FLAPConfig(pruning_ratio=0.2), ids, cache)
+    _prune(tiny_llama, FLAPConfig(pruning_ratio=0.3), ids)  # without the cache: not consulted
     assert (cache.hits, cache.misses) == (0, 1)
-    with reuse_calibration_stats(cache):
-        _prune(tiny_llama, FLAPConfig(pruning_ratio=0.3), ids)
+    _prune(tiny_llama, FLAPConfig(pruning_ratio=0.3), ids, cache)
     assert (cache.hits, cache.misses) == (1, 1)

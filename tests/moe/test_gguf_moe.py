@@ -17,7 +17,8 @@ CASES = [("qwen3_moe", "qwen3moe"), ("olmoe", "olmoe"), ("mixtral", "llama")]
 
 
 def _pruned(model_type: str, tokenizer, **config):
-    model = tiny_moe(model_type, dtype=torch.float32, vocab_size=len(tokenizer))
+    mha = {"num_key_value_heads": 4} if model_type == "olmoe" else {}  # llama.cpp's olmoe: one key head per head
+    model = tiny_moe(model_type, dtype=torch.float32, vocab_size=len(tokenizer), **mha)
     prune_(model, ExpertConfig(expert_ratio=0.34, channel_ratio=0.25, round_to=8, **config), moe_ids(8, 16))
     return model
 
@@ -75,6 +76,9 @@ def test_what_llama_cpp_cannot_run_is_refused_before_writing(small_tokenizer, tm
     unnormalised = tiny_moe("qwen3_moe", dtype=torch.float32, vocab_size=len(small_tokenizer), norm_topk_prob=False)
     with pytest.raises(GGUFExportError, match="renormalises"):
         export_gguf(unnormalised, tmp_path / "b.gguf", tokenizer=small_tokenizer)
+    with pytest.raises(GGUFExportError, match="one key head per query head"):
+        export_gguf(tiny_moe("olmoe", dtype=torch.float32, vocab_size=len(small_tokenizer)), tmp_path / "d.gguf",
+                    tokenizer=small_tokenizer)  # fmt: skip
     with pytest.raises(GGUFExportError, match="gpt_oss"):
         export_gguf(tiny_moe("gpt_oss", dtype=torch.float32), tmp_path / "c.gguf", tokenizer=small_tokenizer)
     assert not list(tmp_path.iterdir())

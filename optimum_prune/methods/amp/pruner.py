@@ -8,11 +8,12 @@ import time
 import torch
 from torch import nn
 
+from ...modeling.access import qk_weights, write_target
 from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
-from ...runtime.session import current_session
+from ...runtime.blocks import Stage
 from ...utils.distributed import gather_chunks
 from ..base import refuse_pruned_head_dims
-from ..unstructured import SequentialPruner, write_target
+from ..unstructured import SequentialPruner
 from . import functional
 from .config import AMPConfig
 from .equilibrium import MaskObjective, curvature_scales, equilibrium_masks, input_norms, refit_kept
@@ -24,20 +25,6 @@ logger = logging.getLogger(__name__)
 
 _PROBES = 8  # Hutchinson probes of the curvature's diagonal and trace (two gradients each)
 _POWER_STEPS = 8  # power iterations for the largest curvature (the refit's step)
-
-
-def _qk(view: LayerView):
-    """(Wq, bq, Wk, bk) of a layer, `(out, in)` layout; row slices of a fused q|k|v projection."""
-    roles = view.spec.role_targets()
-    out = []
-    for role in ("q_proj", "k_proj"):
-        t = roles[role]
-        mod = view.module(t.path)
-        W = weight_oi(mod).detach()
-        rows = t.rows(W.shape[0])
-        b = getattr(mod, "bias", None)
-        out += [W[rows], None if b is None else b.detach()[rows]]
-    return out
 
 
 class AMPPruner(SequentialPruner):
@@ -63,9 +50,9 @@ class AMPPruner(SequentialPruner):
     def needs_dense_layer(self) -> bool:
         return self.config.refit_target == "model" and self.config.refit_steps > 0
 
-    def begin(self, model: nn.Module, spec: ArchitectureSpec) -> None:
-        super().begin(model, spec)
-        self._stream = None
+    def begin(self, stage: Stage) -> None:
+        super().begin(stage)
+        self._stream, self._session = None, stage.session
 
     def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
         super().validate(model, spec)
@@ -81,7 +68,7 @@ class AMPPruner(SequentialPruner):
                     )
             AttentionInputs.from_module(view.attn, [], [], view.num_heads, view.num_kv_heads, view.head_dim)
 
-    def _capture(self, run, view: LayerView, layer: nn.Module | None = None, inputs=None):
+    def capture(self, run, view: LayerView, layer: nn.Module | None = None, inputs=None):
         """What the attention module of layer `view.index` (or of `layer`, its dense copy) receives on `inputs`
         (default: the runner's hidden states), and the layer's outputs when `layer` is given."""
         xs, rope = [], []
@@ -109,10 +96,9 @@ class AMPPruner(SequentialPruner):
         index, hidden = self._stream if self._stream is not None else (0, None)
         if hidden is None:
             hidden = run.hidden if view.index == 0 else run.embeddings()
-        sess = current_session()
         for k in range(index, view.index):
-            hidden = sess.forward(run, k, "input", inputs=hidden)
-        inp, out = self._capture(run, view, layer=dense, inputs=hidden)
+            hidden = self._session.forward(run, k, "input", inputs=hidden)
+        inp, out = self.capture(run, view, layer=dense, inputs=hidden)
         self._stream = (view.index + 1, out)
         return inp
 
@@ -207,11 +193,11 @@ class AMPPruner(SequentialPruner):
         cfg = self.config
         if run is None:
             raise ValueError("AMP needs calibration data: pass `calibration=`.")
-        inp = self._capture(run, view)[0]
+        inp = self.capture(run, view)[0]
         target = self._dense_model_inputs(run, view, dense) if self.needs_dense_layer else None
         # the descent runs where the layer's inputs were captured (a `device=` run streams the layer there and back)
         device = inp.xs[0].device if inp.xs else None
-        Wq, bq, Wk, bk = (None if w is None else w.to(device) for w in _qk(view))
+        Wq, bq, Wk, bk = (None if w is None else w.to(device) for w in qk_weights(view))
         roles = {t.role for t in self.targets}
         try:
             new_q, new_k, entry = self.prune_qk(

@@ -7,14 +7,13 @@ import logging
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ...calibration.expert_stats import ExpertGramStats, RoutingStats
 from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view
 from ...modeling.experts import check_top_k, remove_experts_, routed_experts
 from ...plan import LayerPlan, PruningPlan
-from ...runtime.session import current_session
-from ..base import BasePruner, RunnerFactory
+from ...runtime.blocks import Stage
+from ..base import BasePruner
 from .config import ExpertConfig
 from .functional import expert_saliency, kept_experts, kept_experts_global, kept_width, prune_expert_channels
 
@@ -42,7 +41,7 @@ class ExpertPruner(BasePruner):
     config: ExpertConfig
 
     @property
-    def needs_calibration(self) -> bool:
+    def requires_calibration(self) -> bool:
         return self.config.criterion != "random" or self.config.channel_ratio > 0
 
     # ----------------------------------------------------------------------------------------------- validation
@@ -149,28 +148,10 @@ class ExpertPruner(BasePruner):
             plan.weights[view.spec.moe_path(f"{moe.experts}.down_proj")] = new_down
         plan.info["channel_residuals"] = residuals
 
-    def _walk(self, model, spec, run, todo: list[int], visit) -> None:
-        """`visit(view)` on each block of `todo` in order, resident as this stage received it; `visit` returns the
-        block's outputs or `None` (then the block runs once more when a later block needs its outputs). The
-        calibration stream is carried through the blocks in between."""
-        sess, layers = current_session(), get_layers(model, spec)
-        last = max(todo, default=-1)
-        for i in tqdm(range(last + 1), desc=f"{self.config.method}: layers", leave=False):
-            if i not in todo:
-                if run is not None:
-                    run.advance(sess.forward(run, i, "input"))
-                continue
-            with sess.resident(i, "input"):
-                outputs = visit(layer_view(layers[i], i, spec, model.config))
-                if outputs is None and run is not None and i < last:
-                    outputs = run.run_layer(i)
-            if run is not None and i < last:
-                run.advance(outputs)
-
-    def compute_plan(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory | None) -> PruningPlan:
-        cfg, sess = self.config, current_session()
-        views = self._moe_views(model, spec)
-        data = runner is not None and self.needs_calibration
+    def compute_plan(self, stage: Stage) -> PruningPlan:
+        cfg, sess = self.config, stage.session
+        views = self._moe_views(stage.model, stage.spec)
+        data = stage.runner is not None and self.requires_calibration
         saliency: dict[int, torch.Tensor] = {}
         keep: dict[int, list[int]] = {}
 
@@ -188,14 +169,19 @@ class ExpertPruner(BasePruner):
             return outputs
 
         if cfg.allocation == "global" and cfg.expert_ratio > 0:
-            run = runner() if data and cfg.criterion != "random" else None
-            self._walk(model, spec, run, [v.index for v in views], lambda v: score(v, run))
+            run = stage.runner() if data and cfg.criterion != "random" else None
+
+            def visit(view: LayerView):  # a block scored by an earlier (resumed) run still feeds the next one
+                out = score(view, run)
+                return out if out is not None or run is None else run.run_layer(view.index)
+
+            stage.walk([v.index for v in views], visit, run=run, desc="experts: scoring")
             min_keep = cfg.min_experts_per_layer or max(int(v.router.top_k) for v in views)
             keep = kept_experts_global(saliency, sum(self._removed(v) for v in views), min_keep)
         plan = PruningPlan(info={"criterion": cfg.criterion, "allocation": cfg.allocation})
         todo = [v.index for v in views if not sess.done(v.index)]
         scoring = cfg.expert_ratio > 0 and not keep and cfg.criterion != "random"
-        run = runner() if data and todo and (scoring or cfg.channel_ratio > 0) else None
+        run = stage.runner() if data and todo and (scoring or cfg.channel_ratio > 0) else None
 
         def finish(view: LayerView):
             lp, outputs = LayerPlan(), None
@@ -207,13 +193,15 @@ class ExpertPruner(BasePruner):
                     lp.keep_experts = keep[view.index]
                 lp.info["expert_saliency"] = [float(s) for s in saliency[view.index]]
             if cfg.channel_ratio > 0:
-                self._channels(run, view, lp, model.config)
+                self._channels(run, view, lp, stage.model.config)
+            if outputs is None and run is not None and view.index < todo[-1]:
+                outputs = run.run_layer(view.index)
             sess.finish(view.index, lp)
             if lp.structured:
                 plan.layers[view.index] = lp
             return outputs
 
-        self._walk(model, spec, run, todo, finish)
+        stage.walk(todo, finish, run=run, desc="experts: pruning")
         for i in (v.index for v in views if v.index not in todo):
             lp = sess.restored_plan(i)
             if lp.structured:

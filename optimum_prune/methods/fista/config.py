@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..._deprecation import deprecated_getattr, renamed
 from ..unstructured import UnstructuredPruningConfig, choice
 
 __all__ = ["FISTAConfig"]
@@ -168,7 +167,3 @@ class FISTAConfig(UnstructuredPruningConfig):
             )
         if not 0 < self.xi < 1:
             raise ValueError(f"`xi` must be in (0, 1), got {self.xi}.")
-
-
-# old name, kept for one release
-__getattr__ = deprecated_getattr(__name__, globals(), renamed(__name__, FistaConfig="FISTAConfig"))

@@ -9,14 +9,14 @@ import time
 import torch
 from torch import nn
 
-from ..._deprecation import deprecated_getattr, renamed
 from ...calibration.hooks import capture_inputs
 from ...calibration.stats import CrossGramStats, GramStats, SquaredNormStats
 from ...functional.masks import keep_mask
+from ...modeling.access import write_target
 from ...modeling.architectures import LayerView, weight_oi
 from ...utils.distributed import assign_ranks, broadcast_, broadcast_object, rank
 from ..sparsegpt.functional import sparsegpt_prune
-from ..unstructured import SequentialPruner, input_groups, write_target
+from ..unstructured import SequentialPruner, input_groups
 from ..wanda.functional import wanda_scores
 from .config import FISTAConfig
 from .functional import fista_prune, lipschitz_constant, shrink_refit, spectral_gram
@@ -250,7 +250,3 @@ def _parent(path: str) -> str:
 
 class _StopForward(Exception):
     """Raised by a capture hook once the input it needs is recorded: the rest of the layer's forward is skipped."""
-
-
-# old name, kept for one release
-__getattr__ = deprecated_getattr(__name__, globals(), renamed(__name__, FistaPruner="FISTAPruner"))

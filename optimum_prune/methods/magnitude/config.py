@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..._deprecation import deprecated_getattr, renamed
 from ...config import StructuredPruningConfig, _choice
 from ...functional.masks import parse_pattern
 from ..unstructured import validate_sparsity, validate_targets
@@ -51,7 +50,3 @@ class MagnitudeConfig(StructuredPruningConfig):
     @property
     def nm(self) -> tuple[int, int] | None:
         return None if self.pattern in ("structured", "unstructured") else parse_pattern(self.pattern)
-
-
-# old name, kept for one release
-__getattr__ = deprecated_getattr(__name__, globals(), renamed(__name__, MagnitudePruningConfig="MagnitudeConfig"))

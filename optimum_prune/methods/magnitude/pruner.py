@@ -59,18 +59,18 @@ class MagnitudePruner(StructuredPruner, SequentialPruner):
 
     # ------------------------------------------------------------------------------ unstructured / N:M mode
     @property
-    def is_structured(self) -> bool:
+    def structured(self) -> bool:
         return self.config.pattern == "structured"
 
     def validate(self, model, spec) -> None:
-        if self.is_structured:
+        if self.structured:
             return super().validate(model, spec)
         SequentialPruner.validate(self, model, spec)
 
-    def compute_plan(self, model, spec, runner):
-        if self.is_structured:
-            return super().compute_plan(model, spec, runner)
-        return SequentialPruner.compute_plan(self, model, spec, None)
+    def compute_plan(self, stage):
+        if self.structured:
+            return super().compute_plan(stage)
+        return SequentialPruner.compute_plan(self, stage)
 
     def make_stats(self, dim: int):
         return None

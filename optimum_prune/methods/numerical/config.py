@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..._deprecation import deprecated_getattr, renamed
 from ...config import StructuredPruningConfig, _choice
 
 __all__ = ["NumericalConfig"]
@@ -206,7 +205,3 @@ class NumericalConfig(StructuredPruningConfig):
         s = self.compensation_strength
         if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 <= s <= 1):
             raise ValueError(f"`compensation_strength` must be a number in [0, 1] or None, got {s!r}.")
-
-
-# old name, kept for one release
-__getattr__ = deprecated_getattr(__name__, globals(), renamed(__name__, NumericalPruningConfig="NumericalConfig"))

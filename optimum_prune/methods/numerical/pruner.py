@@ -8,13 +8,13 @@ import torch
 from torch import nn
 
 from ...calibration.stats import CrossGramStats, GramStats
-from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
+from ...modeling.architectures import LayerView, weight_oi
+from ...modeling.shapes import head_costs, mlp_channel_cost
 from ...modeling.surgery import apply_layer_plan_, head_rows
 from ...plan import LayerPlan, PruningPlan
-from ...runtime.session import current_session
-from ..base import RunnerFactory
+from ...runtime.blocks import Stage
 from ..flap.functional import fluctuation_scores
-from ..structured import StructuredPruner, head_costs, mlp_channel_cost, resolve_gqa_mode
+from ..structured import StructuredPruner, resolve_gqa_mode
 from .config import NumericalConfig
 from .functional import (
     compensate,
@@ -181,35 +181,38 @@ class NumericalPruner(StructuredPruner):
             plan.info[f"{name}_residual"] = res
 
     # ------------------------------------------------------------------ compensation_inputs="sequential"
-    def compute_plan(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory | None) -> PruningPlan:
-        plan = super().compute_plan(model, spec, runner)
+    def compute_plan(self, stage: Stage) -> PruningPlan:
+        plan = super().compute_plan(stage)
         if self.config.compensate and self.config.compensation_inputs == "sequential":
-            self._sequential_refit(model, spec, runner, plan)
+            self._sequential_refit(stage, plan)
         return plan
 
     def refits_after_plan(self) -> bool:
         return self.config.compensate and self.config.compensation_inputs == "sequential"
 
-    def _sequential_refit(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory, plan: PruningPlan):
+    def _sequential_refit(self, stage: Stage, plan: PruningPlan) -> None:
         """Refit o_proj / down_proj layer by layer on the pruned network's inputs; the model is restored after (a
         low-memory or checkpointed run finishes each block here instead: see `session`)."""
-        run, sess = runner(), current_session()
-        dense_h, pruned_h = run.hidden, run.hidden
-        for i, layer in enumerate(get_layers(model, spec)):
-            if sess.done(i):
-                dense_h = sess.forward(run, i, "input", dense_h)
-                pruned_h = sess.forward(run, i, "current", pruned_h)
-                continue
-            with sess.resident(i, "input"):
-                dense_h, pruned_h = self._refit_layer(run, i, layer, spec, model.config, plan, dense_h, pruned_h)
-                sess.finish(i, plan.layers.get(i) or LayerPlan())
+        run, sess = stage.runner(), stage.session
+        streams = [run.hidden, run.hidden]  # the dense and the pruned network's inputs of the next block
 
-    def _refit_layer(self, run, i, layer, spec, config, plan, dense_h, pruned_h):
-        """`_sequential_refit` of block `i`: its plan gets the refitted weights; returns the next inputs."""
+        def skip(i: int) -> None:  # finished by an earlier run: both streams through its recorded versions
+            streams[:] = sess.forward(run, i, "input", streams[0]), sess.forward(run, i, "current", streams[1])
+
+        def visit(view: LayerView) -> None:
+            i = view.index
+            streams[:] = self._refit_layer(run, view, plan, *streams)
+            sess.finish(i, plan.layers.get(i) or LayerPlan())
+
+        todo = [i for i in range(len(stage.layers())) if not sess.done(i)]
+        stage.walk(todo, visit, skip=skip)
+
+    def _refit_layer(self, run, view: LayerView, plan: PruningPlan, dense_h, pruned_h):
+        """`_sequential_refit` of block `view.index`: its plan gets the refitted weights; returns the next inputs."""
+        i, layer, spec = view.index, view.layer, view.spec
         dense = copy.deepcopy(layer)
         lp = plan.layers.get(i)
         if lp is not None:
-            view = layer_view(layer, i, spec, config)
             removal = LayerPlan(
                 keep_heads=lp.keep_heads, keep_kv_heads=lp.keep_kv_heads, keep_channels=lp.keep_channels
             )

@@ -21,7 +21,7 @@ from torch import nn
 
 from ...functional.allocation import round_kept_channels
 from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view
-from ..structured import attention_mlp_params
+from ...modeling.shapes import attention_mlp_params
 from .functional import removal_order, select_removed
 from .masks import unit_costs
 from .path import SolutionPath, SolutionPathError

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ...modeling.architectures import ArchitectureSpec, LayerView, weight_oi
-from ..structured import _col_params, _row_params, mlp_channel_cost
+from ...modeling.shapes import col_params, mlp_channel_cost, row_params
 
 __all__ = ["KINDS", "layer_units", "unit_costs", "MaskSet", "SearchMasks", "attach_masks", "folded_weights"]
 
@@ -42,13 +42,13 @@ def unit_costs(view: LayerView) -> dict[str, float]:
     KV head plus the o_proj column of every query head, MLP rows and column."""
     spec, h, kv = view.spec, view.num_heads, view.num_kv_heads
     if spec.fused_qkv:
-        q_row = k_row = v_row = _row_params(view.module(spec.qkv_paths[0]))
+        q_row = k_row = v_row = row_params(view.module(spec.qkv_paths[0]))
     else:
-        q_row, k_row, v_row = (_row_params(view.module(p)) for p in spec.qkv_paths)
+        q_row, k_row, v_row = (row_params(view.module(p)) for p in spec.qkv_paths)
     qk = h * q_row + kv * k_row
     return {
         "qk": float(2 * qk if spec.rotary else qk),
-        "vo": float(kv * v_row + h * _col_params(view.o_proj)),
+        "vo": float(kv * v_row + h * col_params(view.o_proj)),
         "mlp": mlp_channel_cost(view),
     }
 

@@ -10,14 +10,14 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ...calibration.images import require_classifier
 from ...calibration.stats import GramStats
 from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
 from ...modeling.surgery import dim_rows
 from ...plan import LayerPlan, PruningPlan
-from ..base import BasePruner, RunnerFactory
+from ...runtime.blocks import Stage
+from ..base import BasePruner
 from ..numerical.functional import compensate, compensate_with_bias, plus_bias
 from .config import SPPConfig
 from .extract import extract_keep
@@ -57,7 +57,6 @@ class SPPPruner(BasePruner):
     """
 
     config_cls = SPPConfig
-    requires_calibration = True
     structured = True
     config: SPPConfig
 
@@ -69,7 +68,7 @@ class SPPPruner(BasePruner):
         self._calibration: dict | None = None
 
     @property
-    def needs_calibration(self) -> bool:
+    def requires_calibration(self) -> bool:
         return self.config.solution_path is None or self.config.compensate
 
     def attach_calibration(self, data: Any, description: dict | None = None, source: Any = None) -> None:
@@ -98,8 +97,8 @@ class SPPPruner(BasePruner):
         self.solution_path = run_search(model, spec, self.config, data, self._calibration)
         return self.solution_path
 
-    def compute_plan(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory | None) -> PruningPlan:
-        cfg = self.config
+    def compute_plan(self, stage: Stage) -> PruningPlan:
+        cfg, model, spec = self.config, stage.model, stage.spec
         t0 = time.perf_counter()
         if self.solution_path is None:
             self.search(model, spec)
@@ -128,21 +127,21 @@ class SPPPruner(BasePruner):
         plan.info["extract_s"] = time.perf_counter() - t1
         if cfg.compensate:
             t2 = time.perf_counter()
-            self._compensate(model, spec, runner, keep, plan)
+            self._compensate(stage, keep, plan)
             plan.info["compensate_s"] = time.perf_counter() - t2
         plan.artifacts["solution_path"] = self.solution_path
         return plan
 
-    def _compensate(self, model: nn.Module, spec: ArchitectureSpec, runner: RunnerFactory, keep, plan) -> None:
+    def _compensate(self, stage: Stage, keep, plan) -> None:
         """Refit o_proj (its kept v/o inputs) and down_proj / fc2 (its kept channels) of every layer that lost any,
-        by Numerical Pruning's closed-form least squares (`numerical.functional.compensate`, or `compensate_with_bias`
-        with `compensation_bias`) on the Grams of the dense model's inputs, one layer-by-layer calibration pass, the
-        change applied at `compensation_strength`. The residuals go to `plan.info`."""
-        run = runner()
+        by Numerical Pruning's closed-form least squares (`functional.compensation.compensate`, or
+        `compensate_with_bias` with `compensation_bias`) on the Grams of the dense model's inputs, one layer-by-layer
+        calibration pass, the change applied at `compensation_strength`. The residuals go to `plan.info`."""
+        run, spec = stage.runner(), stage.spec
         cfg, residuals = self.config, {}
-        for i, layer in enumerate(tqdm(get_layers(model, spec), desc="spp: compensation", leave=False)):
-            per = keep.get(i, {})
-            view = layer_view(layer, i, spec, model.config)
+
+        def visit(view):
+            i, per = view.index, keep.get(view.index, {})
             targets = {}
             if "vo" in per:
                 targets["attn"] = (spec.o_path, dim_rows(view.num_heads, view.vo_head_dim, per["vo"]))
@@ -151,9 +150,8 @@ class SPPPruner(BasePruner):
             stats = {name: GramStats(weight_oi(view.module(path)).shape[1]) for name, (path, _) in targets.items()}
             outputs = run.run_layer(
                 i, observe={name: view.module(path) for name, (path, _) in targets.items()},
-                callback=lambda name, x, stats=stats: stats[name].update(x),
+                callback=lambda name, x: stats[name].update(x),
             )  # fmt: skip
-            run.advance(outputs)
             for name, (path, cols) in targets.items():
                 mod = view.module(path)
                 W, lp = weight_oi(mod).detach(), plan.layers[i]
@@ -166,5 +164,8 @@ class SPPPruner(BasePruner):
                     lp.biases[path] = plus_bias(b, mod)
                 else:
                     lp.weights[path], residuals[f"{i}.{name}"] = compensate(W, H, cols, damping, strength)
+            return outputs
+
+        stage.walk(range(len(stage.layers())), visit, run=run, desc="spp: compensation")
         plan.info["compensation_residuals"] = residuals
         plan.info["compensation_strength"] = cfg.refit_strength(spec.modality)

@@ -22,6 +22,7 @@ from transformers.pytorch_utils import Conv1D
 from ...calibration.stats import SquaredNormStats
 from ...functional.masks import keep_mask
 from ...modeling.architectures import ArchitectureSpec, LayerView, Target, get_layers, weight_oi
+from ...runtime.blocks import Stage
 from ..ria.functional import ria_scores
 from ..unstructured import SequentialPruner
 from .config import SPPRIAConfig
@@ -95,8 +96,9 @@ class SPPRIAPruner(SequentialPruner):
         super().validate(model, spec)
         check_pair_support(model, spec, prune_attention=False)
 
-    def begin(self, model: nn.Module, spec: ArchitectureSpec) -> None:
-        super().begin(model, spec)
+    def begin(self, stage: Stage) -> None:
+        super().begin(stage)
+        model, spec = stage.model, stage.spec
         if self._data is None:
             raise ValueError("SPP + RIA searches on calibration data: pass `calibration=CalibrationConfig(...)`.")
         modules = {}
@@ -139,7 +141,7 @@ class SPPRIAPruner(SequentialPruner):
                 scores = scores / scores.max().clamp_min(1e-30) + (order >= cfg.sparsity).to(scores)
         return W * keep_mask(scores, cfg.sparsity, cfg.nm, per=cfg.per)
 
-    def compute_plan(self, model: nn.Module, spec: ArchitectureSpec, runner):
-        plan = super().compute_plan(model, spec, runner)
+    def compute_plan(self, stage: Stage):
+        plan = super().compute_plan(stage)
         plan.info["search"] = self.search_info
         return plan

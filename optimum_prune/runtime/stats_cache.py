@@ -1,28 +1,24 @@
-"""Reusing structured calibration passes across ratios and variants (`reuse_calibration_stats`).
+"""Reusing structured calibration passes across ratios and variants (`prune_(..., stats_cache=cache)`).
 
 A structured method's calibration pass (scores, statistics, OWL outliers) depends on the method's configuration
 without the fields read only afterwards, on the calibration token ids and on the blocks' weights. Sweeps over
-`pruning_ratio`, `allocation` or `round_to` of one method on one model can therefore pay for one pass: inside
-`reuse_calibration_stats()`, `StructuredPruner` stores each pass under that key and hands later prunes a deep copy.
+`pruning_ratio`, `allocation` or `round_to` of one method on one model can therefore pay for one pass: given a
+`CalibrationStatsCache`, the structured methods store each pass under that key and hand later prunes a deep copy.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import copy
 import hashlib
 import json
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 if TYPE_CHECKING:
     from ..modeling.architectures import LayerView
-    from .structured import StructuredPruner
 
-__all__ = ["CalibrationStatsCache", "active_stats_cache", "reuse_calibration_stats", "tensor_digest"]
+__all__ = ["CalibrationStatsCache", "tensor_digest"]
 
 
 # Config fields read only after the calibration pass (allocation, rounding): runs that differ only in these can share
@@ -42,10 +38,18 @@ class CalibrationStatsCache:
     on: the method and its configuration without the fields read only afterwards (`pruning_ratio`, `round_to`,
     `owl_lambda`, and `allocation` except whether it is `"owl"`), the calibration token ids and the blocks' weights.
 
-    Activate one with [`reuse_calibration_stats`]; while active, a structured prune whose key is already in the
-    cache skips its calibration pass and uses a deep copy of the stored result, which is what the pass would
-    compute again: sweeps over ratios and allocations of one method on one model pay for one pass. Runs inside a
-    checkpointed, low-memory or distributed session never use it (they already save what they need).
+    Pass one to `prune_(..., stats_cache=cache)` (or `AutoPruner.prune`); a structured prune (NP, FLAP, magnitude)
+    whose key is already in the cache skips its calibration pass and uses a deep copy of the stored result, which is
+    what the pass would compute again: sweeps over ratios and allocations of one method on one model pay for one pass.
+    Runs inside a checkpointed, low-memory or distributed session never use it (they already save what they need).
+
+    Example:
+        ```python
+        cache = CalibrationStatsCache()
+        for ratio in (0.1, 0.2, 0.3):
+            model = copy.deepcopy(dense)
+            prune_(model, NumericalConfig(pruning_ratio=ratio), calibration=ids, stats_cache=cache)
+        ```
     """
 
     def __init__(self) -> None:
@@ -60,14 +64,14 @@ class CalibrationStatsCache:
         self._entries.clear()
 
     @staticmethod
-    def key(pruner: StructuredPruner, views: list[LayerView]) -> str | None:
+    def key(pruner: Any, views: list[LayerView]) -> str | None:
         """The cache key of `pruner`'s calibration pass over the blocks `views`, or `None` when it cannot be
         identified (calibration data not attached)."""
         cfg = {k: v for k, v in pruner.config.to_dict().items() if k not in _AFTER_CALIBRATION}
         cfg["owl"] = pruner.config.allocation == "owl"
         # settings a config derives from the fields above, `pruning_ratio` included (NP's scores="auto")
         cfg.update({name: getattr(pruner.config, name) for name in getattr(pruner.config, "resolved_settings", ())})
-        calib = pruner._calibration_digest if pruner.needs_calibration else "data-free"
+        calib = pruner.calibration_digest if pruner.requires_calibration else "data-free"
         if calib is None:
             return None
         h = hashlib.sha256()
@@ -90,35 +94,3 @@ class CalibrationStatsCache:
 
     def put(self, key: str, value: tuple) -> None:
         self._entries[key] = copy.deepcopy(value)
-
-
-_ACTIVE_CACHE: contextvars.ContextVar[CalibrationStatsCache | None] = contextvars.ContextVar(
-    "optimum_prune_calibration_stats_cache", default=None
-)
-
-
-def active_stats_cache() -> CalibrationStatsCache | None:
-    """The cache of the innermost active [`reuse_calibration_stats`] block, if any."""
-    return _ACTIVE_CACHE.get()
-
-
-@contextlib.contextmanager
-def reuse_calibration_stats(cache: CalibrationStatsCache | None = None) -> Iterator[CalibrationStatsCache]:
-    """Within the block, structured prunes (NP, FLAP, magnitude) that differ only in `pruning_ratio`, `allocation`
-    (other than OWL), `round_to` or `owl_lambda`, on the same weights and calibration ids, share one calibration
-    pass (see [`CalibrationStatsCache`]). Pass a `cache` to keep the passes across several blocks.
-
-    Example:
-        ```python
-        with reuse_calibration_stats() as cache:
-            for ratio in (0.1, 0.2, 0.3):
-                model = copy.deepcopy(dense)
-                prune_(model, NumericalConfig(pruning_ratio=ratio), calibration=ids)
-        ```
-    """
-    cache = CalibrationStatsCache() if cache is None else cache
-    token = _ACTIVE_CACHE.set(cache)
-    try:
-        yield cache
-    finally:
-        _ACTIVE_CACHE.reset(token)

@@ -1,0 +1,100 @@
+"""The block loop: what a pruning stage hands its pruner, and the one loop every pass over the decoder blocks runs.
+
+The runner (`optimum_prune.prune_`) opens a session and gives each stage's pruner a `Stage`: the model, its
+architecture entry, the calibration runner, the session and the cache of calibration passes, as arguments. A pruner
+decides; `Stage.walk` runs its passes: it visits the blocks a pass works on, each resident at the version the stage
+received, and carries the calibration hidden states through the blocks in between (finished by an earlier run, or
+skipped), so that every pass of every method works the same with an in-memory, low-memory or resumed model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..calibration.sequential import LayerwiseRunner
+from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view
+from .session import NullSession, PruneSession
+from .stats_cache import CalibrationStatsCache
+
+__all__ = ["RunnerFactory", "Stage"]
+
+RunnerFactory = Callable[[], LayerwiseRunner]
+Visit = Callable[[LayerView], "Sequence[torch.Tensor] | None"]
+
+
+@dataclass
+class Stage:
+    """One pruning stage, as its pruner receives it.
+
+    Args:
+        model (`PreTrainedModel`): the model being pruned (possibly low-memory: its blocks on disk).
+        spec (`ArchitectureSpec`): its architecture entry.
+        runner (`Callable[[], LayerwiseRunner] | None`): builds a calibration runner positioned at block 0 (each call
+            captures the block-0 inputs again); `None` without calibration data.
+        session (`NullSession`): finished blocks, block residency and the run checkpoint (`runtime.session`).
+        stats_cache (`CalibrationStatsCache | None`): stored calibration passes of structured methods (`None`: off).
+    """
+
+    model: nn.Module
+    spec: ArchitectureSpec
+    runner: RunnerFactory | None = None
+    session: NullSession = field(default_factory=NullSession)
+    stats_cache: CalibrationStatsCache | None = None
+
+    def layers(self) -> nn.ModuleList:
+        return get_layers(self.model, self.spec)
+
+    def view(self, i: int) -> LayerView:
+        """The current geometry of block `i`."""
+        return layer_view(self.layers()[i], i, self.spec, self.model.config)
+
+    def views(self) -> list[LayerView]:
+        return [self.view(i) for i in range(len(self.layers()))]
+
+    def blocks(self) -> Iterator[tuple[int, nn.Module]]:
+        """`(index, block)` of every decoder block, each in memory while it is yielded (low-memory models too)."""
+        sess = self.session
+        if isinstance(sess, PruneSession) and sess.model is self.model:
+            yield from sess.blocks()
+        else:
+            yield from enumerate(self.layers())
+
+    def walk(
+        self,
+        todo: Collection[int],
+        visit: Visit,
+        *,
+        run: LayerwiseRunner | None = None,
+        until: int | None = None,
+        skip_as: str = "input",
+        skip: Callable[[int], None] | None = None,
+        desc: str | None = None,
+    ) -> None:
+        """One pass over the decoder blocks: `visit(view)` on each block of `todo`, in order, with the block resident
+        at the version this stage received.
+
+        `visit` returns the block's outputs (they become `run`'s hidden states, the next block's inputs) or `None`.
+        Between the visited blocks, up to block `until` (default: the last of `todo`), `run`'s hidden states are
+        carried through the others by their recorded version (`skip_as`: `"input"`, as this stage received them, or
+        `"current"`, as it left them); `skip(i)` replaces that for a pass that carries its own streams.
+        """
+        sess = self.session
+        last = max(todo, default=-1) if until is None else until
+        layers = self.layers()
+        indices = range(len(layers)) if desc is None else tqdm(range(len(layers)), desc=desc, leave=False)
+        for i in indices:
+            if i not in todo:
+                if skip is not None:
+                    skip(i)
+                elif run is not None and i < last:
+                    run.advance(sess.forward(run, i, skip_as))
+                continue
+            with sess.resident(i, "input"):
+                outputs = visit(layer_view(layers[i], i, self.spec, self.model.config))
+            if outputs is not None and run is not None:
+                run.advance(outputs)
