@@ -100,7 +100,7 @@ def make_big(path: Path) -> Path:
     from accelerate import init_empty_weights
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from optimum_prune.runtime.streaming import write_safetensors
+    from optimum_prune.runtime.safetensors_io import write_safetensors
 
     tok = _tokenizer()
     config = LlamaConfig(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,

@@ -33,7 +33,8 @@ from ..modeling.shapes import layer_table
 from ..utils.distributed import barrier, is_main_process, world_size
 from ..utils.scratch import write_text_atomic
 from ..version import __version__
-from .streaming import get_store, read_tensors, write_safetensors
+from .safetensors_io import read_tensors, write_safetensors
+from .streaming import get_store
 
 __all__ = ["RunCheckpoint", "fingerprint_model", "jsonable", "run_fingerprint"]
 

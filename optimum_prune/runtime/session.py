@@ -36,7 +36,8 @@ from ..plan import LayerPlan, PruningPlan
 from ..utils.distributed import broadcast_object, world_size
 from .checkpoint import RunCheckpoint, run_fingerprint
 from .memory import check_device, check_memory
-from .streaming import get_store, layer_prefix, load_block_, write_safetensors
+from .safetensors_io import write_safetensors
+from .streaming import get_store, layer_prefix, load_block_
 
 __all__ = ["NullSession", "PruneSession", "open_session"]
 

@@ -21,7 +21,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..modeling.architectures import ArchitectureSpec, get_layers
-from .streaming import get_store, layer_prefix, read_tensors, write_safetensors
+from .safetensors_io import read_tensors, write_safetensors
+from .streaming import get_store, layer_prefix
 
 __all__ = ["save_streamed_"]
 
