@@ -218,15 +218,31 @@ def pattern_layers(
     return [LayerShape(k * shape.group, k, w, biases) for k, w in zip(kv, widths)]
 
 
-def np_layers(shape: ModelShape, ratio: float, round_to: int, grid: Path | str = GRID) -> list[LayerShape]:
-    """Numerical Pruning's default allocation at `ratio` on SmolLM2-135M, mapped onto `shape` (falls back to NP's
-    own scores where the grid has no run of the default's variant at that ratio)."""
+def _np_pattern(ratio: float, grid: Path | str) -> tuple[list[tuple], bool]:
+    """Numerical Pruning's default per-layer pattern at `ratio` on SmolLM2-135M (NP's own scores where the grid has
+    no run of the default's variant at that ratio)."""
     source = SHAPES["smollm2-135m"]
     try:
-        pattern, biases = grid_pattern(grid, np_default_variant(ratio), ratio, source)
+        return grid_pattern(grid, np_default_variant(ratio), ratio, source)
     except KeyError:
-        pattern, biases = grid_pattern(grid, "np_unit", ratio, source)
+        return grid_pattern(grid, "np_unit", ratio, source)
+
+
+def np_layers(shape: ModelShape, ratio: float, round_to: int, grid: Path | str = GRID) -> list[LayerShape]:
+    """Numerical Pruning's default allocation at `ratio` on SmolLM2-135M, mapped onto `shape`."""
+    pattern, biases = _np_pattern(ratio, grid)
     return pattern_layers(shape, pattern, ratio, round_to, biases)
+
+
+SERVABLE_MULTIPLE = 256  # the MLP width multiple every DeciLM reader accepts (`ffn_mult` round-trips it)
+
+
+def servable_layers(shape: ModelShape, ratio: float, round_to: int, grid: Path | str = GRID) -> list[LayerShape]:
+    """`allocation="servable"` (the DeciLM `block_configs` format that vLLM, SGLang, TensorRT-LLM and MLX load): every
+    attention head kept, the whole ratio taken from the MLP, per-layer widths in multiples of 256 following NP's
+    per-layer MLP pattern, no bias."""
+    pattern, _ = _np_pattern(ratio, grid)
+    return pattern_layers(shape, [(1.0, m) for _, m in pattern], ratio, max(round_to, SERVABLE_MULTIPLE))
 
 
 def uniform_layers(shape: ModelShape, ratio: float, round_to: int) -> list[LayerShape]:
@@ -245,6 +261,7 @@ class Allocation:
 ALLOCATIONS = {
     "np": Allocation("NP", np_layers),
     "uniform": Allocation("uniform", uniform_layers),
+    "servable": Allocation("servable", servable_layers),
 }
 
 

@@ -56,7 +56,7 @@ def _cache_kwarg(model) -> str:
 
 
 class Runner:
-    """One model on one scenario: `run()` launches one timed unit (a prefill, or `steps` decode steps).
+    """One model on one scenario: `time_ms()` times `repeats` units (a prefill, or `steps` decode steps).
 
     Both kinds write into a static KV cache allocated (and, for decoding, filled with random keys and values) by an
     untimed call before any capture: a capture then allocates nothing and copies nothing from the host. A prefill's
@@ -76,7 +76,7 @@ class Runner:
         self.warm_s = self._warm()
         if sc.mode == "graph":
             self.reset()
-            self.graph, self.graph_output = _capture(self._call)
+            self.graph, self.graph_output = capture(self._call)
 
     # ------------------------------------------------------------------------------------------------ calls
     def _call(self):
@@ -117,8 +117,9 @@ class Runner:
 
     def _warm(self) -> float:
         self.sync()
+        self.reset()
         t = time.perf_counter()
-        self.run_eager()
+        self._unit()  # eager: no graph yet
         self.sync()
         return time.perf_counter() - t
 
@@ -127,30 +128,47 @@ class Runner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def run_eager(self) -> None:
-        for _ in range(self.repeats):
-            self.reset()
-            for _ in range(self.scenario.steps if self.scenario.kind == "decode" else 1):
+    def _unit(self) -> None:
+        """One timed unit: a prefill, or `steps` decode steps (replayed from the graph when there is one)."""
+        for _ in range(self.scenario.steps if self.scenario.kind == "decode" else 1):
+            if self.graph is None:
                 self._call()
+            else:
+                self.graph.replay()
 
-    def run(self) -> None:
-        if self.graph is None:
-            return self.run_eager()
+    def time_ms(self) -> float:
+        """Milliseconds per call over `repeats` units, each timed from its own start (the cache rewind before it is
+        not timed): device events on a GPU (launch gaps included), the host clock elsewhere."""
+        if self.device.type != "cuda":
+            total = 0.0
+            for _ in range(self.repeats):
+                self.reset()
+                t = time.perf_counter()
+                self._unit()
+                total += time.perf_counter() - t
+            return total * 1e3 / self.units
+        events = []
+        self.sync()
         for _ in range(self.repeats):
             self.reset()
-            for _ in range(self.scenario.steps if self.scenario.kind == "decode" else 1):
-                self.graph.replay()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._unit()
+            end.record()
+            events.append((start, end))
+        self.sync()
+        return sum(a.elapsed_time(b) for a, b in events) / self.units
 
     @property
     def units(self) -> int:
-        """Calls per `run()` (a round's time is divided by it: ms per prefill or per decode step)."""
+        """Calls per `time_ms()` (a round's time is divided by it: ms per prefill or per decode step)."""
         return self.repeats * (self.scenario.steps if self.scenario.kind == "decode" else 1)
 
     def close(self) -> None:
         self.graph = self.graph_output = self.cache = self.kwargs = None
 
 
-def _capture(fn: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+def capture(fn: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     """A CUDA graph of one call of `fn` (warmed up on a side stream first, as capture requires) and its output, which
     must stay alive with the graph (its replays write there)."""
     stream = torch.cuda.Stream()
@@ -162,21 +180,6 @@ def _capture(fn: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torc
     with torch.cuda.graph(graph):
         output = fn()
     return graph, output
-
-
-def timed_ms(runner: Runner) -> float:
-    """Milliseconds per unit of one `run()`: device events on a GPU (launch gaps included), host clock on a CPU."""
-    if runner.device.type != "cuda":
-        t = time.perf_counter()
-        runner.run()
-        return (time.perf_counter() - t) * 1e3 / runner.units
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    runner.sync()
-    start.record()
-    runner.run()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / runner.units
 
 
 def interleave(
@@ -199,7 +202,7 @@ def interleave(
             break
         shift = i % len(names)
         for name in names[shift:] + names[:shift]:
-            times[name].append(timed_ms(runners[name]))
+            times[name].append(runners[name].time_ms())
     return times
 
 
@@ -232,7 +235,7 @@ def run_scenario(
         for label, model in models.items():
             runners[label] = Runner(model, sc, device)
         times = interleave(runners, rounds, deadline)
-    except (RuntimeError, torch.cuda.OutOfMemoryError) as e:
+    except Exception as e:  # noqa: BLE001  (a one-shot GPU run records the failure and goes on)
         record["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
         return record
     finally:

@@ -1,4 +1,4 @@
-"""Is there a regime where AMP's masks carry information (issue 28)? On a few SmolLM2-135M layers (dense inputs,
+"""Is there a regime where AMP's masks carry information? On a few SmolLM2-135M layers (dense inputs,
 calibration windows of the selection split), q/k pruned at ρ = 0.5, scored by the relative attention error
 ‖f̃ − f‖²/‖f‖² of the layer against Wanda, SparseGPT and magnitude on the same layer:
 

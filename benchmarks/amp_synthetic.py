@@ -6,8 +6,8 @@ Data (paper): d = 64, W_Q, W_K = the rank-4 truncated SVD of N(0,1) d×d matrice
 What the paper leaves open, and the readings measured here:
   - the scale of X (`--scales`): `1/sqrt(d)` (logits O(1)), `d^-1/4` (X W Xᵀ/√d, a transformer's scaling), `1` (raw
     N(0,1): the softmax is nearly one-hot, every method's error is large);
-  - the loss normalisation (`READINGS`): Algorithm 1 literally, `M ← M − (η/k)(Σ_j W∘X_jᵀp_jX_j + λM)`; the spec's
-    resolution (data term averaged over samples, λM unscaled); "λ_ctrl = λ/n" read as the loss divided by n
+  - the loss normalisation (`READINGS`): Algorithm 1 literally, `M ← M − (η/k)(Σ_j W∘X_jᵀp_jX_j + λM)`; the data
+    term averaged over samples with λM unscaled (the default `regularizer="unscaled"`); "λ_ctrl = λ/n" read as the loss divided by n
     (`η/n`, `nλ`); Definition 3.2's λ = n·λ_ctrl with Algorithm 1's scaling;
   - the baselines: the paper prunes W_Q and W_K *separately* with Wanda / SparseGPT (its Figure 1), so their fused
     W = W̃_Q W̃_Kᵀ is not 50% sparse, while AMP's fused mask zeroes 50% of W; we also prune W itself with them
@@ -35,7 +35,7 @@ D = torch.float64
 # name -> (lr, lambda_, regularizer) as functions of (η, λ_ctrl, n): every reading is an `amp_masks` setting
 READINGS = {
     "Algorithm 1 literally: (η/k)(Σ_j ∇_j + λM)": lambda eta, lam, n: (eta, lam, "divided_by_k"),
-    "spec §C.7.4: mean_j ∇_j + λM": lambda eta, lam, n: (eta, lam, "unscaled"),
+    "averaged data term: mean_j ∇_j + λM": lambda eta, lam, n: (eta, lam, "unscaled"),
     "loss / n: mean_j ∇_j / n + λM": lambda eta, lam, n: (eta / n, n * lam, "unscaled"),
     "Def. 3.2 λ = n·λ_ctrl, Algorithm 1": lambda eta, lam, n: (eta, n * lam, "divided_by_k"),
 }

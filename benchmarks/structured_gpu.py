@@ -239,14 +239,14 @@ def preflight(args) -> dict:
             runner = Runner(model, sc, args.device)
             runner.reset()
             eager = runner._call().float().clone()
-            runner.run()
+            runner.time_ms()
             diff = (runner.graph_output.float() - eager).abs().max().item()
             out[f"{sc.kind}_max_abs_diff"] = diff
             if not diff <= 1e-2 * eager.abs().max().item():
                 raise RuntimeError(f"{sc.kind}: graph logits differ from eager by {diff}")
             runner.close()
         out["ok"] = True
-    except RuntimeError as e:
+    except Exception as e:  # noqa: BLE001  (any failure: time the graph rows eagerly instead)
         out.update(ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
     return out
 
@@ -292,6 +292,7 @@ def markdown(result: dict) -> str:
         f"- Time: {result['elapsed_s']:.0f} s of a {result['budget_s']:.0f} s budget"
         + (f"; not run (budget): {', '.join(result['skipped'])}" if result.get("skipped") else ""),
     ]
+    lines += [f"- Failed: {f}" for f in result.get("failed", [])]
     for g in result["groups"]:
         labels = list(g["models"])
         lines += ["", f"## {g['title']}", "", "| model | parameters | removed (attention + MLP) | KV heads | MLP widths |",
@@ -338,7 +339,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="timed last, at the main ratios")  # fmt: skip
     p.add_argument("--ratios", type=float, nargs="+", default=[0.2, 0.5])
     p.add_argument("--extra-ratios", type=float, nargs="*", default=[0.3], help="timed after the round_to sweep")
-    p.add_argument("--allocations", nargs="+", choices=sorted(ALLOCATIONS), default=["np", "uniform"])
+    p.add_argument("--allocations", nargs="+", choices=sorted(ALLOCATIONS), default=["np", "servable", "uniform"])
     p.add_argument(
         "--round-to", type=int, default=64, help="MLP width multiple of every pruned model (library default)"
     )
@@ -404,7 +405,12 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() > deadline:
                 result["skipped"].append(group.title)
                 continue
-            result["groups"] += run_group(group, args, deadline, dense_cache)
+            try:
+                result["groups"] += run_group(group, args, deadline, dense_cache)
+            except Exception as e:  # noqa: BLE001  (e.g. out of memory building a model: the next group runs)
+                result["failed"] = [*result.get("failed", []), f"{group.title}: {type(e).__name__}: {str(e)[:200]}"]
+                dense_cache.clear()
+                free_memory()
             result["elapsed_s"] = time.monotonic() - start
             harness.write_results(result, name, "structured_gpu")
     result["elapsed_s"] = time.monotonic() - start

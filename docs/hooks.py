@@ -1,50 +1,63 @@
-"""MkDocs hook: `docs/results.md` shows every `benchmarks/results/*.md` file exactly as the benchmarks wrote it.
+"""MkDocs hooks: the Results pages and plots assembled from `benchmarks/`, and the formulas rendered offline.
 
-The page holds the line `<!-- benchmark results -->`; at build time it is replaced by each results file in name order,
-its headings moved one level down and its title anchored by the file's stem (so a method page links to
-`results.md#structured_smollm2`). No number is copied into the docs by hand, and a results file added by a
-benchmark appears without editing the page.
+- Results (`docs/_results.py`): `<!-- study: NAME -->` (a study's notes and results files),
+  `<!-- results-section: FILE.md#Section -->` (one table of a results file), and `results.md#STEM` links pointed
+  at the page that shows results file STEM. No number is copied into the docs by hand.
+- Plots (`docs/_plots.py`): `<!-- plot: NAME -->` becomes an inline SVG drawn from the results JSON.
+- Math: the `pymdownx.arithmatex` spans (`$...$`, `$$...$$`) become MathML at build time (`latex2mathml`), which
+  browsers render natively: the site needs no script and no network to show a formula.
 """
 
 from __future__ import annotations
 
+import html
+import importlib.util
 import re
+import sys
 from pathlib import Path
 
+from latex2mathml.converter import convert as latex_to_mathml
 from mkdocs.exceptions import PluginError
 
-DIRECTIVE = "<!-- benchmark results -->"
-RESULTS_DIR = Path("benchmarks") / "results"
-_HEADING = re.compile(r"^(#{1,5}) ")
+_HERE = Path(__file__).resolve().parent
+_PLOT = re.compile(r"<!-- plot: (\w+) -->")
+_MATH = re.compile(r'<(span|div) class="arithmatex">(.*?)</\1>', re.S)
 
 
-def _section(path: Path) -> str:
-    """The file with every heading one level deeper (outside fenced code); its title gets the anchor `path.stem` and
-    a line naming the file."""
-    out, fenced, titled = [], False, False
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.startswith("```"):
-            fenced = not fenced
-        if not fenced and _HEADING.match(line):
-            line = "#" + line
-            if not titled:
-                line += f" {{#{path.stem}}}\n\n`{RESULTS_DIR.as_posix()}/{path.name}`"
-                titled = True
-        out.append(line)
-    if not titled:
-        raise PluginError(f"{path} has no title heading.")
-    return "\n".join(out) + "\n"
-
-
-def results_markdown(root: Path) -> str:
-    paths = sorted((root / RESULTS_DIR).glob("*.md"))
-    if not paths:
-        raise PluginError(f"No results files under {root / RESULTS_DIR}.")
-    return "\n".join(_section(path) for path in paths)
+def _module(name: str):
+    """A helper module beside this file (hooks are loaded by path, not as a package)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, _HERE / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    if DIRECTIVE not in markdown:
-        return markdown
     root = Path(config.config_file_path).parent
-    return markdown.replace(DIRECTIVE, results_markdown(root))
+    results, plots = _module("_results"), _module("_plots")
+    try:
+        markdown = results.expand(markdown, root, page.file.src_uri)
+        return _PLOT.sub(lambda m: plots.plot(root, m.group(1)), markdown)
+    except (results.ResultsError, plots.PlotError) as e:
+        raise PluginError(f"{page.file.src_uri}: {e}") from e
+
+
+def _mathml(match: re.Match) -> str:
+    tag, body = match.group(1), html.unescape(match.group(2)).strip()
+    display = tag == "div"
+    for opening, closing in ((r"\[", r"\]"), (r"\(", r"\)")):
+        if body.startswith(opening) and body.endswith(closing):
+            body = body[len(opening) : -len(closing)]
+    # \texttt{a\_b}: latex2mathml keeps the backslash of an escaped underscore inside text
+    body = re.sub(r"\\texttt\{([^}]*)\}", lambda m: r"\texttt{" + m.group(1).replace(r"\_", "_") + "}", body)
+    try:
+        out = latex_to_mathml(body.strip(), display="block" if display else "inline")
+    except Exception as e:  # noqa: BLE001 - any parse error of the converter
+        raise PluginError(f"Cannot render the formula {body!r}: {e}") from e
+    return f'<div class="op-math">{out}</div>' if display else out
+
+
+def on_page_content(html_text: str, page, config, files) -> str:
+    return _MATH.sub(_mathml, html_text)

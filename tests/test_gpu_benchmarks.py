@@ -120,6 +120,17 @@ def test_np_pattern_maps_depths_and_meets_the_ratio():
     assert layers[0].intermediate > layers[2].intermediate
 
 
+def test_servable_layers_keep_attention_and_take_the_ratio_from_the_mlp_in_blocks_of_256():
+    for name in ("llama-3.1-8b", "llama-3.2-1b"):
+        shape = gs.SHAPES[name]
+        for ratio in (0.2, 0.3, 0.5):
+            layers = gs.servable_layers(shape, ratio, 64)
+            assert all((lay.heads, lay.kv_heads) == (shape.heads, shape.kv_heads) for lay in layers)
+            assert all(lay.intermediate % 256 == 0 and not lay.biases for lay in layers)
+            assert gs.describe(shape, layers)["removed"] == pytest.approx(ratio, abs=0.01), (name, ratio)
+            assert len({lay.intermediate for lay in layers}) > 1  # per-layer widths, not a uniform cut
+
+
 @pytest.mark.parametrize(
     "scenario", [Scenario("prefill", 2, 8, "eager"), Scenario("decode", 2, 8, "eager", 2)], ids=["prefill", "decode"]
 )
@@ -128,7 +139,7 @@ def test_timed_calls_never_read_a_device_value(scenario):
     such a read raises, so the timed calls running there is the capture's precondition, on a per-layer model."""
     model = _model(TINY_QWEN3, PRUNED, device="meta")
     runner = Runner(model, scenario, "meta")
-    runner.run()
+    runner.time_ms()
     runner.close()
     # the check can fail: transformers' uncached forward inspects its positions on the host
     with pytest.raises(RuntimeError, match="meta"), torch.inference_mode():
@@ -140,7 +151,7 @@ def test_decode_runner_replays_the_same_positions():
     model = _model(TINY_TIED, None)
     runner = Runner(model, Scenario("decode", 2, 5, "eager", 3), "cpu")
     for _ in range(3):
-        runner.run()
+        runner.time_ms()
     lengths = {int(lay.cumulative_length) for lay in runner.cache.layers}
     assert lengths == {5 + 3}
     assert runner.cache.layers[0].keys.shape[2] == 5 + 3
@@ -172,3 +183,17 @@ def test_projection_paths_say_why_one_cannot_run():
     assert fn().shape == (16, 32) and alg is None
     for v in layers.VARIANTS[1:]:  # the device, not a bug of the script
         assert isinstance(calls[v], str) and ("CPU" in calls[v] or "CUDA" in calls[v]), calls[v]
+
+
+def test_semi_structured_masks_every_projection_to_2_4():
+    import semi_structured
+
+    from optimum_prune.modeling.semi_structured import find_non_24_layers
+
+    model = _model(TINY_QWEN3, PRUNED)
+    assert find_non_24_layers(model)  # dense weights are not 2:4
+    semi_structured._mask_24_(model)
+    assert find_non_24_layers(model) == []
+    spec = get_spec(model)
+    w = get_layers(model, spec)[1].get_submodule(spec.linear_paths[0]).weight
+    assert (w == 0).float().mean().item() == 0.5

@@ -21,8 +21,8 @@ class AMPConfig(UnstructuredPruningConfig):
     attention matrix matches the dense one. https://arxiv.org/abs/2410.11261 (Alg. 1 and the separate-mask form of
     §6).
 
-    The default runs AMP's objective in the regime where its masks carry information (issue 28, measured in
-    `benchmarks/results/amp_regimes_smollm2.md`): λ relative to the layer's measured curvature, the masks at the
+    The default runs AMP's objective in the regime where its masks carry information (evidence:
+    docs/methods/amp.md): λ relative to the layer's measured curvature, the masks at the
     equilibrium of the quadratic model (`solver="cg"`), ranking by `|M∘W|·‖X_j‖` per row, and a refit of the kept
     masks (`refit_steps`). The paper's gradient descent from ones with λ = 0.05 (`solver="descent"`) shrinks every
     mask uniformly on real models (λ is ~5-26x the mean curvature) and orders them by a transient; its literal

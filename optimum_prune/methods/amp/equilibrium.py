@@ -1,4 +1,4 @@
-"""AMP in a regime where its masks carry information (issue 28; `benchmarks/results/amp_regimes_smollm2.md`).
+"""AMP in a regime where its masks carry information (docs/methods/amp.md).
 
 The objective is AMP's own, in mask space: `L(M) = D(M) + ½λ‖M‖²`, `D` the attention error of `functional.amp_masks`.
 At `M = 1` the residual `f̃ − f` is zero, so `D`'s Hessian there is exactly its Gauss-Newton matrix `H = JᵀJ`, and

@@ -10,10 +10,10 @@ from ...config import StructuredPruningConfig, _choice
 __all__ = ["NumericalConfig"]
 
 # Below this pruning ratio `scores="auto"` ranks units by FLAP's fluctuation metric (with a bias refit), from it by the
-# numerical scores: the crossover measured on the selection split (docs/methods/numerical.md, issue 27's screening).
+# numerical scores (why: docs/methods/numerical.md).
 LIGHT_RATIO = 0.25
-# `compensation_strength=None` below it (with the fluctuation ranking): the refit's change shrunk to half, measured on
-# the selection split (issue 27: the full refit fits the calibration text and costs out of domain at light ratios).
+# `compensation_strength=None` below it (with the fluctuation ranking): the refit's change shrunk to half (why:
+# docs/methods/numerical.md).
 LIGHT_STRENGTH = 0.5
 
 

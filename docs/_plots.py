@@ -1,0 +1,202 @@
+"""Plots of the Results pages, drawn from the results JSON when the site is built (used by `docs/hooks.py`).
+
+`<!-- plot: NAME -->` on a page becomes an inline SVG figure made by `PLOTS[NAME]` from the files under
+`benchmarks/results/`; a plot never holds a number that is not in a results file. Where a run stored a bootstrap
+interval (`ppl_ci` beside a perplexity, `[low, high]`), the plot draws it as an error bar.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
+
+RESULTS_DIR = Path("benchmarks") / "results"
+TEXTS = (("bbc", "BBC news (calibration domain)"), ("python_docs", "Python docs"), ("kjv", "KJV Bible"))
+STYLE = {
+    "numerical": ("Numerical Pruning", "C0", "o"),
+    "flap": ("FLAP", "C1", "s"),
+    "spp": ("SPP", "C2", "^"),
+    "magnitude": ("Magnitude", "C7", "x"),
+}
+
+plt.rcParams.update({"svg.hashsalt": "optimum-prune", "svg.fonttype": "none", "font.size": 9})
+
+
+class PlotError(ValueError):
+    """A plot's results file is missing or lacks the fields the plot reads."""
+
+
+def _load(root: Path, name: str) -> dict:
+    path = root / RESULTS_DIR / f"{name}.json"
+    if not path.exists():
+        raise PlotError(f"plot: no results file {path}.")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _svg(fig, caption: str) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg") :]  # drop the XML prolog and doctype: the figure is inline HTML
+    return f'<figure class="op-plot">\n{svg}\n<figcaption>{caption}</figcaption>\n</figure>\n'
+
+
+def _log_axis(ax) -> None:
+    """A log-scale y axis labelled with plain numbers (10, 30, 100), not powers of ten."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _err(values: list[float], cis: list[list[float] | None]) -> list[list[float]] | None:
+    if not any(cis):
+        return None
+    lo = [v - c[0] if c else 0.0 for v, c in zip(values, cis)]
+    hi = [c[1] - v if c else 0.0 for v, c in zip(values, cis)]
+    return [lo, hi]
+
+
+def structured_quality(root: Path) -> str:
+    """Perplexity against the pruning ratio, one panel per text: each structured method at its defaults
+    (`structured_smollm2_protocol.json`, test split), the dense model as a dashed line."""
+    res = _load(root, "structured_smollm2_protocol")
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3.1), sharex=True)
+    for ax, (text, title) in zip(axes, TEXTS):
+        for method in ("numerical", "flap"):
+            runs = sorted((r for r in res["runs"] if r["method"] == method), key=lambda r: r["ratio"])
+            if not runs:
+                continue
+            xs = [r["ratio"] for r in runs]
+            ys = [r["ppl_texts"][text] for r in runs]
+            cis = [r.get("ppl_ci", {}).get(text) for r in runs]
+            label, color, marker = STYLE[method]
+            ax.errorbar(xs, ys, yerr=_err(ys, cis), label=label, color=color, marker=marker, capsize=2)
+        ax.axhline(res["dense"]["ppl_texts"][text], color="k", ls="--", lw=0.8, label="dense")
+        _log_axis(ax)
+        ax.set_title(title)
+        ax.set_xlabel("pruning ratio")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel("perplexity (log scale)")
+    axes[0].legend(frameon=False)
+    return _svg(
+        fig,
+        "Perplexity of SmolLM2-135M pruned by Numerical Pruning and FLAP at their defaults, on the test documents of "
+        "three texts (<code>structured_smollm2_protocol</code>). Structured magnitude is off the scale "
+        "(thousands at 10%).",
+    )
+
+
+def structured_speed(root: Path) -> str:
+    """Prefill and decode speedup against the pruning ratio (median of interleaved rounds, IQR as bars) beside the
+    parameter ratio dense / pruned, the ideal of a compute-bound forward (`structured_smollm2_protocol.json`)."""
+    res = _load(root, "structured_smollm2_protocol")
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.1), sharey=True)
+    for ax, kind in zip(axes, ("prefill", "decode")):
+        ideal = {}
+        for method in ("numerical", "flap"):
+            runs = sorted((r for r in res["runs"] if r["method"] == method and r.get("speed")), key=lambda r: r["ratio"])
+            if not runs:
+                continue
+            xs = [r["ratio"] for r in runs]
+            spread = [r["speed"].get(f"{kind}_speedup_spread") for r in runs]
+            ys = [s["median"] if s else r["speed"][f"{kind}_speedup"] for r, s in zip(runs, spread)]
+            cis = [[s["q1"], s["q3"]] if s else None for s in spread]
+            label, color, marker = STYLE[method]
+            ax.errorbar(xs, ys, yerr=_err(ys, cis), label=label, color=color, marker=marker, capsize=2)
+            for r in runs:
+                ideal.setdefault(r["ratio"], r["params_before"] / r["params"])
+        if ideal:
+            xs = sorted(ideal)
+            ax.plot(xs, [ideal[x] for x in xs], color="k", ls=":", label="parameter ratio")
+        ax.axhline(1.0, color="k", lw=0.6)
+        ax.set_title(f"{kind} (batch 1)")
+        ax.set_xlabel("pruning ratio")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("speedup over dense")
+    axes[0].legend(frameon=False)
+    return _svg(
+        fig,
+        "Speed of the pruned SmolLM2-135M over the dense model in transformers, float32 on a 2-core CPU: median of "
+        "interleaved rounds (bars: interquartile range; prefill 256 tokens, decode 16 tokens), beside the ratio of "
+        "parameters (<code>structured_smollm2_protocol</code>).",
+    )
+
+
+def unstructured_quality(root: Path) -> str:
+    """Perplexity of each unstructured / N:M method at 50% and 2:4, per text (`unstructured_smollm2_protocol.json`)."""
+    res = _load(root, "unstructured_smollm2_protocol")
+    runs = [r for r in res["runs"] if r.get("ppl_texts")]
+    patterns = ("unstructured", "2:4")
+    methods = list(dict.fromkeys(r["key"].split("|")[0] for r in runs))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2), sharey=False)
+    width = 0.8 / max(len(methods), 1)
+    for ax, pattern in zip(axes, patterns):
+        for k, name in enumerate(methods):
+            row = next((r for r in runs if r["pattern"] == pattern and r["key"].split("|")[0] == name), None)
+            if row is None:
+                continue
+            ys = [row["ppl_texts"][t] for t, _ in TEXTS]
+            cis = [row.get("ppl_ci", {}).get(t) for t, _ in TEXTS]
+            xs = [j + k * width for j in range(len(TEXTS))]
+            ax.bar(xs, ys, width, yerr=_err(ys, cis), label=name, capsize=2)
+        dense = res["dense_ppl_texts"]
+        for j, (t, _) in enumerate(TEXTS):
+            ax.hlines(dense[t], j - width / 2, j + 0.8 - width / 2, colors="k", linestyles="--", lw=0.8)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(TEXTS))], [t for _, t in TEXTS], fontsize=8)
+        _log_axis(ax)
+        ax.set_title("50% unstructured" if pattern == "unstructured" else "2:4")
+        ax.grid(alpha=0.3, axis="y", which="both")
+    axes[0].set_ylabel("perplexity (log scale)")
+    axes[1].legend(frameon=False, fontsize=7, ncol=2)
+    return _svg(
+        fig,
+        "Perplexity of SmolLM2-135M at 50% unstructured and 2:4 sparsity, test split, each method at its defaults "
+        "(dashed: dense; <code>unstructured_smollm2_protocol</code>).",
+    )
+
+
+def vision_accuracy(root: Path) -> str:
+    """DINOv2-S/14 top-1 on CIFAR-10 test images against the ratio, before and after fine-tuning."""
+    res = _load(root, "vision_dinov2s_cifar10_protocol")
+    runs = res["runs"]
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.1), sharey=True)
+    for ax, key, title in zip(axes, ("accuracy_before_ft", "accuracy_after_ft"), ("before fine-tuning", "after")):
+        for method in ("numerical", "flap", "spp", "magnitude"):
+            pts = sorted((r["ratio"], r[key]) for r in runs.values() if r.get("method") == method and key in r)
+            if pts:
+                label, color, marker = STYLE[method]
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label, color=color, marker=marker)
+        ax.axhline(runs["dense"]["accuracy"], color="k", ls="--", lw=0.8, label="dense")
+        ax.set_title(title)
+        ax.set_xlabel("pruning ratio")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("top-1 accuracy")
+    axes[0].legend(frameon=False)
+    return _svg(
+        fig,
+        "DINOv2-S/14 with a linear probe on CIFAR-10 (1,000 test images), pruned at 20% and 40%, before and after "
+        "a short fine-tuning (<code>vision_dinov2s_cifar10_protocol</code>).",
+    )
+
+
+PLOTS: dict[str, Callable[[Path], str]] = {
+    "structured_quality": structured_quality,
+    "structured_speed": structured_speed,
+    "unstructured_quality": unstructured_quality,
+    "vision_accuracy": vision_accuracy,
+}
+
+
+def plot(root: Path, name: str) -> str:
+    if name not in PLOTS:
+        raise PlotError(f"Unknown plot {name!r}; known: {', '.join(PLOTS)} (docs/_plots.py PLOTS).")
+    return PLOTS[name](root)
