@@ -115,7 +115,7 @@ CASE_IDS = [f"{c.method}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for c, k
 
 
 def test_every_registered_method_is_in_the_contract_suite():
-    from moe.tiny import MOE_CASES  # the expert method's rows run on the MoE architectures (tests/moe)
+    from experts.tiny import MOE_CASES  # the expert method's rows run on the MoE architectures (tests/experts)
 
     moe = {ExpertConfig.method} if MOE_CASES else set()
     assert {c.method for c, _, _ in METHOD_CASES} | moe == set(available_methods())

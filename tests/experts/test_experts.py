@@ -9,7 +9,7 @@ import torch
 from testing_utils import assert_cached_decoding_matches, tiny_model
 from transformers import AutoModelForCausalLM
 
-from moe.tiny import MOE_CASES, MOE_TYPES, masked_router, moe_ids, tiny_moe
+from experts.tiny import MOE_CASES, MOE_TYPES, masked_router, moe_ids, tiny_moe
 from optimum_prune import (
     AutoPrunedModelForCausalLM,
     ExpertConfig,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from moe.tiny import MOE_TYPES, masked_router, tiny_moe
+from experts.tiny import MOE_TYPES, masked_router, tiny_moe
 from optimum_prune import AutoPrunedModelForCausalLM
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view
 from optimum_prune.modeling.surgery import apply_layer_plan_, apply_plan_

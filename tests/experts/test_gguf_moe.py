@@ -9,7 +9,7 @@ import torch
 from test_gguf_export import _fields, small_tokenizer  # noqa: F401  (the module-scoped tokenizer fixture)
 from transformers import AutoModelForCausalLM
 
-from moe.tiny import moe_ids, tiny_moe
+from experts.tiny import moe_ids, tiny_moe
 from optimum_prune import ExpertConfig, export_gguf, prune_
 from optimum_prune.export import GGUFExportError
 
