@@ -39,6 +39,9 @@ install:
 	@[ -d /usr/share/doc/python3.11/html/_sources ] || { apt-get update -qq && apt-get install -y -qq python3.11-doc; } >/dev/null 2>&1 || echo "note: python3.11-doc not installed (benchmarks' out-of-domain corpus); apt-get install python3.11-doc"
 	@# Third evaluation text of the benchmarks' protocol (literary prose: the King James Bible, read by its `bible` program).
 	@command -v bible >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bible-kjv; } >/dev/null 2>&1 || echo "note: bible-kjv not installed (benchmarks' third evaluation text); apt-get install bible-kjv"
+	@# llama.cpp's own HF -> GGUF converter (pure Python, from the llama-cpp-python sdist; cached): the tests convert saved
+	@# DeciLM folders with it.
+	@$(PYTHON) tests/llamacpp_converter.py >/dev/null || echo "note: llama.cpp's converter not fetched (needs PyPI); the test that uses it will retry"
 
 # `python -m optimum_prune.cli` is the `optimum-prune` console script, run from this checkout.
 demo: install

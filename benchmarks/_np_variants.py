@@ -14,7 +14,7 @@ import torch
 
 import optimum_prune.methods.structured as structured_mod
 from optimum_prune.calibration.sequential import LayerwiseRunner
-from optimum_prune.functional.allocation import LayerUnits, allocate_per_layer
+from optimum_prune.functional.allocation import LayerUnits, allocate_channel_blocks, allocate_per_layer
 from optimum_prune.methods.flap import FLAPConfig, FLAPPruner
 from optimum_prune.methods.numerical import NumericalPruner
 from optimum_prune.methods.structured import layer_outlier_fraction
@@ -39,6 +39,103 @@ def _pooled_allocate(attn_total: float, mlp_total: float):
         mlp = [LayerUnits(None, 0.0, 0, u.channel_scores, u.channel_cost, u.max_channels) for u in units]
         heads, _ = base(att, ratio, attn_total, mode=mode)
         _, chans = base(mlp, ratio, mlp_total, mode=mode)
+        return heads, chans
+
+    return allocate
+
+
+def _lowest(scores: torch.Tensor | None, k: int) -> list[int]:
+    if scores is None or k <= 0:
+        return []
+    return sorted(torch.sort(scores.detach().double().cpu(), stable=True).indices[:k].tolist())
+
+
+def _split_allocate(attn_mode: str, mlp_mode: str):
+    """`allocate` with the attention / MLP budget split of the global allocation at the same ratio, each part then
+    spread per layer (the global ranking within the part) or uniformly (the same number of KV groups / channels in
+    every layer, the weakest by score); the MLP takes whatever the attention part leaves of the total."""
+    base = structured_mod.allocate
+
+    def allocate(units, ratio, total_cost, mode="global", head_weight=1.0):
+        heads, chans = base(units, ratio, total_cost, mode="global")
+        attn = sum(len(h) * u.head_cost for h, u in zip(heads, units))
+        if attn_mode == "uniform":
+            live = [u for u in units if u.head_scores is not None]
+            k = round(attn / sum(u.head_cost for u in live)) if live else 0
+            heads = [_lowest(u.head_scores, min(k, u.max_head_units)) for u in units]
+            attn = sum(len(h) * u.head_cost for h, u in zip(heads, units))
+        mlp_budget = ratio * total_cost - attn
+        if mlp_mode == "uniform":
+            live = [u for u in units if u.channel_scores is not None]
+            n = round(mlp_budget / sum(u.channel_cost for u in live)) if live else 0
+            chans = [_lowest(u.channel_scores, min(n, u.max_channels)) for u in units]
+        else:
+            mlp = [LayerUnits(None, 0.0, 0, u.channel_scores, u.channel_cost, u.max_channels) for u in units]
+            _, chans = base(mlp, max(mlp_budget, 0.0) / total_cost, total_cost, mode="global")
+        return heads, chans
+
+    return allocate
+
+
+def _block_allocate(block: int):
+    """`allocate` with MLP channels removed in blocks (`allocate_channel_blocks`; attention not pruned)."""
+
+    def allocate(units, ratio, total_cost, mode="global", head_weight=1.0):
+        scores = [u.channel_scores for u in units]
+        chans = allocate_channel_blocks(scores, [u.channel_cost for u in units], ratio * total_cost, block)
+        return [[] for _ in units], chans
+
+    return allocate
+
+
+_INFLUENCE: dict[int, list[float]] = {}
+
+
+@torch.no_grad()
+def attention_influence(model, spec, ids: torch.Tensor, windows: int = 8) -> list[float]:
+    """Per layer, `1 − mean_t cos(h_t, h_t + a_t)`: how much the attention sublayer turns the residual stream (the
+    block influence of ShortGPT, on the attention alone), over the first `windows` calibration windows."""
+    key = id(model)
+    if key in _INFLUENCE:
+        return _INFLUENCE[key]
+    layers = get_layers(model, spec)
+    seen: dict[int, torch.Tensor] = {}
+    sums = [0.0] * len(layers)
+    count = 0
+
+    def before(i):
+        return lambda mod, args: seen.__setitem__(i, args[0].double())
+
+    def after(i):
+        def hook(mod, args):
+            sums[i] += float((1 - torch.nn.functional.cosine_similarity(seen[i], args[0].double(), dim=-1)).sum())
+
+        return hook
+
+    handles = [layer.input_layernorm.register_forward_pre_hook(before(i)) for i, layer in enumerate(layers)]
+    handles += [layer.post_attention_layernorm.register_forward_pre_hook(after(i)) for i, layer in enumerate(layers)]
+    try:
+        for row in ids[:windows]:
+            model(input_ids=row[None], use_cache=False)
+            count += row.numel()
+    finally:
+        for h in handles:
+            h.remove()
+    _INFLUENCE[key] = [x / count for x in sums]
+    return _INFLUENCE[key]
+
+
+def _noop_allocate(k: int, influence: list[float], block: int):
+    """`allocate` removing the attention of the `k` layers (never layer 0) whose attention turns the residual stream
+    least (`attention_influence`), and MLP channels in blocks for the rest of the budget."""
+
+    def allocate(units, ratio, total_cost, mode="global", head_weight=1.0):
+        order = sorted(range(1, len(units)), key=lambda i: influence[i])[:k]
+        heads = [list(range(u.head_scores.numel())) if i in order else [] for i, u in enumerate(units)]
+        attn = sum(u.head_cost * u.head_scores.numel() for i, u in enumerate(units) if i in order)
+        scores = [u.channel_scores for u in units]
+        costs = [u.channel_cost for u in units]
+        chans = allocate_channel_blocks(scores, costs, max(ratio * total_cost - attn, 0.0), block)
         return heads, chans
 
     return allocate
@@ -69,7 +166,7 @@ def _removed_fractions(dense, spec, model) -> list[float]:
 
 def _make_pruner(variants, name, ratio, round_to, stats):
     cls, kwargs, opts, _ = variants[name]
-    config = cls(pruning_ratio=ratio, round_to=round_to, **kwargs)
+    config = cls(**{"pruning_ratio": ratio, "round_to": round_to, **kwargs})
     pruner = (FLAPPruner if cls is FLAPConfig else NumericalPruner)(config)
     key = "moments" if cls is FLAPConfig else "gram"
 
@@ -120,6 +217,14 @@ def prune_variant(variants, dense, spec, name, ratio, round_to, stats, calib_ids
     ctx = contextlib.nullcontext()
     if opts.get("pools"):
         ctx = _patched(structured_mod, "allocate", _pooled_allocate(*pool_totals))
+    elif opts.get("split"):
+        ctx = _patched(structured_mod, "allocate", _split_allocate(*opts["split"]))
+    elif opts.get("noop_attention") is not None:
+        influence = attention_influence(dense, spec, calib_ids)
+        info["attention_influence"] = influence
+        ctx = _patched(structured_mod, "allocate", _noop_allocate(opts["noop_attention"], influence, 256))
+    elif opts.get("mlp_blocks"):
+        ctx = _patched(structured_mod, "allocate", _block_allocate(opts["mlp_blocks"]))
     elif opts.get("budgets_from"):
         other = prune_variant(
             variants, dense, spec, opts["budgets_from"], ratio, round_to, stats, calib_ids, pool_totals

@@ -35,16 +35,27 @@ def projections(shape_name: str) -> dict[str, tuple[int, int]]:
             "down_proj": (s.hidden, s.intermediate)}  # fmt: skip
 
 
-def _calls(weight: torch.Tensor, x: torch.Tensor) -> dict:
+SEARCH_OFF = (
+    "not run (--search-alg runs it): on torch 2.11 + CUDA 13 on an H200 the algorithm the search picked raised an "
+    "illegal instruction, which leaves the CUDA context unusable for the rest of the process"
+)
+
+
+def _calls(weight: torch.Tensor, x: torch.Tensor, search: bool = False) -> dict:
     """`{variant: (callable, alg_id or None)}`, each called once here; a variant this torch / GPU cannot build or run
-    (no cuSPARSELt, no CUTLASS kernel for this GPU, too few rows for the bare op) maps to its error text."""
+    (no cuSPARSELt, no CUTLASS kernel for this GPU, too few rows for the bare op) maps to its error text. The searched
+    algorithm runs only with `search` (see `SEARCH_OFF`)."""
     from torch.sparse import SparseSemiStructuredTensorCUSPARSELT, SparseSemiStructuredTensorCUTLASS
+
+    search_alg = search
 
     def cusparselt():
         w = SparseSemiStructuredTensorCUSPARSELT.from_dense(weight)
         return lambda: F.linear(x, w), None
 
     def raw(search: bool):
+        if search and not search_alg:
+            raise RuntimeError(SEARCH_OFF)
         packed, xt = torch._cslt_compress(weight), x.t()
         alg = int(torch._cslt_sparse_mm_search(packed, xt, transpose_result=True)) if search else 0
         return lambda: torch._cslt_sparse_mm(packed, xt, transpose_result=True, alg_id=alg), alg
@@ -112,9 +123,11 @@ def _kernels(fn, calls: int) -> dict:
             "kernels": top}  # fmt: skip
 
 
-def run(shapes, dtypes, tokens, profile_tokens, deadline: float) -> tuple[list[dict], list[dict], list[str]]:
+def run(
+    shapes, dtypes, tokens, profile_tokens, deadline: float, search: bool = False
+) -> tuple[list[dict], list[dict], list[str]]:
     """`(timings, profiles, skipped)`: every (shape, projection, dtype, tokens) in that order until `deadline`; kernel
-    profiles of gate_proj at `profile_tokens`."""
+    profiles of gate_proj at `profile_tokens`; `search`: also time the algorithm cuSPARSELt's search picks."""
     rows, profiles, skipped = [], [], []
     for shape in shapes:
         for proj, (out_f, in_f) in projections(shape).items():
@@ -130,7 +143,7 @@ def run(shapes, dtypes, tokens, profile_tokens, deadline: float) -> tuple[list[d
                     calls = max(2, min(20, math.ceil(2e10 / (2 * n * out_f * in_f))))  # ~30 µs of work or more
                     row = {"shape": shape, "projection": proj, "out": out_f, "in": in_f, "tokens": n,
                            "dtype": str(dtype).removeprefix("torch."), "calls": calls, "variants": {}}  # fmt: skip
-                    for name, call in _calls(w, x).items():
+                    for name, call in _calls(w, x, search).items():
                         if isinstance(call, str):
                             row["variants"][name] = {"error": call}
                             continue

@@ -38,7 +38,7 @@ VARIANTS = {"spp_bias": {"compensation_bias": True},
             "spp_cost_weighted": {"pools": "cost_weighted"},
             "spp_uniform": {"allocation": "uniform"}}  # fmt: skip
 
-_SHOWN = ("faithful_to", "lr", "lambda_", "batch_size", "nu_scale", "search_labels")
+_SHOWN = ("faithful_to", "lr", "lambda_", "batch_size", "nu_scale", "search_labels", "search_seq_len")
 
 
 def _f(x: Any, spec: str = ".2f") -> str:
@@ -131,8 +131,22 @@ def markdown(res: dict) -> str:
         f"- SPP: one search of {search.get('steps')} steps (settings "
         f"`{ {k: v for k, v in (search.get('settings') or {}).items() if k in _SHOWN} }`, ν per unit kind "
         f"{ {k: round(v, 1) for k, v in (search.get('nu') or {}).items()} }) on "
-        f"{' × '.join(map(str, search.get('calibration') or ['the calibration']))} windows of the calibration split "
-        f"in {_f(search.get('search_seconds'), '.0f')} s; units that entered the path: {search.get('entered')}; the "
+        f"{' × '.join(map(str, search.get('calibration') or ['the calibration']))} windows of the calibration split"
+        + (" (the calibration ids above, sliced otherwise)" if search.get("view_of_calibration") else "")
+        + (
+            f", cut into {' × '.join(map(str, search['windows']))} search windows"
+            if search.get("windows") and search["windows"] != search.get("calibration")
+            else ""
+        )  # fmt: skip
+        + f" in {_f(search.get('search_seconds'), '.0f')} s"
+        + (f" ({search['search_cpu_seconds']:.0f} s of CPU time)" if search.get("search_cpu_seconds") else "")
+        + (
+            f" after {search['targets_seconds']:.0f} s ({search['targets_cpu_seconds']:.0f} s of CPU time) cutting the "
+            "windows and drawing their targets"
+            if search.get("targets_seconds") is not None
+            else ""
+        )
+        + f"; units that entered the path: {search.get('entered')}; the "
         f"saved path is {_f((search.get('path_bytes') or 0) / 1e6, '.2f')} MB. Every ratio is then extracted from "
         "the saved path with `SPPConfig(pruning_ratio=r, solution_path=...)` (the refit of `o_proj` / `down_proj`, "
         "`compensate=True`, takes one calibration pass on the ids above; without it extraction needs no data). "
@@ -197,6 +211,16 @@ def markdown(res: dict) -> str:
                 lines.append(
                     f"- {ratio}" + (f", {NAMES[method]}" if method != "spp" else "") + f": {_kept(row, dense_layers)}"
                 )
+    costs = [(r, row) for r in a["ratios"] if (row := res["rows"].get(f"spp@{r}")) and "prune_norefit_s" in row]
+    if costs:
+        lines += ["", "Extracting a member from the saved path (s; the load average above): " + "; ".join(
+            f"{r}: {row['prune_s']:.1f} with the refit (its calibration pass {row['refit_s']:.1f}), "
+            f"{row['prune_norefit_s']:.2f} without" for r, row in costs) + "."]  # fmt: skip
+    kept = [(ratio, method, row["kept"]) for ratio in a["ratios"] for method in ROWS
+            if (row := res["rows"].get(f"{method}@{ratio}")) and row.get("kept") and method != "spp_random"]  # fmt: skip
+    if kept:
+        lines += ["", "Attention (q/k/v/o) / MLP parameters kept:", ""]
+        lines += [f"- {r}, {NAMES[m]}: {k['attention']:.0%} / {k['mlp']:.0%}" for r, m, k in kept]
     if res.get("speed"):
         any_speed = next(iter(res["speed"].values()))
         lines += [

@@ -11,7 +11,10 @@ and run in llama.cpp through llama-cpp-python (the `llamacpp` extra):
   strings (unicode, code, whitespace runs, special tokens) and on every held-out document scored;
 - prefill and greedy-decode tokens/s, all models of one file type interleaved round by round (medians), ratios
   against dense;
-- file sizes.
+- file sizes;
+- for `allocation="servable"` models, the `save_pretrained` folder (DeciLM format) converted by llama.cpp's *own*
+  `convert_hf_to_gguf.py` (from the llama-cpp-python sdist, `tests/llamacpp_converter.py`): whether its tensors
+  equal `export_gguf`'s bit for bit, and llama.cpp's perplexity on it.
 
 Usage (from the repository root)::
 
@@ -38,23 +41,28 @@ from typing import Any
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
+import gguf  # noqa: E402
 import harness  # noqa: E402
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from harness import REPO_ROOT  # noqa: E402
 
-from optimum_prune import NumericalConfig, export_gguf, prune_  # noqa: E402
+from optimum_prune import NumericalConfig, export_gguf, prune_, save_pruned_model  # noqa: E402
 from optimum_prune.export import gguf_layout  # noqa: E402
 
 logger = logging.getLogger("benchmarks.deploy")
 
 DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "deploy_smollm2.json"
 OUTTYPES = ("f16", "q8_0")
+ALLOCATION_NAMES = {"global": "per-layer", "servable": "servable", "uniform": "uniform"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ratios", nargs="+", type=float, default=[0.2, 0.3, 0.5])
-    p.add_argument("--allocations", nargs="+", default=["global", "uniform"], choices=["global", "uniform"])
+    p.add_argument(
+        "--allocations", nargs="+", default=["global", "uniform"], choices=["global", "servable", "uniform"]
+    )
     p.add_argument("--num-samples", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=256, help="calibration sequence length")
     harness.add_protocol_args(p)
@@ -127,6 +135,24 @@ def markdown(result: dict[str, Any]) -> str:
                 for t in p["eval_texts"]
             ]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    converted = {n: m for n, m in result["models"].items() if "converter" in m}
+    if converted:
+        texts = result.get("protocol", {}).get("eval_texts") or list(next(iter(converted.values()))["ppl_texts"])
+        lines += ["", "llama.cpp's own converter (`convert_hf_to_gguf.py`) on the `save_pretrained` folders of the "
+                  "servable models (DeciLM format), f16: perplexity transformers / llama.cpp on the converted file "
+                  "(difference).", "",
+                  "| model | converter | tensors equal export_gguf's | " + " | ".join(harness.text_label(t)
+                                                                             for t in texts) + " |",
+                  "|---|---|---|" + "---:|" * len(texts)]  # fmt: skip
+        for name, m in converted.items():
+            cells = []
+            for t in texts:
+                p = m["ppl_texts"][t]
+                cells.append(f"{p['transformers']:.3f} / {p['converter']:.3f} "
+                             f"({100 * (p['converter'] / p['transformers'] - 1):+.2f}%)")  # fmt: skip
+            equal = "yes" if m["converter_tensors_equal"] else "**no**"
+            lines.append(f"| {name} | {m['converter']}, vocabulary: {m['converter_vocab']} | {equal} | "
+                         + " | ".join(cells) + " |")  # fmt: skip
     tok = result.get("tokenization")
     if tok:
         lines += [
@@ -202,6 +228,12 @@ def main(argv=None) -> int:
                     "documents": _llamacpp.tokenization_agreement(llm, tok, docs_for_tokenization),
                 }
             del llm
+        if extra.get("allocation") == "servable":
+            llm = _llamacpp.load(_converted(name, model, entry), n_ctx=args.eval_seq_len, n_threads=args.threads,
+                                 logits_all=True)  # fmt: skip
+            for t, ids in eval_ids.items():
+                ppl[t]["converter"] = _llamacpp.perplexity(llm, ids, args.eval_seq_len)
+            del llm
         first = ppl[args.eval_texts[0]]  # the table's columns; every text in `ppl_texts`
         entry.update({f"ppl_{k}": v for k, v in first.items()}, ppl_texts=ppl)
         entry["measure_s"] = time.perf_counter() - t0
@@ -209,12 +241,35 @@ def main(argv=None) -> int:
         logger.info("%s: %s", name, entry)
         save()
 
+    def _converted(name: str, model: torch.nn.Module, entry: dict[str, Any]) -> Path:
+        """The DeciLM folder of `model` through llama.cpp's own converter (f16); records how it went in `entry`."""
+        sys.path.insert(0, str(REPO_ROOT / "tests"))
+        from llamacpp_converter import LLAMA_CPP_PYTHON, convert
+
+        folder = save_pruned_model(model, workdir / name.replace(" ", "_"), tok, overwrite=True, format="deci")
+        path = workdir / f"{name}.converter.f16.gguf"
+        try:
+            convert(folder, path, "f16")
+            entry["converter_vocab"] = "its own"
+        except RuntimeError as e:  # its DeciLM class only writes Llama-3 or SentencePiece vocabularies
+            if "Cannot find Llama BPE tokenizer" not in str(e):
+                raise
+            convert(folder, path, "f16", gpt2_vocab=True)
+            entry["converter_vocab"] = "its GPT-2 BPE step (its DeciLM one stops on this tokenizer)"
+        ours = {t.name: t.data for t in gguf.GGUFReader(files["f16"][name]).tensors}
+        theirs = {t.name: t.data for t in gguf.GGUFReader(path).tensors}
+        entry["converter"] = f"llama-cpp-python {LLAMA_CPP_PYTHON} sdist, convert_hf_to_gguf.py"
+        entry["converter_tensors_equal"] = ours.keys() == theirs.keys() and all(
+            np.array_equal(ours[k], theirs[k]) for k in ours
+        )
+        return path
+
     measure("dense", dense, {})
     # every NP run shares one calibration pass (they differ only after it)
     with contextlib.nullcontext(harness.CalibrationStatsCache()) as cache:
         for ratio in args.ratios:
             for allocation in args.allocations:
-                name = f"NP {int(round(ratio * 100))}% {'per-layer' if allocation == 'global' else 'uniform'}"
+                name = f"NP {int(round(ratio * 100))}% {ALLOCATION_NAMES[allocation]}"
                 model = copy.deepcopy(dense)
                 report = prune_(
                     model, NumericalConfig(pruning_ratio=ratio, allocation=allocation), calib_ids, stats_cache=cache

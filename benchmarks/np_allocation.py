@@ -164,6 +164,79 @@ VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
     "np_loss_std_owl": (_NP, {**_LOSS, **_OWL}, {}, "NP, loss ranking, std, OWL"),
     "np_loss_std_bias_owl": (_NP, {**_LOSS, **_OWL, **_BIAS}, {}, "NP, loss ranking, std, bias refit, OWL"),
 }
+# Where the per-layer gain lives (library defaults of each method; the split variants give attention and the MLP the
+# budget split of the global allocation at that ratio, each part per layer or uniform) and the shapes the DeciLM
+# format can hold (attention kept whole, MLP widths in blocks of 256, no bias).
+_NOBIAS = {NumericalConfig: {"compensation_bias": False}, FLAPConfig: {"bias_compensation": False}}
+for _m, _cls, _name in (("np", NumericalConfig, "NP"), ("flap", FLAPConfig, "FLAP")):
+    VARIANTS.update(
+        {
+            f"{_m}_default": (_cls, {}, {}, f"{_name} default: per-layer attention and MLP"),
+            f"{_m}_uniform": (_cls, {"allocation": "uniform"}, {}, f"{_name}, allocation='uniform'"),
+            f"{_m}_servable": (_cls, {"allocation": "servable"}, {}, f"{_name}, allocation='servable'"),
+            f"{_m}_split_pu": (
+                _cls,
+                {},
+                {"split": ("per-layer", "uniform")},
+                f"{_name}: per-layer attention, uniform MLP",
+            ),
+            f"{_m}_split_up": (
+                _cls,
+                {},
+                {"split": ("uniform", "per-layer")},
+                f"{_name}: uniform attention, per-layer MLP",
+            ),
+            f"{_m}_split_uu": (
+                _cls,
+                {},
+                {"split": ("uniform", "uniform")},
+                f"{_name}: uniform attention and MLP (global split)",
+            ),
+            f"{_m}_nobias": (_cls, _NOBIAS[_cls], {}, f"{_name}, no bias: per-layer attention and MLP"),
+            f"{_m}_nobias_mlp": (
+                _cls,
+                {**_NOBIAS[_cls], "prune_attention": False},
+                {},
+                f"{_name}, no bias: attention kept, per-layer MLP",
+            ),
+            f"{_m}_nobias_mlp256": (
+                _cls,
+                {**_NOBIAS[_cls], "prune_attention": False},
+                {"mlp_blocks": 256},
+                f"{_name}, no bias: attention kept, per-layer MLP in blocks of 256",
+            ),
+        }
+    )
+VARIANTS.update(
+    {
+        "np_servable_s1": (
+            _NP,
+            {"allocation": "servable", "compensation_strength": 1.0},
+            {},
+            "NP, allocation='servable', full refit",
+        ),
+        "np_servable_s0.5": (
+            _NP,
+            {"allocation": "servable", "compensation_strength": 0.5},
+            {},
+            "NP, allocation='servable', refit at strength 0.5",
+        ),
+        "np_servable_num": (
+            _NP,
+            {"allocation": "servable", "scores": "numerical"},
+            {},
+            "NP, allocation='servable', numerical scores",
+        ),
+    }
+)
+for _m, _cls, _name in (("np", NumericalConfig, "NP"), ("flap", FLAPConfig, "FLAP")):
+    for _k in (1, 2, 4, 8):
+        VARIANTS[f"{_m}_nobias_noop{_k}"] = (
+            _cls,
+            _NOBIAS[_cls],
+            {"noop_attention": _k},
+            f"{_name}, no bias: attention removed in the {_k} layers it changes least, MLP in blocks of 256",
+        )
 SCREEN = ["flap", "np_prev", "np_unit", "np_unit_bias", "np_unit_pools", "np_unit_owl", "np_unit_flapbudget"]
 
 

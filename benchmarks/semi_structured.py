@@ -233,6 +233,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--backends", nargs="+", choices=sorted(BACKENDS), default=["cusparselt", "cutlass"])
     p.add_argument("--prefill", nargs="+", default=["512x1", "512x16", "2048x16"], help="TOKENSxBATCH")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument(
+        "--search-alg",
+        action="store_true",
+        help="also time the algorithm torch._cslt_sparse_mm_search picks (crashed the CUDA context on torch 2.11)",
+    )
     p.add_argument("--budget-s", type=float, default=160, help="start no workload after this many seconds")
     p.add_argument("--output", type=Path, default=None, help="results JSON (default: semi_structured_profile_<gpu>)")
     p.add_argument("--output-dir", type=Path, default=RESULTS_DIR, help="folder of the default results file")
@@ -271,7 +276,12 @@ def main(argv: list[str] | None = None) -> int:
         if "layers" in args.parts:  # at most LAYERS_SHARE of the budget when models follow
             share = LAYERS_SHARE if "models" in args.parts else 1.0
             rows, profiles, skipped = layers.run(
-                args.shape, args.dtypes, args.tokens, args.profile_tokens, start + share * args.budget_s
+                args.shape,
+                args.dtypes,
+                args.tokens,
+                args.profile_tokens,
+                start + share * args.budget_s,
+                search=args.search_alg,
             )
             result.update(layers=rows, kernels=profiles)
             result["skipped"] += skipped

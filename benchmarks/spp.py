@@ -77,6 +77,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--search-steps", type=int, default=None, help="SPP search steps (default: SPPConfig's)")
     p.add_argument("--search-samples", type=int, default=256, help="calibration windows SPP's search trains on")
     p.add_argument("--search-seq-len", type=int, default=128, help="their length in tokens")
+    p.add_argument(
+        "--search-view",
+        action="store_true",
+        help="the search trains on the calibration ids above (--num-samples x --calib-seq-len) reshaped to "
+        "--search-seq-len tokens (the same tokens, sliced otherwise) instead of windows of their own",
+    )
+    p.add_argument("--search-window", default=None,
+                   help="SPPConfig.search_seq_len (`none`: the windows as given; default: SPPConfig's)")  # fmt: skip
     p.add_argument("--search-batch-size", type=int, default=None, help="default: SPPConfig's")
     p.add_argument("--search-lr", type=float, default=None, help="default: SPPConfig's")
     p.add_argument("--search-lambda", type=float, default=None, help="default: SPPConfig's")
@@ -130,7 +138,10 @@ def search_settings(args) -> dict:
     names = {"steps": args.search_steps, "lr": args.search_lr, "lambda_": args.search_lambda,
              "batch_size": args.search_batch_size, "nu_scale": args.search_nu_scale,
              "search_labels": args.search_labels}  # fmt: skip
-    return {k: v for k, v in names.items() if v is not None}
+    out = {k: v for k, v in names.items() if v is not None}
+    if args.search_window is not None:
+        out["search_seq_len"] = None if args.search_window == "none" else int(args.search_window)
+    return out
 
 
 def spp_config(args, ratio: float = 0.2, **kw) -> SPPConfig:
@@ -141,6 +152,21 @@ def spp_shape(args) -> dict:
     """The SPP shape options given on the command line (tiny models need `round_to=1`, `head_dim_multiple=1`)."""
     shape = {"round_to": args.spp_round_to, "head_dim_multiple": args.head_dim_multiple}
     return {k: v for k, v in shape.items() if v is not None}
+
+
+def kept_fractions(model, dense) -> dict[str, float]:
+    """The fractions of the dense model's attention (q/k/v/o) and MLP parameters that `model` keeps."""
+
+    def count(m) -> dict[str, int]:
+        c = {"attention": 0, "mlp": 0}
+        for name, p in m.named_parameters():
+            kind = "attention" if ".self_attn." in name else "mlp" if ".mlp." in name else None
+            if kind is not None:
+                c[kind] += p.numel()
+        return c
+
+    have, full = count(model), count(dense)
+    return {k: round(have[k] / full[k], 4) for k in full if full[k]}
 
 
 def evaluate(model, tokenizer, protocol: harness.Protocol, args) -> dict[str, Any]:
@@ -204,7 +230,9 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
     res["search"] = {**path.summary(), "loss_history": path.meta.get("loss_history"),
                      "support": {k: v.tolist() for k, v in path.support.items()},
                      "path_bytes": sum(f.stat().st_size for f in path_dir.iterdir()), "settings": path.meta["search"],
-                     "nu": path.meta.get("nu"), "calibration": [args.search_samples, args.search_seq_len]}  # fmt: skip
+                     "nu": path.meta.get("nu"), "calibration": list(search_calib.shape),
+                     "windows": path.meta.get("windows"), "view_of_calibration": args.search_view,
+                     **{k: path.meta.get(k) for k in ("targets_seconds", "targets_cpu_seconds")}}  # fmt: skip
     if "spearman_mlp" not in res["search"]:
         res["search"]["spearman_mlp"] = path_vs_magnitude(path, dense, calib)
     write(res, out)
@@ -238,9 +266,16 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
                 needs = method.startswith("np") or method == "flap" or config.compensate
                 report = prune_(model, config, calib if needs else None, stats_cache=cache)
                 row = {"method": method, "ratio": ratio, "measured": report.measured, "params": report.params_after,
-                       "prune_s": report.timings["total_s"], "config": report.config}  # fmt: skip
+                       "prune_s": report.timings["total_s"], "config": report.config,
+                       "kept": kept_fractions(model, dense)}  # fmt: skip
                 if method.startswith("spp"):
                     row["extract_s"] = report.info["extract_s"] + report.info.get("compensate_s", 0.0)
+                    row["refit_s"] = report.info.get("compensate_s")
+                    if method == "spp" and config.compensate:  # what the same member costs without the refit
+                        bare = copy.deepcopy(dense)
+                        cut = spp_config(args, ratio, solution_path=str(path_dir), compensate=False)
+                        row["prune_norefit_s"] = prune_(bare, cut).timings["total_s"]
+                        del bare
                     row["layers"] = [(x.get("qk_head_dim", x["head_dim"]), x.get("vo_head_dim", x["head_dim"]),
                                       x["intermediate_size"]) for x in report.layers]  # fmt: skip
                 row["pruned"] = evaluate(model, tokenizer, data, args)
@@ -399,7 +434,10 @@ def main(argv: list[str] | None = None) -> dict:
     PROTOCOL = protocol = harness.Protocol.from_args(args)
     train_docs = protocol.documents("bbc", "calibration")
     calib = protocol.calibration_ids(tokenizer, args.num_samples, args.calib_seq_len)
-    search_calib = protocol.calibration_ids(tokenizer, args.search_samples, args.search_seq_len)
+    if args.search_view:
+        search_calib = calib.reshape(-1, args.search_seq_len)
+    else:
+        search_calib = protocol.calibration_ids(tokenizer, args.search_samples, args.search_seq_len)
     data = protocol
     if "quality" in args.phases:
         phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work, out)

@@ -219,7 +219,7 @@ def _layer_biases(run: dict[str, Any], dense_cfg: Any, i: int) -> list[str]:
     if "biases" in shapes:
         return shapes["biases"][i]
     cfg = run["config"]
-    if cfg["method"] != "flap" or not cfg.get("bias_compensation", True):
+    if cfg["method"] != "flap" or cfg.get("bias_compensation", True) is False:
         return []
     out = []
     if shapes["num_attention_heads"][i] < dense_cfg.num_attention_heads:

@@ -131,6 +131,44 @@ def structured_speed(root: Path) -> str:
     )
 
 
+def gpu_speed(root: Path) -> str:
+    """Speedup over dense of each allocation at Llama-3.1-8B shapes on a GPU, CUDA graphs, as a share of its ideal
+    (FLOP ratio for prefill, bytes ratio for decode; `structured_gpu_large_H200.json`)."""
+    res = _load(root, "structured_gpu_large_H200")
+    groups = [g for g in res["groups"] if g["shape"] == "llama-3.1-8b" and "widths rounded" not in g["title"]]
+    if not groups:
+        raise PlotError("plot: structured_gpu_large_H200.json has no llama-3.1-8b allocation group.")
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.4 * len(groups), 3.2), sharey=True, squeeze=False)
+    for ax, group in zip(axes[0], groups):
+        scenarios = [sc for sc in group["scenarios"] if sc.get("mode") == "graph" and "models" in sc]
+        labels = [m for m in group["models"] if m != "dense"]
+        width = 0.8 / max(len(labels), 1)
+        for k, label in enumerate(labels):
+            cells = [sc["models"].get(label, {}) for sc in scenarios]
+            ys = [c["speedup_spread"]["median"] if c.get("speedup_spread") else float("nan") for c in cells]
+            ideal = [c.get("ideal", float("nan")) for c in cells]
+            xs = [j + k * width for j in range(len(scenarios))]
+            ax.bar(xs, ys, width, label=label.rsplit(" ", 1)[0], color=f"C{k}")
+            ax.scatter(xs, ideal, marker="_", s=120, color="k", zorder=3, label="ideal" if k == 0 else None)
+        names = [
+            f"prefill\n{sc['tokens']}×{sc['batch']}" if sc["kind"] == "prefill" else f"decode\nbatch {sc['batch']}"
+            for sc in scenarios
+        ]
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(scenarios))], names, fontsize=7)
+        ax.axhline(1.0, color="k", lw=0.6)
+        ax.set_title(group["title"].split(" (")[0])
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][0].set_ylabel("speedup over dense")
+    axes[0][0].legend(frameon=False, fontsize=7)
+    return _svg(
+        fig,
+        f"Speedup over dense of random-weight models in Llama-3.1-8B's shapes on an {res['device']}, bf16, replayed "
+        "CUDA graphs: median of interleaved rounds; black ticks: the ideal (FLOP ratio for prefill, bytes ratio for a "
+        "decode step). NP: NP's per-layer shapes; servable: every attention head kept, MLP widths in blocks of 256 "
+        "(<code>structured_gpu_large_H200</code>).",
+    )
+
+
 def unstructured_quality(root: Path) -> str:
     """Perplexity of each unstructured / N:M method at 50% and 2:4, per text (`unstructured_smollm2_protocol.json`)."""
     res = _load(root, "unstructured_smollm2_protocol")
@@ -193,6 +231,7 @@ PLOTS: dict[str, Callable[[Path], str]] = {
     "structured_speed": structured_speed,
     "unstructured_quality": unstructured_quality,
     "vision_accuracy": vision_accuracy,
+    "gpu_speed": gpu_speed,
 }
 
 

@@ -14,6 +14,7 @@ from torch import nn
 from .constants import PRUNED_MODEL_TYPE_PREFIX, PRUNING_CONFIG_NAME
 from .modeling.architectures import spec_for_config
 from .modeling.auto_classes import auto_class_for_config
+from .modeling.decilm import DECI_MODEL_TYPE
 
 __all__ = ["model_card", "REPO_ID"]
 
@@ -110,6 +111,12 @@ def _finetune_section(finetune: list[dict]) -> list[str]:
     return [*lines, ""]
 
 
+def _architecture_note(config, stock: bool) -> str:
+    if config.model_type == DECI_MODEL_TYPE:
+        return " (DeciLM `block_configs`: per-layer shapes that vLLM, SGLang, TensorRT-LLM, MLX and llama.cpp read)"
+    return "" if stock else f" (per-layer shapes; `{PRUNED_MODEL_TYPE_PREFIX}*` needs `pip install optimum-prune`)"
+
+
 def model_card(
     model: nn.Module,
     side_car: dict,
@@ -172,8 +179,7 @@ def model_card(
         f"[optimum-prune](https://github.com/huggingface/optimum) {side_car.get('optimum_prune_version', '')}.",
         "",
         f"- Parameters: {_fmt_params(first.get('params_before'))} before, {_fmt_params(last.get('params_after'))} after",
-        f"- Architecture: `{config.model_type}`"
-        + ("" if stock else f" (per-layer shapes; `{PRUNED_MODEL_TYPE_PREFIX}*` needs `pip install optimum-prune`)"),
+        f"- Architecture: `{config.model_type}`" + _architecture_note(config, stock),
         *_experts_line(model, side_car.get("layers") or []),
         f"- Full record: `{PRUNING_CONFIG_NAME}`",
         "",
@@ -188,7 +194,20 @@ def model_card(
         body += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in evaluation.items()]
         body.append("")
     body += ["## How to load", "", "```python", loader, "```", ""]
-    if not stock:
+    if config.model_type == DECI_MODEL_TYPE:
+        body += [
+            "Serving engines read the DeciLM `block_configs` with their own model code; the configuration code "
+            "`auto_map` names ships in this folder (hence `--trust-remote-code`):",
+            "",
+            "```bash",
+            f"vllm serve {where} --trust-remote-code",
+            f"python -m sglang.launch_server --model-path {where} --trust-remote-code",
+            f"mlx_lm.generate --model {where} --prompt 'Hello'",
+            f"python convert_hf_to_gguf.py {where} --outfile model.gguf  # llama.cpp's converter",
+            "```",
+            "",
+        ]
+    elif not stock:
         body += ["Stock `transformers` cannot build this checkpoint (its layers differ in shape): it fails loudly "
                  "instead of loading wrong weights.", ""]  # fmt: skip
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body))

@@ -182,7 +182,11 @@ class StructuredPruningConfig(PruningConfig):
         pruning_ratio (`float`, defaults to `0.2`): fraction of the attention + MLP parameters to remove, in [0, 1).
             The report gives the measured value.
         allocation (`str`, defaults to `"global"`): `"global"` ranks every unit of every layer together (per-layer
-            shapes then differ); `"uniform"` removes the same fraction from every layer (the checkpoint then loads
+            shapes then differ); `"servable"` keeps the shapes serving engines load in the DeciLM format
+            (`save_pretrained` writes it; vLLM, SGLang, TensorRT-LLM, MLX, llama.cpp; llama / mistral models):
+            every layer keeps all its attention heads, MLP channels go in blocks of 256 ranked over all layers (a
+            kept width is a multiple of `round_to` and of 256), and no bias is added; `"uniform"` removes the same
+            fraction from every layer (the checkpoint then loads
             with stock `transformers` and engines such as vLLM); `"owl"` gives each layer its own budget from its
             activation outliers (OWL, Yin et al., ICML 2024: the share of its weights whose `|W_ij|·‖X_j‖` exceeds
             `owl_threshold` × the layer's mean, rescaled to ±`owl_lambda` around the ratio; outlier-rich layers lose
@@ -218,7 +222,7 @@ class StructuredPruningConfig(PruningConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         validate_ratio("pruning_ratio", self.pruning_ratio)
-        _choice("allocation", self.allocation, ("global", "uniform", "owl"))
+        _choice("allocation", self.allocation, ("global", "servable", "uniform", "owl"))
         if not self.owl_threshold > 0 or not 0 <= self.owl_lambda < 0.5:
             raise ValueError(
                 f"`owl_threshold` must be > 0 and `owl_lambda` in [0, 0.5), got {self.owl_threshold}, {self.owl_lambda}."

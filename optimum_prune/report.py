@@ -18,7 +18,7 @@ from torch import nn
 
 from .constants import HISTORY_ATTR
 from .modeling.access import read_target
-from .modeling.architectures import ArchitectureSpec, Target, get_layers, layer_view, weight_oi
+from .modeling.architectures import ArchitectureSpec, Target, get_layers, layer_view, present_linear_paths, weight_oi
 from .version import __version__
 
 __all__ = [
@@ -54,7 +54,7 @@ def zero_or_removed(spec: ArchitectureSpec, prunable_before: int, blocks: Blocks
     """Fraction of the original attention + MLP parameters that are now removed or exactly zero."""
     nonzero = 0
     for _, layer in blocks:
-        for path in spec.linear_paths:
+        for path in present_linear_paths(layer, spec):
             nonzero += sum(int((p != 0).sum()) for p in layer.get_submodule(path).parameters(recurse=False))
     return 1 - nonzero / max(prunable_before, 1)
 
@@ -83,7 +83,7 @@ def linear_sparsity(model: nn.Module, spec: ArchitectureSpec) -> dict[str, float
     """Fraction of exact zeros in every prunable projection, keyed `layers.<i>.<path>`."""
     out = {}
     for i, layer in enumerate(get_layers(model, spec)):
-        for p in spec.linear_paths:
+        for p in present_linear_paths(layer, spec):
             w = weight_oi(layer.get_submodule(p))
             out[f"layers.{i}.{p}"] = float((w == 0).sum()) / max(w.numel(), 1)
     return out

@@ -2,11 +2,15 @@
 
 - Uniform per-layer shapes (and biases a stock config can express): config.json is rewritten (explicit `head_dim`,
   head counts, intermediate size, bias flags) so plain `transformers.AutoModelForCausalLM` loads it.
+- Per-layer shapes the DeciLM format holds (`modeling.decilm`: attention kept whole or removed per layer, MLP widths
+  in multiples of 256, no bias, llama / mistral bases): `model_type = "nemotron-nas"` with `block_configs`, plus the
+  configuration code its `auto_map` names, so vLLM, SGLang, TensorRT-LLM, MLX and llama.cpp's converter load it.
 - Otherwise (also whenever head dimensions were pruned: q/k and v/o widths, kept rotary pairs and the softmax scale
   are per-layer fields no stock config has): `model_type = "optimum_pruned_<base>"` with the per-layer shapes in
   `pruned_layers`; the classes in
   `modeling.auto_classes` rebuild the skeleton and load it exactly (plain `AutoModelForCausalLM` too, once
   `optimum_prune` is imported).
+`load_pruned_model` reads all three back exactly.
 Writes go to a temporary directory next to the target, renamed into place at the end (or, for an existing empty
 target directory, inside it, then moved up into it): a failure never leaves a half-written or corrupted directory.
 Never pickles.
@@ -40,6 +44,8 @@ from .modeling.auto_classes import (
     pruned_classes,
     register_pruned_architectures,
 )
+from .modeling.decilm import DECI_MODEL_TYPE, DeciLMConfig, deci_config, deci_problems
+from .modeling.decilm import write_config_code as write_deci_code
 from .modeling.shapes import layer_table
 from .runtime.sharded import save_streamed_
 from .runtime.streaming import get_store
@@ -52,6 +58,7 @@ __all__ = ["save_pruned_model", "load_pruned_model", "export_config", "strip_ggu
 logger = logging.getLogger(__name__)
 
 _BIAS_FLAGS = ("attention_bias", "mlp_bias")
+FORMATS = ("auto", "deci")
 _LOADERS = {  # the optimum_prune loader of each task
     "causal-lm": "AutoPrunedModelForCausalLM",
     "image-classification": "AutoPrunedModelForImageClassification",
@@ -131,13 +138,21 @@ def _uniform_row(shapes: list[dict]) -> dict | None:
     return first if all(s == first for s in shapes) else None
 
 
-def export_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> tuple[Any, dict[str, torch.Tensor]]:
+def export_config(
+    model: nn.Module, spec: ArchitectureSpec | None = None, format: str = "auto"
+) -> tuple[Any, dict[str, torch.Tensor]]:
     """The config to save, and zero tensors to add to the state dict (biases a stock config flag requires).
 
-    Returns a stock config when a stock model of that config has exactly the pruned model's tensors; else the
-    `optimum_pruned_<base>` config carrying `pruned_layers`.
+    With `format="auto"`: a stock config when a stock model of that config has exactly the pruned model's tensors;
+    else the DeciLM config (`model_type="nemotron-nas"`) when the DeciLM format holds the per-layer shapes; else the
+    `optimum_pruned_<base>` config carrying `pruned_layers`. With `format="deci"`: the DeciLM config, or a
+    `ValueError` naming what it cannot hold.
     """
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}.")
     spec = spec or get_spec(model)
+    if format == "deci":
+        return deci_config(model, spec), {}
     shapes = layer_table(model, spec)
     base_type = _base_type(model.config.model_type)
     data = model.config.to_dict()
@@ -175,6 +190,8 @@ def export_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> tup
                 }
                 config.architectures = [model_cls.__name__]
                 return config, zeros
+    if spec.modality == "text" and not deci_problems(model, spec):
+        return deci_config(model, spec), {}
     config_cls, model_cls = pruned_classes(base_type, model_task(model))
     config = config_cls.from_dict({**data, "model_type": config_cls.model_type, "pruned_layers": shapes})
     config.architectures = [model_cls.__name__]
@@ -192,6 +209,7 @@ def save_pruned_model(
     overwrite: bool = False,
     max_shard_size: str | int = "5GB",
     model_card: bool | dict = True,
+    format: str = "auto",
 ) -> Path:
     """Save a (pruned) model as a stock safetensors checkpoint plus `pruning_config.json`, atomically.
 
@@ -204,6 +222,10 @@ def save_pruned_model(
         max_shard_size (`str | int`): passed to `save_pretrained`.
         model_card (`bool | dict`, defaults to `True`): write `README.md` (a `huggingface_hub.ModelCard`); a dict
             adds card fields (`base_model`, `license`, `evaluation`, ...; see `optimum_prune.card.model_card`).
+        format (`str`, defaults to `"auto"`): `"auto"` writes the most widely loadable form of the shapes: a stock
+            config (every layer alike), else the DeciLM format (`model_type="nemotron-nas"`, which vLLM, SGLang,
+            TensorRT-LLM, MLX and llama.cpp's converter load), else optimum-prune's per-layer format. `"deci"`
+            requires the DeciLM format and refuses, before writing anything, a model it cannot hold.
 
     A `PeftModel` (LoRA trained with `merge=False`) is saved as its pruned base plus a standard PEFT adapter in
     `adapter/`.
@@ -217,10 +239,11 @@ def save_pruned_model(
     if not is_main_process():
         logger.debug("rank %d: rank 0 saves %s", rank(), target)
         return target
-    return _save_checked(model, target, tokenizer, overwrite, max_shard_size, model_card)
+    return _save_checked(model, target, tokenizer, overwrite, max_shard_size, model_card, format)
 
 
-def _save_checked(model, target: Path, tokenizer, overwrite, max_shard_size, model_card) -> Path:
+def _save_checked(model, target: Path, tokenizer, overwrite, max_shard_size, model_card, format) -> Path:
+    export = export_config(model, format=format)  # refuses before anything is written
     where = check_target(target, overwrite)
     with contextlib.ExitStack() as stack:
         peft_model, adapter = None, None
@@ -229,12 +252,12 @@ def _save_checked(model, target: Path, tokenizer, overwrite, max_shard_size, mod
             adapter = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=".adapter.", dir=where)))
             peft_model.save_pretrained(adapter)  # with the LoRA layers in place
             model = stack.enter_context(lora_removed(peft_model))
-        return _save(model, target, where, tokenizer, max_shard_size, model_card, peft_model, adapter)
+        return _save(model, target, where, tokenizer, max_shard_size, model_card, peft_model, adapter, export)
 
 
-def _save(model, target, where, tokenizer, max_shard_size, model_card, peft_model, adapter) -> Path:
+def _save(model, target, where, tokenizer, max_shard_size, model_card, peft_model, adapter, export) -> Path:
     spec = get_spec(model)
-    config, extra = export_config(model, spec)
+    config, extra = export
     tmp = make_scratch_dir(where, f".{target.name}", ".tmp")  # a killed save's is removed by the next one
     try:
         if get_store(model) is not None:  # low-memory model: its blocks are on disk, written shard by shard
@@ -247,14 +270,20 @@ def _save(model, target, where, tokenizer, max_shard_size, model_card, peft_mode
                 model.save_pretrained(tmp, state_dict=state, max_shard_size=max_shard_size)
             finally:
                 model.hf_quantizer = quantizer
-        config.save_pretrained(tmp)  # replaces config.json with the exported config
+        if isinstance(config, DeciLMConfig):  # every key written (readers default missing ones differently)
+            config.to_json_file(tmp / "config.json", use_diff=False)
+            write_deci_code(tmp)
+        else:
+            config.save_pretrained(tmp)  # replaces config.json with the exported config
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         side_car = {
             "format_version": FORMAT_VERSION,
             "optimum_prune_version": __version__,
             "transformers_version": transformers.__version__,
-            "loadable_with_stock_transformers": not config.model_type.startswith(PRUNED_MODEL_TYPE_PREFIX),
+            "loadable_with_stock_transformers": config.model_type != DECI_MODEL_TYPE
+            and not config.model_type.startswith(PRUNED_MODEL_TYPE_PREFIX),
+            "format": _format_name(config),
             "layers": layer_table(model, spec),
             "history": getattr(model, HISTORY_ATTR, []),
         }
@@ -274,12 +303,14 @@ def _save(model, target, where, tokenizer, max_shard_size, model_card, peft_mode
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    logger.info(
-        "Saved %s to %s",
-        "stock checkpoint" if side_car["loadable_with_stock_transformers"] else "pruned checkpoint",
-        target,
-    )
+    logger.info("Saved %s checkpoint to %s", side_car["format"], target)
     return target
+
+
+def _format_name(config) -> str:
+    if config.model_type == DECI_MODEL_TYPE:
+        return "DeciLM (nemotron-nas)"
+    return "optimum-prune per-layer" if config.model_type.startswith(PRUNED_MODEL_TYPE_PREFIX) else "stock"
 
 
 def load_pruned_model(path: str | os.PathLike, task: str | None = None, **kwargs: Any) -> nn.Module:

@@ -315,17 +315,22 @@ def test_spp(tiny_dir, tmp_path):
     result = _run("spp", argv, tmp_path / "spp.json")
     _check_protocol(result)
     assert result["rows"]["spp_bias_s0.5@0.3"]["config"]["compensation_strength"] == 0.5
+    assert {"prune_norefit_s", "refit_s", "kept"} <= set(result["rows"]["spp@0.3"])  # extraction cost, widths
     assert set(result["rows"]) == {"spp@0.3", "np@0.3", "flap@0.3", "spp_random@0.3", "spp_bias_s0.5@0.3"} | (
         {"spp_norefit@0.3"} if SPPConfig().compensate else {"spp_refit@0.3"}
     )
     assert all(set(r["lora"]) >= {"bbc", "python", "kjv"} for r in result["rows"].values())
     assert set(result["unstructured"]) == {"spp_ria", "ria", "wanda"}
     assert "random@0.3" in result["ablation"] and "0.3" in result["speed"]
-    # a screen of a search setting: its own path, only the SPP row
+    # a screen of a search setting: its own path, only the SPP row; searched on the calibration ids (2 x 32) cut into
+    # windows of 16 tokens
     screen = _run("spp", [*base, "--workdir", str(tmp_path / "nu"), "--phases", "quality", "--rows", "spp",
-                          "--search-nu-scale", "2", "--search-labels", "dense"], tmp_path / "nu.json")  # fmt: skip
+                          "--search-nu-scale", "2", "--search-labels", "dense", "--search-view", "--search-window",
+                          "16"], tmp_path / "nu.json")  # fmt: skip
     assert set(screen["rows"]) == {"spp@0.3"} and screen["search"]["settings"]["nu_scale"] == 2.0
     assert screen["search"]["settings"]["search_labels"] == "dense"
+    assert screen["search"]["windows"] == [4, 16] and screen["search"]["calibration"] == [2, 32]
+    assert set(screen["rows"]["spp@0.3"]["kept"]) == {"attention", "mlp"}
 
 
 def test_unstructured(tiny_dir, tmp_path):

@@ -289,3 +289,21 @@ def test_spp_search_then_extract_without_calibration(model_dir, calib_file, tmp_
         AutoPrunedModelForCausalLM.from_pretrained(tmp_path / ratio)
     assert main(["search", str(model_dir), *_calib_args(calib_file), "--set", "lr=-1", "-o", str(tmp_path / "x")]) == 2
     assert "lr" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_prune_servable_writes_the_deci_format(model_dir, smollm2_tokenizer, calib_file, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    argv = ["prune", str(model_dir), "--method", "numerical", "--allocation", "servable", *_calib_args(calib_file)]
+    assert main([*argv, "--output", str(tmp_path / "never")]) == 2  # 128 MLP channels: not a multiple of 256
+    err = capsys.readouterr().err
+    assert "multiple of 256" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "never").exists()
+    wide = tmp_path / "wide"
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model.config.intermediate_size = 512
+    AutoModelForCausalLM.from_config(model.config).save_pretrained(wide)
+    smollm2_tokenizer.save_pretrained(wide)
+    argv[1] = str(wide)
+    assert main([*argv, "--ratio", "0.3", "--format", "deci", "--output", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "nemotron-nas"

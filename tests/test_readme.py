@@ -155,7 +155,7 @@ def test_inline_code_names_exist_and_calls_construct():
     configs += [optimum_prune.FinetuneConfig, optimum_prune.CalibrationConfig]
     api = {
         p
-        for f in (AutoPruner.from_pretrained, AutoPruner.save_pretrained, optimum_prune.prune_)
+        for f in (AutoPruner.from_pretrained, optimum_prune.save_pruned_model, optimum_prune.prune_)
         for p in inspect.signature(f).parameters
     }
     for page, span in spans:  # e.g. `standardize_per_layer=True`, `solver="newton", lambda_=10`

@@ -105,7 +105,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         pruner = AutoPruner(model, tokenizer)
     run = {k: getattr(args, k) for k in ("checkpoint_dir", "device", "activation_memory") if getattr(args, k)}
     report = pruner.prune(config, calibration=calibration, **run)
-    saved = pruner.save_pretrained(out, overwrite=args.overwrite)
+    saved = pruner.save_pretrained(out, overwrite=args.overwrite, format=args.format)
     if distributed and not is_main_process():
         return 0  # rank 0 writes the report and prints the summary
     if args.report:
@@ -132,7 +132,7 @@ def add_prune_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--ratio", type=float, help="pruning_ratio (structured), sparsity (unstructured / N:M pattern) or "
                    "expert_ratio (experts)")  # fmt: skip
-    p.add_argument("--allocation", choices=["global", "uniform"])
+    p.add_argument("--allocation", choices=["global", "servable", "uniform", "owl"])
     p.add_argument("--gqa-mode", dest="gqa_mode", choices=["auto", "group", "query"])
     p.add_argument("--round-to", dest="round_to", type=int)
     p.add_argument("--pattern", help="unstructured / N:M methods: 'unstructured' or e.g. '2:4'")
@@ -148,6 +148,13 @@ def add_prune_arguments(p: argparse.ArgumentParser) -> None:
     _split_args(p, "calibrate on the rest")
     p.add_argument("--output", "-o", required=True, help="output directory")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    p.add_argument(
+        "--format",
+        choices=["auto", "deci"],
+        default="auto",
+        help="auto: stock config if every layer is alike, else the DeciLM format (vLLM, SGLang, TensorRT-LLM, MLX, "
+        "llama.cpp) where it holds the shapes, else optimum-prune's own; deci: the DeciLM format or an error",
+    )
     p.add_argument("--report", help="write the full PruningReport JSON here")
     scale = p.add_argument_group(
         "large models (also under `torchrun` / `accelerate launch`: data-parallel calibration)"

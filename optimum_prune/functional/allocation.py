@@ -12,7 +12,9 @@ import torch
 __all__ = [
     "LayerUnits",
     "allocate",
+    "allocate_channel_blocks",
     "allocate_per_layer",
+    "allocate_servable",
     "literal_head_weight",
     "outlier_fraction",
     "owl_layer_ratios",
@@ -188,3 +190,79 @@ def round_kept_channels(scores: torch.Tensor, removed: list[int], multiple: int,
     target_kept = min(total, max(target_kept, total - max_remove))
     order = torch.sort(scores.detach().double().cpu(), stable=True).indices
     return sorted(order[: total - target_kept].tolist())
+
+
+def allocate_channel_blocks(
+    scores: list[torch.Tensor | None], costs: list[float], budget: float, block: int
+) -> list[list[int]]:
+    """MLP channels removed in whole blocks, so that every layer keeps a positive multiple of `block` channels.
+
+    Each layer's channels are sorted by score; its removable blocks are, in that order, the `I mod block` weakest
+    channels (so the rest is a multiple of `block`) and then successive `block`s, never the last one. Blocks of every
+    layer are ranked together by the mean score of their channels (cost-weighted like `allocate`'s global mode:
+    walk them in ascending order, stop where the removed cost is closest to `budget`).
+
+    Args:
+        scores (`list[torch.Tensor | None]`): per layer, `(I,)` channel scores (lower = removed first), or `None`
+            for a layer whose MLP is not pruned.
+        costs (`list[float]`): per layer, the parameters one channel removes.
+        budget (`float`): parameters to remove.
+        block (`int`): the multiple every kept width must be.
+
+    Returns:
+        Per layer, the sorted removed channel indices.
+    """
+    removed: list[list[int]] = [[] for _ in scores]
+    blocks = []  # (mean score, layer, position, channels)
+    for li, s in enumerate(scores):
+        if s is None or s.numel() <= block:
+            continue
+        order = torch.sort(s.detach().double().cpu(), stable=True).indices
+        first = s.numel() % block
+        bounds = ([(0, first)] if first else []) + [(a, a + block) for a in range(first, s.numel() - block, block)]
+        s_sorted = s.detach().double().cpu()[order]
+        for pos, (a, b) in enumerate(bounds):
+            blocks.append((float(s_sorted[a:b].mean()), li, pos, order[a:b].tolist()))
+    # ascending mean score; within a layer the blocks' means are nondecreasing, so position breaks ties in order
+    blocks.sort(key=lambda t: (t[0], t[1], t[2]))
+    done = 0.0
+    next_pos = [0] * len(scores)
+    for _, li, pos, chans in blocks:
+        if pos != next_pos[li]:  # a layer's blocks go in order (equal means listed out of order)
+            continue
+        c = costs[li] * len(chans)
+        if done + c / 2 > budget:
+            break
+        removed[li].extend(chans)
+        next_pos[li] += 1
+        done += c
+    return [sorted(r) for r in removed]
+
+
+def allocate_servable(
+    units: list[LayerUnits], ratio: float, total_cost: float, block: int, attention_layers: list[int] = ()
+):
+    """Units to remove with shapes the DeciLM format holds: the attention of `attention_layers` whole (every
+    attention unit of those layers), the rest of the budget in MLP channel blocks (`allocate_channel_blocks`).
+
+    Returns:
+        `(removed_heads, removed_channels)` as `allocate`.
+    """
+    gone = set(attention_layers)
+    heads = [list(range(u.head_scores.numel())) if i in gone else [] for i, u in enumerate(units)]
+    attn = sum(u.head_cost * len(h) for u, h in zip(units, heads))
+    chans = allocate_channel_blocks(
+        [u.channel_scores for u in units], [u.channel_cost for u in units], max(ratio * total_cost - attn, 0.0), block
+    )
+    reachable = attn + sum(
+        (u.channel_scores.numel() - block) * u.channel_cost
+        for u in units
+        if u.channel_scores is not None and u.channel_scores.numel() > block
+    )
+    if ratio * total_cost - reachable > block * max((u.channel_cost for u in units), default=0.0):
+        raise ValueError(
+            f"pruning_ratio={ratio} cannot be reached with allocation='servable': keeping one block of {block} MLP "
+            f"channels in every pruned layer allows removing at most {reachable / total_cost:.3f} of the "
+            "attention+MLP parameters. Lower `pruning_ratio`, or use allocation='global'."
+        )
+    return heads, chans

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..config import PruningConfig
-from ..modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
+from ..modeling.architectures import ArchitectureSpec, get_layers, layer_view, present_linear_paths, weight_oi
 from ..plan import PruningPlan
 from ..runtime.blocks import Stage
 
@@ -61,8 +61,15 @@ class BasePruner:
         on whole-model batches (SPP) keep them; layer-wise methods use the runner instead. Default: nothing."""
 
     def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
-        """Reject unusable models before anything is changed. The default checks weights are finite."""
+        """Reject unusable models before anything is changed. The default checks that no sublayer was removed
+        (methods read every projection) and that weights are finite."""
         for i, layer in enumerate(get_layers(model, spec)):
+            if len(present_linear_paths(layer, spec)) < len(spec.linear_paths):
+                raise ValueError(
+                    f"Layer {i} has no attention or no MLP: a sublayer was removed (allocation='servable'), and "
+                    f"{type(self).__name__} reads every projection. Prune the dense model once, with the final "
+                    "ratio. Nothing was changed."
+                )
             for path in spec.linear_paths:
                 w = weight_oi(layer.get_submodule(path))
                 if w.device.type != "meta" and not torch.isfinite(w).all():

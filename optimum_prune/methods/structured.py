@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from typing import Any
 
 import torch
@@ -27,11 +28,13 @@ from ..functional.allocation import (
     LayerUnits,
     allocate,
     allocate_per_layer,
+    allocate_servable,
     outlier_fraction,
     owl_layer_ratios,
     round_kept_channels,
 )
 from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
+from ..modeling.decilm import FFN_MULTIPLE, servable_problems
 from ..modeling.shapes import attention_mlp_params, head_costs, layer_params, mlp_channel_cost
 from ..plan import LayerPlan, PruningPlan
 from ..runtime.blocks import Stage
@@ -104,6 +107,10 @@ class StructuredPruner(BasePruner):
         """Whether `finalize_layer` needs the statistics (else they are freed after scoring)."""
         return False
 
+    def adds_biases(self) -> bool:
+        """Whether `finalize_layer` gives the pruned projections a bias. Default: no."""
+        return False
+
     # ---------------------------------------------------------------------------------------------- framework
     calibration_digest: str | None = None
 
@@ -138,6 +145,16 @@ class StructuredPruner(BasePruner):
             )
         if self.config.prune_attention:
             refuse_pruned_head_dims(model, spec, "removing attention heads")
+        if self.config.allocation == "servable":
+            problems = servable_problems(model, spec, self.config.skip_layers)
+            if self.adds_biases():
+                problems.append(f"{type(self.config).__name__} is set to add biases (turn its bias refit off)")
+            if problems:
+                raise ValueError(
+                    "allocation='servable' makes shapes the DeciLM format holds (vLLM, SGLang, TensorRT-LLM, MLX, "
+                    f"llama.cpp), but {'; '.join(problems)}. Use allocation='global' (optimum-prune's per-layer "
+                    "format) or 'uniform' (a stock checkpoint every engine loads). Nothing was changed."
+                )
         for i, layer in enumerate(get_layers(model, spec)):
             mode = resolve_gqa_mode(self.config.gqa_mode, layer_view(layer, i, spec, model.config))
             if mode == "query" and spec.fused_qkv:
@@ -268,6 +285,8 @@ class StructuredPruner(BasePruner):
         info["allocation"] = mode
         if mode == "owl":
             return self._owl_allocate(views, units, outliers, total, info)
+        if mode == "servable":
+            return allocate_servable(units, cfg.pruning_ratio, total, math.lcm(cfg.round_to, FFN_MULTIPLE))
         head_weight = 4.0 * views[0].head_dim / 3.0
         return allocate(units, cfg.pruning_ratio, total, mode=mode, head_weight=head_weight)
 
@@ -298,8 +317,10 @@ class StructuredPruner(BasePruner):
             if lp.keep_kv_heads is None and len(lp.keep_heads) % view.num_kv_heads:
                 raise RuntimeError("internal error: uneven query heads per KV group")
         if units.channel_scores is not None and removed_channels[i]:
-            drop = set(round_kept_channels(units.channel_scores, removed_channels[i], self.config.round_to,
-                                           units.max_channels))  # fmt: skip
+            drop = set(removed_channels[i])
+            if self.config.allocation != "servable":  # (servable: whole blocks already)
+                drop = set(round_kept_channels(units.channel_scores, removed_channels[i], self.config.round_to,
+                                               units.max_channels))  # fmt: skip
             lp.keep_channels = [c for c in range(view.intermediate_size) if c not in drop]
         return lp
 

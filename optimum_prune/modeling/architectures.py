@@ -12,7 +12,7 @@ from torch import nn
 from ..constants import PRUNED_MODEL_TYPE_PREFIX
 from .moe import MoESpec
 from .targets import ROLES, Target, resolve_targets
-from .views import LayerView, layer_view, weight_oi
+from .views import LayerView, layer_view, present_linear_paths, weight_oi
 
 __all__ = [
     "ArchitectureSpec",
@@ -28,6 +28,7 @@ __all__ = [
     "is_image_model",
     "require_causal_lm",
     "layer_view",
+    "present_linear_paths",
     "spec_for_config",
     "supported_model_types",
     "weight_oi",

@@ -27,11 +27,19 @@ from transformers.models.auto.modeling_auto import (
     MODEL_MAPPING,
 )
 
-from ..constants import PRUNED_MODEL_TYPE_PREFIX
+from ..constants import DECI_BASE_KEY, PRUNED_MODEL_TYPE_PREFIX
 from .architectures import ARCHITECTURES, get_layers, layer_view, spec_for_config
+from .configuration_decilm import DeciLMConfig
 from .surgery import reshape_layer_
 
-__all__ = ["register_pruned_architectures", "pruned_classes", "TASKS", "model_task", "auto_class_for_config"]
+__all__ = [
+    "register_pruned_architectures",
+    "pruned_classes",
+    "pruned_config_from_deci",
+    "TASKS",
+    "model_task",
+    "auto_class_for_config",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -152,8 +160,45 @@ def auto_class_for_config(config) -> tuple[str, type]:
     return tasks[0], TASKS[tasks[0]][0]
 
 
+def pruned_config_from_deci(config: DeciLMConfig):
+    """The `optimum_pruned_<base>` config of a DeciLM-format checkpoint: its base decoder and each layer's shapes."""
+    base = getattr(config, DECI_BASE_KEY, None) or "llama"
+    rows = config.layer_shapes()
+    drop = ("block_configs", "auto_map", "architectures", "rope_scaling", DECI_BASE_KEY)
+    data = {k: v for k, v in config.to_dict().items() if k not in drop}
+    data.update(
+        num_key_value_heads=max(max(r["num_key_value_heads"] for r in rows), 1),
+        intermediate_size=max(max(r["intermediate_size"] for r in rows), 1),
+        head_dim=config.hidden_size // config.num_attention_heads,
+    )
+    config_cls, model_cls = pruned_classes(base, "causal-lm")
+    out = config_cls.from_dict({**data, "model_type": config_cls.model_type, "pruned_layers": rows})
+    out.architectures = [model_cls.__name__]
+    return out
+
+
+class DeciLMForCausalLM:
+    """`AutoModelForCausalLM`'s class for `nemotron-nas` checkpoints (once optimum_prune is imported): `from_pretrained`
+    loads them into optimum-prune's per-layer model of the base decoder (`pruned_config_from_deci`), exactly."""
+
+    config_class = DeciLMConfig
+
+    @classmethod
+    def from_pretrained(cls, path, *args, config: DeciLMConfig | None = None, **kwargs):
+        config = config if config is not None else DeciLMConfig.from_pretrained(path)
+        pruned = pruned_config_from_deci(config)
+        requested = getattr(config, "_attn_implementation_internal", None)  # set by the Auto class's kwargs
+        if requested is not None:
+            kwargs.setdefault("attn_implementation", requested)
+        model_cls = pruned_classes(getattr(config, DECI_BASE_KEY, None) or "llama", "causal-lm")[1]
+        return model_cls.from_pretrained(path, *args, config=pruned, **kwargs)
+
+
 def register_pruned_architectures() -> None:
-    """Register the pruned variant of every supported architecture (done when optimum_prune is imported)."""
+    """Register the pruned variant of every supported architecture, and the DeciLM format (`nemotron-nas`), with the
+    transformers Auto classes (done when optimum_prune is imported)."""
+    AutoConfig.register(DeciLMConfig.model_type, DeciLMConfig, exist_ok=True)
+    AutoModelForCausalLM.register(DeciLMConfig, DeciLMForCausalLM, exist_ok=True)
     for base_type, spec in ARCHITECTURES.items():
         for task in MODALITY_TASKS[spec.modality]:
             try:

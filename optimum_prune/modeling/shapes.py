@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from .architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
+from .architectures import ArchitectureSpec, LayerView, get_layers, layer_view, present_linear_paths, weight_oi
 from .experts import moe_parameters
 
 __all__ = [
@@ -34,7 +34,7 @@ def layer_row(layer: nn.Module, index: int, spec: ArchitectureSpec, config) -> d
         "num_key_value_heads": v.num_kv_heads,
         "head_dim": v.head_dim,
         "intermediate_size": v.intermediate_size,
-        "biases": sorted(p for p in spec.linear_paths if getattr(layer.get_submodule(p), "bias", None) is not None),
+        "biases": sorted(p for p in v.linears() if getattr(layer.get_submodule(p), "bias", None) is not None),
     }
     if v.is_moe:
         row["num_experts"] = v.num_experts
@@ -66,7 +66,7 @@ def attention_mlp_params(model: nn.Module, spec: ArchitectureSpec) -> int:
     mixture-of-experts model the MLP is each MoE block (router and experts)."""
     total = 0
     for i, layer in enumerate(get_layers(model, spec)):
-        for path in spec.linear_paths:
+        for path in present_linear_paths(layer, spec):
             total += sum(p.numel() for p in layer.get_submodule(path).parameters(recurse=False))
         if spec.moe is not None:
             total += moe_parameters(layer_view(layer, i, spec, model.config))

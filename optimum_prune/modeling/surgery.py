@@ -15,6 +15,7 @@ from ..plan import LayerPlan
 from .architectures import LayerView, get_layers, layer_view, weight_oi
 from .experts import remove_expert_channels_, remove_experts_, reshape_experts_, zero_expert_channels_
 from .pair_attention import set_pair_geometry_
+from .sublayers import remove_attention_, remove_mlp_
 
 __all__ = [
     "apply_plan_",
@@ -223,7 +224,10 @@ def apply_layer_plan_(view: LayerView, plan: LayerPlan, mode: str = "remove") ->
         _apply_pair_plan_(view, plan, mode)
     if plan.keep_heads is not None:
         keep_kv = plan.keep_kv_heads if plan.keep_kv_heads is not None else list(range(view.num_kv_heads))
-        if mode == "remove":
+        if mode == "remove" and not plan.keep_heads:  # the whole attention sublayer goes
+            remove_attention_(view.layer, view.spec)
+            view.num_heads = view.num_kv_heads = 0
+        elif mode == "remove":
             for path, rows in _qkv_rows(view, plan.keep_heads, keep_kv).items():
                 set_submodule(view.layer, path, slice_projection(view.module(path), out_idx=rows))
             o = view.spec.o_path
@@ -237,7 +241,10 @@ def apply_layer_plan_(view: LayerView, plan: LayerPlan, mode: str = "remove") ->
             _zero_cols_(view.o_proj, head_rows(drop_h, d))
     if plan.keep_channels is not None:
         keep = torch.as_tensor(plan.keep_channels, dtype=torch.long)
-        if mode == "remove":
+        if mode == "remove" and not plan.keep_channels:  # the whole MLP sublayer goes
+            remove_mlp_(view.layer, view.spec)
+            view.intermediate_size = 0
+        elif mode == "remove":
             for path in view.spec.mlp_in_paths:
                 set_submodule(view.layer, path, slice_projection(view.module(path), out_idx=keep))
             out = view.spec.mlp_out_path
@@ -301,9 +308,19 @@ def reshape_layer_(view: LayerView, shapes: dict) -> None:
         outs[spec.mlp_out_path] = (shapes["intermediate_size"], hidden)
     elif "num_experts" in shapes:
         reshape_experts_(view, shapes["num_experts"], shapes["intermediate_size"])
+    if heads == 0:  # a removed sublayer (modeling.sublayers)
+        outs = {p: s for p, s in outs.items() if p not in (*spec.qkv_paths, spec.o_path)}
+    if shapes["intermediate_size"] == 0:
+        outs = {p: s for p, s in outs.items() if p not in (*spec.mlp_in_paths, spec.mlp_out_path)}
     for path, (fan_in, fan_out) in outs.items():
         set_submodule(view.layer, path, new_projection(view.module(path), fan_in, fan_out, path in biases))
-    set_attention_geometry_(view, heads, kv)
+    if heads == 0:
+        remove_attention_(view.layer, spec)
+        view.num_heads = view.num_kv_heads = 0
+    else:
+        set_attention_geometry_(view, heads, kv)
+    if shapes["intermediate_size"] == 0:
+        remove_mlp_(view.layer, spec)
     if spec.moe is None or "num_experts" in shapes:  # a dense layer of an MoE model keeps its configured MLP
         view.intermediate_size = shapes["intermediate_size"]
     if "qk_head_dim" in shapes:

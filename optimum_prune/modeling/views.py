@@ -12,7 +12,7 @@ from transformers.pytorch_utils import Conv1D
 if TYPE_CHECKING:
     from .architectures import ArchitectureSpec
 
-__all__ = ["LayerView", "layer_view", "weight_oi"]
+__all__ = ["LayerView", "layer_view", "present_linear_paths", "weight_oi"]
 
 
 def weight_oi(module: nn.Module) -> torch.Tensor:
@@ -80,26 +80,45 @@ class LayerView:
 
     @property
     def group_size(self) -> int:
-        return self.num_heads // self.num_kv_heads
+        return self.num_heads // self.num_kv_heads if self.num_kv_heads else 0
 
     def linears(self) -> dict[str, nn.Module]:
-        return {p: self.module(p) for p in self.spec.linear_paths}
+        return {p: self.module(p) for p in present_linear_paths(self.layer, self.spec)}
+
+
+def _removed(module: nn.Module) -> bool:
+    """Whether `module` stands for a removed sublayer (`modeling.sublayers`)."""
+    return bool(getattr(module, "removed_sublayer", False))
+
+
+def present_linear_paths(layer: nn.Module, spec: ArchitectureSpec) -> tuple[str, ...]:
+    """`spec.linear_paths` of `layer`, without those of a removed attention or MLP sublayer (`modeling.sublayers`)."""
+    gone = set()
+    if _removed(layer.get_submodule(spec.attn)):
+        gone |= {*spec.qkv_paths, spec.o_path}
+    if spec.mlp and _removed(layer.get_submodule(spec.mlp)):
+        gone |= {*spec.mlp_in_paths, spec.mlp_out_path}
+    return tuple(p for p in spec.linear_paths if p not in gone)
 
 
 def layer_view(layer: nn.Module, index: int, spec: ArchitectureSpec, config) -> LayerView:
-    """Read the current (possibly already pruned) geometry of a decoder layer from its modules."""
+    """Read the current (possibly already pruned) geometry of a decoder layer from its modules (a removed
+    sublayer has 0 heads / 0 channels)."""
     attn = layer.get_submodule(spec.attn)
     head_dim = getattr(attn, "head_dim", None) or config.hidden_size // config.num_attention_heads
     qk_dim, vo_dim = getattr(attn, "qk_head_dim", head_dim), getattr(attn, "vo_head_dim", head_dim)
-    o_in = weight_oi(layer.get_submodule(spec.o_path)).shape[1]
-    num_heads = o_in // vo_dim
-    if spec.fused_qkv:
-        num_kv_heads = num_heads
+    if _removed(attn):
+        num_heads = num_kv_heads = 0
     else:
-        num_kv_heads = weight_oi(layer.get_submodule(spec.attn_path(spec.k))).shape[0] // qk_dim
+        num_heads = weight_oi(layer.get_submodule(spec.o_path)).shape[1] // vo_dim
+        if spec.fused_qkv:
+            num_kv_heads = num_heads
+        else:
+            num_kv_heads = weight_oi(layer.get_submodule(spec.attn_path(spec.k))).shape[0] // qk_dim
     num_experts = None
     if spec.moe is None:
-        intermediate = weight_oi(layer.get_submodule(spec.mlp_out_path)).shape[1]
+        removed_mlp = bool(spec.mlp) and _removed(layer.get_submodule(spec.mlp))
+        intermediate = 0 if removed_mlp else weight_oi(layer.get_submodule(spec.mlp_out_path)).shape[1]
     else:
         block = layer.get_submodule(spec.mlp)
         experts = getattr(block, spec.moe.experts, None)

@@ -446,6 +446,8 @@ def test_auto_scores_switch_at_the_measured_light_ratio():
     assert NumericalConfig(pruning_ratio=0.1, compensation_strength=1.0).refit_strength == 1.0
     assert NumericalConfig(pruning_ratio=0.5, compensation_strength=0.0).refit_strength == 0.0
     assert not NumericalConfig(pruning_ratio=0.1, compensation_bias=False).refit_bias
+    servable = NumericalConfig(pruning_ratio=0.2, allocation="servable")  # no bias refit: the full refit
+    assert (servable.resolved_scores, servable.refit_bias, servable.refit_strength) == ("fluctuation", False, 1.0)
     assert NumericalConfig(pruning_ratio=0.1, compensate=False).refit_bias is False
     assert NumericalConfig(pruning_ratio=0.1, scores="numerical").resolved_scores == "numerical"
     assert NumericalConfig(pruning_ratio=0.5, scores="fluctuation").refit_bias

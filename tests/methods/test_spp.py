@@ -12,7 +12,7 @@ import torch
 from testing_utils import ARCHS, calibration_ids, calibration_pixels, logits, tiny_model
 
 from optimum_prune import AutoPrunedModelForCausalLM, AutoPruner, NumericalConfig, prune_, save_pruned_model
-from optimum_prune.methods.spp import SolutionPath, SolutionPathError, SPPConfig, SPPSearchError
+from optimum_prune.methods.spp import SolutionPath, SolutionPathError, SPPConfig, SPPRIAConfig, SPPSearchError
 from optimum_prune.methods.spp.extract import POOLS
 from optimum_prune.methods.spp.functional import (
     auto_nu,
@@ -697,3 +697,43 @@ def test_dense_labels_rank_planted_units_first(arch, labels):
     if arch == "llama":
         pos = _positions(path)
         assert max(pos[(1, "qk")][0], pos[(1, "vo")][0]) <= 2 and int(pos[(1, "mlp")][:8].max()) < 16
+
+
+def test_search_windows_do_not_depend_on_how_the_calibration_was_sliced():
+    """Every calibration window is cut into windows of about `search_seq_len` tokens: a (32, 512) tensor and its
+    (64, 256) and (128, 128) reshapes give the same windows (the same tokens in the same order); a leading BOS is
+    given to every piece; `None` and windows no longer than the search's are left as they are."""
+    from optimum_prune.methods.spp.targets import search_windows
+
+    x = torch.arange(32 * 512).view(32, 512)
+    for shape in ((32, 512), (64, 256), (128, 128)):
+        assert torch.equal(search_windows(x.reshape(shape), 128), x.view(128, 128)), shape
+    assert torch.equal(search_windows(x, None), x)
+    assert torch.equal(search_windows(x[:, :500], 128), x[:, :500].reshape(128, 125))  # round(500 / 128) = 4 pieces
+    assert torch.equal(search_windows(x[:, :130], 128), x[:, :130])  # one piece: as given
+    with_bos = torch.cat([torch.full((4, 1), -1), x[:4, : 4 * 127]], dim=1)  # BOS + 508 tokens
+    cut = search_windows(with_bos, 128, bos=-1)
+    assert cut.shape == (16, 128) and (cut[:, 0] == -1).all()
+    assert torch.equal(cut[:, 1:].reshape(4, -1), x[:4, : 4 * 127])
+    assert torch.equal(search_windows(x[:4], 128, bos=-1), x[:4].view(16, 128))  # no BOS there: plain pieces
+
+
+def test_one_search_whatever_the_calibration_slicing():
+    """The search of a (4, 64) calibration and of its (16, 16) reshape is the same search (the same windows, labels
+    drawn from the dense model, ν and path), of `steps` steps on windows of `search_seq_len` tokens; without the cut
+    (`search_seq_len=None`) the search sees other windows and gives another path."""
+    model = tiny_model("llama")
+    ids = calibration_ids(4, 64, seed=2)
+    config = SPPConfig(**{**FAST, "search_seq_len": 16, "search_labels": "sampled"})
+    paths = [AutoPruner(model).search_solution_path(config, calibration=x) for x in (ids, ids.view(16, 16))]
+    assert [p.meta["windows"] for p in paths] == [[16, 16], [16, 16]] and paths[0].steps == config.steps
+    assert paths[0].meta["nu"] == paths[1].meta["nu"] and paths[0].meta["search_cpu_seconds"] > 0
+    assert {"targets_seconds", "targets_cpu_seconds"} <= set(paths[0].meta)  # the windows and labels, timed apart
+    for key, st in paths[0].stats.items():
+        assert all(torch.equal(st[s], paths[1].stats[key][s]) for s in ("entry", "z", "mask")), key
+    whole = AutoPruner(model).search_solution_path(SPPConfig(**{**config.search_settings(), "search_seq_len": None,
+                                                                "round_to": 1, "head_dim_multiple": 1}), ids)  # fmt: skip
+    assert whole.meta["windows"] == [4, 64] and whole.meta["nu"] != paths[0].meta["nu"]
+    with pytest.raises(ValueError, match="search_seq_len"):
+        SPPConfig(search_seq_len=1)
+    assert SPPConfig().search_seq_len == 128 and SPPRIAConfig().search_seq_len is None

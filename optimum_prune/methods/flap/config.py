@@ -21,8 +21,9 @@ class FLAPConfig(StructuredPruningConfig):
             (mean_i |W_ij| · sqrt(mean X_j²)).
         standardize (`bool`, defaults to `True`): standardise each layer's attention and MLP metrics.
         square_attention_metric (`bool`, defaults to `True`): square the attention channel metric, as the code does.
-        bias_compensation (`bool`, defaults to `True`): add `Σ_{j pruned} mean(X_j)·W_:,j` as a bias of o_proj /
-            down_proj (creates the bias where the model has none).
+        bias_compensation (`bool | None`, defaults to `None`): add `Σ_{j pruned} mean(X_j)·W_:,j` as a bias of
+            o_proj / down_proj (creates the bias where the model has none). `None`: on, except with
+            `allocation="servable"` (whose format has no bias).
     """
 
     method = "flap"
@@ -30,7 +31,14 @@ class FLAPConfig(StructuredPruningConfig):
     metric: str = "wifv"
     standardize: bool = True
     square_attention_metric: bool = True
-    bias_compensation: bool = True
+    bias_compensation: bool | None = None
+
+    @property
+    def compensates_bias(self) -> bool:
+        """`bias_compensation`, with `None` resolved (on unless `allocation="servable"`)."""
+        if self.bias_compensation is not None:
+            return self.bias_compensation
+        return self.allocation != "servable"
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -29,8 +29,11 @@ class FLAPPruner(StructuredPruner):
     requires_calibration = True
     config: FLAPConfig
 
+    def adds_biases(self) -> bool:
+        return self.config.compensates_bias
+
     def keep_stats(self) -> bool:
-        return self.config.bias_compensation
+        return self.config.compensates_bias
 
     def layer_stats(self, view: LayerView):
         out = {}
@@ -65,11 +68,11 @@ class FLAPPruner(StructuredPruner):
         return b.to(W.dtype)
 
     def finalize_layer(self, view: LayerView, stats, plan: LayerPlan) -> None:
-        if not self.config.bias_compensation:
+        if not self.config.compensates_bias:
             return
-        if plan.keep_heads is not None:
+        if plan.keep_heads:  # (a sublayer removed whole keeps no bias)
             keep = head_rows(plan.keep_heads, view.head_dim)
             plan.biases[view.spec.o_path] = self._bias(view.o_proj, stats["attn"], keep)
-        if plan.keep_channels is not None:
+        if plan.keep_channels:
             keep = torch.as_tensor(plan.keep_channels)
             plan.biases[view.spec.mlp_out_path] = self._bias(view.mlp_out, stats["mlp"], keep)

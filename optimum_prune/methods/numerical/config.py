@@ -71,7 +71,8 @@ class NumericalConfig(StructuredPruningConfig):
             refit, 0 keeps the kept weights (with `compensation_bias`, 0 is FLAP's bias compensation exactly: the
             bias restores the mean output of whatever weights are kept); between the two, the refit fits the
             calibration text less. `None`: 0.5 with the fluctuation metric (light ratios, where the full refit's
-            in-domain gain costs out of domain), 1 with the numerical scores.
+            in-domain gain costs out of domain), 1 with the numerical scores and with `allocation="servable"` (no
+            bias refit restores the mean a partial refit leaves).
         compensation_inputs (`str`, defaults to `"dense"`): `"dense"` refits on the dense model's inputs (the same
             Grams as the scores; the paper's setting, which leaves it implicit) or `"sequential"` (an extension, not in
             the paper): after the masks are fixed, layers are refitted in order on the inputs produced by the already
@@ -87,7 +88,8 @@ class NumericalConfig(StructuredPruningConfig):
             kept weights (least squares with an intercept, on centred inputs; an extension, not in the paper). It
             subsumes FLAP's bias compensation (the removed channels' mean contribution) and adds bias parameters
             to those projections, as FLAP does. `None`: on with the fluctuation metric (whose variance is centred),
-            off with the numerical scores. Qwen3 / Gemma-3 GGUF exports take no such bias (set it to `False`).
+            off with the numerical scores and with `allocation="servable"`. Qwen3 / Gemma-3 GGUF exports take no
+            such bias (set it to `False`).
     """
 
     method = "numerical"
@@ -132,18 +134,19 @@ class NumericalConfig(StructuredPruningConfig):
 
     @property
     def refit_bias(self) -> bool:
-        """Whether the refit fits a bias: `compensation_bias`, or with `None` whether the fluctuation metric ranks."""
+        """Whether the refit fits a bias: `compensation_bias`, or with `None` whether the fluctuation metric ranks
+        (never with `allocation="servable"`, whose format has no bias)."""
         if self.compensation_bias is not None:
             return self.compensation_bias
-        return self.compensate and self.resolved_scores == "fluctuation"
+        return self.compensate and self.resolved_scores == "fluctuation" and self.allocation != "servable"
 
     @property
     def refit_strength(self) -> float:
         """The fraction of the refit's change applied: `compensation_strength`, or with `None` `LIGHT_STRENGTH`
-        when the fluctuation metric ranks and 1 otherwise."""
+        when the fluctuation metric ranks (with the bias refit: not with `allocation="servable"`) and 1 otherwise."""
         if self.compensation_strength is not None:
             return float(self.compensation_strength)
-        return LIGHT_STRENGTH if self.resolved_scores == "fluctuation" else 1.0
+        return LIGHT_STRENGTH if self.resolved_scores == "fluctuation" and self.allocation != "servable" else 1.0
 
     @classmethod
     def paper(cls, pruning_ratio: float = 0.2, literal: bool = False, **kwargs) -> NumericalConfig:

@@ -64,6 +64,9 @@ class NumericalPruner(StructuredPruner):
     def keep_stats(self) -> bool:
         return self.config.compensate
 
+    def adds_biases(self) -> bool:
+        return self.config.refit_bias
+
     def layer_stats(self, view: LayerView):
         out = {}
         if self.config.prune_attention:
@@ -163,10 +166,10 @@ class NumericalPruner(StructuredPruner):
     def finalize_layer(self, view: LayerView, stats, plan: LayerPlan) -> None:
         if not self.config.compensate:
             return
-        targets = []
-        if plan.keep_heads is not None:
+        targets = []  # (a sublayer removed whole has nothing to refit)
+        if plan.keep_heads:
             targets.append(("attn", view.spec.o_path, head_rows(plan.keep_heads, view.head_dim)))
-        if plan.keep_channels is not None:
+        if plan.keep_channels:
             targets.append(("mlp", view.spec.mlp_out_path, torch.as_tensor(plan.keep_channels)))
         damp, s = self.config.compensation_damping, self.config.refit_strength
         for name, path, keep in targets:
@@ -218,9 +221,9 @@ class NumericalPruner(StructuredPruner):
             )
             apply_layer_plan_(view, removal, mode="zero")
             targets = []
-            if lp.keep_heads is not None:
+            if lp.keep_heads:
                 targets.append((spec.o_path, head_rows(lp.keep_heads, view.head_dim)))
-            if lp.keep_channels is not None:
+            if lp.keep_channels:
                 targets.append((spec.mlp_out_path, torch.as_tensor(lp.keep_channels)))
             for path, keep in targets:  # attention first: the MLP refit sees the refitted attention
                 W_new, b = self._refit(run, i, dense, layer, path, keep, dense_h, pruned_h)

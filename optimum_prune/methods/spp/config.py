@@ -43,6 +43,7 @@ class _SearchFields:
     nu_scale: float = 1.0
     coupling: bool = False
     search_labels: str | None = None  # per modality (`labels_for`); SPP + RIA: "data"
+    search_seq_len: int | None = 128  # SPP + RIA: None
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-4
     interval: int = 20
@@ -58,6 +59,10 @@ class _SearchFields:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
+        n = self.search_seq_len
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 2):
+            raise ValueError(f"`search_seq_len` must be an int >= 2 (tokens per search window) or None (the calibration "
+                             f"windows as given), got {n!r}.")  # fmt: skip
         if self.nu != "auto" and (isinstance(self.nu, (bool, str)) or not isinstance(self.nu, (int, float))
                                   or not math.isfinite(self.nu) or self.nu <= 0):  # fmt: skip
             raise ValueError(f"`nu` must be 'auto' or a positive number, got {self.nu!r}.")
@@ -200,7 +205,7 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
         epochs (`float | None`, defaults to `None`): passes over the calibration data instead of `steps`.
         batch_size (`int`, defaults to `8`) / gradient_accumulation_steps (`int`, defaults to `1`): sequences per
             step (per device), and accumulation. One sequence a step fits the masks to that sequence's noise; the
-            defaults see 960 windows, e.g. 256 calibration windows about four times each.
+            defaults see 960 windows of `search_seq_len` tokens.
         lr (`float`, defaults to `3e-2`): step size (Adam's lr in `"coupled"` / `"code"`, α in `"paper"`).
         lambda_ (`float`, defaults to `1.0`): the soft threshold λ (the code: 3; paper Table 8: 15 or 3). In
             `"coupled"` a unit holding `M ≈ m` enters after ≈ λ/(lr·m) steps (33 steps at `m = 1` with the
@@ -224,6 +229,13 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             64 most likely outputs per position plus one bucket for the rest, from the same kind of pass): zero,
             with a zero gradient, at `M = 1`, so `nu="auto"` takes the scale of the cross-entropy against the dense
             model's most likely outputs.
+        search_seq_len (`int | None`, defaults to `128`; `None` in SPP + RIA): the tokens per window the search trains
+            on. Each calibration window of `L` tokens is cut into `round(L / search_seq_len)` consecutive pieces of
+            equal length (the same tokens, more windows; the few left over at a window's end are dropped; a window
+            that starts with the model's BOS token, as from a tokenizer that prepends one, gives every piece that
+            BOS), so that 32 × 512, 64 × 256 and 128 × 128 windows of one text give the same search: the same
+            tokens per step, cost per step and gradient scale (which sets `nu="auto"`). `None`: the windows as
+            given. Image inputs are never cut.
         betas / eps: Adam's (`"code"`; eps 1e-4 as in the code).
         interval (`int`, defaults to `20`): steps between `step_record` updates (the code's default; 10 in its
             script).
@@ -286,6 +298,11 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._validate_search()
+        if self.allocation not in ("global", "uniform"):
+            raise ValueError(
+                f"SPPConfig takes allocation='global' or 'uniform', not {self.allocation!r} (SPP prunes head "
+                "dimensions, which the DeciLM format of allocation='servable' cannot hold)."
+            )
         _choice("pools", self.pools, ("separate", "per_kind", "cost_weighted"))
         _choice("statistic", self.statistic, ("entry_time", "step_record"))
         _choice("tie_break", self.tie_break, ("z", "gamma"))
@@ -341,6 +358,7 @@ class SPPRIAConfig(UnstructuredPruningConfig, _SearchFields):
 
     method = "spp_ria"
     search_labels: str | None = "data"  # (what its results were measured with)
+    search_seq_len: int | None = None  # (the same: the calibration windows as given)
 
     combine: str = "masked"
     a: float = 0.5

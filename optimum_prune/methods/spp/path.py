@@ -90,6 +90,7 @@ class SolutionPath:
         return {
             "steps": self.steps,
             "search_seconds": self.meta.get("search_seconds"),
+            "search_cpu_seconds": self.meta.get("search_cpu_seconds"),
             "entered": {k: round(self.entered_fraction(k), 4) for k in self.kinds},
             "model_type": self.meta["model"]["model_type"],
         }

@@ -93,8 +93,12 @@ class SPPPruner(BasePruner):
         if self._data is None:
             raise ValueError("The SPP search needs calibration data: pass `calibration=CalibrationConfig(...)`.")
         labels = self.config.labels_for(spec.modality)
-        data = search_dataset(model, self._data, self._source, labels=labels, seed=self.config.seed)
+        t0, c0 = time.perf_counter(), time.process_time()
+        data = search_dataset(model, self._data, self._source, labels=labels, seed=self.config.seed,
+                              seq_len=self.config.search_seq_len)  # fmt: skip
+        targets = {"targets_seconds": time.perf_counter() - t0, "targets_cpu_seconds": time.process_time() - c0}
         self.solution_path = run_search(model, spec, self.config, data, self._calibration)
+        self.solution_path.meta.update(targets)  # the windows and their labels, before the loop
         return self.solution_path
 
     def compute_plan(self, stage: Stage) -> PruningPlan:

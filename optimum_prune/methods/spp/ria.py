@@ -113,6 +113,7 @@ class SPPRIAPruner(SequentialPruner):
             "SPP + RIA's search",
             self.config.labels_for(spec.modality),
             self.config.seed,
+            self.config.search_seq_len,
         )
         out = train_masks(model, self.config, data, masks, _parametrized(modules, masks))
         entered = sum(int((s["entry"] >= 0).sum()) for s in out["stats"].values())

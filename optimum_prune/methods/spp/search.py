@@ -244,7 +244,8 @@ def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> 
     """Train `masks` (attached to the model by the context manager `attach`) with the Bregman dynamics of `config`
     on `data`; returns the optimizer's statistics, the support history, steps, seconds and the loss log."""
     if isinstance(data, torch.Tensor):  # (image models, sampled labels: see `search_dataset`)
-        data = search_dataset(model, data, labels=config.labels_for(get_spec(model).modality), seed=config.seed)
+        labels = config.labels_for(get_spec(model).modality)
+        data = search_dataset(model, data, labels=labels, seed=config.seed, seq_len=config.search_seq_len)
     dataset = data
     if len(dataset) == 0:
         raise ValueError("The calibration data is empty.")
@@ -253,7 +254,7 @@ def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> 
     config.check_search_length(total)  # before any step (an `epochs` search is checked here, on the data's size)
     settings = {**config.search_settings(), "check_search_length": config.check_search_length}
     optimizer = BregmanOptimizer(masks, settings, total)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with tempfile.TemporaryDirectory(prefix="optimum_prune_spp_") as tmp, _search_session(model, masks):
         args = _training_arguments(config, tmp)
         with attach, torch.enable_grad():
@@ -266,7 +267,7 @@ def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> 
             trainer.train()
         losses = [{"step": h["step"], "loss": h["loss"]} for h in trainer.state.log_history if "loss" in h]
         del trainer
-    seconds = time.perf_counter() - t0
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     logger.info("SPP search: %d steps in %.1f s, final support density %.3f", optimizer.steps, seconds,
                 optimizer.density())  # fmt: skip
     return {
@@ -275,8 +276,18 @@ def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> 
         "support": {k: torch.tensor(v) for k, v in optimizer.support.items()},
         "steps": optimizer.steps,
         "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
         "losses": losses,
     }
+
+
+def _windows(data: Any) -> list[int] | None:
+    """`[examples, tokens each]` of token windows the search trained on (`[examples]` for images)."""
+    if isinstance(data, torch.Tensor) or not len(data):
+        return None
+    first = data[0]
+    ids = first.get("input_ids") if isinstance(first, dict) else None
+    return [len(data)] + ([int(ids.shape[-1])] if isinstance(ids, torch.Tensor) else [])
 
 
 def run_search(
@@ -306,8 +317,10 @@ def run_search(
         "rotary": spec.rotary,
         "steps": out["steps"],
         "search_seconds": out["seconds"],
+        "search_cpu_seconds": out["cpu_seconds"],
         "seed": config.seed,
         "calibration": calibration,
+        "windows": _windows(data),
         "loss_history": out["losses"],
         "nu": out["nu"],
     }

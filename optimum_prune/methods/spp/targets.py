@@ -12,7 +12,10 @@ from torch import nn
 from ...calibration.images import LabelledImages, calibration_labels, check_labels, require_classifier
 from ...modeling.architectures import is_image_model
 
-__all__ = ["SPPSearchError", "TEACHER_TOP_K", "sampled_labels", "search_dataset", "teacher_kl", "teacher_targets"]
+__all__ = [
+    "SPPSearchError", "TEACHER_TOP_K", "sampled_labels", "search_dataset", "search_windows", "teacher_kl",
+    "teacher_targets",
+]  # fmt: skip
 
 # outputs of the dense model kept per position for `search_labels="dense"` (the rest share one bucket)
 TEACHER_TOP_K = 64
@@ -22,13 +25,44 @@ class SPPSearchError(FloatingPointError, ValueError):
     """The search diverged (a NaN / Inf loss or mask gradient); the model is left unchanged."""
 
 
+def search_windows(ids: torch.Tensor, seq_len: int | None, bos: int | None = None) -> torch.Tensor:
+    """The calibration windows `ids` `(N, L)` cut into the search's windows: each into `n = round(L / seq_len)`
+    consecutive pieces of `L // n` tokens (the `L % n` left at its end dropped), window 0's pieces first. When every
+    window starts with `bos`, the pieces are cut from the tokens after it (`round((L - 1) / (seq_len - 1))` of them)
+    and each starts with `bos`. `seq_len=None`, or `n <= 1`, returns `ids` as they are.
+
+    So a `(32, 512)` tensor and its `(128, 128)` or `(64, 256)` reshape give the same windows."""
+    if seq_len is None or ids.ndim != 2:
+        return ids
+    lead = int(bos is not None and ids.shape[1] > 1 and bool((ids[:, 0] == bos).all()))
+    body = ids[:, lead:]
+    n = int(body.shape[1] / (seq_len - lead) + 0.5)
+    if n <= 1:
+        return ids
+    piece = body.shape[1] // n
+    out = body[:, : n * piece].reshape(-1, piece)
+    return torch.cat([ids[:1, :1].expand(out.shape[0], 1), out], dim=1) if lead else out
+
+
+def _bos(model: nn.Module) -> int | None:
+    bos = getattr(getattr(model, "config", None), "bos_token_id", None)
+    return bos if isinstance(bos, int) else None
+
+
 def search_dataset(
-    model: nn.Module, data: Any, source: Any = None, what: str = "SPP's search", labels: str = "data", seed: int = 0
+    model: nn.Module,
+    data: Any,
+    source: Any = None,
+    what: str = "SPP's search",
+    labels: str = "data",
+    seed: int = 0,
+    seq_len: int | None = None,
 ) -> Any:
-    """What a search trains the masks on: causal-LM windows of the token ids `data` (the model shifts the labels),
-    or, for an image classifier, the calibration images `data` with the labels of `source` (the `calibration`
-    argument they came from) for its cross-entropy. A dataset / list of examples is passed through. Raises a
-    `ValueError` for an image model without a classification head or images without labels.
+    """What a search trains the masks on: causal-LM windows of the token ids `data` (the model shifts the labels), cut
+    into windows of about `seq_len` tokens (`search_windows`; `None`: as given), or, for an image classifier, the
+    calibration images `data` with the labels of `source` (the `calibration` argument they came from) for its
+    cross-entropy. A dataset / list of examples is passed through. Raises a `ValueError` for an image model without
+    a classification head or images without labels.
 
     `labels="sampled"`: every next token (every image's class) is drawn from the dense model's own prediction
     (`sampled_labels`), so the loss is an unbiased sample of the cross-entropy against the model itself: its
@@ -41,6 +75,7 @@ def search_dataset(
                              "pixel values), not ready-made examples; pass them as a tensor or use 'data'.")  # fmt: skip
         return data
     if not is_image_model(model):
+        data = search_windows(data, seq_len, _bos(model))
         if labels == "sampled":
             return _Windows(data, sampled_labels(model, data, seed))
         return _Windows(data) if labels == "data" else _Teacher(_Windows(data), teacher_targets(model, data))
