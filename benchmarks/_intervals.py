@@ -8,13 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from optimum_prune.evaluation import Comparison, bootstrap_interval, compare
+from optimum_prune.evaluation import Comparison, bootstrap_interval, compare, compare_geometric_mean
 
 __all__ = [
     "accuracy_cell",
     "accuracy_delta_cell",
     "comparison",
     "delta_cell",
+    "geomean_delta_cell",
     "has_documents",
     "interval",
     "interval_table",
@@ -115,4 +116,18 @@ def delta_cell(
     c = comparison(docs, ref_docs)
     if c is None:
         return f"{100 * (x / ref - 1):+.1f}%"
+    return f"{100 * c.delta:+.1f}% [{100 * c.low:+.1f}, {100 * c.high:+.1f}] {c.verdict}"
+
+
+def geomean_delta_cell(row: dict[str, Any], ref: dict[str, Any], keys: Sequence[str]) -> str:
+    """`-2.1% [-3.0, -1.2] better`: the selection criterion's Δ (the geometric mean of the perplexities on the texts
+    `keys`) of a row against its reference, each text's documents resampled, the same draws for both
+    (`compare_geometric_mean`); `–` when a text lacks paired per-document sums."""
+    docs, ref_docs = row.get("docs") or {}, ref.get("docs") or {}
+    pairs = [(docs.get(k), ref_docs.get(k)) for k in keys]
+    if any(not a or not b or a["tokens"] != b["tokens"] or a.get("units") != b.get("units") for a, b in pairs):
+        return "–"
+    c = compare_geometric_mean(
+        [(a["nll"], a["tokens"]) for a, _ in pairs], [(b["nll"], b["tokens"]) for _, b in pairs]
+    )
     return f"{100 * c.delta:+.1f}% [{100 * c.low:+.1f}, {100 * c.high:+.1f}] {c.verdict}"

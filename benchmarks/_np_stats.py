@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from optimum_prune.calibration.sequential import LayerwiseRunner
-from optimum_prune.calibration.stats import GramStats, MomentStats, SquaredNormStats
+from optimum_prune.calibration.stats import GramStats, MomentStats, RunningSums, SquaredNormStats
 from optimum_prune.modeling.architectures import get_layers, layer_view, weight_oi
 
 __all__ = ["Both", "Energy", "collect"]
@@ -56,16 +56,16 @@ _CLASSES = {c.__name__: c for c in (GramStats, MomentStats, SquaredNormStats, En
 
 
 def _state(obj) -> dict[str, Any]:
-    return {"class": type(obj).__name__, **vars(obj)}
+    return {"class": type(obj).__name__, **(obj.state_dict() if isinstance(obj, RunningSums) else vars(obj))}
 
 
 def _restore(state: dict[str, Any]):
     cls = _CLASSES[state["class"]]
+    fields = {k: v for k, v in state.items() if k not in ("class", "_synced")}  # older caches also hold `_synced`
+    if issubclass(cls, RunningSums):
+        return cls.from_state_dict(fields)
     obj = cls.__new__(cls)
-    obj._synced = False  # caches written before the statistics learned to sum over ranks lack it
-    # ... and name their fields without the leading underscore (`sum`, `count` for `_sum`, `_count`)
-    private = {*getattr(cls, "_fields", ()), "_count"} if hasattr(cls, "_fields") else set()
-    obj.__dict__.update({("_" + k if "_" + k in private else k): v for k, v in state.items() if k != "class"})
+    obj.__dict__.update(fields)
     return obj
 
 

@@ -1,20 +1,22 @@
 """Allocation variants of the NP study (`benchmarks/np_allocation.py`): the library's pruners run on statistics
 collected once, with the allocation swapped where a variant asks for it (separate attention / MLP pools, per-layer
-budgets copied from another method's plan); OWL budgets are the library's `allocation="owl"`."""
+budgets copied from another method's plan); OWL budgets are the library's `allocation="owl"`. Each variant is a
+subclass of the library's pruner overriding its public hooks: `collect_scores` (score the cached statistics instead of
+running a calibration pass), `allocate` (the allocation strategy), `score_layer` / `channel_scores` (the scores)."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import dataclasses
 import time
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-import optimum_prune.methods.structured as structured_mod
 from optimum_prune.calibration.sequential import LayerwiseRunner
 from optimum_prune.functional.allocation import LayerUnits, allocate_channel_blocks, allocate_per_layer
+from optimum_prune.functional.allocation import allocate as global_allocate
 from optimum_prune.methods.flap import FLAPConfig, FLAPPruner
 from optimum_prune.methods.numerical import NumericalPruner
 from optimum_prune.methods.structured import layer_outlier_fraction
@@ -31,8 +33,8 @@ def _layer_sizes(model, spec) -> list[float]:
 
 
 def _pooled_allocate(attn_total: float, mlp_total: float):
-    """`allocate` with attention and MLP as separate pools, each losing `ratio` of its own parameters."""
-    base = structured_mod.allocate
+    """Allocation with attention and MLP as separate pools, each losing `ratio` of its own parameters."""
+    base = global_allocate
 
     def allocate(units, ratio, total_cost, mode="global", head_weight=1.0):
         att = [LayerUnits(u.head_scores, u.head_cost, u.max_head_units, None, 0.0, 0) for u in units]
@@ -51,10 +53,10 @@ def _lowest(scores: torch.Tensor | None, k: int) -> list[int]:
 
 
 def _split_allocate(attn_mode: str, mlp_mode: str):
-    """`allocate` with the attention / MLP budget split of the global allocation at the same ratio, each part then
+    """Allocation with the attention / MLP budget split of the global allocation at the same ratio, each part then
     spread per layer (the global ranking within the part) or uniformly (the same number of KV groups / channels in
     every layer, the weakest by score); the MLP takes whatever the attention part leaves of the total."""
-    base = structured_mod.allocate
+    base = global_allocate
 
     def allocate(units, ratio, total_cost, mode="global", head_weight=1.0):
         heads, chans = base(units, ratio, total_cost, mode="global")
@@ -78,7 +80,7 @@ def _split_allocate(attn_mode: str, mlp_mode: str):
 
 
 def _block_allocate(block: int):
-    """`allocate` with MLP channels removed in blocks (`allocate_channel_blocks`; attention not pruned)."""
+    """Allocation with MLP channels removed in blocks (`allocate_channel_blocks`; attention not pruned)."""
 
     def allocate(units, ratio, total_cost, mode="global", head_weight=1.0):
         scores = [u.channel_scores for u in units]
@@ -126,7 +128,7 @@ def attention_influence(model, spec, ids: torch.Tensor, windows: int = 8) -> lis
 
 
 def _noop_allocate(k: int, influence: list[float], block: int):
-    """`allocate` removing the attention of the `k` layers (never layer 0) whose attention turns the residual stream
+    """Allocation removing the attention of the `k` layers (never layer 0) whose attention turns the residual stream
     least (`attention_influence`), and MLP channels in blocks for the rest of the budget."""
 
     def allocate(units, ratio, total_cost, mode="global", head_weight=1.0):
@@ -142,7 +144,7 @@ def _noop_allocate(k: int, influence: list[float], block: int):
 
 
 def _budget_allocate(layer_ratios: list[float], layer_totals: list[float]):
-    """`allocate` replaced by the library's per-layer budgets (`allocate_per_layer`) with the given ratios."""
+    """Allocation by the library's per-layer budgets (`allocate_per_layer`) with the given ratios."""
 
     def allocate(units, ratio, total_cost, mode="global", head_weight=1.0):
         return allocate_per_layer(units, layer_ratios, layer_totals)
@@ -164,49 +166,66 @@ def _removed_fractions(dense, spec, model) -> list[float]:
     return [1 - after / before for before, after in zip(_layer_sizes(dense, spec), _layer_sizes(model, spec))]
 
 
-def _make_pruner(variants, name, ratio, round_to, stats):
+class _Variant:
+    """A structured pruner that scores the cached dense statistics and allocates with `strategy` (default: its own):
+    `strategy(units, ratio, total_cost, mode=..., head_weight=...)` takes the place of the global / uniform allocation
+    of `functional.allocation.allocate` (OWL's per-layer budgets are left as they are)."""
+
+    def __init__(self, config, stats, opts, strategy=None) -> None:
+        super().__init__(config)
+        self.stats, self.opts, self.strategy = stats, opts, strategy
+        self.key = "moments" if isinstance(config, FLAPConfig) else "gram"
+
+    def own(self, i: int) -> dict[str, Any]:
+        return {k: getattr(self.stats[i][k], self.key) for k in ("attn", "mlp")}
+
+    def collect_scores(self, stage, views):  # the dense statistics, already collected: score them, keep them
+        scores = {v.index: self.score_layer(v, self.own(v.index)) for v in views}
+        outliers = {}
+        if self.config.allocation == "owl":
+            outliers = {
+                v.index: layer_outlier_fraction(v, owl_norms(self.stats[v.index]), self.config.owl_threshold)
+                for v in views
+            }
+        return {v.index: self.own(v.index) for v in views}, scores, outliers
+
+    def allocate(self, views, units, outliers, total, info):
+        if self.strategy is None or self.config.allocation == "owl":
+            return super().allocate(views, units, outliers, total, info)
+        mode = "literal" if getattr(self.config, "ranking", "cost_weighted") == "literal" else self.config.allocation
+        info["allocation"] = mode
+        head_weight = 4.0 * views[0].head_dim / 3.0
+        return self.strategy(units, self.config.pruning_ratio, total, mode=mode, head_weight=head_weight)
+
+
+class _FLAPVariant(_Variant, FLAPPruner):
+    pass
+
+
+class _NPVariant(_Variant, NumericalPruner):
+    def score_layer(self, view, stats):
+        if "mix" in self.opts:  # (1 − w)·FLAP's metric + w·the numerical scores, both standardised per module
+            w = self.opts["mix"]
+            fluct = NumericalPruner(dataclasses.replace(self.config, scores="fluctuation"))
+            numer = NumericalPruner(dataclasses.replace(self.config, scores="numerical"))
+            pairs = zip(fluct.score_layer(view, stats), numer.score_layer(view, stats))
+            return tuple(None if a is None else (1 - w) * a.double().cpu() + w * b.double().cpu() for a, b in pairs)
+        if self.opts.get("scores_from") == "flap":  # FLAP's scores (its config's defaults), this method's compensation
+            flap = FLAPPruner(FLAPConfig(pruning_ratio=self.config.pruning_ratio))
+            return flap.score_layer(view, {k: self.stats[view.index][k].moments for k in ("attn", "mlp")})
+        return super().score_layer(view, stats)
+
+    def channel_scores(self, W, st, unit_size=1):
+        if self.opts.get("centred_scores"):  # numerical scores on the covariance (the objective with an intercept)
+            mu = st.mean.double()
+            st = SimpleNamespace(gram=st.gram.double() - torch.outer(mu, mu))
+        return super().channel_scores(W, st, unit_size)
+
+
+def _make_pruner(variants, name, ratio, round_to, stats, strategy):
     cls, kwargs, opts, _ = variants[name]
     config = cls(**{"pruning_ratio": ratio, "round_to": round_to, **kwargs})
-    pruner = (FLAPPruner if cls is FLAPConfig else NumericalPruner)(config)
-    key = "moments" if cls is FLAPConfig else "gram"
-
-    def own(i: int) -> dict[str, Any]:
-        return {k: getattr(stats[i][k], key) for k in ("attn", "mlp")}
-
-    def cached_collect(stage, views):  # the dense statistics, already collected: score them, keep them
-        scores = {v.index: pruner.score_layer(v, own(v.index)) for v in views}
-        outliers = {}
-        if config.allocation == "owl":
-            outliers = {
-                v.index: layer_outlier_fraction(v, owl_norms(stats[v.index]), config.owl_threshold) for v in views
-            }
-        return {v.index: own(v.index) for v in views}, scores, outliers
-
-    pruner._collect = cached_collect
-    if opts.get("scores_from") == "flap":  # FLAP's scores (its config's defaults), this method's compensation
-        flap = FLAPPruner(FLAPConfig(pruning_ratio=ratio))
-        pruner.score_layer = lambda view, _: flap.score_layer(
-            view, {k: stats[view.index][k].moments for k in ("attn", "mlp")}
-        )
-    if opts.get("centred_scores"):  # numerical scores on the covariance (the objective with an intercept)
-        scores = pruner._scores
-
-        def centred(W, st, unit_size=1):
-            mu = st.mean.double()
-            return scores(W, SimpleNamespace(gram=st.gram.double() - torch.outer(mu, mu)), unit_size)
-
-        pruner._scores = centred
-    return pruner
-
-
-@contextlib.contextmanager
-def _patched(obj, name, value):
-    old = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, old)
+    return (_FLAPVariant if cls is FLAPConfig else _NPVariant)(config, stats, opts, strategy)
 
 
 @torch.no_grad()
@@ -214,32 +233,31 @@ def prune_variant(variants, dense, spec, name, ratio, round_to, stats, calib_ids
     """A pruned copy of `dense`, the seconds its plan took, per-layer shapes, its config and extra info."""
     _, _, opts, _ = variants[name]
     info: dict[str, Any] = {}
-    ctx = contextlib.nullcontext()
+    strategy = None
     if opts.get("pools"):
-        ctx = _patched(structured_mod, "allocate", _pooled_allocate(*pool_totals))
+        strategy = _pooled_allocate(*pool_totals)
     elif opts.get("split"):
-        ctx = _patched(structured_mod, "allocate", _split_allocate(*opts["split"]))
+        strategy = _split_allocate(*opts["split"])
     elif opts.get("noop_attention") is not None:
         influence = attention_influence(dense, spec, calib_ids)
         info["attention_influence"] = influence
-        ctx = _patched(structured_mod, "allocate", _noop_allocate(opts["noop_attention"], influence, 256))
+        strategy = _noop_allocate(opts["noop_attention"], influence, 256)
     elif opts.get("mlp_blocks"):
-        ctx = _patched(structured_mod, "allocate", _block_allocate(opts["mlp_blocks"]))
+        strategy = _block_allocate(opts["mlp_blocks"])
     elif opts.get("budgets_from"):
         other = prune_variant(
             variants, dense, spec, opts["budgets_from"], ratio, round_to, stats, calib_ids, pool_totals
         )[0]
         info["layer_ratios"] = ratios = _removed_fractions(dense, spec, other)
-        ctx = _patched(structured_mod, "allocate", _budget_allocate(ratios, _layer_sizes(dense, spec)))
+        strategy = _budget_allocate(ratios, _layer_sizes(dense, spec))
     model = copy.deepcopy(dense)
     t0 = time.perf_counter()
-    pruner = _make_pruner(variants, name, ratio, round_to, stats)
+    pruner = _make_pruner(variants, name, ratio, round_to, stats, strategy)
     pruner.validate(model, spec)
     runner = None
     if getattr(pruner.config, "compensation_inputs", "dense") == "sequential":
         runner = lambda: LayerwiseRunner(model, spec, calib_ids, batch_size=8)  # noqa: E731
-    with ctx:
-        plan = pruner.compute_plan(Stage(model, spec, runner))
+    plan = pruner.compute_plan(Stage(model, spec, runner))
     info.update({k: plan.info[k] for k in ("layer_ratios", "outlier_fractions") if k in plan.info})
     layers = get_layers(model, spec)
     for idx, lp in plan.layers.items():

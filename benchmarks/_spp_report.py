@@ -132,7 +132,15 @@ def markdown(res: dict) -> str:
         f"`{ {k: v for k, v in (search.get('settings') or {}).items() if k in _SHOWN} }`, ν per unit kind "
         f"{ {k: round(v, 1) for k, v in (search.get('nu') or {}).items()} }) on "
         f"{' × '.join(map(str, search.get('calibration') or ['the calibration']))} windows of the calibration split"
-        + (" (the calibration ids above, sliced otherwise)" if search.get("view_of_calibration") else "")
+        + (
+            (
+                " (the calibration ids above"
+                + ("" if search.get("calibration") == [a["num_samples"], a["calib_seq_len"]] else ", sliced otherwise")
+                + ")"
+            )
+            if search.get("view_of_calibration")
+            else ""
+        )  # fmt: skip
         + (
             f", cut into {' × '.join(map(str, search['windows']))} search windows"
             if search.get("windows") and search["windows"] != search.get("calibration")

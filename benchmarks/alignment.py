@@ -213,7 +213,11 @@ def main(argv=None) -> int:
                 model = copy.deepcopy(dense)
                 config = METHODS[method](pruning_ratio=args.ratio, round_to=rt)
                 report = prune_(
-                    model, config, calib_ids if needs_calibration(config) else None, tokenizer=tok, stats_cache=cache
+                    model,
+                    config,
+                    calib_ids if requires_calibration(config) else None,
+                    tokenizer=tok,
+                    stats_cache=cache,
                 )
                 name = f"{method}_rt{rt}"
                 table = layer_table(model, get_spec(model))
@@ -334,7 +338,7 @@ def q8_0_megabytes(model: torch.nn.Module) -> float:
     return total / 1e6
 
 
-def needs_calibration(config) -> bool:
+def requires_calibration(config) -> bool:
     from optimum_prune.methods.registry import get_pruner_class
 
     return get_pruner_class(config.method)(config).requires_calibration

@@ -32,6 +32,8 @@ import torch  # noqa: E402
 from optimum_prune.calibration.sequential import LayerwiseRunner  # noqa: E402
 from optimum_prune.calibration.stats import GramStats  # noqa: E402
 from optimum_prune.functional.masks import keep_mask  # noqa: E402
+from optimum_prune.functional.scores import wanda_scores  # noqa: E402
+from optimum_prune.functional.sparsegpt import sparsegpt_prune  # noqa: E402
 from optimum_prune.methods.amp.config import AMPConfig  # noqa: E402
 from optimum_prune.methods.amp.equilibrium import (  # noqa: E402
     MaskObjective,
@@ -40,10 +42,8 @@ from optimum_prune.methods.amp.equilibrium import (  # noqa: E402
     input_norms,
     refit_kept,
 )
-from optimum_prune.methods.amp.functional import _DataTerm, amp_masks, binarize, relative_attention_error  # noqa: E402
+from optimum_prune.methods.amp.functional import DataTerm, amp_masks, binarize, relative_attention_error  # noqa: E402
 from optimum_prune.methods.amp.pruner import AMPPruner  # noqa: E402
-from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune  # noqa: E402
-from optimum_prune.methods.wanda.functional import wanda_scores  # noqa: E402
 from optimum_prune.modeling.access import qk_weights  # noqa: E402
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view  # noqa: E402
 
@@ -80,7 +80,7 @@ def study_layer(inp, Wq, Wk, bq, bk, rho: float, cg_steps: int, refit_steps: int
         "magnitude": [W * keep_mask(W.abs(), rho, None, per="matrix") for W in (Wq, Wk)],
     }
     rec: dict = {"baselines": {m: relative_attention_error(inp, Wq, Wk, *w, bq, bk) for m, w in base.items()}}
-    obj = MaskObjective(_DataTerm(inp, Wq, Wk, bq, bk, 256.0, True, True, False), Wq, Wk)
+    obj = MaskObjective(DataTerm(inp, Wq, Wk, bq, bk, 256.0, True, True, False), Wq, Wk)
     t = time.perf_counter()
     mean, top, diag32 = curvature_scales(obj, probes=32, power_steps=8)
     diag8 = curvature_scales(obj, probes=8, power_steps=0, seed=1)[2]

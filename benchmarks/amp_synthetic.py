@@ -27,9 +27,9 @@ import harness
 import torch
 
 from optimum_prune.functional.masks import keep_mask
+from optimum_prune.functional.scores import wanda_scores
+from optimum_prune.functional.sparsegpt import sparsegpt_prune
 from optimum_prune.methods.amp.functional import AttentionInputs, amp_masks, fused_amp_masks, softmax_causal
-from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune
-from optimum_prune.methods.wanda.functional import wanda_scores
 
 D = torch.float64
 # name -> (lr, lambda_, regularizer) as functions of (η, λ_ctrl, n): every reading is an `amp_masks` setting

@@ -50,11 +50,11 @@ from optimum_prune import AMPConfig, AutoPruner, SparseGPTConfig, WandaConfig, _
 from optimum_prune.calibration.sequential import LayerwiseRunner  # noqa: E402
 from optimum_prune.calibration.stats import GramStats  # noqa: E402
 from optimum_prune.functional.masks import keep_mask  # noqa: E402
+from optimum_prune.functional.scores import wanda_scores  # noqa: E402
+from optimum_prune.functional.sparsegpt import sparsegpt_prune  # noqa: E402
 from optimum_prune.methods.amp.blocked import causal_blocks  # noqa: E402
 from optimum_prune.methods.amp.functional import amp_masks, relative_attention_error  # noqa: E402
 from optimum_prune.methods.amp.pruner import AMPPruner  # noqa: E402
-from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune  # noqa: E402
-from optimum_prune.methods.wanda.functional import wanda_scores  # noqa: E402
 from optimum_prune.modeling.access import qk_weights as layer_qk  # noqa: E402
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view, weight_oi  # noqa: E402
 

@@ -29,8 +29,8 @@ import optimum_prune.methods.fista.functional as fista  # noqa: E402
 from optimum_prune import CalibrationConfig, __version__  # noqa: E402
 from optimum_prune.calibration.data import get_calibration_batches  # noqa: E402
 from optimum_prune.functional.masks import keep_mask  # noqa: E402
+from optimum_prune.functional.scores import wanda_scores  # noqa: E402
 from optimum_prune.methods.fista.solver import spectral_gram  # noqa: E402
-from optimum_prune.methods.wanda.functional import wanda_scores  # noqa: E402
 
 PROJECTIONS = {"q_proj": "self_attn.q_proj", "gate_proj": "mlp.gate_proj", "down_proj": "mlp.down_proj"}
 
@@ -68,22 +68,11 @@ def capture_grams(model, tokenizer, layer: int, docs: list[str], num_samples: in
 def run_fista(W: torch.Tensor, G: torch.Tensor, held_out: torch.Tensor, eps: float) -> dict[str, Any]:
     """`fista_prune` at the defaults but `eps` (Wanda warm start, 50%), every rounded iterate scored on `held_out`."""
     iterates = []
-    round_to_pattern = fista.round_to_pattern
-
-    def recording(*args, **kwargs):
-        out = round_to_pattern(*args, **kwargs)
-        iterates.append(out.clone())
-        return out
-
     W0 = W * keep_mask(wanda_scores(W, G.diagonal().clamp_min(0)), 0.5, None, per="row")
     eig = spectral_gram(G)
-    fista.round_to_pattern = recording  # the first call rounds the warm start, then one call per outer step
-    try:
-        start = time.perf_counter()
-        _, info = fista.fista_prune(W, G, G, G, W0, 0.5, eig=eig, eps=eps)
-        seconds = time.perf_counter() - start
-    finally:
-        fista.round_to_pattern = round_to_pattern
+    start = time.perf_counter()  # the rounded warm start, then one rounded iterate per outer step
+    _, info = fista.fista_prune(W, G, G, G, W0, 0.5, eig=eig, eps=eps, on_iterate=lambda A: iterates.append(A.clone()))
+    seconds = time.perf_counter() - start
     held = [fista.reconstruction_error(A, W, held_out, held_out, held_out) for A in iterates]
     best_so_far, best_held = [], []
     for k, (e_cal, e_held) in enumerate(zip([info["error_init"], *info["errors_total"]], held)):

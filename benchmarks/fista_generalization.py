@@ -39,9 +39,9 @@ from fista_calibration_size import PROJECTIONS, capture_grams  # noqa: E402
 
 from optimum_prune import __version__  # noqa: E402
 from optimum_prune.functional.masks import keep_mask  # noqa: E402
+from optimum_prune.functional.scores import wanda_scores  # noqa: E402
+from optimum_prune.functional.sparsegpt import sparsegpt_prune  # noqa: E402
 from optimum_prune.methods.fista.functional import fista_prune, reconstruction_error  # noqa: E402
-from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune  # noqa: E402
-from optimum_prune.methods.wanda.functional import wanda_scores  # noqa: E402
 
 SETS = ("calibration", "held-out BBC", "OOD")  # of the results written before the protocol
 # token sets of a run under the protocol: name -> corpus of its evaluation documents (None: the calibration windows)

@@ -28,6 +28,7 @@ import argparse
 import hashlib
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,8 @@ VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
     "np_unit_pools": (_NP, _UNIT, {"pools": True}, "NP, unit, separate attention / MLP pools"),
     "np_unit_flapbudget": (_NP, _UNIT, {"budgets_from": "flap"}, "NP, unit, FLAP's layer budgets (diagnostic)"),
     "np_unit_d1": (_NP, {**_UNIT, "compensation_damping": 1.0}, {}, "NP, unit, damping 1"),
+    "np_unit_d0.01": (_NP, {**_UNIT, "compensation_damping": 0.01}, {}, "NP, unit, damping 0.01 (the paper's)"),
+    "np_unit_nostd": (_NP, {**_UNIT, "standardize_per_layer": False}, {}, "NP, unit, raw scores (not standardised)"),
     "np_unit_d10": (_NP, {**_UNIT, "compensation_damping": 10.0}, {}, "NP, unit, damping 10"),
     "np_unit_norefit": (_NP, {**_UNIT, "compensate": False}, {}, "NP, unit, no refit (mask only)"),
     "np_unit_owl": (_NP, {**_UNIT, **_OWL}, {}, "NP, unit, OWL budgets (M 5, λ 0.08)"),
@@ -149,6 +152,32 @@ VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
         )
         for s in (0.0, 0.25, 0.5, 0.75)
     },
+    # the light-ratio screen: FLAP's metric (w = 0) ... the numerical scores (w = 1), the refit at s = 0.5 + 0.5·w,
+    # with a bias (architectures whose export has a slot for it) or without
+    "np_fluct_s0.5": (
+        _NP,
+        {**_UNIT, "scores": "fluctuation", "compensation_bias": False, "compensation_strength": 0.5},
+        {},
+        "NP, FLAP's metric, refit without a bias at strength 0.5",
+    ),
+    "np_fluct_s1": (
+        _NP,
+        {**_UNIT, "scores": "fluctuation", "compensation_bias": False, "compensation_strength": 1.0},
+        {},
+        "NP, FLAP's metric, full refit without a bias",
+    ),
+    "np_mix0.5_bias_s0.75": (
+        _NP,
+        {**_UNIT, **_BIAS, "compensation_strength": 0.75},
+        {"mix": 0.5},
+        "NP, scores ½ FLAP's metric + ½ numerical, bias refit at strength 0.75",
+    ),
+    "np_mix0.5_s0.75": (
+        _NP,
+        {**_UNIT, "compensation_bias": False, "compensation_strength": 0.75},
+        {"mix": 0.5},
+        "NP, scores ½ FLAP's metric + ½ numerical, refit without a bias at strength 0.75",
+    ),
     "np_unit_cbias_flapbudget": (
         _NP,
         {**_UNIT, **_BIAS},
@@ -257,6 +286,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run VARIANT only at these ratios (e.g. np_loss=0.2,0.5 to screen it beside a full grid)",
     )
     p.add_argument("--round-to", type=int, default=1, help="StructuredPruningConfig.round_to for every method")
+    p.add_argument("--baseline", default="flap", choices=sorted(VARIANTS), help="the Δ columns' reference (FLAP)")
     p.add_argument("--output", type=Path, default=None, help="JSON path (default: results/np_allocation_<model>.json)")
     p.add_argument("--note", default="")
     p.add_argument("--collect-only", action="store_true", help="only collect (and cache) the statistics")
@@ -307,16 +337,24 @@ def markdown(res: dict[str, Any]) -> str:
         + ", ".join(
             f"{label} {res['dense'].get(t + k, float('nan')):.2f} @{q}" for t, label in texts for k, q in seqs
         ),
-        "- Δ vs FLAP: relative perplexity change against FLAP at the same ratio (negative = NP better).",
     ]
+    documents = any(r.get("documents") for r in res["runs"])
+    if not documents:  # the interval tables name their baseline in each Δ column
+        lines.append("- Δ vs FLAP: relative perplexity change against FLAP at the same ratio (negative = NP better).")
     if res.get("protocol"):
         lines.append(harness.protocol_line(res))
     if s.get("note"):
         lines.append(f"- Note: {s['note']}")
+    head = str(res.get("versions", {}).get("git_commit"))[:10]
+    commits = {id(r): str(r["commit"])[:10] if r.get("commit") else "not recorded" for r in res["runs"]}
+    other = [r for r in res["runs"] if commits[id(r)] != head]
+    if other and any(r.get("commit") for r in res["runs"]):  # a resumed file: the runs kept from an earlier run
+        lines.append("- Runs kept from an earlier run (commit): " + ", ".join(
+            f"{r['variant']} @ {r['ratio']:g} ({commits[id(r)]})" for r in other) + ".")  # fmt: skip
     runs = res["runs"]
     ratios = sorted({r["ratio"] for r in runs})
     variants = [v for v in s["variants"] if any(r["variant"] == v for r in runs)]
-    if any(r.get("documents") for r in runs):
+    if documents:
         return "\n".join(lines + _interval_tables(res, texts, seqs, ratios, variants)) + "\n"
     for t, label in texts:
         for k, q in seqs:
@@ -343,24 +381,36 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def _interval_tables(res, texts, seqs, ratios, variants) -> list[str]:
-    """Per window length: every run's perplexity on each text with its bootstrap 95% interval, and its Δ against FLAP
-    at the same ratio with the paired interval and the verdict (results that store per-document sums)."""
+    """Per window length: every run's perplexity on each text with its bootstrap 95% interval, and its Δ against the
+    baseline variant at the same ratio (FLAP unless `--baseline`) with the paired interval and the verdict; then the
+    selection criterion (benchmarks/README.md) per run (results that store per-document sums)."""
     runs = {(r["variant"], r["ratio"]): r for r in res["runs"]}
     dense_docs = res.get("dense_documents", {})
+    baseline = res["settings"].get("baseline", "flap")
     lines = []
     for k, q in seqs:
         keys = [(t + k, label) for t, label in texts]
-        dense = {"group": "0", "label": "dense", "ppl": res["dense"], "docs": dense_docs, "ref": None}
-        rows = [dense]
+        rows = [{"group": "0", "label": "dense", "ppl": res["dense"], "docs": dense_docs, "ref": None}]
         for ratio in ratios:
-            flap = runs.get(("flap", ratio))
+            base = runs.get((baseline, ratio))
             for v in variants:
                 run = runs.get((v, ratio))
                 if run is not None:
-                    ref = None if v == "flap" or flap is None else {"ppl": flap, "docs": flap.get("documents")}
+                    ref = None if v == baseline or base is None else {"ppl": base, "docs": base.get("documents")}
                     rows.append({"group": f"{ratio:g}", "label": _label(res, v), "ppl": run,
                                  "docs": run.get("documents"), "ref": ref})  # fmt: skip
-        lines += ["", f"## Perplexity, windows of {q}", ""] + harness.interval_table(rows, keys)
+        lines += ["", f"## Perplexity, windows of {q}", ""]
+        lines += harness.interval_table(rows, keys, baseline=_label(res, baseline))
+        if len(keys) == 3:
+            lines += ["", f"### Selection criterion, windows of {q}: geometric mean of the three perplexities", ""]
+            lines += ["| ratio | variant | geometric mean | Δ vs " + _label(res, baseline) + " [95%], verdict |",
+                      "|---:|---|---:|---|"]  # fmt: skip
+            for row in rows[1:]:
+                gm = math.exp(sum(math.log(row["ppl"][key]) for key, _ in keys) / len(keys))
+                delta = (
+                    "" if row["ref"] is None else harness.geomean_delta_cell(row, row["ref"], [key for key, _ in keys])
+                )
+                lines.append(f"| {row['group']} | {row['label']} | {gm:.2f} | {delta} |")
     lines += ["", "## Measured ratio and decide time (s) per run", ""]
     lines += [
         f"- {r['variant']} @ {r['ratio']:g}: measured {r['measured']:.3f}, {r['prune_s']:.1f} s" for r in res["runs"]
@@ -453,7 +503,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 VARIANTS, dense, spec, name, ratio, args.round_to, stats, calib_ids, totals
             )
             run = {"variant": name, "ratio": ratio, "prune_s": prune_s, "shapes": shapes, "config": config,
-                   "measured": 1 - attention_mlp_params(model, spec) / before, **info}  # fmt: skip
+                   "measured": 1 - attention_mlp_params(model, spec) / before, "commit": env["versions"]["git_commit"],
+                   **info}  # fmt: skip
             ppl, run["documents"] = perplexities(model)
             run.update(ppl)
             res["runs"].append(run)

@@ -166,27 +166,6 @@ def _io() -> dict[str, int]:
         return {k: int(v) for k, v in (line.split(": ") for line in f)}
 
 
-def _time_fista_solves() -> list[float]:
-    """Seconds spent in FISTA's per-projection solves (warm start, eigendecomposition, iterations)."""
-    import optimum_prune.methods.fista.pruner as fp
-
-    total = [0.0]
-
-    def timed(fn):
-        def wrapper(*args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                total[0] += time.perf_counter() - t
-
-        return wrapper
-
-    fp.fista_prune, fp.spectral_gram = timed(fp.fista_prune), timed(fp.spectral_gram)
-    fp.FISTAPruner._warm_start = timed(fp.FISTAPruner._warm_start)
-    return total
-
-
 def child(spec: dict) -> None:
     sampler = _Sampler()
     sampler.start()
@@ -199,7 +178,6 @@ def child(spec: dict) -> None:
 
     torch.set_num_threads(spec["threads"])
     init_from_env()
-    solve = _time_fista_solves()
     rss_imported = sampler.read()["VmRSS"]
     t_load = time.perf_counter()
     pruner = AutoPruner.from_pretrained(spec["model"], low_memory=spec["low_memory"])
@@ -230,7 +208,7 @@ def child(spec: dict) -> None:
         "io": {k: io1[k] - io0[k] for k in ("read_bytes", "write_bytes", "rchar", "wchar")},
         "block_io": report.info.get("block_io"),
         "activations": report.info.get("activations"),
-        "fista_solve_seconds": solve[0],
+        "fista_solve_seconds": report.info.get("solve_seconds", 0.0),  # this process's FISTA solves
         "params_before": report.params_before,
         "measured": report.measured,
     }

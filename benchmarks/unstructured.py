@@ -2,7 +2,7 @@
 
 Methods: magnitude, Wanda, SparseGPT, RIA, FISTAPruner at its defaults (`fista`) and at the paper's setting
 (`fista_paper`, `FISTAConfig.paper()`), FISTA candidates (`fista:ridge=0.1+eps=0.01`: `FISTAConfig` with those
-options; labelled "= default" when they are today's defaults), at 50% unstructured and at 2:4, then an optional
+options; labelled "= default" when they are the defaults), at 50% unstructured and at 2:4, then an optional
 sparsity sweep. Every method
 gets the *same* calibration token ids (`--num-samples` x `--seq-len`, built once from the calibration split of the
 BBC corpus, benchmarks/README.md's protocol) and is scored by perplexity on the *same* first `--eval-tokens` tokens

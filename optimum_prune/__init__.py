@@ -1,7 +1,7 @@
 """optimum_prune: prune Hugging Face transformers into smaller, faster checkpoints."""
 
 from .auto import AutoPrunedModelForCausalLM, AutoPrunedModelForImageClassification, AutoPruner
-from .config import CalibrationConfig, PruningConfig, StructuredPruningConfig
+from .config import CalibrationConfig, PruningConfig, StructuredPruningConfig, UnstructuredPruningConfig
 from .export import GGUFExportError, GGUFTokenizerError, export_gguf
 from .finetune import FinetuneConfig, FinetuneReport, PruningCallback, SparsityCallback, finetune_
 from .methods.amp import AMPConfig
@@ -14,7 +14,6 @@ from .methods.registry import available_methods, register_pruning_method
 from .methods.ria import RIAConfig
 from .methods.sparsegpt import SparseGPTConfig
 from .methods.spp import SolutionPath, SolutionPathError, SPPConfig, SPPRIAConfig, SPPSearchError
-from .methods.unstructured import UnstructuredPruningConfig
 from .methods.wanda import WandaConfig
 from .modeling.architectures import UnsupportedArchitectureError, supported_model_types
 from .modeling.auto_classes import register_pruned_architectures

@@ -1,4 +1,5 @@
-"""Configuration dataclasses: the `PruningConfig` base every method config derives from, and `CalibrationConfig`."""
+"""Configuration dataclasses: the `PruningConfig` base every method config derives from, the structured and the
+unstructured bases, and `CalibrationConfig`."""
 
 from __future__ import annotations
 
@@ -12,21 +13,44 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .constants import PRUNING_CONFIG_NAME
+from .functional.masks import parse_pattern
+from .modeling.targets import normalize_targets
 
-__all__ = ["PruningConfig", "StructuredPruningConfig", "CalibrationConfig", "validate_ratio"]
+__all__ = [
+    "PruningConfig",
+    "StructuredPruningConfig",
+    "UnstructuredPruningConfig",
+    "CalibrationConfig",
+    "validate_ratio",
+    "validate_sparsity",
+    "validate_targets",
+    "choice",
+]
 
 logger = logging.getLogger(__name__)
 
 
-# method name -> config class, filled by `register_pruning_method` (optimum_prune.methods.registry); `from_dict` on
-# the base class looks the `method` key up here.
-_METHOD_CONFIGS: dict[str, type] = {}
+# The one registry of pruning methods: name -> (config class, pruner class). `register_pruning_method`
+# (optimum_prune.methods.registry) validates a method and adds it; `PruningConfig.from_dict` on a base class looks the
+# `method` key up here, the runner its pruner class.
+_METHODS: dict[str, tuple[type, type]] = {}
 
 
-def register_config_class(name: str, config_cls: type) -> None:
-    """Make `PruningConfig.from_dict` build `config_cls` for `{"method": name, ...}` (`register_pruning_method` calls
-    this after validating the method)."""
-    _METHOD_CONFIGS[name] = config_cls
+def add_method(name: str, config_cls: type, pruner_cls: type) -> None:
+    """Record a validated method (`register_pruning_method` calls this; use that instead)."""
+    _METHODS[name] = (config_cls, pruner_cls)
+
+
+def method_classes(name: str) -> tuple[type, type]:
+    """`(config class, pruner class)` of a registered method, or a `ValueError` naming the registered ones."""
+    if name not in _METHODS:
+        raise ValueError(f"Unknown pruning method {name!r}. Available: {', '.join(method_names())}.")
+    return _METHODS[name]
+
+
+def method_names() -> list[str]:
+    """The registered methods' names, sorted."""
+    return sorted(_METHODS)
 
 
 def validate_ratio(name: str, value: float) -> None:
@@ -40,7 +64,8 @@ def validate_ratio(name: str, value: float) -> None:
         )
 
 
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+def choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    """Raise a `ValueError` unless `value` is one of `allowed`."""
     if value not in allowed:
         raise ValueError(f"`{name}` must be one of {list(allowed)}, got {value!r}.")
 
@@ -53,7 +78,7 @@ class PruningConfig:
     class attribute names the registered method. `config_version` (written into every file) and `migrations` read
     files of an older version as their version ran: `to_dict` writes every field, so only a field added since can be
     missing, and `migrations[v]` maps each field added in version `v` to the value that reproduces the behaviour before
-    it existed (a file without `config_version`, written by hand, takes today's defaults).
+    it existed (a file without `config_version`, written by hand, takes the current defaults).
 
     Args:
         seed (`int`, defaults to `0`): seed for every random choice the method makes.
@@ -90,11 +115,7 @@ class PruningConfig:
         if not cls.method:  # a base class: the `method` key picks the registered subclass
             if method is None:
                 raise ValueError("The config dict has no `method` key; cannot tell which pruning method it is for.")
-            if method not in _METHOD_CONFIGS:
-                raise ValueError(
-                    f"Unknown pruning method {method!r}. Available: {', '.join(sorted(_METHOD_CONFIGS))}."
-                )
-            target = _METHOD_CONFIGS[method]
+            target = method_classes(method)[0]
             if not issubclass(target, cls):
                 raise ValueError(f"Config dict is for method {method!r} ({target.__name__}), not a {cls.__name__}.")
         elif method is not None and method != cls.method:
@@ -203,7 +224,7 @@ class StructuredPruningConfig(PruningConfig):
             nearest multiple, within the guards; a layer with at most `round_to` channels is left as allocated).
             Aligned widths keep llama.cpp's / ggml's matrix kernels on their fast paths and let q8_0 quantize every
             row (blocks of 32); `round_to=1` keeps the allocation's exact widths. llama.cpp's k-quants need rows that
-            are a multiple of 256. See `benchmarks/results/alignment_smollm2.md`.
+            are a multiple of 256 (docs/methods/index.md, "Hardware-aligned shapes").
         skip_layers (`tuple[int, ...]`, defaults to `()`): decoder layers left untouched.
     """
 
@@ -222,12 +243,12 @@ class StructuredPruningConfig(PruningConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         validate_ratio("pruning_ratio", self.pruning_ratio)
-        _choice("allocation", self.allocation, ("global", "servable", "uniform", "owl"))
+        choice("allocation", self.allocation, ("global", "servable", "uniform", "owl"))
         if not self.owl_threshold > 0 or not 0 <= self.owl_lambda < 0.5:
             raise ValueError(
                 f"`owl_threshold` must be > 0 and `owl_lambda` in [0, 0.5), got {self.owl_threshold}, {self.owl_lambda}."
             )
-        _choice("gqa_mode", self.gqa_mode, ("auto", "group", "query"))
+        choice("gqa_mode", self.gqa_mode, ("auto", "group", "query"))
         for name in ("min_heads_per_layer", "min_mlp_channels_per_layer", "round_to"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -235,6 +256,62 @@ class StructuredPruningConfig(PruningConfig):
         if not (self.prune_attention or self.prune_mlp):
             raise ValueError("At least one of `prune_attention` and `prune_mlp` must be True.")
         self.skip_layers = tuple(int(i) for i in self.skip_layers)
+
+
+def validate_sparsity(sparsity: Any, pattern: str) -> None:
+    if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not math.isfinite(sparsity):
+        raise ValueError(f"`sparsity` must be a number in [0, 1), got {sparsity!r}.")
+    if not 0 <= sparsity < 1:
+        raise ValueError(f"`sparsity` must be in [0, 1) (fraction of weights set to zero), got {sparsity}.")
+    nm = parse_pattern(pattern)  # raises a clear ValueError for N >= M, N < 1, malformed strings
+    if nm is not None and not math.isclose(sparsity, 1 - nm[0] / nm[1]):
+        raise ValueError(
+            f"pattern {pattern!r} keeps {nm[0]} of every {nm[1]} weights, i.e. sparsity {1 - nm[0] / nm[1]:g}, "
+            f"but sparsity={sparsity} was requested. Set sparsity={1 - nm[0] / nm[1]:g} or pattern='unstructured'."
+        )
+
+
+def validate_targets(targets: Any) -> tuple[str, ...] | None:
+    """Checks role names (`ROLES` plus `"attention"`, `"mlp"`); returns them as a tuple (`None`: all)."""
+    if targets is None:
+        return None
+    if isinstance(targets, str):
+        targets = (targets,)
+    normalize_targets(targets)
+    return tuple(targets)
+
+
+@dataclass
+class UnstructuredPruningConfig(PruningConfig):
+    """Base class of the unstructured / N:M methods' configurations (the counterpart of `StructuredPruningConfig`):
+    the fields every one of them has. A new unstructured method's config derives from it (see
+    `optimum_prune.methods.unstructured.SequentialPruner` for the pruner side).
+
+    Args:
+        sparsity (`float`, defaults to `0.5`): fraction of each targeted projection's weights set to zero.
+        pattern (`str`, defaults to `"unstructured"`): `"unstructured"` or `"N:M"` (N weights *kept* in every
+            group of M consecutive inputs of a row, NVIDIA's convention; `"2:4"` is 50%).
+        targets (`tuple[str, ...] | None`, defaults to `None`): projections to prune, by architecture-independent
+            role: `"q_proj"`, `"k_proj"`, `"v_proj"`, `"o_proj"`, `"gate_proj"`, `"up_proj"`, `"down_proj"`, or the
+            shorthands `"attention"` / `"mlp"`. `None` prunes every projection. Mapped through the architecture
+            table (OPT's `fc1` is `up_proj`, GPT-2's `c_attn` holds q/k/v as row slices).
+    """
+
+    sparsity: float = 0.5
+    pattern: str = "unstructured"
+    targets: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.pattern, str) and self.pattern.strip().lower() not in ("unstructured",):
+            validate_sparsity(self.sparsity, self.pattern)
+        else:
+            validate_sparsity(self.sparsity, "unstructured")
+        self.targets = validate_targets(self.targets)
+
+    @property
+    def nm(self) -> tuple[int, int] | None:
+        return None if self.pattern == "unstructured" else parse_pattern(self.pattern)
 
 
 @dataclass

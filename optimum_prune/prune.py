@@ -94,10 +94,11 @@ def prune_(
         else:
             report = _recipe_report(stage, pruners, records, params_before, t0)
     report.calibration = calib_desc
+    resolved = [p.config.to_dict() for p in pruners]  # the configs as they ran: defaults resolved per architecture
     if single:
-        record_history(model, config.method, config.config_version, config.to_dict(), calib_desc, report)
+        record_history(model, config.method, config.config_version, resolved[0], calib_desc, report)
     else:
-        record_history(model, RECIPE_METHOD, 1, [c.to_dict() for c in configs], calib_desc, report)
+        record_history(model, RECIPE_METHOD, 1, resolved, calib_desc, report)
     logger.info("%s", report)
     return report
 

@@ -41,10 +41,10 @@ def test_compute_plan_is_private():
 def test_config_names_follow_one_rule():
     """`<Method>Config` with the method's name as its paper writes it (acronyms in capitals), beside a pruner class
     `<Method>Pruner`; the base classes are `PruningConfig`, `StructuredPruningConfig`, `UnstructuredPruningConfig`."""
-    from optimum_prune.methods.registry import _REGISTRY, available_methods
+    from optimum_prune.methods.registry import available_methods, get_config_class, get_pruner_class
 
-    available_methods()
-    for name, (config_cls, pruner_cls) in _REGISTRY.items():
+    for name in available_methods():
+        config_cls, pruner_cls = get_config_class(name), get_pruner_class(name)
         stem = config_cls.__name__.removesuffix("Config")
         assert config_cls.__name__.endswith("Config") and not stem.endswith("Pruning"), config_cls.__name__
         assert pruner_cls.__name__ == stem + "Pruner", (name, pruner_cls.__name__)
@@ -85,9 +85,9 @@ def test_old_config_files_run_as_their_version_did(caplog):
     assert "written by a newer optimum_prune" in caplog.text
     with pytest.raises(ValueError, match="config_version"):
         PruningConfig.from_dict({**current, "config_version": "1"})
-    from optimum_prune.config import _METHOD_CONFIGS
+    from optimum_prune.methods.registry import available_methods, get_config_class
 
-    migrated = {cls for cls in _METHOD_CONFIGS.values() if cls.migrations}
+    migrated = {get_config_class(name) for name in available_methods() if get_config_class(name).migrations}
     assert {c.method for c in migrated} >= {"spp", "numerical", "fista", "amp"}
     for cls in migrated:  # every migration: a version-1 file lacking the fields gets the recorded values
         current = cls().to_dict()

@@ -209,6 +209,15 @@ def test_no_references_outside_the_repository():
     assert not offenders, f"references outside the repository: {offenders}"
 
 
+def test_no_measurements_in_the_configurations():
+    """A configuration's docstring says what each option does; the measurements behind a default live on the
+    method's page (its "The paper's setting and our defaults" section)."""
+    for config_cls in map(get_config_class, available_methods()):
+        doc = config_cls.__doc__ or ""
+        found = re.findall(r"SmolLM2|DINOv2|BBC|benchmarks/results|perplexity \d|\d+(?:\.\d+)? vs \d", doc)
+        assert not found, f"{config_cls.__name__}'s docstring carries measurements: {found}"
+
+
 def test_docs_paths_in_docstrings_exist():
     """`docs/...md` pages named in the package's docstrings and comments exist."""
     for path in (REPO / "optimum_prune").rglob("*.py"):

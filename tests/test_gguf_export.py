@@ -13,8 +13,17 @@ from testing_utils import tiny_model
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from optimum_prune import AutoPruner, MagnitudeConfig, NumericalConfig, export_gguf, prune_, save_pruned_model
+from optimum_prune import (
+    AutoPruner,
+    FLAPConfig,
+    MagnitudeConfig,
+    NumericalConfig,
+    export_gguf,
+    prune_,
+    save_pruned_model,
+)
 from optimum_prune.cli import main
+from optimum_prune.constants import PRUNING_CONFIG_NAME
 from optimum_prune.export import GGUFExportError
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view
 from optimum_prune.modeling.shapes import layer_table
@@ -235,6 +244,40 @@ def test_per_layer_qwen3_gemma3_refused_before_writing(arch, small_tokenizer, tm
     with pytest.raises(GGUFExportError, match="allocation='uniform'"):
         export_gguf(model, tmp_path / "x" / "m.gguf", tokenizer=small_tokenizer)
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("ratio", [0.1, 0.2])
+@pytest.mark.parametrize("config_cls", [NumericalConfig, FLAPConfig])
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_default_config_exports_where_the_graph_has_no_output_bias(arch, config_cls, ratio, small_tokenizer, tmp_path):
+    """NP's and FLAP's defaults add no o_proj / down_proj bias on Qwen3 / Gemma-3 (llama.cpp's graphs read none), so
+    the default output exports, in the shape llama.cpp runs for them (`allocation="uniform"`; `round_to=1`: the
+    default 64 leaves a 96-wide tiny MLP whole); the saved config records the resolved setting. Forcing the bias on
+    is what the exporter refuses."""
+    key = "compensation_bias" if config_cls is NumericalConfig else "bias_compensation"
+    overrides = {"query_pre_attn_scalar": 16} if arch == "gemma3" else {}
+    ids = _ids(len(small_tokenizer))
+    model = _model(arch, small_tokenizer, **overrides)
+    report = prune_(model, config_cls(pruning_ratio=ratio, allocation="uniform", round_to=1), ids)
+    assert report.measured > 0.05 and report.config[key] is False
+    assert not any(row["biases"] for row in layer_table(model, get_spec(model)))
+    save_pruned_model(model, tmp_path / "out")
+    saved = json.loads((tmp_path / "out" / PRUNING_CONFIG_NAME).read_text())["history"][-1]["config"]
+    assert saved[key] is False  # what the saved config records
+    path = export_gguf(model, tmp_path / "m.gguf", "f32", tokenizer=small_tokenizer)
+    assert _fields(gguf.GGUFReader(path))["general.architecture"] == arch
+    forced = _model(arch, small_tokenizer, **overrides)
+    prune_(forced, config_cls(pruning_ratio=ratio, allocation="uniform", round_to=1, **{key: True}), ids)
+    with pytest.raises(GGUFExportError, match="has no bias for"):
+        export_gguf(forced, tmp_path / "f.gguf", tokenizer=small_tokenizer)
+
+
+def test_default_bias_stays_where_the_graph_reads_one(small_tokenizer):
+    """On Llama (llama.cpp's graph reads an o_proj / down_proj bias) FLAP keeps its bias compensation by default."""
+    model = _model("llama_gqa", small_tokenizer)
+    report = prune_(model, FLAPConfig(pruning_ratio=0.2, round_to=1), _ids(len(small_tokenizer)))
+    assert report.config["bias_compensation"] is True
+    assert all(row["biases"] for row in layer_table(model, get_spec(model)))
 
 
 def test_gemma3_uniform_export(small_tokenizer, tmp_path):

@@ -23,10 +23,10 @@ def test_smollm2_numerical_pruning_end_to_end(tmp_path):
     # SmolLM2 has 3 KV groups of 3 query heads: heads go by whole groups
     assert all(layer["num_attention_heads"] == 3 * layer["num_key_value_heads"] for layer in report.layers)
     pruned_ppl = perplexity(pruner.model, pruner.tokenizer, eval_docs, seq_len=128, max_tokens=1024)
-    # This configuration measured 37.01 -> 59.26 (1.60x); the benchmarks give 1.54x at 20% with 32 x 512 calibration
-    # (benchmarks/results/np_grid_smollm2.md) and the demo 1.55x (demo_smollm2.md). 1.8x leaves a modest margin for
-    # numerical drift while still failing on a regression that doubles the damage.
-    assert math.isfinite(pruned_ppl) and dense_ppl < pruned_ppl < 1.8 * dense_ppl, (dense_ppl, pruned_ppl)
+    # Re-measured with today's default at 20% (FLAP's metric, bias refit at half strength): 37.01 -> 54.86 (1.48x);
+    # the former default (the numerical scores, full refit) gives 59.26 (1.60x) here. 1.56x leaves 5% for numerical
+    # drift and fails if the default falls back to the former rule or anything worse.
+    assert math.isfinite(pruned_ppl) and dense_ppl < pruned_ppl < 1.56 * dense_ppl, (dense_ppl, pruned_ppl)
     pruner.save_pretrained(tmp_path / "out")  # a GGUF-loaded model saves as safetensors
     assert (tmp_path / "out" / "model.safetensors").is_file() and (tmp_path / "out" / "tokenizer.json").is_file()
     reloaded = AutoPrunedModelForCausalLM.from_pretrained(tmp_path / "out")

@@ -68,6 +68,22 @@ class RunningSums:
             setattr(self, name, getattr(self, name).to(device))
         return self
 
+    def state_dict(self) -> dict[str, torch.Tensor | int]:
+        """The raw sums and the token count (as accumulated in this process), e.g. to store a statistic on disk."""
+        return {**{name.lstrip("_"): getattr(self, name) for name in self._fields}, "count": self._count}
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> RunningSums:
+        """A statistic holding the sums and count of `state` (a `state_dict()`; names may carry a leading `_`),
+        summed over no other rank."""
+        data = {k.lstrip("_"): v for k, v in state.items()}
+        obj = cls.__new__(cls)
+        RunningSums.__init__(obj)
+        obj._count = int(data["count"])
+        for name in cls._fields:
+            setattr(obj, name, data[name.lstrip("_")])
+        return obj
+
 
 class GramStats(RunningSums):
     """Running `H = Σ_t x_t x_tᵀ` over tokens; `.gram` is normalised by the token count (so that relative dampings

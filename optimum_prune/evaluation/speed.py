@@ -88,7 +88,7 @@ def _current_rss() -> int | None:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, AttributeError):
         try:
-            import psutil  # noqa: PLC0415  (optional dep: psutil, where /proc is missing)
+            import psutil  # noqa: PLC0415  (a requirement where /proc is missing: pyproject.toml)
 
             return psutil.Process().memory_info().rss
         except ImportError:

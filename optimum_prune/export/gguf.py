@@ -144,7 +144,8 @@ def gguf_layout(model: nn.Module) -> dict[str, Any]:
     if extra:
         raise GGUFExportError(
             f"llama.cpp's {arch} graph has no bias for {extra}: prune this model without the bias refit "
-            "(NumericalConfig(compensation_bias=False), FLAPConfig(bias_compensation=False))."
+            "(NumericalConfig(compensation_bias=False), FLAPConfig(bias_compensation=False); their default, None, "
+            "leaves it off on Qwen3 and Gemma-3)."
         )
     act = getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None)
     if act != _ACTIVATION[base]:

@@ -1,4 +1,5 @@
-"""Registry of pruning methods: one explicit `register_pruning_method` call per method."""
+"""Registering pruning methods: one explicit `register_pruning_method` call per method, validated here and recorded
+in the one registry (`optimum_prune.config`)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,11 @@ from typing import Any
 from torch import nn
 
 from ..calibration.inputs import calibration_inputs
-from ..config import PruningConfig, register_config_class
+from ..config import PruningConfig, add_method, method_classes, method_names
 from ..modeling.architectures import get_spec
 from .base import BasePruner
 
 __all__ = ["register_pruning_method", "get_config_class", "get_pruner_class", "available_methods", "prepare_pruner"]
-
-_REGISTRY: dict[str, tuple[type, type]] = {}
 
 
 def register_pruning_method(name: str, *, config_cls: type, pruner_cls: type) -> None:
@@ -25,7 +24,7 @@ def register_pruning_method(name: str, *, config_cls: type, pruner_cls: type) ->
     """
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         raise ValueError(f"Method name {name!r} must be lowercase snake_case.")
-    if name in _REGISTRY:
+    if name in method_names():
         raise ValueError(f"A pruning method named {name!r} is already registered.")
     if not (isinstance(config_cls, type) and issubclass(config_cls, PruningConfig)):
         raise TypeError(f"{config_cls!r} must subclass PruningConfig.")
@@ -35,26 +34,19 @@ def register_pruning_method(name: str, *, config_cls: type, pruner_cls: type) ->
         raise ValueError(f"{config_cls.__name__}.method is {config_cls.method!r}, expected {name!r}.")
     if pruner_cls.config_cls is not config_cls:
         raise ValueError(f"{pruner_cls.__name__}.config_cls must be {config_cls.__name__}.")
-    _REGISTRY[name] = (config_cls, pruner_cls)
-    register_config_class(name, config_cls)
-
-
-def _lookup(name: str) -> tuple[type, type]:
-    if name not in _REGISTRY:
-        raise ValueError(f"Unknown pruning method {name!r}. Available: {', '.join(available_methods())}.")
-    return _REGISTRY[name]
+    add_method(name, config_cls, pruner_cls)
 
 
 def get_config_class(name: str) -> type:
-    return _lookup(name)[0]
+    return method_classes(name)[0]
 
 
 def get_pruner_class(name: str) -> type:
-    return _lookup(name)[1]
+    return method_classes(name)[1]
 
 
 def available_methods() -> list[str]:
-    return sorted(_REGISTRY)
+    return method_names()
 
 
 def prepare_pruner(model: nn.Module, config: PruningConfig, calibration: Any, tokenizer: Any):

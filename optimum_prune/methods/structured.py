@@ -182,8 +182,10 @@ class StructuredPruner(BasePruner):
             )
         return {name: a for name, (_, a) in layer_stats.items()}, outputs
 
-    def _collect(self, stage: Stage, views: list[LayerView]):
-        """`_collect_pass`, or its result stored in the stage's `stats_cache` (never in an active session)."""
+    def collect_scores(self, stage: Stage, views: list[LayerView]) -> tuple[dict, dict, dict]:
+        """The first pass: `(statistics kept per block, (head scores, channel scores) per block, OWL outlier fraction
+        per block)`, from one dense calibration pass over the blocks or from the stage's `stats_cache` (never in an
+        active session). Override it to score from statistics gathered elsewhere."""
         cache = stage.stats_cache
         key = None if (cache is None or stage.session.active) else cache.key(self, views)
         if key is None:
@@ -328,7 +330,7 @@ class StructuredPruner(BasePruner):
         """Score every block (one dense pass), allocate, then finish every block: its compensation, written at once by
         a low-memory or checkpointed run."""
         views = stage.views()
-        stats, scores, outliers = self._collect(stage, views)
+        stats, scores, outliers = self.collect_scores(stage, views)
         units, members = self._units(views, scores)
         info: dict[str, Any] = {}
         removed_heads, removed_channels = self.allocate(

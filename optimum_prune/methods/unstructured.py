@@ -14,87 +14,22 @@ in list order, then the layer's pruned output feeds the next layer. One calibrat
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..config import PruningConfig, _choice
-from ..functional.masks import check_pattern_fits, parse_pattern
+from ..functional.masks import check_pattern_fits
 from ..modeling.access import read_target, write_target
 from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, weight_oi
-from ..modeling.targets import Target, normalize_targets, resolve_targets
+from ..modeling.targets import Target, resolve_targets
 from ..plan import LayerPlan, PruningPlan
 from ..runtime.blocks import Stage
 from .base import BasePruner, refuse_pruned_head_dims
 
-__all__ = [
-    "UnstructuredPruningConfig",
-    "SequentialPruner",
-    "input_groups",
-    "validate_sparsity",
-    "layerwise_pass",
-]
-
-
-def validate_sparsity(sparsity: Any, pattern: str) -> None:
-    if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not math.isfinite(sparsity):
-        raise ValueError(f"`sparsity` must be a number in [0, 1), got {sparsity!r}.")
-    if not 0 <= sparsity < 1:
-        raise ValueError(f"`sparsity` must be in [0, 1) (fraction of weights set to zero), got {sparsity}.")
-    nm = parse_pattern(pattern)  # raises a clear ValueError for N >= M, N < 1, malformed strings
-    if nm is not None and not math.isclose(sparsity, 1 - nm[0] / nm[1]):
-        raise ValueError(
-            f"pattern {pattern!r} keeps {nm[0]} of every {nm[1]} weights, i.e. sparsity {1 - nm[0] / nm[1]:g}, "
-            f"but sparsity={sparsity} was requested. Set sparsity={1 - nm[0] / nm[1]:g} or pattern='unstructured'."
-        )
-
-
-def validate_targets(targets: Any) -> tuple[str, ...] | None:
-    """Checks role names (`ROLES` plus `"attention"`, `"mlp"`); returns them as a tuple (`None`: all)."""
-    if targets is None:
-        return None
-    if isinstance(targets, str):
-        targets = (targets,)
-    normalize_targets(targets)
-    return tuple(targets)
-
-
-@dataclass
-class UnstructuredPruningConfig(PruningConfig):
-    """Base class of the unstructured / N:M methods' configurations (the counterpart of `StructuredPruningConfig`):
-    the fields every one of them has. A new unstructured method's config derives from it (see
-    `optimum_prune.methods.unstructured.SequentialPruner` for the pruner side).
-
-    Args:
-        sparsity (`float`, defaults to `0.5`): fraction of each targeted projection's weights set to zero.
-        pattern (`str`, defaults to `"unstructured"`): `"unstructured"` or `"N:M"` (N weights *kept* in every
-            group of M consecutive inputs of a row, NVIDIA's convention; `"2:4"` is 50%).
-        targets (`tuple[str, ...] | None`, defaults to `None`): projections to prune, by architecture-independent
-            role: `"q_proj"`, `"k_proj"`, `"v_proj"`, `"o_proj"`, `"gate_proj"`, `"up_proj"`, `"down_proj"`, or the
-            shorthands `"attention"` / `"mlp"`. `None` prunes every projection. Mapped through the architecture
-            table (OPT's `fc1` is `up_proj`, GPT-2's `c_attn` holds q/k/v as row slices).
-    """
-
-    sparsity: float = 0.5
-    pattern: str = "unstructured"
-    targets: tuple[str, ...] | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if isinstance(self.pattern, str) and self.pattern.strip().lower() not in ("unstructured",):
-            validate_sparsity(self.sparsity, self.pattern)
-        else:
-            validate_sparsity(self.sparsity, "unstructured")
-        self.targets = validate_targets(self.targets)
-
-    @property
-    def nm(self) -> tuple[int, int] | None:
-        return None if self.pattern == "unstructured" else parse_pattern(self.pattern)
+__all__ = ["SequentialPruner", "input_groups", "layerwise_pass"]
 
 
 def input_groups(spec: ArchitectureSpec) -> dict[str, tuple[str, ...]]:
@@ -130,6 +65,11 @@ class SequentialPruner(BasePruner):
         """The outputs of this layer's dense copy that `prune_layer` kept, handed over once (`None`: none kept)."""
         outputs, self._dense_outputs = self._dense_outputs, None
         return outputs
+
+    def pass_info(self) -> dict:
+        """What the pruner reports about the whole pass, e.g. its own timings (FISTA: the seconds of its solves in
+        this process); `layerwise_pass` puts it into `plan.info` (under `"pruners"`, by position, in a recipe)."""
+        return {}
 
     def make_stats(self, dim: int) -> Any:
         """An accumulator with `.update(x)` for inputs of width `dim` (`None`: data-free)."""
@@ -256,8 +196,10 @@ def layerwise_pass(pruners: Sequence[SequentialPruner], stage: Stage) -> Pruning
         raise
     plan.layers = dict(sorted(plan.layers.items()))
     plan.info["seconds"] = seconds
+    for k, p in enumerate(pruners):
+        extra = p.pass_info()
+        if extra and len(pruners) == 1:
+            plan.info.update(extra)
+        elif extra:
+            plan.info.setdefault("pruners", {})[str(k)] = extra
     return plan
-
-
-def choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    _choice(name, value, allowed)

@@ -7,7 +7,7 @@ import torch
 
 from .architectures import LayerView, Target, weight_oi
 
-__all__ = ["read_target", "write_target", "qk_weights"]
+__all__ = ["read_target", "write_target", "qk_weights", "plus_bias"]
 
 
 def read_target(view: LayerView, t: Target) -> torch.Tensor:
@@ -21,6 +21,12 @@ def write_target(view: LayerView, t: Target, W: torch.Tensor) -> None:
     with torch.no_grad():
         full = weight_oi(view.module(t.path))
         full[t.rows(full.shape[0])] = W.to(full.device, full.dtype)
+
+
+def plus_bias(b: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
+    """`b` plus the module's existing bias: a plan's bias replaces the module's, so a refit's bias adds to it."""
+    old = getattr(module, "bias", None)
+    return b if old is None else b + old.detach().to(b)
 
 
 def qk_weights(view: LayerView) -> list[torch.Tensor | None]:

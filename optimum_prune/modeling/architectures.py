@@ -5,7 +5,7 @@ Methods speak in roles (`q`, `k`, `v`, `o`, `mlp_in`, `mlp_out`); only this modu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from torch import nn
 
@@ -68,6 +68,9 @@ class ArchitectureSpec:
             `"intermediate"` is the experts' width).
         heads_prunable (`bool`, defaults to `True`): whether whole heads / KV groups can be removed exactly (not
             where a q/k norm spans every head, or heads carry extra per-head parameters such as attention sinks).
+        output_bias (`bool`, defaults to `True`): whether `o` and `mlp_out` may carry a bias wherever a model of this
+            architecture goes; `False` where its GGUF graph in llama.cpp has no such bias (Qwen3, Gemma-3), so a
+            compensation that adds one (FLAP's, NP's intercept) is off by default there.
     """
 
     layers: str
@@ -96,6 +99,7 @@ class ArchitectureSpec:
     pair_attention: str | None = None
     moe: MoESpec | None = None
     heads_prunable: bool = True
+    output_bias: bool = True
 
     @property
     def rotary(self) -> bool:
@@ -163,12 +167,14 @@ _LLAMA_LIKE = ArchitectureSpec(
     pair_attention="rope",
 )
 
+_NO_OUTPUT_BIAS = replace(_LLAMA_LIKE, output_bias=False)  # llama.cpp's qwen3 / gemma3 graphs read no o / down bias
+
 ARCHITECTURES: dict[str, ArchitectureSpec] = {
     "llama": _LLAMA_LIKE,
     "mistral": _LLAMA_LIKE,
     "qwen2": _LLAMA_LIKE,
-    "qwen3": _LLAMA_LIKE,
-    "gemma3_text": _LLAMA_LIKE,
+    "qwen3": _NO_OUTPUT_BIAS,
+    "gemma3_text": _NO_OUTPUT_BIAS,
     "opt": ArchitectureSpec(
         layers="model.decoder.layers",
         attn="self_attn",
@@ -209,7 +215,9 @@ def _moe_keys(intermediate: str, experts: str, head_dim: bool = True) -> dict[st
     return {**keys, "experts": experts, **({"head_dim": "head_dim"} if head_dim else {})}
 
 
-def _moe(keys: dict[str, str], moe: MoESpec, heads_prunable: bool = True) -> ArchitectureSpec:
+def _moe(
+    keys: dict[str, str], moe: MoESpec, heads_prunable: bool = True, output_bias: bool = True
+) -> ArchitectureSpec:
     return ArchitectureSpec(
         layers="model.layers",
         attn="self_attn",
@@ -220,17 +228,25 @@ def _moe(keys: dict[str, str], moe: MoESpec, heads_prunable: bool = True) -> Arc
         config_keys=keys,
         moe=moe,
         heads_prunable=heads_prunable,
+        output_bias=output_bias,
     )
 
 
 ARCHITECTURES.update(
     {
-        "qwen3_moe": _moe(_moe_keys("moe_intermediate_size", "num_local_experts"), MoESpec(dense_out="down_proj")),
+        "qwen3_moe": _moe(  # llama.cpp's qwen3moe and olmoe graphs read no o bias
+            _moe_keys("moe_intermediate_size", "num_local_experts"), MoESpec(dense_out="down_proj"), output_bias=False
+        ),
         "mixtral": _moe(
             _moe_keys("intermediate_size", "num_local_experts"),
             MoESpec(norm_key=None, always_norm=True, legacy_block="block_sparse_moe", legacy_names=("w1", "w3", "w2")),
         ),
-        "olmoe": _moe(_moe_keys("intermediate_size", "num_experts", head_dim=False), MoESpec(), heads_prunable=False),
+        "olmoe": _moe(
+            _moe_keys("intermediate_size", "num_experts", head_dim=False),
+            MoESpec(),
+            heads_prunable=False,
+            output_bias=False,
+        ),  # fmt: skip
         "gpt_oss": _moe(
             _moe_keys("intermediate_size", "num_local_experts"),
             MoESpec(

@@ -7,11 +7,13 @@ import torch
 from testing_utils import ARCHS, VISION_ARCHS, model_inputs, tiny_model
 
 from optimum_prune.functional.masks import keep_mask
+from optimum_prune.functional.scores import wanda_scores
+from optimum_prune.functional.sparsegpt import sparsegpt_prune
 from optimum_prune.methods.amp.blocked import causal_blocks
 from optimum_prune.methods.amp.config import AMPConfig
 from optimum_prune.methods.amp.functional import (
     AttentionInputs,
-    _DataTerm,
+    DataTerm,
     amp_masks,
     attention_probs,
     binarize,
@@ -22,8 +24,6 @@ from optimum_prune.methods.amp.functional import (
     softmax_causal,
 )
 from optimum_prune.methods.amp.pruner import AMPPruner
-from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune
-from optimum_prune.methods.wanda.functional import wanda_scores
 from optimum_prune.modeling.access import qk_weights
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view
 
@@ -302,7 +302,7 @@ def test_rope_adjoint_probe_decides_the_backward_by_hand():
         torch.testing.assert_close(fast[0], slow[0], rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(fast[1], slow[1], rtol=1e-10, atol=1e-10)
         if not by_hand:  # forcing the hand-made backward here gives another gradient
-            terms = [_DataTerm(inp, Wq, Wk, None, None, 256.0, True, fb, False) for fb in (True, False)]
+            terms = [DataTerm(inp, Wq, Wk, None, None, 256.0, True, fb, False) for fb in (True, False)]
             terms[0].by_hand = True
             (_, gq, _), (_, ref, _) = (t(Wq * 1.1, Wk * 0.9) for t in terms)
             assert not torch.allclose(gq, ref, rtol=1e-3)

@@ -11,7 +11,7 @@ from testing_utils import tiny_model
 from optimum_prune import AutoPruner, WandaConfig
 from optimum_prune.methods.amp.config import AMPConfig
 from optimum_prune.methods.amp.equilibrium import MaskObjective, curvature_scales, equilibrium_masks, refit_kept
-from optimum_prune.methods.amp.functional import AttentionInputs, _DataTerm, attention_probs, relative_attention_error
+from optimum_prune.methods.amp.functional import AttentionInputs, DataTerm, attention_probs, relative_attention_error
 
 D = torch.float64
 
@@ -27,7 +27,7 @@ def _layer(seed=0, n=7, b=2, d=8, heads=2, kv=1, hd=4):
 
 
 def _objective(inp, Wq, Wk):
-    return MaskObjective(_DataTerm(inp, Wq, Wk, None, None, 256.0, True, True, False), Wq, Wk)
+    return MaskObjective(DataTerm(inp, Wq, Wk, None, None, 256.0, True, True, False), Wq, Wk)
 
 
 def _exact_gauss_newton(inp, Wq, Wk):
@@ -116,7 +116,7 @@ def test_a_qk_weight_that_never_affects_attention_is_pruned_first():
 
 
 def test_data_term_against_other_inputs_matches_a_float64_reference():
-    """`_DataTerm(target=...)`: the dense attention on other inputs (the dense model's) is the target; value and
+    """`DataTerm(target=...)`: the dense attention on other inputs (the dense model's) is the target; value and
     gradients equal autograd of `(1/k) Σ ½‖f̃(X, W∘M) − f(X_t, W)‖²`, on the by-hand and the autograd paths."""
     inp, Wq, Wk = _layer(seed=4)
     tgt = _layer(seed=5)[0]  # other inputs of the same shape
@@ -127,11 +127,11 @@ def test_data_term_against_other_inputs_matches_a_float64_reference():
     loss = sum(0.5 * (a - b).pow(2).sum() for a, b in zip(attention_probs(inp, 0, Wq_m, Wk_m), f)) / inp.num_samples
     loss.backward()
     for fast in (True, False):
-        data = _DataTerm(inp, Wq, Wk, None, None, 256.0, True, fast, False, target=tgt)
+        data = DataTerm(inp, Wq, Wk, None, None, 256.0, True, fast, False, target=tgt)
         value, gq, gk = data((Wq * Mq).detach(), (Wk * Mk).detach())
         assert abs(value - loss.item()) < 1e-10 * loss.item()
         torch.testing.assert_close(gq, Wq_m.grad, rtol=1e-8, atol=1e-10)
         torch.testing.assert_close(gk, Wk_m.grad, rtol=1e-8, atol=1e-10)
-    assert _DataTerm(inp, Wq, Wk, None, None, 256.0, True, True, False, target=inp)(Wq, Wk)[0] == 0.0
+    assert DataTerm(inp, Wq, Wk, None, None, 256.0, True, True, False, target=inp)(Wq, Wk)[0] == 0.0
     assert relative_attention_error(inp, Wq, Wk, Wq, Wk) == 0.0
     assert relative_attention_error(inp, Wq, Wk, Wq, Wk, target=tgt) > 0.01  # the inputs' drift alone

@@ -246,6 +246,21 @@ def test_fista_prune_beats_warm_start_and_hits_exact_sparsity():
     assert any(info["improved"]) and info["stop_reason"] in ("no_improvement", "converged")
 
 
+def test_fista_prune_hands_every_rounded_iterate_to_on_iterate():
+    """`on_iterate` sees the rounded warm start, then one rounded iterate per outer step (the errors in `info` are
+    theirs), and the result is the best of them; following the iterates changes nothing."""
+    X, Xs, W, G, Gs, C = _problem(m=8, n=32, p=128, seed=11)
+    W0 = _warm_start(W, X, nm=(2, 4))
+    seen = []
+    W_best, info = fista_prune(W, G, Gs, C, W0, nm="2:4", on_iterate=lambda A: seen.append(A.clone()))
+    plain, _ = fista_prune(W, G, Gs, C, W0, nm="2:4")
+    assert torch.equal(W_best, plain) and len(seen) == 1 + info["outer_iterations"] > 1
+    assert torch.equal(seen[0], round_to_pattern(W0, None, (2, 4)))
+    errors = [reconstruction_error(A, W, G, Gs, C) for A in seen]
+    assert errors[1:] == pytest.approx(info["errors_total"], rel=1e-9)
+    assert torch.equal(seen[min(range(len(seen)), key=errors.__getitem__)], W_best)
+
+
 def test_fista_prune_nm_and_stopping():
     X, Xs, W, G, Gs, C = _problem(m=8, n=32, p=128, seed=11)
     W0 = _warm_start(W, X, nm=(2, 4))

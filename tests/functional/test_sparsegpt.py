@@ -5,7 +5,7 @@ import torch
 
 from optimum_prune.functional.hessian import cholesky_inverse_upper, damped_cholesky, dead_channels
 from optimum_prune.functional.masks import is_valid_nm, num_pruned, unstructured_keep_mask
-from optimum_prune.methods.sparsegpt.functional import sparsegpt_prune
+from optimum_prune.functional.sparsegpt import sparsegpt_prune
 
 
 def _problem(rows=6, cols=16, tokens=64, seed=0, dead=()):

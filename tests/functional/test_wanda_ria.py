@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from optimum_prune.functional.masks import is_valid_nm, keep_mask, nm_keep_mask
-from optimum_prune.methods.ria.functional import nm_retained_score, ria_channel_reallocation, ria_scores
-from optimum_prune.methods.wanda.functional import wanda_scores
+from optimum_prune.functional.scores import ria_scores, wanda_scores
+from optimum_prune.methods.ria.functional import nm_retained_score, ria_channel_reallocation
 
 
 def _weight_and_inputs(rows=6, cols=16, tokens=50, seed=0):

@@ -73,6 +73,9 @@ def test_fast_path_equals_reference_path(pattern, ridge, arch, rounding, monkeyp
         assert torch.equal(a == 0, b == 0), name
     rec = report.info["layers"][0]["self_attn.q_proj"]
     assert rec["seconds"] > 0 and rec["stats_seconds"] > 0 and rec["input_group"] == "qkv"
+    # the pass's own timing (`SequentialPruner.pass_info`): the sum of this process's per-projection solves
+    solves = [r["seconds"] for layer in report.info["layers"].values() for r in layer.values()]
+    assert report.info["solve_seconds"] == pytest.approx(sum(solves)) and report.info["solve_seconds"] > 0
 
 
 @pytest.mark.parametrize("arch, resumed", [("llama", True), ("gemma3", True), ("opt", False)])

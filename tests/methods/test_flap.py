@@ -2,7 +2,7 @@ import torch
 from testing_utils import calibration_ids, tiny_model
 
 from optimum_prune import FLAPConfig
-from optimum_prune.methods.flap.functional import bias_compensation, fluctuation_metric
+from optimum_prune.functional.fluctuation import bias_compensation, fluctuation_metric
 from optimum_prune.prune import _compute_plan
 
 

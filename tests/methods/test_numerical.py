@@ -3,13 +3,11 @@
 import pytest
 import torch
 
-from optimum_prune import NumericalConfig
+from optimum_prune import FLAPConfig, NumericalConfig
+from optimum_prune.functional.compensation import compensate, compensate_with_bias, obs_compensation
 from optimum_prune.methods.numerical.functional import (
-    compensate,
-    compensate_with_bias,
     numerical_scores,
     numerical_scores_newton,
-    obs_compensation,
     removal_losses,
     score_matrix,
 )
@@ -199,7 +197,7 @@ def test_bias_compensation_equals_least_squares_with_intercept(keep):
 def test_compensation_strength_shrinks_the_refit_toward_the_kept_weights(strength):
     """`W + s·(W* − W)` on the kept inputs (zero elsewhere); with a bias, `b` restores the mean output of those
     weights, so s = 0 is FLAP's bias compensation exactly (the removed channels' mean contribution)."""
-    from optimum_prune.methods.flap.functional import bias_compensation
+    from optimum_prune.functional.fluctuation import bias_compensation
 
     W, X, H = _problem()
     X = X + torch.linspace(-2.0, 3.0, X.shape[1], dtype=torch.float64)
@@ -393,7 +391,7 @@ def test_paper_preset_is_the_papers_setting():
 def test_fluctuation_metric_is_flaps_from_the_gram():
     """`scores="fluctuation"` computes FLAP's ‖W_:,j‖²·Var(x_j) from NP's Gram and mean (float64 reference)."""
     from optimum_prune.calibration.stats import GramStats
-    from optimum_prune.methods.flap.functional import fluctuation_scores
+    from optimum_prune.functional.fluctuation import fluctuation_scores
 
     W, X, _ = _problem(D=12, N=300)
     X = X + torch.linspace(-2, 2, 12, dtype=torch.float64)  # channel means matter: Var, not E[x²]
@@ -434,27 +432,40 @@ def test_fluctuation_scores_take_the_cost_weighted_ranking():
         NumericalConfig(scores="fluctation")
 
 
-def test_auto_scores_switch_at_the_measured_light_ratio():
-    """The default ranks by FLAP's metric with a bias refit below 25%, by the numerical scores from 25%; every
-    explicit setting wins over the automatic one, and the paper preset is always numerical without a bias."""
-    from optimum_prune.methods.numerical.config import LIGHT_RATIO, LIGHT_STRENGTH
+@pytest.mark.parametrize(
+    "ratio, light", [(0.1, True), (0.2, True), (0.2499, True), (0.25, False), (0.3, False), (0.5, False)]
+)
+def test_auto_rule_on_either_side_of_the_light_ratio(ratio, light):
+    """The default (the switch where the selection-split grid put it): below 25% FLAP's metric with a bias refit at
+    half strength, from 25% the numerical scores with the full refit and no bias. Literal values, so moving the
+    switch or the strength without a new measurement fails here."""
+    config = NumericalConfig(pruning_ratio=ratio)
+    expected = ("fluctuation", True, 0.5) if light else ("numerical", False, 1.0)
+    assert (config.scores, config.resolved_scores, config.refit_bias, config.refit_strength) == ("auto", *expected)
+    # where the architecture's graph reads no o_proj / down_proj bias (Qwen3, Gemma-3) the light rule refits none
+    assert config.for_architecture(False).refit_bias is False
+    assert config.for_architecture(True).refit_bias is light
+    assert NumericalConfig.from_dict(config.to_dict()) == config
 
-    light, heavy = NumericalConfig(pruning_ratio=0.2), NumericalConfig(pruning_ratio=LIGHT_RATIO)
-    assert (light.scores, light.resolved_scores, light.refit_bias) == ("auto", "fluctuation", True)
-    assert (heavy.resolved_scores, heavy.refit_bias) == ("numerical", False)
-    assert (light.refit_strength, heavy.refit_strength) == (LIGHT_STRENGTH, 1.0) and 0 < LIGHT_STRENGTH < 1
+
+def test_explicit_settings_win_over_the_auto_rule():
+    """Every explicit setting wins over the automatic one; the paper preset is always numerical without a bias."""
     assert NumericalConfig(pruning_ratio=0.1, compensation_strength=1.0).refit_strength == 1.0
     assert NumericalConfig(pruning_ratio=0.5, compensation_strength=0.0).refit_strength == 0.0
     assert not NumericalConfig(pruning_ratio=0.1, compensation_bias=False).refit_bias
     servable = NumericalConfig(pruning_ratio=0.2, allocation="servable")  # no bias refit: the full refit
     assert (servable.resolved_scores, servable.refit_bias, servable.refit_strength) == ("fluctuation", False, 1.0)
+    assert servable.for_architecture(True).compensation_bias is False  # an architecture's bias slot adds none
+    assert FLAPConfig(allocation="servable").for_architecture(True).bias_compensation is False
+    assert FLAPConfig().for_architecture(False).bias_compensation is False
+    assert FLAPConfig().for_architecture(True).bias_compensation is True
     assert NumericalConfig(pruning_ratio=0.1, compensate=False).refit_bias is False
     assert NumericalConfig(pruning_ratio=0.1, scores="numerical").resolved_scores == "numerical"
     assert NumericalConfig(pruning_ratio=0.5, scores="fluctuation").refit_bias
     assert NumericalConfig(pruning_ratio=0.1, ranking="loss").resolved_scores == "numerical"
+    assert NumericalConfig(pruning_ratio=0.1, compensation_bias=True).for_architecture(False).refit_bias
     paper = NumericalConfig.paper(pruning_ratio=0.1)
     assert (paper.resolved_scores, paper.refit_bias, paper.refit_strength) == ("numerical", False, 1.0)
-    assert NumericalConfig.from_dict(light.to_dict()) == light
 
 
 def test_auto_default_below_the_light_ratio_is_the_fluctuation_ranking_with_bias():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ...config import UnstructuredPruningConfig, choice
 from ...modeling.targets import normalize_targets
-from ..unstructured import UnstructuredPruningConfig, choice
 
 __all__ = ["AMPConfig"]
 
@@ -21,12 +21,12 @@ class AMPConfig(UnstructuredPruningConfig):
     attention matrix matches the dense one. https://arxiv.org/abs/2410.11261 (Alg. 1 and the separate-mask form of
     §6).
 
-    The default runs AMP's objective in the regime where its masks carry information (evidence:
-    docs/methods/amp.md): λ relative to the layer's measured curvature, the masks at the
-    equilibrium of the quadratic model (`solver="cg"`), ranking by `|M∘W|·‖X_j‖` per row, and a refit of the kept
-    masks (`refit_steps`). The paper's gradient descent from ones with λ = 0.05 (`solver="descent"`) shrinks every
-    mask uniformly on real models (λ is ~5-26x the mean curvature) and orders them by a transient; its literal
-    setting is `AMPConfig.paper()`.
+    The default runs AMP's objective in the regime where its masks carry information: λ relative to the layer's
+    curvature, the masks at the equilibrium of the quadratic model (`solver="cg"`), ranking by `|M∘W|·‖X_j‖` per
+    row, and a refit of the kept masks (`refit_steps`). The paper's gradient descent from ones with λ = 0.05
+    (`solver="descent"`) shrinks every mask nearly uniformly on real models and orders them by a transient; its
+    literal setting is `AMPConfig.paper()`. Why these defaults, with the measurements: docs/methods/amp.md, "The
+    paper's setting and our defaults".
 
     Args:
         sparsity (`float`, defaults to `0.5`) / pattern (`str`, defaults to `"unstructured"`): see
@@ -38,9 +38,7 @@ class AMPConfig(UnstructuredPruningConfig):
             conjugate-gradient steps, with `λ = lambda_rel × tr(H)/N` (`methods/amp/equilibrium.py`).
             `"descent"`: the paper's heavy-ball descent from ones (`lambda_`, `lr`, `steps`, `momentum`).
         lambda_rel (`float`, defaults to `0.01`): λ as a multiple of the layer's mean curvature per mask entry
-            (`solver="cg"`). Measured on three SmolLM2 layers: 0.01 ranks best of 0.001-1 with 32 probes on every
-            layer, with the default 8 on two of three; from 0.1 the masks shrink and the ranking degrades (the
-            paper's λ is at 4.6-26).
+            (`solver="cg"`); larger values shrink the masks towards a uniform shrink, whose ranking carries little.
         cg_steps (`int`, defaults to `30`): conjugate-gradient iterations (`solver="cg"`; each costs two gradients).
         precondition (`bool`, defaults to `True`): precondition CG by `diag(H) + λ` (Hutchinson estimate, 8 probes).
             Without it, 30 steps leave the flat directions, the ones a ranking needs, near 1.
@@ -58,9 +56,7 @@ class AMPConfig(UnstructuredPruningConfig):
             `"algorithm1"` uses the dense `f` as printed in Algorithm 1, line 12 (a finite-difference check shows it is
             off by ~1e-2).
         score (`str`, defaults to `"masked_weight_input"`): binarisation ranks by `|M∘W|·‖X_j‖` (Wanda's score with
-            AMP's masks), by `|M∘W|` (`"masked_weight"`) or by the mask value itself (`"mask"`, the paper). Ranking
-            by the mask value measured worse in every regime (relative attention error at ρ = 0.5: 0.08-0.19 at the
-            default's equilibrium, 1.1-1.9 after the paper's descent, against 0.021-0.027 for the default ranking).
+            AMP's masks), by `|M∘W|` (`"masked_weight"`) or by the mask value itself (`"mask"`, the paper).
         per (`str`, defaults to `"row"`): unstructured threshold per `"row"` (as Wanda) or per `"matrix"` (paper).
         refit_steps (`int`, defaults to `200`): heavy-ball steps on the kept entries' masks after binarisation
             (λ = 0; pruned entries stay zero), so that the kept `W∘M` reproduce the dense attention probabilities;
@@ -69,10 +65,8 @@ class AMPConfig(UnstructuredPruningConfig):
             attention on the inputs this layer receives in the model being pruned; `"model"`, the dense model's own
             attention (its own inputs, carried through the unpruned layers alongside), so that the kept q/k weights
             also correct the drift of their inputs that earlier pruned layers caused (in a recipe: v/o and the MLP
-            too). `"model"` costs one more forward of each layer's dense copy, and measured 12-19% worse in
-            perplexity in the recipe with Wanda on the rest (`benchmarks/results/attention_recipe_smollm2.md`): it
-            lowers the error against the dense model's attention, but what q and k learn to repair does not carry
-            to new text.
+            too). `"model"` costs one more forward of each layer's dense copy; it lowers the error against the dense
+            model's attention, but what q and k learn to repair need not carry to new text.
         refit_lr (`float`, defaults to `1.5`): the refit's step as a multiple of `1 / L`, `L` the largest
             curvature of the attention error at `M = 1` (power iteration); heavy ball with β = 0.9 is stable up to
             ~3.8.
@@ -109,8 +103,8 @@ class AMPConfig(UnstructuredPruningConfig):
     def paper(cls, sparsity: float = 0.5, **kwargs) -> AMPConfig:
         """The paper's real-model setting, read literally: descent from ones, λ = 0.05, η = 0.005 (§6.2, §6.3),
         Algorithm 1's update
-        `M ← M − (η/k)(Σ_j ∇_j + λM)` (the reading under which the synthetic experiment reproduces, see
-        `benchmarks/results/amp_synthetic.md`), binarisation by mask value; 100 steps with momentum 0.9 (the paper
+        `M ← M − (η/k)(Σ_j ∇_j + λM)` (the reading under which the paper's synthetic experiment reproduces),
+        binarisation by mask value; 100 steps with momentum 0.9 (the paper
         states neither for real models: its synthetic setting). `kwargs` override any field."""
         fields = {"solver": "descent", "lambda_": 0.05, "lr": 0.005, "steps": 100, "momentum": 0.9,
                   "regularizer": "divided_by_k", "score": "mask", "per": "matrix", "refit_steps": 0}  # fmt: skip

@@ -1,4 +1,4 @@
-"""AMP in a regime where its masks carry information (docs/methods/amp.md).
+"""AMP in a regime where its masks carry information (docs/methods/amp.md, "The paper's setting and our defaults").
 
 The objective is AMP's own, in mask space: `L(M) = D(M) + ½λ‖M‖²`, `D` the attention error of `functional.amp_masks`.
 At `M = 1` the residual `f̃ − f` is zero, so `D`'s Hessian there is exactly its Gauss-Newton matrix `H = JᵀJ`, and
@@ -6,9 +6,9 @@ At `M = 1` the residual `f̃ − f` is zero, so `D`'s Hessian there is exactly i
 derivative code. From those products:
 
   - `curvature_scales`: the mean curvature per mask entry `tr(H)/N` (Hutchinson, Rademacher probes) and the largest
-    eigenvalue of `H` (power iteration). On SmolLM2-135M the ratio is ~4e4-1e5: the paper's λ = 0.05 is ~5-25x the
-    mean curvature, so its masks shrink uniformly and order by a transient, and plain descent would need ~1e5 steps
-    to reach the equilibrium of the directions that matter;
+    eigenvalue of `H` (power iteration). On real models the ratio is large and the paper's λ = 0.05 is several times
+    the mean curvature, so its masks shrink uniformly and order by a transient, and plain descent would need about
+    `λ_max / λ` steps to reach the equilibrium of the directions that matter;
   - `equilibrium_masks`: the minimiser of the quadratic model of `L` at `M = 1`, `(H + λ)δ = −λ·1`, `M = 1 + δ`, by
     conjugate gradients with λ = `lambda_rel` × the mean curvature (a dimensionless setting); a direction the
     attention never feels (zero curvature) goes to `M = 0`, one it feels strongly stays near 1;
@@ -39,7 +39,7 @@ class MaskObjective:
     `update` (`(update_q, update_k)`; the others stay at ones and take no gradient).
 
     Args:
-        data_term: a `functional._DataTerm` (dense probabilities cached) of the layer.
+        data_term: a `functional.DataTerm` (dense probabilities cached) of the layer.
         Wq, Wk (`torch.Tensor`, `(out, in)`): dense weights.
         update (`tuple[bool, bool]`): which masks are variables.
     """

@@ -15,8 +15,7 @@ Memory of `amp_masks` (float32, k calibration sequences of n tokens, H query hea
     those chunks) at a time, its queries, keys and their gradients plus three tiles of B·g × n floats; gradients
     are accumulated over chunks;
   - the masks, their momentum and the masked weights: 4 copies of W_Q and W_K.
-Speed: see `blocked.py` (SmolLM2-135M, 8 × 512 tokens: 0.22 s per layer-step on one core, 1.6× the matmul floor;
-`benchmarks/results/attention_smollm2.md`).
+Speed: see `blocked.py` (and the timings on the AMP page of the documentation, docs/methods/amp.md).
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from .closed_form import fused_amp_masks, fused_mask_gradient, separate_mask_gra
 
 __all__ = [
     "AttentionInputs",
+    "DataTerm",
     "attention_probs",
     "attention_mask",
     "amp_masks",
@@ -123,7 +123,7 @@ def amp_masks(
     # entries apart by ~1e-7 relative per step, below float32 resolution near 1, so float32 masks would tie and be
     # ranked by index. The forward and backward still run in float32 on `W∘M`.
     Mq, Mk = torch.ones_like(Wq, dtype=torch.float64), torch.ones_like(Wk, dtype=torch.float64)
-    data_term = _DataTerm(inp, Wq, Wk, bq, bk, max_chunk_mb, cache_dense, fused_backward, gradient == "algorithm1")
+    data_term = DataTerm(inp, Wq, Wk, bq, bk, max_chunk_mb, cache_dense, fused_backward, gradient == "algorithm1")
     reg = lambda_ if regularizer == "unscaled" else lambda_ / inp.num_samples
     t0 = time.perf_counter()
     norms = [p for m in (inp.q_norm, inp.k_norm) if m is not None for p in m.parameters()]
@@ -160,7 +160,7 @@ def amp_masks(
     return Mq, Mk, info
 
 
-class _DataTerm:
+class DataTerm:
     """`(1/k) Σ_j ½‖f̃_j − f_j‖²` of masked q/k weights and its gradients w.r.t. them, summed over the chunks of
     `_plan_chunks` (a plain sum over samples: what a data-parallel run would all-reduce).
 

@@ -121,7 +121,7 @@ class AMPPruner(SequentialPruner):
         Wq32, Wk32 = Wq.to(dtype), Wk.to(dtype)
         bq32, bk32 = (None if b is None else b.to(dtype) for b in (bq, bk))
         literal = cfg.gradient == "algorithm1"
-        data = functional._DataTerm(inp, Wq32, Wk32, bq32, bk32, cfg.max_chunk_mb, cfg.cache_dense, True, literal)
+        data = functional.DataTerm(inp, Wq32, Wk32, bq32, bk32, cfg.max_chunk_mb, cfg.cache_dense, True, literal)
         obj = MaskObjective(data, Wq32, Wk32, update)
         t0 = time.perf_counter()
         probes = _PROBES if cfg.solver == "cg" else 0
@@ -163,7 +163,7 @@ class AMPPruner(SequentialPruner):
             obj = info["objective"]
             if target is not None:  # the same objective against the dense model's attention
                 data = obj.data_term
-                data = functional._DataTerm(
+                data = functional.DataTerm(
                     inp, *data.dense_w, data.bq, data.bk, cfg.max_chunk_mb, cfg.cache_dense, True, data.literal, target
                 )  # fmt: skip
                 obj = MaskObjective(data, *data.dense_w, obj.update)

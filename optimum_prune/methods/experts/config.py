@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...config import PruningConfig, _choice, validate_ratio
+from ...config import PruningConfig, choice, validate_ratio
 
 __all__ = ["ExpertConfig", "CRITERIA"]
 
@@ -77,10 +77,10 @@ class ExpertConfig(PruningConfig):
         validate_ratio("channel_ratio", self.channel_ratio)
         if self.expert_ratio == 0 and self.channel_ratio == 0:
             raise ValueError("Set `expert_ratio` (whole experts) and / or `channel_ratio` (inside experts) above 0.")
-        _choice("criterion", self.criterion, CRITERIA)
-        _choice("gate", self.gate, ("softmax", "router"))
-        _choice("allocation", self.allocation, ("uniform", "global"))
-        _choice("channel_scores", self.channel_scores, ("numerical", "fluctuation"))
+        choice("criterion", self.criterion, CRITERIA)
+        choice("gate", self.gate, ("softmax", "router"))
+        choice("allocation", self.allocation, ("uniform", "global"))
+        choice("channel_scores", self.channel_scores, ("numerical", "fluctuation"))
         if not isinstance(self.round_to, int) or isinstance(self.round_to, bool) or self.round_to < 1:
             raise ValueError(f"`round_to` must be an int >= 1, got {self.round_to!r}.")
         m = self.min_experts_per_layer

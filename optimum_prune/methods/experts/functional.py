@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ..flap.functional import fluctuation_metric
-from ..numerical.functional import compensate, numerical_scores
+from ...functional.compensation import compensate
+from ...functional.fluctuation import fluctuation_metric
+from ...functional.numerical import numerical_scores
 
 __all__ = [
     "kept_width",
@@ -104,7 +105,7 @@ def prune_expert_channels(
         ratio (`float`): the channel ratio (the numerical scores' count constraint).
         method (`str`): `channel_saliency`'s method.
         damping (`float`): relative ridge of the refit.
-        refit (`bool`): refit the kept columns (least squares on the Gram, `numerical.functional.compensate`).
+        refit (`bool`): refit the kept columns (least squares on the Gram, `functional.compensation.compensate`).
 
     Returns:
         `(kept channel indices in order, W_new (H, I) with the removed columns zero, residual loss)`.

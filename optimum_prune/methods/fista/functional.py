@@ -205,6 +205,7 @@ def fista_prune(
     dense_energy: float | None = None,
     WC: torch.Tensor | None = None,
     rounding_scale: torch.Tensor | None = None,
+    on_iterate: Callable[[torch.Tensor], None] | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """FISTAPruner outer loop (paper Algorithm 1): FISTA, rounding and adaptive `λ` until no more improvement.
 
@@ -252,6 +253,9 @@ def fista_prune(
         WC (`torch.Tensor` of shape `(m, n)`, *optional*): `W C = (W X) X*ᵀ / p`, in place of `C`. With
             `dense_energy`, the statistics of the dense side cost O(m·n) per token instead of O(n²): cheaper when `W`
             has fewer rows than columns (e.g. a down projection).
+        on_iterate (`Callable[[torch.Tensor], None]`, *optional*): called with every rounded iterate, `(m, n)` in the
+            working dtype: first the rounded warm start, then each outer step's `W_{K+1}` (Eq. 8), kept or not (to
+            follow the iterates, e.g. their error on held-out inputs; it must not modify them).
 
     Returns:
         `(W_best, info)`: `W_best` in the dtype of `W`; `info` has `lambdas`, `errors_total`, `errors_round`,
@@ -314,6 +318,8 @@ def fista_prune(
         return math.sqrt(max(sq, 0.0))
 
     W_best = round_to_pattern(W0.to(dtype), sparsity, nm, rounding_per, rounding_scale)  # (m, n)
+    if on_iterate is not None:
+        on_iterate(W_best)
     Z_best = None  # W_best Q, when known
     E_best = err(W_best)
     info: dict[str, Any] = {"lambdas": [], "errors_total": [], "errors_round": [], "improved": [], "spectral": []}
@@ -346,6 +352,8 @@ def fista_prune(
             W_K, iters = fista_inner(W_best, WC, Gs_, lam, L, K=K, tol=tol, momentum=momentum)  # (m, n)
             W_K1 = round_to_pattern(W_K, sparsity, nm, rounding_per, rounding_scale)  # (m, n) Eq. 8
             E_tot, E_K, Z_K1 = err(W_K1), err(W_K), None
+        if on_iterate is not None:
+            on_iterate(W_K1)
         E_rnd = E_tot - E_K  # Eq. 9
         improved = E_tot < E_best
         if improved:

@@ -12,12 +12,12 @@ from torch import nn
 from ...calibration.hooks import capture_inputs
 from ...calibration.stats import CrossGramStats, GramStats, SquaredNormStats
 from ...functional.masks import keep_mask
+from ...functional.scores import wanda_scores
+from ...functional.sparsegpt import sparsegpt_prune
 from ...modeling.access import write_target
 from ...modeling.architectures import LayerView, weight_oi
 from ...utils.distributed import assign_ranks, broadcast_, broadcast_object, rank
-from ..sparsegpt.functional import sparsegpt_prune
 from ..unstructured import SequentialPruner, input_groups
-from ..wanda.functional import wanda_scores
 from .config import FISTAConfig
 from .functional import fista_prune, lipschitz_constant, shrink_refit, spectral_gram
 
@@ -25,10 +25,8 @@ __all__ = ["FISTAPruner"]
 
 logger = logging.getLogger(__name__)
 
-# Below this many calibration tokens per input feature FISTA fits the calibration text at the expense of other text:
-# SmolLM2-135M with 32 x 512 BBC tokens (11 per down_proj input) vs 128 x 512 (43 per input), Python docs perplexity
-# with the default 28.85 -> 28.43 at 50% and 83.48 -> 79.24 at 2:4 (benchmarks/results/unstructured_smollm2_*.md); with
-# fewer still the Grams are nearly rank-deficient and it runs more outer steps (fista_calibration_size.md).
+# Below this many calibration tokens per input feature FISTA fits the calibration text at the expense of other text
+# (docs/methods/fista.md, "The paper's setting and our defaults").
 MIN_TOKENS_PER_FEATURE = 40
 
 
@@ -136,10 +134,9 @@ class FISTAPruner(SequentialPruner):
             self._warned_small = True  # once per pruner (one run)
             logger.warning(
                 "FISTA: %d calibration tokens for the %d inputs of %s (fewer than %d per input): FISTA will fit these "
-                "tokens at the expense of text of other kinds (on SmolLM2-135M, 4x more calibration tokens improved "
-                "its perplexity on text unlike the calibration set by 1-5%%). Use more calibration tokens (the default "
+                "tokens at the expense of text of other kinds. Use more calibration tokens (the default "
                 "CalibrationConfig is 128 x 2048), and keep the default eps=1e-2 rather than the paper's 1e-3 (see "
-                "FISTAConfig.eps).",
+                "FISTAConfig.eps and the FISTA page of the documentation).",
                 count, n, path, MIN_TOKENS_PER_FEATURE,
             )  # fmt: skip
 
@@ -151,11 +148,19 @@ class FISTAPruner(SequentialPruner):
         return W * keep_mask(scores, cfg.sparsity, cfg.nm, per="row")
 
     needs_dense_layer = True
+    solve_seconds = 0.0  # this process's time in the per-projection solves (warm start, eigendecomposition, FISTA)
     reuse_passes = True  # a pruned pass may start from a submodule's inputs recorded by the previous one
 
     @property
     def dense_inter_layer(self) -> bool:
         return self.config.inter_layer == "dense"
+
+    def begin(self, stage) -> None:
+        super().begin(stage)
+        self.solve_seconds = 0.0
+
+    def pass_info(self) -> dict:
+        return {"solve_seconds": self.solve_seconds}
 
     def solver_options(self) -> dict:
         """Keyword arguments of `fista_prune` from the config."""
@@ -230,6 +235,7 @@ class FISTAPruner(SequentialPruner):
                 W_best, res = fista_prune(W, Gs=Gs, W0=W0, sparsity=sparsity, nm=cfg.nm, L=L, eig=eig, **side, **opts)
                 rec = {k: res[k] for k in ("error_init", "error_best", "stop_reason", "outer_iterations")}
                 rec.update(spectral_steps=sum(res["spectral"]), seconds=time.perf_counter() - t0)
+                self.solve_seconds += rec["seconds"]
                 rec.update(input_group=gname, stats_seconds=stats_s)
                 solved.append((W_best.to(torch.float32).contiguous(), rec))
             for t, (W_best, rec), owner in zip(targets, solved, owners, strict=True):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ...config import StructuredPruningConfig, _choice
+from ...config import StructuredPruningConfig, choice
 
 __all__ = ["FLAPConfig"]
 
@@ -23,7 +23,9 @@ class FLAPConfig(StructuredPruningConfig):
         square_attention_metric (`bool`, defaults to `True`): square the attention channel metric, as the code does.
         bias_compensation (`bool | None`, defaults to `None`): add `Σ_{j pruned} mean(X_j)·W_:,j` as a bias of
             o_proj / down_proj (creates the bias where the model has none). `None`: on, except with
-            `allocation="servable"` (whose format has no bias).
+            `allocation="servable"` (whose format has no bias) and on architectures whose GGUF graph has no such
+            bias (Qwen3, Gemma-3: `ArchitectureSpec.output_bias`), where the pruned model could not be exported with
+            it; resolved when pruning starts and recorded in the saved config.
     """
 
     method = "flap"
@@ -32,6 +34,12 @@ class FLAPConfig(StructuredPruningConfig):
     standardize: bool = True
     square_attention_metric: bool = True
     bias_compensation: bool | None = None
+
+    def for_architecture(self, output_bias: bool) -> FLAPConfig:
+        """This config with `bias_compensation=None` resolved for an architecture (`ArchitectureSpec.output_bias`)."""
+        if self.bias_compensation is not None:
+            return self
+        return replace(self, bias_compensation=output_bias and self.compensates_bias)
 
     @property
     def compensates_bias(self) -> bool:
@@ -42,4 +50,4 @@ class FLAPConfig(StructuredPruningConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _choice("metric", self.metric, ("wifv", "ifv", "wifn"))
+        choice("metric", self.metric, ("wifv", "ifv", "wifn"))

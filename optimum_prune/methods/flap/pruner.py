@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from ...calibration.stats import MomentStats
+from ...functional.fluctuation import bias_compensation, fluctuation_scores
 from ...modeling.architectures import LayerView, weight_oi
 from ...modeling.surgery import head_rows
 from ...plan import LayerPlan
 from ..structured import StructuredPruner
 from .config import FLAPConfig
-from .functional import bias_compensation, fluctuation_scores
 
 __all__ = ["FLAPPruner"]
 
@@ -28,6 +28,10 @@ class FLAPPruner(StructuredPruner):
     config_cls = FLAPConfig
     requires_calibration = True
     config: FLAPConfig
+
+    def validate(self, model, spec) -> None:
+        super().validate(model, spec)
+        self.config = self.config.for_architecture(spec.output_bias)
 
     def adds_biases(self) -> bool:
         return self.config.compensates_bias

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...config import StructuredPruningConfig, _choice
+from ...config import StructuredPruningConfig, choice, validate_sparsity, validate_targets
 from ...functional.masks import parse_pattern
-from ..unstructured import validate_sparsity, validate_targets
 
 __all__ = ["MagnitudeConfig"]
 
@@ -37,7 +36,7 @@ class MagnitudeConfig(StructuredPruningConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _choice("per", self.per, ("matrix", "row"))
+        choice("per", self.per, ("matrix", "row"))
         if self.pattern != "structured":
             validate_sparsity(self.sparsity, self.pattern)
         elif self.targets is not None:

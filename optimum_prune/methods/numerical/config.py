@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ...config import StructuredPruningConfig, _choice
+from ...config import StructuredPruningConfig, choice
 
 __all__ = ["NumericalConfig"]
 
-# Below this pruning ratio `scores="auto"` ranks units by FLAP's fluctuation metric (with a bias refit), from it by the
-# numerical scores (why: docs/methods/numerical.md).
+# Below this pruning ratio `scores="auto"` ranks units by FLAP's fluctuation metric (with a bias refit where the
+# architecture takes one), from it by the numerical scores (why: docs/methods/numerical.md, "The paper's setting and
+# our defaults").
 LIGHT_RATIO = 0.25
-# `compensation_strength=None` below it (with the fluctuation ranking): the refit's change shrunk to half (why:
-# docs/methods/numerical.md).
+# `compensation_strength=None` below it (with the fluctuation ranking): the refit's change shrunk to half, so that it
+# fits the calibration text less (docs/methods/numerical.md).
 LIGHT_STRENGTH = 0.5
 
 
@@ -26,9 +27,9 @@ class NumericalConfig(StructuredPruningConfig):
     default is our resolution and every alternative is an option (docs/methods/numerical.md). Inherits the
     `StructuredPruningConfig` fields.
 
-    The defaults are the best setting measured by `benchmarks/np_allocation.py` (SmolLM2-135M and Gemma-3-270M,
-    held-out BBC news and the Python docs): each module's scores standardised before the global ranking and a
-    refit damped 10× more than the paper's reading. The paper's own setting (raw per-module scores, whose mean is
+    The defaults standardise each module's scores before the global ranking and damp the refit 10× more than the
+    paper's reading; why, with the measurements: docs/methods/numerical.md, "The paper's setting and our defaults".
+    The paper's own setting (raw per-module scores, whose mean is
     1 − ρ in every module, so the global ranking degenerates into a per-module quota, and γ = 0.01) is
     `NumericalConfig.paper(pruning_ratio=...)`.
 
@@ -42,15 +43,15 @@ class NumericalConfig(StructuredPruningConfig):
         compensate (`bool`, defaults to `True`): refit the kept input channels of o_proj / down_proj (Thm. 3).
         compensation_damping (`float`, defaults to `0.1`): relative ridge γ / mean(diag H) of the refit; raised
             10× on Cholesky failure. Larger values shrink the refit towards the original weights: less fit to the
-            calibration text, more robust on other text (0.1 beat the paper's 0.01 on both texts of SmolLM2).
+            calibration text, more robust on other text.
         ranking (`str`, defaults to `"cost_weighted"`): `"cost_weighted"` (the numerical scores, α = 4·D_h/3 as a
             parameter cost, the FLAP-style threshold; the ratio then counts parameters), `"literal"` (the printed
             formula: head scores × α, unit-count threshold; α is the unit's cost in MLP channels, 4·D_h/3 for an MHA
             head, `(2·n_rep+2)·D_h/3` for a GQA group; reproduction only, it rarely prunes heads) or `"loss"` (an
             extension: each head / KV group / MLP channel scores the output loss its removal leaves after the
             optimal refit, Thm. 3's `L* = tr(W_P ((H⁻¹)_PP)⁻¹ W_Pᵀ)` (`tr(W_P H_PP W_Pᵀ)` without compensation), per
-            parameter it removes; absolute, so it compares units across modules and layers; measured: it
-            over-prunes the first layers, whose residual stream is small, and fails; kept for research).
+            parameter it removes; absolute, so it compares units across modules and layers; it tends to over-prune
+            the first layers, whose residual stream is small; kept for research).
         standardize_per_layer (`bool`, defaults to `True`): z-score each module's scores before the global ranking
             (FLAP does; the paper does not); a head / KV group is expressed in the units of its module's channel
             scores. With `ranking="loss"` the losses are standardised the same way (a unit's loss over its channel
@@ -82,14 +83,14 @@ class NumericalConfig(StructuredPruningConfig):
             from the same Gram and mean; a head scores by the mean of its channels' squared metric, as FLAP's code),
             standardised per module (`standardize_per_layer`) and ranked the same way, NP's closed-form refit still
             compensating (an extension, not in the paper); `"auto"`: `"fluctuation"` below a pruning ratio of 0.25,
-            `"numerical"` from 0.25 (measured: FLAP's metric with NP's refit wins at 10-20% on text unlike the
-            calibration text, the numerical scores win by far at 30-50%; docs/methods/numerical.md).
+            `"numerical"` from 0.25.
         compensation_bias (`bool | None`, defaults to `None`): refit a bias of o_proj / down_proj together with the
             kept weights (least squares with an intercept, on centred inputs; an extension, not in the paper). It
             subsumes FLAP's bias compensation (the removed channels' mean contribution) and adds bias parameters
             to those projections, as FLAP does. `None`: on with the fluctuation metric (whose variance is centred),
-            off with the numerical scores and with `allocation="servable"`. Qwen3 / Gemma-3 GGUF exports take no
-            such bias (set it to `False`).
+            off with the numerical scores and with `allocation="servable"`, and off where the architecture's GGUF
+            graph reads no such bias (Qwen3, Gemma-3: `ArchitectureSpec.output_bias`), so that the default output
+            exports.
     """
 
     method = "numerical"
@@ -148,6 +149,14 @@ class NumericalConfig(StructuredPruningConfig):
             return float(self.compensation_strength)
         return LIGHT_STRENGTH if self.resolved_scores == "fluctuation" and self.allocation != "servable" else 1.0
 
+    def for_architecture(self, output_bias: bool) -> NumericalConfig:
+        """This config with `compensation_bias=None` resolved for an architecture: the automatic choice where its
+        o_proj / down_proj may carry a bias everywhere (`ArchitectureSpec.output_bias`), off where not (Qwen3,
+        Gemma-3: their GGUF graphs have no such bias)."""
+        if self.compensation_bias is not None:
+            return self
+        return replace(self, compensation_bias=output_bias and self.refit_bias)
+
     @classmethod
     def paper(cls, pruning_ratio: float = 0.2, literal: bool = False, **kwargs) -> NumericalConfig:
         """The paper's setting, for reproducing it (docs/methods/numerical.md): each module's exact-constraint
@@ -177,11 +186,11 @@ class NumericalConfig(StructuredPruningConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _choice("compensation_inputs", self.compensation_inputs, ("dense", "sequential"))
-        _choice("solver", self.solver, ("closed_form", "newton"))
-        _choice("ranking", self.ranking, ("cost_weighted", "literal", "loss"))
-        _choice("head_score", self.head_score, ("unit", "channel_mean"))
-        _choice("scores", self.scores, ("auto", "numerical", "fluctuation"))
+        choice("compensation_inputs", self.compensation_inputs, ("dense", "sequential"))
+        choice("solver", self.solver, ("closed_form", "newton"))
+        choice("ranking", self.ranking, ("cost_weighted", "literal", "loss"))
+        choice("head_score", self.head_score, ("unit", "channel_mean"))
+        choice("scores", self.scores, ("auto", "numerical", "fluctuation"))
         if self.scores == "fluctuation" and (self.ranking != "cost_weighted" or self.solver != "closed_form"):
             raise ValueError(
                 "scores='fluctuation' ranks units by FLAP's metric with the cost-weighted ranking: it takes "

@@ -6,100 +6,16 @@ from __future__ import annotations
 
 import torch
 
+from ...functional.compensation import damped_cholesky_solve
+from ...functional.numerical import numerical_scores, score_matrix, unit_score_matrix
+
 __all__ = [
     "score_matrix",
     "unit_score_matrix",
     "numerical_scores",
     "numerical_scores_newton",
     "removal_losses",
-    "compensate",
-    "compensate_with_bias",
-    "plus_bias",
-    "obs_compensation",
-    "damped_cholesky_solve",
 ]
-
-
-def score_matrix(W: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
-    """`A = (W_paper W_paperᵀ) ∘ (XᵀX)`: Gram of W's columns times the input Gram, elementwise. (D, D)."""
-    W = W.double()
-    return (W.T @ W) * H.double()  # (D, D)
-
-
-def damped_cholesky_solve(A: torch.Tensor, B: torch.Tensor, damping: float, retries: int = 4) -> torch.Tensor:
-    """Solve `(A + damping·mean(diag A)·I) X = B` by Cholesky, multiplying the damping by 10 on failure."""
-    mean_diag = A.diagonal().mean().clamp_min(1e-30)
-    eye = torch.eye(A.shape[0], dtype=A.dtype, device=A.device)
-    damp = damping
-    for _ in range(retries + 1):
-        L, info = torch.linalg.cholesky_ex(A + damp * mean_diag * eye)  # (D, D)
-        if int(info) == 0:
-            return torch.cholesky_solve(B, L)
-        damp = max(damp * 10, 1e-8)
-    raise torch.linalg.LinAlgError(f"Cholesky failed even with damping {damp / 10:g}; the statistics are degenerate.")
-
-
-def unit_score_matrix(A: torch.Tensor, unit_size: int = 1) -> torch.Tensor:
-    """`B = Pᵀ A P`: the score matrix of masks shared by units of `unit_size` consecutive channels (a head: its
-    `D_h` channels; a KV group: its `n_rep·D_h`), with `P` the `(D, D / unit_size)` 0/1 membership matrix.
-
-    Sharing one mask `z_u` per unit (`z = P z_u`, the paper's "internal computation alignment") turns the objective
-    `½ (z − 1)ᵀ A (z − 1)` into `½ (z_u − 1)ᵀ B (z_u − 1)`: B sums A's blocks. (n, n)."""
-    if unit_size == 1:
-        return A
-    n = A.shape[0] // unit_size
-    if n * unit_size != A.shape[0]:
-        raise ValueError(f"{A.shape[0]} channels do not split into units of {unit_size}.")
-    return A.reshape(n, unit_size, n, unit_size).sum((1, 3))
-
-
-def numerical_scores(
-    W: torch.Tensor,
-    H: torch.Tensor,
-    ratio: float,
-    lambda_: float | None = None,
-    damping: float = 1e-6,
-    unit_size: int = 1,
-) -> torch.Tensor:
-    """Closed-form minimiser of `f(z) = ½ Σ_i ‖X W_i − X (z∘W_i)‖² + ½ λ (1ᵀz − r)²` (Eqs. 6-7).
-
-    `z* = 1 − c·u` with `u = A⁻¹1`, `s = 1ᵀu`, `c = λ(D−r)/(1+λs)` (or `(D−r)/s` for λ → ∞). Dead channels
-    (`diag A = 0`) score −∞ and are pruned first.
-
-    With `unit_size = m > 1` the mask is shared by units of m consecutive channels, `z = P z_u` (one mask per head
-    or KV group, as pruning applies it): the same objective over `z_u` has `A` replaced by `B = PᵀAP`
-    ([`unit_score_matrix`]) and the count `1ᵀz = m·1ᵀz_u`, so `z_u* = 1 − c·B⁻¹1` with `c = (D−r)/(m·s)` (or
-    `λm(D−r)/(1+λm²s)`), `s = 1ᵀB⁻¹1`. In the uncorrelated case a unit scores by the *sum* of its channels'
-    `‖W_:,j‖²‖X_j‖²` where the mean of its channel scores weighs it by the harmonic mean (its weakest channels).
-
-    Args:
-        W (`torch.Tensor` of shape `(d_out, D)`): weight of o_proj / down_proj.
-        H (`torch.Tensor` of shape `(D, D)`): input Gram (any positive scaling).
-        ratio (`float`): target pruning ratio ρ; r = (1 − ρ)·D.
-        lambda_ (`float | None`): dimensionless λ (× mean diag A), `None` for the exact constraint.
-        damping (`float`): relative ridge on A (on B for units).
-        unit_size (`int`, defaults to `1`): channels per shared mask.
-
-    Returns:
-        `torch.Tensor` of shape `(D / unit_size,)`, float64.
-    """
-    A = score_matrix(W, H)  # (D, D)
-    d = A.diagonal()
-    lam = None if lambda_ is None or not (d > 0).any() else lambda_ * d[d > 0].mean()  # absolute: live channels' A
-    A = unit_score_matrix(A, unit_size)  # (n, n)
-    n, m = A.shape[0], unit_size
-    alive = A.diagonal() > 0  # (n,)
-    z = torch.full((n,), float("-inf"), dtype=torch.float64, device=A.device)
-    if not alive.any():
-        return z
-    A = A[alive][:, alive]
-    ones = torch.ones(A.shape[0], 1, dtype=A.dtype, device=A.device)
-    u = damped_cholesky_solve(A, ones, damping)[:, 0]  # (n_alive,)
-    s = u.sum()
-    excess = ratio * m * A.shape[0]  # D − r over the live channels
-    c = excess / (m * s) if lam is None else lam * m * excess / (1 + lam * m * m * s)
-    z[alive] = 1 - c * u
-    return z
 
 
 def numerical_scores_newton(
@@ -170,88 +86,3 @@ def removal_losses(
     else:
         Wp_solved = M @ Wp  # (n, m, d_out) = H_PP W_Pᵀ
     return (Wp * Wp_solved).sum((1, 2)).clamp_min(0)
-
-
-def compensate(
-    W: torch.Tensor, H: torch.Tensor, keep: torch.Tensor, damping: float = 0.01, strength: float = 1.0
-) -> tuple[torch.Tensor, float]:
-    """Least-squares refit of the kept input channels (Thm. 3, cheap form).
-
-    `W[:, K] += s · W[:, P] · H[P, K] · (H[K, K] + γI)⁻¹`, then columns P are zero; γ = damping · mean(diag H),
-    s = `strength` (1: the refit; 0: the kept weights unchanged; between: shrunk toward them).
-
-    Args:
-        W (`torch.Tensor` of shape `(d_out, D)`): weight.
-        H (`torch.Tensor` of shape `(D, D)`): input Gram normalised by the token count.
-        keep (`torch.LongTensor` of shape `(k,)`): kept input channels K.
-        damping (`float`): relative ridge.
-        strength (`float`): the fraction of the refit's change applied.
-
-    Returns:
-        `(W_new, residual)`: the full-size new weight (pruned columns zero) in W's dtype, and the per-token
-        reconstruction loss `tr(δW H δWᵀ)` (= L* of Thm. 3) in float64.
-    """
-    Wd, Hd = W.double(), H.double()
-    D = Wd.shape[1]
-    mask = torch.zeros(D, dtype=torch.bool, device=W.device)
-    mask[keep] = True
-    K, P = mask.nonzero()[:, 0], (~mask).nonzero()[:, 0]
-    W_new = torch.zeros_like(Wd)
-    if K.numel():
-        rhs = Hd[K][:, P] @ Wd[:, P].T  # (k, d_out)  = H_KP W_Pᵀ
-        delta = damped_cholesky_solve(Hd[K][:, K], rhs, damping).T  # (d_out, k)
-        W_new[:, K] = Wd[:, K] + strength * delta
-    dW = W_new - Wd  # (d_out, D)
-    residual = float(torch.einsum("od,de,oe->", dW, Hd, dW))
-    return W_new.to(W.dtype), residual
-
-
-def compensate_with_bias(
-    W: torch.Tensor,
-    H: torch.Tensor,
-    mean: torch.Tensor,
-    keep: torch.Tensor,
-    damping: float = 0.01,
-    strength: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """Least-squares refit of the kept input channels *and* a bias: `min E‖W'_K x_K + b − W x‖²` (an extension).
-
-    An intercept makes the refit act on centred inputs: [`compensate`] on the covariance `Σ = H − μμᵀ` gives `W'`,
-    and `b = (W − W') μ` restores the mean output (so the removed channels' mean contribution, FLAP's bias
-    compensation, is part of it). The ridge `damping · mean(diag Σ[K, K])` applies to the weights, not to `b`.
-    With `strength` s < 1 the weights take the fraction s of the refit's change and `b` restores the mean output of
-    those weights: s = 0 is FLAP's bias compensation exactly, `b = W[:, P] μ_P`.
-
-    Args:
-        W (`torch.Tensor` of shape `(d_out, D)`): weight.
-        H (`torch.Tensor` of shape `(D, D)`): input Gram normalised by the token count.
-        mean (`torch.Tensor` of shape `(D,)`): per-channel input mean.
-        keep (`torch.LongTensor` of shape `(k,)`): kept input channels K.
-        damping (`float`): relative ridge.
-
-    Returns:
-        `(W_new, bias, residual)`: the full-size new weight (pruned columns zero) and the bias to *add* to the
-        module's existing bias, both in W's dtype, and the per-token loss `E‖(W' − W) x + b‖²` in float64.
-    """
-    mu = mean.double().to(W.device)  # (D,)
-    cov = H.double() - torch.outer(mu, mu)  # (D, D)
-    W_new, residual = compensate(W, cov, keep, damping, strength)
-    bias = (W.double() - W_new.double()) @ mu  # (d_out,)
-    return W_new, bias.to(W.dtype), residual
-
-
-def plus_bias(b: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
-    """`b` plus the module's existing bias: a plan's bias replaces the module's, so a refit's bias adds to it."""
-    old = getattr(module, "bias", None)
-    return b if old is None else b + old.detach().to(b)
-
-
-def obs_compensation(W: torch.Tensor, H: torch.Tensor, prune: torch.Tensor) -> torch.Tensor:
-    """Reference OBS form of Thm. 3 (paper layout transposed): `δW_paper = −H⁻¹[:,P] (H⁻¹[P,P])⁻¹ W_paper[P,:]`.
-
-    Slow (full inverse), used by the tests to check `compensate`.
-    """
-    Wp = W.double().T  # (D, d_out) paper layout
-    Hinv = torch.linalg.inv(H.double())  # (D, D)
-    delta = -Hinv[:, prune] @ torch.linalg.inv(Hinv[prune][:, prune]) @ Wp[prune, :]  # (D, d_out)
-    return (Wp + delta).T  # (d_out, D)

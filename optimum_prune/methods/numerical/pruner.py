@@ -8,23 +8,17 @@ import torch
 from torch import nn
 
 from ...calibration.stats import CrossGramStats, GramStats
+from ...functional.compensation import compensate, compensate_with_bias, damped_cholesky_solve
+from ...functional.fluctuation import fluctuation_scores
+from ...modeling.access import plus_bias
 from ...modeling.architectures import LayerView, weight_oi
 from ...modeling.shapes import head_costs, mlp_channel_cost
 from ...modeling.surgery import apply_layer_plan_, head_rows
 from ...plan import LayerPlan, PruningPlan
 from ...runtime.blocks import Stage
-from ..flap.functional import fluctuation_scores
 from ..structured import StructuredPruner, resolve_gqa_mode
 from .config import NumericalConfig
-from .functional import (
-    compensate,
-    compensate_with_bias,
-    damped_cholesky_solve,
-    numerical_scores,
-    numerical_scores_newton,
-    plus_bias,
-    removal_losses,
-)
+from .functional import numerical_scores, numerical_scores_newton, removal_losses
 
 __all__ = ["NumericalPruner"]
 
@@ -61,6 +55,10 @@ class NumericalPruner(StructuredPruner):
     requires_calibration = True
     config: NumericalConfig
 
+    def validate(self, model, spec) -> None:
+        super().validate(model, spec)
+        self.config = self.config.for_architecture(spec.output_bias)
+
     def keep_stats(self) -> bool:
         return self.config.compensate
 
@@ -75,7 +73,9 @@ class NumericalPruner(StructuredPruner):
             out["mlp"] = (view.mlp_out, GramStats(view.intermediate_size))
         return out
 
-    def _scores(self, W: torch.Tensor, stats: GramStats, unit_size: int = 1) -> torch.Tensor:
+    def channel_scores(self, W: torch.Tensor, stats: GramStats, unit_size: int = 1) -> torch.Tensor:
+        """The numerical scores of the input channels of `W` (or of its units of `unit_size` channels), from the
+        Gram of its inputs (`stats.gram`)."""
         cfg, H = self.config, stats.gram.to(W.device)
         if not cfg.score_correlations:  # independent inputs: A = diag(‖W_:,j‖²·E[x_j²])
             H = torch.diag(H.diagonal())
@@ -89,11 +89,11 @@ class NumericalPruner(StructuredPruner):
         """`(H,)` per-query-head scores (the heads of a KV group share the group's score in group mode)."""
         cfg = self.config
         W = weight_oi(view.o_proj).detach()
-        z = self._scores(W, stats)  # (H·D_h,) channel scores
+        z = self.channel_scores(W, stats)  # (H·D_h,) channel scores
         if cfg.head_score == "channel_mean":  # the paper's: the mean of the head's channel scores
             return _head_means((_standardize(z) if cfg.standardize_per_layer else z).view(view.num_heads, -1))
         heads_per_unit = view.group_size if resolve_gqa_mode(cfg.gqa_mode, view) == "group" else 1
-        zu = self._scores(W, stats, unit_size=heads_per_unit * view.head_dim)  # (units,) one mask per unit
+        zu = self.channel_scores(W, stats, unit_size=heads_per_unit * view.head_dim)  # (units,) one mask per unit
         if cfg.standardize_per_layer:  # in the module's channel-score units, as MLP channels are
             zu = _standardize(zu, ref=z)
         return zu.repeat_interleave(heads_per_unit)
@@ -107,7 +107,7 @@ class NumericalPruner(StructuredPruner):
         if "attn" in stats:
             head = self._head_scores(view, stats["attn"])  # (H,)
         if "mlp" in stats:
-            chan = self._scores(weight_oi(view.mlp_out).detach(), stats["mlp"])  # (I,)
+            chan = self.channel_scores(weight_oi(view.mlp_out).detach(), stats["mlp"])  # (I,)
             chan = _standardize(chan) if self.config.standardize_per_layer else chan
         return head, chan
 

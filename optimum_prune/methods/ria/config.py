@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..unstructured import UnstructuredPruningConfig, choice
+from ...config import UnstructuredPruningConfig, choice
 
 __all__ = ["RIAConfig"]
 

@@ -15,34 +15,10 @@ import importlib.util
 import torch
 
 from ...functional.masks import check_pattern_fits, nm_keep_mask, parse_pattern
-from ..wanda.functional import input_norms
 
-__all__ = ["ria_scores", "ria_channel_reallocation", "nm_retained_score"]
+__all__ = ["ria_channel_reallocation", "nm_retained_score"]
 
 _LSA_BUDGET = 1 << 26  # elements of the (out, chunk, G, m) candidate tensor evaluated at once
-
-
-def ria_scores(weight: torch.Tensor, sumsq: torch.Tensor, a: float = 0.5, nsamples: int | float = 1) -> torch.Tensor:
-    """RIA score `(|W_ij| / Σ_k |W_kj| + |W_ij| / Σ_k |W_ik|) * (sqrt(sumsq_j / nsamples)) ** a`.
-
-    A row or column whose absolute sum is zero contributes `0` (instead of `0 / 0`).
-
-    Args:
-        weight (`torch.Tensor` of shape `(out_features, in_features)`): dense weight `W`.
-        sumsq (`torch.Tensor` of shape `(in_features,)`): sum over calibration tokens of the squared input.
-        a (`float`, defaults to `0.5`): exponent of the activation norm.
-        nsamples (`int` or `float`, defaults to `1`): normaliser of `sumsq` (a common factor; ranking unchanged).
-
-    Returns:
-        `torch.Tensor` of shape `(out_features, in_features)`: scores in float32 (float64 for float64 input).
-    """
-    dtype, x_norm = input_norms(weight, sumsq, nsamples)  # (in,) ||X_j||_2
-    W_abs = weight.to(dtype).abs()  # (out, in)
-    col_sum = W_abs.sum(dim=0, keepdim=True)  # (1, in)  Σ_k |W_kj|
-    row_sum = W_abs.sum(dim=1, keepdim=True)  # (out, 1) Σ_k |W_ik|
-    col_sum = torch.where(col_sum == 0, torch.ones_like(col_sum), col_sum)
-    row_sum = torch.where(row_sum == 0, torch.ones_like(row_sum), row_sum)
-    return (W_abs / col_sum + W_abs / row_sum) * x_norm.pow(a).unsqueeze(0)  # (out, in)
 
 
 def nm_retained_score(scores: torch.Tensor, n: int, m: int) -> float:

@@ -6,10 +6,10 @@ import torch
 
 from ...calibration.stats import GramStats, SquaredNormStats
 from ...functional.masks import keep_mask
-from ..sparsegpt.functional import sparsegpt_prune
+from ...functional.scores import ria_scores
+from ...functional.sparsegpt import sparsegpt_prune
 from ..unstructured import SequentialPruner
 from .config import RIAConfig
-from .functional import ria_scores
 
 __all__ = ["RIAPruner"]
 

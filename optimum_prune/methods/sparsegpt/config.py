@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..unstructured import UnstructuredPruningConfig
+from ...config import UnstructuredPruningConfig
 
 __all__ = ["SparseGPTConfig"]
 

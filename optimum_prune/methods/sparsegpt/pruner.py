@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from ...calibration.stats import GramStats
+from ...functional.sparsegpt import sparsegpt_prune
 from ..unstructured import SequentialPruner
 from .config import SparseGPTConfig
-from .functional import sparsegpt_prune
 
 __all__ = ["SparseGPTPruner"]
 

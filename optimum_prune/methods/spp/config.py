@@ -8,21 +8,17 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...config import StructuredPruningConfig, _choice
-from ..unstructured import UnstructuredPruningConfig
+from ...config import StructuredPruningConfig, UnstructuredPruningConfig, choice
 from .functional import reachable_z
 
 __all__ = ["SPPConfig", "SPPRIAConfig", "SEARCH_FIELDS"]
 
-# `compensation_strength=None`: the refit's strength per modality, each chosen on its selection split
-# (benchmarks/README.md, "Solution Path Pruning"): half on SmolLM2-135M (3-8% lower perplexity than the full refit at
-# 20% and 30% on BBC, the Python docs and the Bible), full on DINOv2-S/14 (0.690 against 0.640 accuracy at 20%)
+# `compensation_strength=None`: the refit's strength per modality, half on language models and full on image models,
+# each chosen on its selection split (why: docs/methods/spp.md, "The paper's setting and our defaults")
 TEXT_STRENGTH = 0.5
 IMAGE_STRENGTH = 1.0
-# `search_labels=None`: the search's loss per modality, each chosen on its selection split (the same section):
-# next tokens drawn from the dense model on SmolLM2-135M (30%: 49.19 / 81.72 / 77.09 against 50.38 / 114.90 / 87.90
-# with the calibration text's tokens, 60.14 / 128.92 / 93.08 with the dense KL), the KL divergence from the dense
-# classifier on DINOv2-S/14 (20%: 0.742 accuracy against 0.716 with drawn classes and 0.690 with the labels)
+# `search_labels=None`: the search's loss per modality, each chosen on its selection split (the same section): next
+# tokens drawn from the dense model on language models, the KL divergence from the dense classifier on image models
 TEXT_LABELS = "sampled"
 IMAGE_LABELS = "dense"
 
@@ -52,9 +48,9 @@ class _SearchFields:
     training_args: dict[str, Any] = field(default_factory=dict)
 
     def _validate_search(self) -> None:
-        _choice("faithful_to", self.faithful_to, ("coupled", "code", "paper"))
+        choice("faithful_to", self.faithful_to, ("coupled", "code", "paper"))
         if self.search_labels is not None:
-            _choice("search_labels", self.search_labels, ("data", "sampled", "dense"))
+            choice("search_labels", self.search_labels, ("data", "sampled", "dense"))
         for name in ("steps", "batch_size", "gradient_accumulation_steps", "interval"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -157,7 +153,7 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             path orders the units within each kind), `"separate"` (the authors' code: attention units (QK + VO
             together) and MLP channels each lose that fraction, so the path also decides q/k against v/o) or
             `"cost_weighted"` (one pool: all units by entry, cut where the removed parameters reach the ratio).
-            `"per_kind"` measured best on the selection split (docs/methods/spp.md).
+            Why `"per_kind"`: docs/methods/spp.md.
         statistic (`str`, defaults to `"entry_time"`): what units are ranked by: `"entry_time"` (the step at which
             `Γ` first became non-zero) or `"step_record"` (the code's count of `interval`s spent in the support).
         tie_break (`str`, defaults to `"z"`): orders units with the same statistic (and units that never entered):
@@ -184,12 +180,11 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             `W + s·(W* − W)` on the kept inputs (as `NumericalConfig.compensation_strength`): 1 is the full
             least-squares refit, 0 keeps the extracted weights (with `compensation_bias`, FLAP's bias compensation).
             `None` (`refit_strength(modality)`): 0.5 on language models, 1 on image models, each the better of the
-            two on its selection split (SmolLM2-135M: by 3-8% in perplexity; DINOv2-S/14 on CIFAR-10: 0.690 against
-            0.640 accuracy at 20%; docs/methods/spp.md).
+            two on its selection split (docs/methods/spp.md).
         compensation_bias (`bool`, defaults to `True`): refit with an intercept (`NumericalConfig.compensation_bias`):
-            a bias on o_proj / down_proj restores the mean output the removed inputs carried. The defaults (an
-            intercept, half strength) beat the full refit without one on every selection text at 20% and 30%
-            (docs/methods/spp.md); `compensation_bias=False, compensation_strength=1.0` is the refit before them.
+            a bias on o_proj / down_proj restores the mean output the removed inputs carried (why an intercept at
+            half strength: docs/methods/spp.md); `compensation_bias=False, compensation_strength=1.0` is the refit
+            before them.
         faithful_to (`str`, defaults to `"coupled"`): the dynamics (docs/methods/spp.md). `"coupled"`: AdamW on the
             gradient of the paper's coupled loss (Eq. 9), `∇L + (M − Γ)/ν`, which pulls every mask towards `Γ` (0
             until the unit enters), then `Z ← Z + lr·κ·(M_{k+1} − Γ)` and the one-sided `Γ = max(Z − λ, 0)`: a unit
@@ -303,10 +298,10 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
                 f"SPPConfig takes allocation='global' or 'uniform', not {self.allocation!r} (SPP prunes head "
                 "dimensions, which the DeciLM format of allocation='servable' cannot hold)."
             )
-        _choice("pools", self.pools, ("separate", "per_kind", "cost_weighted"))
-        _choice("statistic", self.statistic, ("entry_time", "step_record"))
-        _choice("tie_break", self.tie_break, ("z", "gamma"))
-        _choice("attention_scale", self.attention_scale, ("original", "reduced"))
+        choice("pools", self.pools, ("separate", "per_kind", "cost_weighted"))
+        choice("statistic", self.statistic, ("entry_time", "step_record"))
+        choice("tie_break", self.tie_break, ("z", "gamma"))
+        choice("attention_scale", self.attention_scale, ("original", "reduced"))
         if isinstance(self.head_dim_multiple, bool) or not isinstance(self.head_dim_multiple, int):
             raise ValueError(f"`head_dim_multiple` must be a positive int, got {self.head_dim_multiple!r}.")
         if self.head_dim_multiple < 1:
@@ -357,7 +352,7 @@ class SPPRIAConfig(UnstructuredPruningConfig, _SearchFields):
     """
 
     method = "spp_ria"
-    search_labels: str | None = "data"  # (what its results were measured with)
+    search_labels: str | None = "data"  # the loss its results were obtained with
     search_seq_len: int | None = None  # (the same: the calibration windows as given)
 
     combine: str = "masked"
@@ -369,7 +364,7 @@ class SPPRIAConfig(UnstructuredPruningConfig, _SearchFields):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._validate_search()
-        _choice("combine", self.combine, ("masked", "scaled", "support"))
-        _choice("per", self.per, ("row", "matrix"))
-        _choice("statistic", self.statistic, ("entry_time", "step_record"))
-        _choice("tie_break", self.tie_break, ("z", "gamma"))
+        choice("combine", self.combine, ("masked", "scaled", "support"))
+        choice("per", self.per, ("row", "matrix"))
+        choice("statistic", self.statistic, ("entry_time", "step_record"))
+        choice("tie_break", self.tie_break, ("z", "gamma"))

@@ -13,12 +13,13 @@ from torch import nn
 
 from ...calibration.images import require_classifier
 from ...calibration.stats import GramStats
+from ...functional.compensation import compensate, compensate_with_bias
+from ...modeling.access import plus_bias
 from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
 from ...modeling.surgery import dim_rows
 from ...plan import LayerPlan, PruningPlan
 from ...runtime.blocks import Stage
 from ..base import BasePruner
-from ..numerical.functional import compensate, compensate_with_bias, plus_bias
 from .config import SPPConfig
 from .extract import extract_keep
 from .masks import folded_weights

@@ -21,9 +21,9 @@ from transformers.pytorch_utils import Conv1D
 
 from ...calibration.stats import SquaredNormStats
 from ...functional.masks import keep_mask
+from ...functional.scores import ria_scores
 from ...modeling.architectures import ArchitectureSpec, LayerView, Target, get_layers, weight_oi
 from ...runtime.blocks import Stage
-from ..ria.functional import ria_scores
 from ..unstructured import SequentialPruner
 from .config import SPPRIAConfig
 from .functional import removal_order

@@ -6,9 +6,9 @@ import torch
 
 from ...calibration.stats import SquaredNormStats
 from ...functional.masks import keep_mask
+from ...functional.scores import wanda_scores
 from ..unstructured import SequentialPruner
 from .config import WandaConfig
-from .functional import wanda_scores
 
 __all__ = ["WandaPruner"]
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from ...functional.hessian import cholesky_inverse_upper, dead_channels
-from ...functional.masks import (
+from .hessian import cholesky_inverse_upper, dead_channels
+from .masks import (
     check_pattern_fits,
     keep_mask_for_count,
     nm_keep_mask,
