@@ -9,11 +9,20 @@ device of the first update (the block's working device), whatever `device` they 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
 import torch
 
 from ..utils.distributed import all_reduce_sum_, world_size
 
-__all__ = ["GramStats", "CrossGramStats", "MomentStats", "SquaredNormStats", "RunningSums"]
+__all__ = ["GramStats", "CrossGramStats", "MomentStats", "SquaredNormStats", "RunningSums", "feed"]
+
+
+def feed(accumulators: Mapping[str, Any]) -> Callable[[str, torch.Tensor], None]:
+    """The runner's `callback` (`LayerwiseRunner.run_layer`) that adds each observed input `x` of the module named
+    `name` to `accumulators[name]` (its `.update(x)`)."""
+    return lambda name, x: accumulators[name].update(x)
 
 
 class RunningSums:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..calibration.stats import SquaredNormStats
+from ..calibration.stats import SquaredNormStats, feed
 from ..config import StructuredPruningConfig
 from ..functional.allocation import (
     LayerUnits,
@@ -173,14 +173,11 @@ class StructuredPruner(BasePruner):
             for name, (mod, _) in owl_inputs(view).items():
                 layer_stats["owl:" + name] = (mod, SquaredNormStats(weight_oi(mod).shape[1]))
         outputs = None
+        accumulators = {name: a for name, (_, a) in layer_stats.items()}
         if run is not None:
             observe = {name: mod for name, (mod, _) in layer_stats.items()}
-            outputs = run.run_layer(
-                view.index,
-                observe=observe,
-                callback=lambda name, x: layer_stats[name][1].update(x),
-            )
-        return {name: a for name, (_, a) in layer_stats.items()}, outputs
+            outputs = run.run_layer(view.index, observe=observe, callback=feed(accumulators))
+        return accumulators, outputs
 
     def collect_scores(self, stage: Stage, views: list[LayerView]) -> tuple[dict, dict, dict]:
         """The first pass: `(statistics kept per block, (head scores, channel scores) per block, OWL outlier fraction

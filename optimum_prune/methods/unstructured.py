@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..calibration.stats import feed
 from ..functional.masks import check_pattern_fits
 from ..modeling.access import read_target, write_target
 from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, weight_oi
@@ -124,9 +125,7 @@ class SequentialPruner(BasePruner):
             observe = {g: view.module(ts[0].path) for g, ts in by_group.items()}
             stats = {g: self.make_stats(weight_oi(m).shape[1]) for g, m in observe.items()}
             if any(s is not None for s in stats.values()):
-                run.run_layer(
-                    view.index, observe=observe, callback=lambda g, x: stats[g].update(x), keep_outputs=False
-                )
+                run.run_layer(view.index, observe=observe, callback=feed(stats), keep_outputs=False)
         for g, ts in by_group.items():
             for t in ts:
                 write_target(view, t, self.prune_target(view, t, read_target(view, t), stats.get(g)))

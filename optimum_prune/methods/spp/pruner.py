@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ...calibration.images import require_classifier
-from ...calibration.stats import GramStats
+from ...calibration.stats import GramStats, feed
 from ...functional.compensation import compensate, compensate_with_bias
 from ...modeling.access import plus_bias
 from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
@@ -155,7 +155,7 @@ class SPPPruner(BasePruner):
             stats = {name: GramStats(weight_oi(view.module(path)).shape[1]) for name, (path, _) in targets.items()}
             outputs = run.run_layer(
                 i, observe={name: view.module(path) for name, (path, _) in targets.items()},
-                callback=lambda name, x: stats[name].update(x),
+                callback=feed(stats),
             )  # fmt: skip
             for name, (path, cols) in targets.items():
                 mod = view.module(path)
