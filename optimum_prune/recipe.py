@@ -124,8 +124,10 @@ class StageRecord:
     prunable_after: int
 
 
-def run_stages(stage: Stage, pruners: Sequence[BasePruner]) -> list[StageRecord]:
-    """Run the stages of a validated recipe on `stage.model` (see the module docstring), inside an open session."""
+def run_stages(stage: Stage, pruners: Sequence[BasePruner], apply: bool = True) -> list[StageRecord]:
+    """Run the stages of a validated recipe on `stage.model` (see the module docstring), inside an open session.
+    `apply=False` decides without removing anything (unstructured methods still write their weights while deciding,
+    since later layers must see them)."""
     model, spec, sess = stage.model, stage.spec, stage.session
     structured = [[k] for k, p in enumerate(pruners) if p.structured]
     flat = [k for k, p in enumerate(pruners) if not p.structured]
@@ -141,7 +143,8 @@ def run_stages(stage: Stage, pruners: Sequence[BasePruner]) -> list[StageRecord]
                 ps = [pruners[k] for k in members]
                 plan = ps[0].compute_plan(stage) if len(ps) == 1 else layerwise_pass(ps, stage)
             decided = time.perf_counter()
-            apply_plan_(model, spec, plan)
+            if apply:
+                apply_plan_(model, spec, plan)
         finished = time.perf_counter()
         sess.mark_complete(index, plan)
         after = attention_mlp_params(model, spec)

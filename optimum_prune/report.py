@@ -44,10 +44,13 @@ def target_sparsity(model: nn.Module, spec: ArchitectureSpec, targets: Sequence[
     out = {}
     for i, layer in blocks:
         view = layer_view(layer, i, spec, model.config)
-        for t in targets:
-            w = read_target(view, t)
-            out[f"layers.{i}.{t.key}"] = (float((w == 0).sum()) / max(w.numel(), 1), w.numel())
+        for t in targets:  # no local keeps a weight: a low-memory block is released when the loop moves on
+            out[f"layers.{i}.{t.key}"] = _zeros(read_target(view, t))
     return out
+
+
+def _zeros(w: torch.Tensor) -> tuple[float, int]:
+    return float((w == 0).sum()) / max(w.numel(), 1), w.numel()
 
 
 def zero_or_removed(spec: ArchitectureSpec, prunable_before: int, blocks: Blocks) -> float:
@@ -64,18 +67,17 @@ def zero_fraction(
     spec: ArchitectureSpec,
     params: int,
     blocks: Blocks,
-    read_offloaded: Callable[[list[str]], dict[str, torch.Tensor]] | None = None,
+    value_chunks: Callable[[str, torch.Tensor], Iterable[torch.Tensor]] | None = None,
 ) -> float:
     """Exact zeros among all parameters (tied weights once), relative to `params`; the tensors outside the blocks
-    that a low-memory model keeps on disk are read with `read_offloaded(names)`."""
+    are read as `value_chunks(name, tensor)` gives them (a low-memory model's from their files, in chunks)."""
     in_blocks = {id(p) for layer in get_layers(model, spec) for p in layer.parameters()}
     unique = {id(p): (n, p) for n, p in model.named_parameters() if id(p) not in in_blocks}.values()
-    on_disk = [n for n, p in unique if p.device.type == "meta"]
-    zeros = sum(float((p == 0).sum()) for _, p in unique if p.device.type != "meta")
-    if on_disk and read_offloaded is not None:
-        zeros += sum(float((t == 0).sum()) for t in read_offloaded(on_disk).values())
+    zeros = 0
+    for n, p in unique:
+        zeros += sum(int((c == 0).sum()) for c in (value_chunks(n, p) if value_chunks is not None else [p]))
     for _, layer in blocks:
-        zeros += sum(float((p == 0).sum()) for p in layer.parameters())
+        zeros += sum(int((p == 0).sum()) for p in layer.parameters())
     return zeros / max(params, 1)
 
 

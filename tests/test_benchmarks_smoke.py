@@ -384,12 +384,25 @@ def test_recovery(tiny_dir, tmp_path):
 
 
 def test_scale(tiny_dir, tmp_path):
-    argv = ["--model", str(tiny_dir), "--runs", "smollm2-mem-wanda", "smollm2-low-np", "--work-dir", str(tmp_path)]
+    runs = ["acct-mem-wanda", "acct-wanda", "acct-numerical"]
+    argv = ["--model", str(tiny_dir), "--runs", *runs, "--work-dir", str(tmp_path), "--nice", "0"]
     result = _run("scale", argv, tmp_path / "scale.json")
     assert result["protocol"]["calibration"][0]["corpus"] == "bbc"
-    for name in ("smollm2-mem-wanda", "smollm2-low-np"):
-        rank = result["runs"][name]["ranks"][0]
-        assert rank["vmhwm_bytes"] > 0 and rank["seconds"]["prune"] > 0 and 0 < rank["measured"] < 1
+    for name in runs:
+        r = result["runs"][name]
+        assert r["vmhwm"] >= r["peak_sampled"]["RssAnon"] > 0 and r["seconds"]["prune"] > 0 and 0 < r["measured"] < 1
+        assert "VmSwap" in r["peak_sampled"] and set(r["machine_swap_used"]) == {"start", "peak"}
+    np_passes = result["runs"]["acct-numerical"]["progress"]["passes"]
+    assert [p["blocks"] for p in np_passes[:2]] == [2, 2]  # scored, then refitted and written, block by block
+    assert result["runs"]["acct-wanda"]["digest"] == result["runs"]["acct-mem-wanda"]["digest"]  # identical
+    # a run that never finished is recorded from its log and the parent's samples of /proc
+    again = ["--model", str(tiny_dir), "--runs", "acct-numerical", "--work-dir", str(tmp_path), "--salvage"]
+    salvaged = _run("scale", again, tmp_path / "salvaged.json")
+    run, done = salvaged["runs"]["acct-numerical"], result["runs"]["acct-numerical"]
+    assert run["partial"] and run["samples"]["count"] >= 1 and run["vmhwm"] > 0
+    assert [(b["pass"], b["block"]) for b in run["progress"]["blocks"]] == [
+        (b["pass"], b["block"]) for b in done["progress"]["blocks"]
+    ]
 
 
 @pytest.fixture(scope="module")

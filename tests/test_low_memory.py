@@ -21,10 +21,11 @@ from optimum_prune import (
     NumericalConfig,
     RIAConfig,
     SparseGPTConfig,
+    SPPConfig,
     WandaConfig,
 )
 from optimum_prune.runtime.memory import InsufficientMemoryError
-from optimum_prune.runtime.streaming import LayerStore
+from optimum_prune.runtime.streaming import LayerStore, get_store
 
 NP = {"pruning_ratio": 0.3, "round_to": 1}
 CASES = [
@@ -158,6 +159,14 @@ def test_cli_low_memory_on_a_gguf_file_says_how_to_convert(tmp_path, capsys):
     assert main([*argv, str(tmp_path / "out")]) == 2
     assert "Convert it once to safetensors" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_spp_is_refused_in_low_memory_mode_before_any_work(tmp_path):
+    src = write_checkpoint(tmp_path / "src")
+    pruner = AutoPruner.from_pretrained(src, low_memory=True)
+    with pytest.raises(ValueError, match=r"SPP reads every block's weights at once.*Load the model in memory"):
+        pruner.prune(SPPConfig(pruning_ratio=0.2), calibration=calibration_ids(8, 16))
+    assert not list(get_store(pruner.model).versions[0].keys())[1:]  # no block was written
 
 
 def test_image_models_are_refused_in_low_memory_mode(tmp_path):

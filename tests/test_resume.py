@@ -199,17 +199,26 @@ def test_a_save_that_fails_midway_leaves_nothing_where_the_model_is_expected(tmp
     pruner.prune(NumericalConfig(**NP), calibration=IDS)
     import safetensors.torch
 
+    from optimum_prune.runtime import tensorfile
+
     calls = []
-    real = safetensors.torch.save_file
 
-    def disk_full(tensors, path, *args, **kwargs):
-        calls.append(path)
-        if len(calls) == 1:  # the temporary directory already holds the config / the first shard
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(tensors, path, *args, **kwargs)
+    def full(write, path):
+        def fake(*args, **kwargs):
+            calls.append(path(args))
+            if len(calls) == 1:  # the temporary directory already holds the config / the first shard
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return write(*args, **kwargs)
 
-    monkeypatch.setattr("transformers.modeling_utils.safe_save_file", disk_full)
-    monkeypatch.setattr("optimum_prune.runtime.streaming.save_file", disk_full)
+        return fake
+
+    # transformers' save (in memory) and ours (low-memory: `write_tensors(path, tensors, ...)`)
+    monkeypatch.setattr(
+        "transformers.modeling_utils.safe_save_file", full(safetensors.torch.save_file, lambda a: a[1])
+    )
+    monkeypatch.setattr(
+        "optimum_prune.runtime.streaming.write_tensors", full(tensorfile.write_tensors, lambda a: a[0])
+    )
     with pytest.raises(OSError, match="No space left"):
         pruner.save_pretrained(tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -96,27 +96,47 @@ class RunningSums:
 
 class GramStats(RunningSums):
     """Running `H = Σ_t x_t x_tᵀ` over tokens; `.gram` is normalised by the token count (so that relative dampings
-    transfer across set sizes), `.mean` is the per-channel mean (for refits with an intercept)."""
+    transfer across set sizes), `.mean` is the per-channel mean (for refits with an intercept).
+
+    With `normalize_in_place=True`, the first read of `.gram` divides the sums in place and every read returns that
+    one tensor (read-only for the caller): a `(D, D)` matrix held once instead of twice. The raw `.sum` cannot be read
+    after, nor can the statistic be updated."""
 
     _fields = ("_sum", "_vsum")
 
-    def __init__(self, dim: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        normalize_in_place: bool = False,
+    ) -> None:
         super().__init__()
         self._sum = torch.zeros(dim, dim, dtype=dtype, device=device)  # (D, D)
         self._vsum = torch.zeros(dim, dtype=torch.float64, device=device)  # (D,)
+        self._in_place, self._normalized = normalize_in_place, False
 
     def update(self, x: torch.Tensor) -> None:
+        if self._normalized:
+            raise RuntimeError("internal error: a Gram normalised in place was updated.")
         x = self._add(x).to(self._sum.dtype)  # (N, D)
         self._sum.addmm_(x.T, x)
         self._vsum += x.sum(0, dtype=torch.float64)
 
     @property
     def sum(self) -> torch.Tensor:
+        if self._normalized:
+            raise RuntimeError("internal error: the raw sums of a Gram normalised in place were read.")
         return self._get("_sum")  # (D, D)
 
     @property
     def gram(self) -> torch.Tensor:
-        return self.sum / max(self.count, 1)  # (D, D)
+        if not self._in_place:
+            return self.sum / max(self.count, 1)  # (D, D)
+        if not self._normalized:
+            self.sum.div_(max(self.count, 1))
+            self._normalized = True
+        return self._sum  # (D, D)
 
     @property
     def mean(self) -> torch.Tensor:

@@ -101,13 +101,20 @@ def num_pruned(numel: int, sparsity: float) -> int:
     return min(numel, int(math.floor(sparsity * numel + 0.5)))
 
 
-def _keep_largest_per_row(scores: torch.Tensor, n_prune: int) -> torch.Tensor:
-    """Per row of a 2-D tensor, prunes the `n_prune` lowest scores; ties keep the lower column index."""
+def _keep_largest_per_row(scores: torch.Tensor, n_prune: int, band: int = 1 << 22) -> torch.Tensor:
+    """Per row of a 2-D tensor, prunes the `n_prune` lowest scores; ties keep the lower column index. Rows are
+    independent: they are ranked `band` entries at a time, so the temporaries stay small whatever the matrix."""
     rows, cols = scores.shape
     if n_prune <= 0:
         return torch.ones(rows, cols, dtype=torch.bool, device=scores.device)
     if n_prune >= cols:
         return torch.zeros(rows, cols, dtype=torch.bool, device=scores.device)
+    step = max(band // cols, 1)
+    if rows > step:
+        out = torch.empty(rows, cols, dtype=torch.bool, device=scores.device)
+        for r in range(0, rows, step):
+            out[r : r + step] = _keep_largest_per_row(scores[r : r + step], n_prune, band)
+        return out
     # kthvalue is O(numel) and exact; the tie handling below makes the result independent of its internals.
     thresh = scores.kthvalue(n_prune, dim=1, keepdim=True).values  # (rows, 1) n_prune-th smallest score
     below = scores < thresh  # (rows, cols) pruned for sure

@@ -1,6 +1,7 @@
 """Numerical Pruning's closed-form channel scores (docs/methods/numerical.md), shared by the methods that rank
 channels with them (`numerical`, `experts`). PyTorch layout: `W` is `(d_out, D)`, the module computes `y = x Wᵀ`;
-`H = XᵀX / N` is the `(D, D)` Gram of the module's inputs.
+`H = XᵀX / N` is the `(D, D)` Gram of the module's inputs. The solves run in float64 on `(D, D)` matrices, built in
+place and factored in their own memory (`compensation.damped_cholesky_solve` with `rebuild`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,22 @@ __all__ = ["score_matrix", "unit_score_matrix", "numerical_scores"]
 
 
 def score_matrix(W: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
-    """`A = (W_paper W_paperᵀ) ∘ (XᵀX)`: Gram of W's columns times the input Gram, elementwise. (D, D)."""
+    """`A = (W_paper W_paperᵀ) ∘ (XᵀX)`: Gram of W's columns times the input Gram, elementwise. (D, D) float64, the
+    only `(D, D)` matrix this allocates (`H` is read as it is, in any float dtype)."""
     W = W.double()
-    return (W.T @ W) * H.double()  # (D, D)
+    A = W.T @ W  # (D, D)
+    del W
+    for i in range(0, A.shape[0], 256):  # a band at a time: a mixed-dtype product converts its operand first
+        A[i : i + 256].mul_(H[i : i + 256])  # = A * H.double(), entry for entry
+    return A
+
+
+def _alive_block(A: torch.Tensor, alive: torch.Tensor | None) -> torch.Tensor:
+    """`A[alive][:, alive]` in one allocation (`A` itself when every entry is alive, `alive=None`)."""
+    if alive is None:
+        return A
+    idx = alive.nonzero()[:, 0]
+    return A[idx[:, None], idx[None, :]]
 
 
 def unit_score_matrix(A: torch.Tensor, unit_size: int = 1) -> torch.Tensor:
@@ -65,15 +79,18 @@ def numerical_scores(
     A = score_matrix(W, H)  # (D, D)
     d = A.diagonal()
     lam = None if lambda_ is None or not (d > 0).any() else lambda_ * d[d > 0].mean()  # absolute: live channels' A
+    del d
     A = unit_score_matrix(A, unit_size)  # (n, n)
     n, m = A.shape[0], unit_size
     alive = A.diagonal() > 0  # (n,)
     z = torch.full((n,), float("-inf"), dtype=torch.float64, device=A.device)
     if not alive.any():
         return z
-    A = A[alive][:, alive]
+    live = None if bool(alive.all()) else alive
+    A = _alive_block(A, live)
     ones = torch.ones(A.shape[0], 1, dtype=A.dtype, device=A.device)
-    u = damped_cholesky_solve(A, ones, damping)[:, 0]  # (n_alive,)
+    rebuild = lambda: _alive_block(unit_score_matrix(score_matrix(W, H), unit_size), live)  # noqa: E731
+    u = damped_cholesky_solve(A, ones, damping, rebuild=rebuild)[:, 0]  # (n_alive,)
     s = u.sum()
     excess = ratio * m * A.shape[0]  # D − r over the live channels
     c = excess / (m * s) if lam is None else lam * m * excess / (1 + lam * m * m * s)

@@ -33,8 +33,7 @@ from ..modeling.shapes import layer_table
 from ..utils.distributed import barrier, is_main_process, world_size
 from ..utils.scratch import write_text_atomic
 from ..version import __version__
-from .safetensors_io import read_tensors, write_safetensors
-from .streaming import get_store
+from .streaming import get_store, read_tensors, write_safetensors
 
 __all__ = ["RunCheckpoint", "fingerprint_model", "jsonable", "run_fingerprint"]
 
@@ -42,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
 FORMAT = 1
+HASHED = 4096  # values of each sampled tensor that a model's fingerprint hashes
 
 
 def jsonable(obj: Any) -> Any:
@@ -75,7 +75,7 @@ def fingerprint_model(model: nn.Module, sample: dict[str, torch.Tensor]) -> dict
         cfg.pop(k, None)
     h = hashlib.sha256()
     for name in sorted(sample):
-        t = sample[name].detach().reshape(-1)[:4096].float().cpu()
+        t = sample[name].detach().reshape(-1)[:HASHED].float().cpu()
         h.update(name.encode())
         h.update(t.numpy().tobytes())
     text = json.dumps(jsonable(cfg), sort_keys=True)
@@ -209,7 +209,7 @@ class RunCheckpoint:
         if not path.is_file():
             return None
         try:
-            return {k: v.clone() for k, v in read_tensors(path).items()}
+            return read_tensors(path)
         except OSError:
             logger.warning("checkpoint: damaged scores of block %d (stage %d); they are computed again", i, stage)
             return None
@@ -237,7 +237,8 @@ def run_fingerprint(model, spec, configs, ids, batch_size, device) -> dict:
         store.load(0)
     try:
         sample = {"embeddings": input_embedding_weight(model), "block0": layer.get_submodule(name).weight}
-        model_fp = fingerprint_model(model, {k: v.detach().clone() for k, v in sample.items()})
+        # the first values only: a copy of a whole memory-mapped embedding would make all its pages resident
+        model_fp = fingerprint_model(model, {k: v.detach().reshape(-1)[:HASHED].clone() for k, v in sample.items()})
         model_fp["layers_sha256"] = hashlib.sha256(json.dumps(layer_table(model, spec)).encode()).hexdigest()
     finally:
         if store is not None:

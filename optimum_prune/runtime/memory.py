@@ -12,7 +12,14 @@ from torch import nn
 from ..modeling.architectures import ArchitectureSpec, get_layers
 from .streaming import get_store
 
-__all__ = ["InsufficientMemoryError", "available_memory", "memory_needed", "check_memory", "check_device"]
+__all__ = [
+    "InsufficientMemoryError",
+    "available_memory",
+    "check_device",
+    "check_memory",
+    "memory_needed",
+    "process_memory",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +47,25 @@ def available_memory() -> int | None:
     except (OSError, ValueError):
         pass
     return avail
+
+
+_STATUS_KEYS = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "VmHWM": "peak"}
+
+
+def process_memory() -> dict[str, int]:
+    """This process's memory in bytes, from `/proc/self/status`: `rss` (resident), `anon` (anonymous: tensors, heap),
+    `file` (resident pages of mapped files: libraries, memory-mapped tensors), `peak` (the largest `rss` so far);
+    empty when unknown (not Linux)."""
+    out = {}
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                key = line.split(":", 1)[0]
+                if key in _STATUS_KEYS:
+                    out[_STATUS_KEYS[key]] = int(line.split()[1]) * 1024
+    except OSError:
+        return {}
+    return out
 
 
 def check_device(device: torch.device | str | None) -> torch.device | None:
@@ -70,10 +96,11 @@ def check_device(device: torch.device | str | None) -> torch.device | None:
 
 
 def memory_needed(model: nn.Module, spec: ArchitectureSpec, calibrated: bool) -> dict[str, int]:
-    """What a low-memory run holds at least, in bytes: the resident tensors (embeddings, norms), one block and the
-    dense copy some methods keep, and the largest input Gram a method may accumulate (fp32)."""
+    """What a low-memory run holds at least, in bytes: the tensors read into memory (norms; the embeddings when they
+    were converted to another dtype, else memory-mapped), one block and the dense copy some methods keep, and the
+    largest input Gram a method may accumulate (fp32)."""
     store = get_store(model)
-    seen, resident = set(), 0
+    seen, resident = {id(t) for t in store.mapped.values()}, 0  # memory-mapped: resident only where read
     for t in list(model.parameters()) + list(model.buffers()):
         if id(t) not in seen and t.device.type != "meta":
             seen.add(id(t))

@@ -1,5 +1,6 @@
-"""Safetensors checkpoints read memory-mapped, tensor by tensor (`SafetensorsSource`: the source of a low-memory
-model, its fused experts assembled from a per-expert checkpoint), and atomic writes (`write_safetensors`)."""
+"""Safetensors checkpoints: `SafetensorsSource` (the tensors of a (sharded) checkpoint, read by plain file I/O or
+memory-mapped; the fused experts of a mixture-of-experts model assembled from a checkpoint that stores one tensor per
+expert) and atomic writes (`write_safetensors`)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
-__all__ = ["SafetensorsSource", "read_tensors", "write_safetensors"]
+from .tensorfile import FileTensor, read_header, read_tensors, write_tensors
 
-_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+__all__ = ["SafetensorsSource", "write_safetensors"]
+
 _INDEX = "model.safetensors.index.json"
 
 
@@ -42,9 +43,7 @@ class SafetensorsSource:
             with open(d / _INDEX, encoding="utf-8") as f:
                 self.files = {k: d / v for k, v in json.load(f)["weight_map"].items()}
         elif (d / "model.safetensors").is_file():
-            self.files = dict.fromkeys(
-                _open(d / "model.safetensors", lambda f: list(f.keys())), d / "model.safetensors"
-            )
+            self.files = dict.fromkeys(read_header(d / "model.safetensors"), d / "model.safetensors")
         elif any(d.glob("*.gguf")):
             raise _gguf_error(next(d.glob("*.gguf")))
         else:
@@ -54,13 +53,15 @@ class SafetensorsSource:
                 f"none ({found}). A PyTorch .bin checkpoint cannot be memory-mapped safely: load it normally once and "
                 "save it with save_pretrained (safetensors)."
             )
-        self.composite: dict[str, tuple[str, list[str]]] = {}  # fused name -> how its stored parts combine
-        self.part_files: dict[str, Path] = {}
         missing = sorted({str(p.name) for p in self.files.values() if not p.is_file()})
         if missing:
             raise FileNotFoundError(
                 f"{d} is incomplete: shard(s) {', '.join(missing)} listed in its index are missing."
             )
+
+        self._headers: dict[Path, dict[str, FileTensor]] = {}
+        self.composite: dict[str, tuple[str, list[str]]] = {}  # fused name -> how its stored parts combine
+        self.part_files: dict[str, Path] = {}
 
     def alias(self, name: str, how: str, parts: list[str]) -> None:
         """Serve `name` from the stored tensors `parts`, combined by `how` (`modeling.moe.MoESpec.legacy_tensors`: a
@@ -70,37 +71,39 @@ class SafetensorsSource:
         for p in parts:
             self.part_files[p] = self.files.pop(p)
 
-    def header(self, name: str) -> tuple[torch.dtype | None, list[int]]:
-        if name in self.composite:
-            dtype, _ = _open(
-                self.part_files[self.composite[name][1][0]], lambda f: _header(f, self.composite[name][1][0])
-            )
-            return dtype, []
-        s = _open(self.files[name], lambda f: f.get_slice(name))
-        return _DTYPES.get(s.get_dtype()), list(s.get_shape())
+    def entry(self, name: str) -> FileTensor:
+        """Where tensor `name` is (its file, dtype, shape and bytes), from the file's header."""
+        if name in self.composite:  # its first part's entry (the dtype; the fused shape is the model's)
+            name = self.composite[name][1][0]
+        file = self.files.get(name) or self.part_files[name]
+        if file not in self._headers:
+            self._headers[file] = read_header(file)
+        return self._headers[file][name]
 
     def float_dtype(self) -> torch.dtype | None:
         """The dtype of the first floating-point tensor (what `from_pretrained(dtype="auto")` would load)."""
         for name in self.files:
-            dtype, _ = self.header(name)
-            if dtype is not None:
+            dtype = self.entry(name).dtype
+            if dtype.is_floating_point:
                 return dtype
         return None
 
-    def read(self, names: list[str]) -> dict[str, torch.Tensor]:
-        """Memory-mapped tensors (file-backed pages: copy them before changing them)."""
-        out: dict[str, torch.Tensor] = {}
+    def _by_file(self, names: list[str]) -> dict[Path, list[str]]:
+        """The stored tensors of `names` by file (a composite name: its parts)."""
         by_file: dict[Path, list[str]] = {}
-        composite = [n for n in names if n in self.composite]
+        for n in names:
+            if n in self.composite:
+                for part in self.composite[n][1]:
+                    by_file.setdefault(self.part_files[part], []).append(part)
+            else:
+                by_file.setdefault(self.files[n], []).append(n)
+        return by_file
+
+    def _assemble(self, names: list[str], out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`out` (stored tensors) with the parts of each composite name in `names` combined into it."""
         for n in names:
             if n not in self.composite:
-                by_file.setdefault(self.files[n], []).append(n)
-        for n in composite:
-            for part in self.composite[n][1]:
-                by_file.setdefault(self.part_files[part], []).append(part)
-        for file, ns in by_file.items():
-            out.update(read_tensors(file, ns))
-        for n in composite:
+                continue
             how, parts = self.composite[n]
             tensors = [out.pop(p) for p in parts]
             if how == "gate_up":  # expert j: its gate rows, then its up rows
@@ -108,10 +111,18 @@ class SafetensorsSource:
             out[n] = tensors[0] if how == "same" else torch.stack(tensors)
         return out
 
+    def copies(self, names: list[str], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """Tensors read into new memory (floating-point ones in `dtype`): no page of the files stays mapped."""
+        out = {k: v for f, ns in self._by_file(names).items() for k, v in read_tensors(f, ns, dtype).items()}
+        return self._assemble(names, out)
 
-def _header(f, name: str) -> tuple[torch.dtype | None, list[int]]:
-    s = f.get_slice(name)
-    return _DTYPES.get(s.get_dtype()), list(s.get_shape())
+    def read(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """Memory-mapped tensors (file-backed pages: copy them before changing them); only the pages a computation
+        touches become resident, which suits tensors read sparsely (embedding rows)."""
+        out: dict[str, torch.Tensor] = {}
+        for file, ns in self._by_file(names).items():
+            out.update(_open(file, lambda f, ns=ns: {n: f.get_tensor(n) for n in ns}))
+        return self._assemble(names, out)
 
 
 def _open(file: Path, read):
@@ -123,16 +134,14 @@ def _open(file: Path, read):
         raise OSError(f"Cannot read {file}: {e}. The file is damaged or incomplete.") from e
 
 
-def read_tensors(file: Path, names: list[str] | None = None) -> dict[str, torch.Tensor]:
-    """Tensors of one safetensors file (memory-mapped)."""
-    return _open(file, lambda f: {n: f.get_tensor(n) for n in (names if names is not None else f.keys())})
-
-
-def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Write atomically: a temporary file in the same directory, flushed to disk, then renamed over `path`."""
+def write_safetensors(
+    tensors: dict[str, torch.Tensor | FileTensor], path: Path, dtype: torch.dtype | None = None
+) -> None:
+    """Write atomically: a temporary file in the same directory, flushed to disk, then renamed over `path` (see
+    `tensorfile.write_tensors`: no copy of the tensors is made, `FileTensor`s are copied from their file)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
+        write_tensors(tmp, tensors, {"format": "pt"}, dtype)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -35,9 +35,10 @@ from ..modeling.surgery import apply_layer_plan_
 from ..plan import LayerPlan, PruningPlan
 from ..utils.distributed import broadcast_object, world_size
 from .checkpoint import RunCheckpoint, run_fingerprint
-from .memory import check_device, check_memory
-from .safetensors_io import write_safetensors
-from .streaming import get_store, layer_prefix, load_block_
+from .memory import available_memory, check_device, check_memory
+from .progress import BlockProgress
+from .streaming import get_store, layer_prefix, load_block_, write_safetensors
+from .tensorfile import FileTensor, tensor_chunks
 
 __all__ = ["NullSession", "PruneSession", "open_session"]
 
@@ -93,9 +94,9 @@ class NullSession:
     def keep_stats(self, stats: dict) -> bool:
         return True
 
-    def read_offloaded(self, names: list[str]) -> dict[str, torch.Tensor]:
-        """Tensors of the model that stay on disk (none in memory)."""
-        return {}
+    def value_chunks(self, name: str, tensor: torch.Tensor) -> Iterator[torch.Tensor]:
+        """The values of tensor `name` (outside the blocks), flat, a bounded number of bytes at a time."""
+        return tensor_chunks(tensor)
 
 
 class PruneSession(NullSession):
@@ -128,6 +129,7 @@ class PruneSession(NullSession):
         self._base = 1 + max((max(v) for v in self.store.versions), default=-1) if self.streaming else 0
         self.records: dict[int, dict] = {}
         self._pending: set[int] = set()  # in memory: finished blocks restored from the checkpoint at the stage's end
+        self.progress = BlockProgress(self.num_layers)
 
     # ------------------------------------------------------------------------------------------------- stages
     @contextlib.contextmanager
@@ -184,6 +186,8 @@ class PruneSession(NullSession):
             out["block_io"] = dict(self.store.io)
         if self.checkpoint is not None:
             out["checkpoint_dir"] = str(self.checkpoint.directory)
+        if self.progress.records:
+            out["progress"] = self.progress.summary()
         return out
 
     # ------------------------------------------------------------------------------------------------- blocks
@@ -199,14 +203,18 @@ class PruneSession(NullSession):
     def resident(self, i: int, which: str = "current") -> Iterator[None]:
         """Block `i` in memory for the duration: `"input"` = as this stage received it, `"current"` = its latest
         version. In memory the block is always there (and is the input version until the stage ends)."""
-        if not self.streaming:
-            yield
-            return
-        self.store.load(i, self.version - 1 if which == "input" else self.version)
+        self.progress.start(i)
         try:
-            yield
+            if not self.streaming:
+                yield
+                return
+            self.store.load(i, self.version - 1 if which == "input" else self.version)
+            try:
+                yield
+            finally:
+                self.store.offload(i)
         finally:
-            self.store.offload(i)
+            self.progress.stop(i)
 
     def forward(self, run, i: int, which: str = "current", inputs=None):
         """Outputs of block `i` (`which` version) on `inputs` (default: the runner's current hidden states)."""
@@ -290,9 +298,11 @@ class PruneSession(NullSession):
             with self.resident(i):
                 yield i, layer
 
-    def read_offloaded(self, names: list[str]) -> dict[str, torch.Tensor]:
-        """Tensors of a low-memory model that stay on disk outside the blocks (e.g. an untied output layer)."""
-        return self.store.source.read(names) if self.streaming and names else {}
+    def value_chunks(self, name: str, tensor: torch.Tensor) -> Iterator[torch.Tensor]:
+        """As `NullSession.value_chunks`; a low-memory model's tensors still as in the source (kept on disk, or
+        memory-mapped: a whole read would make every page resident) are read from their file."""
+        value = self.store.nonblock_value(name, tensor) if self.streaming else tensor
+        return value.chunks() if isinstance(value, FileTensor) else tensor_chunks(value)
 
 
 @contextlib.contextmanager
@@ -318,6 +328,9 @@ def open_session(
         spare = check_memory(model, spec, ids is not None, store.device)
         if limit is None and spare is not None and ids is not None:
             limit = max(spare // 2, 0)
+    elif limit is None and ids is not None:  # in memory: spill rather than exhaust what the model left free
+        free = available_memory()
+        limit = None if free is None else free // 2
     activations = None
     if ids is not None and limit is not None:
         where = checkpoint_dir if checkpoint_dir is not None else (store.work_parent if store is not None else None)

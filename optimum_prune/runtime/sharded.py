@@ -4,7 +4,8 @@ sharded checkpoint.
 
 A block that a pruning stage wrote out (`streaming.LayerStore`) is already a complete shard: it is hard-linked into
 the output (copied across file systems), never read. A block still as in the source, and the non-block tensors, are
-read memory-mapped and written one block at a time. Only `serialization.save_pruned_model` calls this, inside its temporary
+copied from their files in chunks (`tensorfile.FileTensor`), converted to the model's dtype on the way: the save
+holds no whole tensor in memory. Only `serialization.save_pruned_model` calls this, inside its temporary
 directory (renamed into place at the end, so a failure leaves nothing where the model is expected).
 """
 
@@ -21,8 +22,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..modeling.architectures import ArchitectureSpec, get_layers
-from .safetensors_io import read_tensors, write_safetensors
-from .streaming import get_store, layer_prefix
+from .streaming import get_store, layer_prefix, write_safetensors
+from .tensorfile import FileTensor, read_header, read_tensors
 
 __all__ = ["save_streamed_"]
 
@@ -31,8 +32,11 @@ logger = logging.getLogger(__name__)
 INDEX_NAME = "model.safetensors.index.json"
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+def _nbytes(t: torch.Tensor | FileTensor, dtype: torch.dtype) -> int:
+    """Bytes of `t` once written (floating-point values in `dtype`)."""
+    to = dtype if t.dtype.is_floating_point else t.dtype
+    numel = t.numel if isinstance(t, FileTensor) else t.numel()
+    return numel * torch.empty((), dtype=to).element_size()
 
 
 def _link_or_copy(src: Path, dst: Path) -> bool:
@@ -45,22 +49,17 @@ def _link_or_copy(src: Path, dst: Path) -> bool:
         return False
 
 
-def _nonblock_state(model: nn.Module, spec: ArchitectureSpec) -> dict[str, torch.Tensor]:
+def _nonblock_state(model: nn.Module, spec: ArchitectureSpec) -> dict[str, torch.Tensor | FileTensor]:
     """Tensors outside the decoder blocks (tied ones once, under their first name, as `save_pretrained` does);
-    those kept on disk are read from the source, memory-mapped."""
+    those still as in the source are copied from there (`LayerStore.nonblock_value`)."""
     store = get_store(model)
     prefix = spec.layers + "."
-    seen, out, on_disk = set(), {}, []
+    seen, out = set(), {}
     for name, t in model.state_dict(keep_vars=True).items():
         if name.startswith(prefix) or id(t) in seen:
             continue
         seen.add(id(t))
-        if t.device.type == "meta":
-            on_disk.append(name)
-        else:
-            out[name] = t.detach()
-    for name, t in store.source.read(on_disk).items():
-        out[name] = t.to(store.dtype) if t.is_floating_point() else t
+        out[name] = store.nonblock_value(name, t)
     return out
 
 
@@ -97,34 +96,29 @@ def save_streamed_(model: nn.Module, spec: ArchitectureSpec, directory: Path, ex
             est += sum(t.numel() for t in layer.state_dict().values()) * elsize
     state = _nonblock_state(model, spec)
     state.update({k: v for k, v in extra.items() if not k.startswith(spec.layers + ".")})
-    est += sum(_nbytes(t) for t in state.values())
+    est += sum(_nbytes(t, store.dtype) for t in state.values())
     _check_space(directory, est)
-    write_safetensors(state, directory / name(1, n))
+    write_safetensors(state, directory / name(1, n), store.dtype)
     weight_map.update(dict.fromkeys(state, name(1, n)))
-    total += sum(_nbytes(t) for t in state.values())
+    total += sum(_nbytes(t, store.dtype) for t in state.values())
     del state
     linked = 0
+    headers: dict[Path, dict[str, FileTensor]] = {}
     for i, files, block_extra, linkable in tqdm(plans, desc="saving blocks", leave=False):
         shard = directory / name(i + 2, n)
-        if linkable:
-            src = next(iter(files.values()))
-            linked += _link_or_copy(src, shard)
-            tensors = read_tensors(src)
+        if spec.moe is not None and spec.moe.legacy_block is not None:
+            tensors = _legacy_block(store, spec, i, files, sources)
         else:
-            by_file: dict[Path, list[str]] = {}
-            for k, f in files.items():
-                by_file.setdefault(f, []).append(k)
-            tensors = {}
-            for f, ks in by_file.items():  # the source's own tensors through it (fused experts from their parts)
-                tensors.update(store.source.read(ks) if f in sources else read_tensors(f, ks))
-            tensors = {k: (v.to(store.dtype) if v.is_floating_point() else v) for k, v in tensors.items()}
+            for f in set(files.values()) - set(headers):
+                headers[f] = read_header(f)
+            tensors = {k: headers[f][k] for k, f in files.items()}
+        if linkable:
+            linked += _link_or_copy(next(iter(files.values())), shard)
+        else:
             tensors.update(block_extra)
-            if spec.moe is not None:
-                tensors = spec.moe.to_legacy(layer_prefix(spec, i) + spec.mlp, tensors)
-            write_safetensors(tensors, shard)
+            write_safetensors(tensors, shard, store.dtype)
         weight_map.update(dict.fromkeys(tensors, shard.name))
-        total += sum(_nbytes(t) for t in tensors.values())
-        del tensors
+        total += sum(_nbytes(t, store.dtype) for t in tensors.values())
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     with open(directory / INDEX_NAME, "w", encoding="utf-8") as f:
         json.dump(index, f, indent=2)
@@ -132,6 +126,18 @@ def save_streamed_(model: nn.Module, spec: ArchitectureSpec, directory: Path, ex
     if getattr(model, "can_generate", lambda: False)() and getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(directory)
     logger.info("saved %d shards (%d blocks hard-linked from the pruning run) to %s", n, linked, directory)
+
+
+def _legacy_block(store, spec: ArchitectureSpec, i: int, files: dict[str, Path], sources: set[Path]):
+    """Block `i`'s tensors in memory, its fused experts split into the one-tensor-per-expert layout of the stock
+    checkpoint (the source's own tensors read through it: fused experts from their parts)."""
+    by_file: dict[Path, list[str]] = {}
+    for k, f in files.items():
+        by_file.setdefault(f, []).append(k)
+    tensors: dict[str, torch.Tensor] = {}
+    for f, ks in by_file.items():
+        tensors.update(store.source.copies(ks, store.dtype) if f in sources else read_tensors(f, ks, store.dtype))
+    return spec.moe.to_legacy(layer_prefix(spec, i) + spec.mlp, tensors)
 
 
 def _same_fs(a: Path, b: Path) -> bool:

@@ -2,10 +2,12 @@
 
 `load_low_memory(path)` builds the model's skeleton on the meta device (accelerate's `init_empty_weights`), then
 loads only what calibration needs besides the blocks (embeddings, final norm, positional tables) from the
-memory-mapped safetensors checkpoint; the output head (when not tied) stays on disk until the save. A `LayerStore`
-attached to the model knows where every version of every block lives: the source checkpoint, then the file written
-when a pruning stage finished the block. The pruning loops make a block resident through the prune session
-(`optimum_prune.runtime.session`), which loads it (the version they ask for), and puts it back on the meta device afterwards.
+memory-mapped safetensors checkpoint (only the rows the calibration tokens touch become resident); the output head
+(when not tied) stays on disk until the save. A `LayerStore` attached to the model knows where every version of every
+block lives: the source checkpoint, then the file written when a pruning stage finished the block. The pruning loops
+make a block resident through the prune session (`optimum_prune.runtime.session`), which loads it (the version they
+ask for), and puts it back on the meta device afterwards. Blocks are read and written by plain file I/O
+(`tensorfile`): a block in memory is one copy of its tensors, and none of its file's pages stay mapped after it.
 """
 
 from __future__ import annotations
@@ -28,17 +30,22 @@ from ..modeling.auto_classes import register_pruned_architectures
 from ..modeling.shapes import layer_row
 from ..modeling.surgery import reshape_layer_
 from ..utils.scratch import make_scratch_dir
-from .safetensors_io import SafetensorsSource, read_tensors
+from .safetensors_io import SafetensorsSource, write_safetensors
+from .tensorfile import FileTensor
+from .tensorfile import read_tensors as read_tensors
 
 __all__ = [
     "STORE_ATTR",
+    "SafetensorsSource",
     "LayerStore",
     "load_low_memory",
     "get_store",
     "set_tensor_",
+    "write_safetensors",
     "layer_prefix",
     "fill_block_",
     "load_block_",
+    "read_tensors",
 ]
 
 logger = logging.getLogger(__name__)
@@ -74,20 +81,20 @@ def fill_block_(
     device: torch.device | str,
     dtype: torch.dtype | None = None,
 ) -> None:
-    """Give decoder layer `i` the recorded `shapes` (when they differ) and the values of `tensors` (full names), as
-    private copies on `device` (floating-point ones in `dtype`, default: as stored)."""
+    """Give decoder layer `i` the recorded `shapes` (when they differ) and the values of `tensors` (full names: new
+    tensors the layer takes over, moved to `device` and floating-point ones to `dtype` where they differ)."""
     if shapes is not None and layer_row(layer, i, spec, config) != shapes:
         reshape_layer_(layer_view(layer, i, spec, config), shapes)
     prefix = layer_prefix(spec, i)
     for n in list(layer.state_dict().keys()):
-        t = tensors[prefix + n]
+        t = tensors.pop(prefix + n)  # the layer then holds the only reference (a CPU staging copy dies here)
         to = dtype if (dtype is not None and t.is_floating_point()) else t.dtype
-        set_tensor_(layer, n, t.to(device=device, dtype=to, copy=True))
+        set_tensor_(layer, n, t.to(device=device, dtype=to))
 
 
 def load_block_(layer, i, spec, config, path: Path, shapes: dict, device, dtype=None) -> None:
     """`fill_block_` from a block file written by `write_safetensors`."""
-    fill_block_(layer, i, spec, config, read_tensors(path), shapes, device, dtype)
+    fill_block_(layer, i, spec, config, read_tensors(path, dtype=dtype), shapes, device, dtype)
 
 
 def get_store(model: nn.Module) -> LayerStore | None:
@@ -111,6 +118,7 @@ class LayerStore:
         self.loaded: dict[int, int] = {}  # resident block -> the stage of its version
         self.io = {"blocks_loaded": 0, "bytes_read": 0, "bytes_written": 0}  # logical traffic of the blocks
         self.checked: set[int] = set()  # source blocks whose weights were checked finite
+        self.mapped: dict[str, torch.Tensor] = {}  # resident tensors still backed by the source file's memory map
         self._work: Path | None = None
         self.work_parent: Path | None = None
 
@@ -148,6 +156,14 @@ class LayerStore:
             return {prefix + n: self.source.files[prefix + n] for n in names}
         return dict.fromkeys((prefix + n for n in names), path)
 
+    def nonblock_value(self, name: str, tensor: torch.Tensor) -> torch.Tensor | FileTensor:
+        """Tensor `name` outside the blocks, for reading it whole: from the source file when it is still there
+        unchanged (on disk, or the memory-mapped tensor loaded from it, whose pages a whole read would make
+        resident), else `tensor` itself."""
+        if tensor.device.type == "meta" or self.mapped.get(name) is tensor:
+            return self.source.entry(name)
+        return tensor
+
     # ---------------------------------------------------------------------------------------------- residency
     def _reshape(self, i: int, shapes: dict) -> None:
         layer = get_layers(self.model, self.spec)[i]
@@ -165,7 +181,7 @@ class LayerStore:
         if path is None:
             self._reshape(i, shapes)
             prefix = layer_prefix(self.spec, i)
-            tensors = self.source.read([prefix + n for n in layer.state_dict()])
+            tensors = self.source.copies([prefix + n for n in layer.state_dict()], self.dtype)
             fill_block_(layer, i, self.spec, self.model.config, tensors, None, self.device, self.dtype)
         else:
             load_block_(layer, i, self.spec, self.model.config, path, shapes, self.device, self.dtype)
@@ -262,11 +278,16 @@ def load_low_memory(path: str | os.PathLike, *, torch_dtype: Any = None, **kwarg
         )
     lazy = _output_param_names(model)
     eager = [n for n in state if not n.startswith(layers_prefix) and n not in lazy and n not in tied]
-    for name, t in source.read(eager).items():
-        set_tensor_(model, name, t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t)
+    convert = [n for n in eager if source.entry(n).dtype.is_floating_point and source.entry(n).dtype != dtype]
+    mapped = source.read([n for n in eager if n not in convert])  # memory-mapped: only the pages used are resident
+    for name, t in {**mapped, **source.copies(convert, dtype)}.items():
+        set_tensor_(model, name, t)
     if tied:
         model.tie_weights()
-    setattr(model, STORE_ATTR, LayerStore(model, spec, source, dtype))
+    store = LayerStore(model, spec, source, dtype)
+    resident = model.state_dict(keep_vars=True)
+    store.mapped = {n: resident[n] for n in mapped}
+    setattr(model, STORE_ATTR, store)
     model.register_forward_pre_hook(_refuse_forward)
     logger.info("Loaded %s with low_memory=True: %d blocks stay on disk", path, len(get_layers(model, spec)))
     return model

@@ -1,5 +1,9 @@
 """Numerical Pruning math (docs/methods/numerical.md), in PyTorch layout: `W` is `(d_out, D)`, the module computes
 `y = x Wᵀ`; `H = XᵀX / N` is the `(D, D)` Gram of the module's inputs. Paper layout is `W_paper = Wᵀ`.
+
+The score solves run in float64 on `(D, D)` matrices (D up to the MLP width): the score matrix is built in place and
+factored in its own memory (`functional.compensation.damped_cholesky_solve` with `rebuild`), so the scores are the
+same numbers as the direct formulas while one such matrix is held. The refit is `functional.compensation`'s.
 """
 
 from __future__ import annotations

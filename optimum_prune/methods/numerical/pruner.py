@@ -66,11 +66,11 @@ class NumericalPruner(StructuredPruner):
         return self.config.refit_bias
 
     def layer_stats(self, view: LayerView):
-        out = {}
+        out = {}  # the Grams are only read normalised: held once
         if self.config.prune_attention:
-            out["attn"] = (view.o_proj, GramStats(weight_oi(view.o_proj).shape[1]))
+            out["attn"] = (view.o_proj, GramStats(weight_oi(view.o_proj).shape[1], normalize_in_place=True))
         if self.config.prune_mlp:
-            out["mlp"] = (view.mlp_out, GramStats(view.intermediate_size))
+            out["mlp"] = (view.mlp_out, GramStats(view.intermediate_size, normalize_in_place=True))
         return out
 
     def channel_scores(self, W: torch.Tensor, stats: GramStats, unit_size: int = 1) -> torch.Tensor:

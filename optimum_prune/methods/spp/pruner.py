@@ -19,6 +19,7 @@ from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view, 
 from ...modeling.surgery import dim_rows
 from ...plan import LayerPlan, PruningPlan
 from ...runtime.blocks import Stage
+from ...runtime.streaming import get_store
 from ..base import BasePruner
 from .config import SPPConfig
 from .extract import extract_keep
@@ -78,6 +79,12 @@ class SPPPruner(BasePruner):
     def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
         super().validate(model, spec)
         cfg = self.config
+        if get_store(model) is not None:
+            raise ValueError(
+                "SPP reads every block's weights at once (its search trains through the whole model; cutting a saved "
+                "path checks the weights and folds masks into them), so it does not run on a model loaded with "
+                "low_memory=True. Load the model in memory, or use a layer-wise method (NumericalConfig, FLAPConfig)."
+            )
         n = len(get_layers(model, spec))
         bad = [i for i in cfg.skip_layers if not 0 <= i < n]
         if bad:
