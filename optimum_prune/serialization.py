@@ -243,11 +243,13 @@ def save_pruned_model(
 
 
 def _save_checked(model, target: Path, tokenizer, overwrite, max_shard_size, model_card, format) -> Path:
-    export = export_config(model, format=format)  # refuses before anything is written
+    is_peft = hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+    with lora_removed(model) if is_peft else contextlib.nullcontext(model) as base:
+        export = export_config(base, format=format)  # refuses before anything is written
     where = check_target(target, overwrite)
     with contextlib.ExitStack() as stack:
         peft_model, adapter = None, None
-        if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
+        if is_peft:
             peft_model = model
             adapter = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=".adapter.", dir=where)))
             peft_model.save_pretrained(adapter)  # with the LoRA layers in place

@@ -249,16 +249,17 @@ def test_np_allocation(tiny_dir, tmp_path):
 
 
 def test_structured_gpu(tmp_path):
-    """The GPU plan on the tiny shape, on the CPU (every row eager): NP and uniform shapes against dense, each
+    """The GPU plan on the tiny shape, on the CPU (every row eager): NP, servable and uniform shapes against dense, each
     speedup beside its ideal; a spent time budget stops cleanly, with the results file written."""
     argv = ["--device", "cpu", "--tiny", "--rounds", "2", "--dtype", "float32", "--ratios", "0.5"]
     result = _run("structured_gpu", argv, tmp_path / "gpu.json")
     (group,) = result["groups"]
-    assert set(group["models"]) == {"dense", "NP 50%", "uniform 50%"}
+    assert set(group["models"]) == {"dense", "NP 50%", "servable 50%", "uniform 50%"}
     assert group["models"]["NP 50%"]["removed"] == pytest.approx(0.5, abs=0.02)
+    assert group["models"]["servable 50%"]["removed"] == pytest.approx(0.5, abs=0.02)
     assert [(s["kind"], s["mode"]) for s in group["scenarios"]] == [("prefill", "eager"), ("decode", "eager")]
     for sc in group["scenarios"]:
-        for label in ("NP 50%", "uniform 50%"):
+        for label in ("NP 50%", "servable 50%", "uniform 50%"):
             entry = sc["models"][label]
             assert len(entry["speedup_rounds"]) == 2 and entry["ideal"] > 1.3
     assert "| prefill 8 x 1, eager (2 rounds) |" in (tmp_path / "gpu.md").read_text()

@@ -9,6 +9,7 @@ quotes comes from the committed run's results file.
 """
 
 import ast
+import copy
 import dataclasses
 import importlib
 import importlib.util
@@ -20,6 +21,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 import optimum_prune
 from optimum_prune import AutoPruner
@@ -335,9 +337,15 @@ def test_quoted_figures_check_catches_drift():
 
 @pytest.fixture
 def readme_world(tmp_path, monkeypatch, tiny_llama, smollm2_tokenizer):
-    """A working directory holding what the examples name: a model, texts/, held_out/, held_out.txt."""
+    """A working directory holding what the examples name: a model, texts/, held_out/, held_out.txt. The model is the
+    tiny Llama with MLP widths of 512, so that the servable allocation (blocks of 256 channels) has blocks to remove."""
+    from transformers import LlamaForCausalLM
+
     model = tmp_path / "model"
-    tiny_llama.save_pretrained(model)
+    config = copy.deepcopy(tiny_llama.config)
+    config.intermediate_size = 512
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).eval().save_pretrained(model)
     smollm2_tokenizer.save_pretrained(model)
     articles = sorted(bbc_news_dir().glob("business/*.txt"))
     (tmp_path / "texts").mkdir()
