@@ -1,6 +1,6 @@
 """Safetensors checkpoints: `SafetensorsSource` (the tensors of a (sharded) checkpoint, read by plain file I/O or
 memory-mapped; the fused experts of a mixture-of-experts model assembled from a checkpoint that stores one tensor per
-expert) and atomic writes (`write_safetensors`)."""
+expert)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from .tensorfile import FileTensor, read_header, read_tensors, write_tensors
+from .tensorfile import FileTensor, read_header, read_tensors
 
-__all__ = ["SafetensorsSource", "write_safetensors"]
+__all__ = ["SafetensorsSource"]
 
 _INDEX = "model.safetensors.index.json"
 
@@ -132,19 +132,3 @@ def _open(file: Path, read):
             return read(f)
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for damaged files
         raise OSError(f"Cannot read {file}: {e}. The file is damaged or incomplete.") from e
-
-
-def write_safetensors(
-    tensors: dict[str, torch.Tensor | FileTensor], path: Path, dtype: torch.dtype | None = None
-) -> None:
-    """Write atomically: a temporary file in the same directory, flushed to disk, then renamed over `path` (see
-    `tensorfile.write_tensors`: no copy of the tensors is made, `FileTensor`s are copied from their file)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write_tensors(tmp, tensors, {"format": "pt"}, dtype)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

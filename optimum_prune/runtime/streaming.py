@@ -30,8 +30,8 @@ from ..modeling.auto_classes import register_pruned_architectures
 from ..modeling.shapes import layer_row
 from ..modeling.surgery import reshape_layer_
 from ..utils.scratch import make_scratch_dir
-from .safetensors_io import SafetensorsSource, write_safetensors
-from .tensorfile import FileTensor
+from .safetensors_io import SafetensorsSource
+from .tensorfile import FileTensor, write_tensors
 from .tensorfile import read_tensors as read_tensors
 
 __all__ = [
@@ -52,6 +52,22 @@ logger = logging.getLogger(__name__)
 
 STORE_ATTR = "_optimum_prune_store"
 SOURCE = -1  # version of a block as it is in the source checkpoint
+
+
+def write_safetensors(
+    tensors: dict[str, torch.Tensor | FileTensor], path: Path, dtype: torch.dtype | None = None
+) -> None:
+    """Write atomically: a temporary file in the same directory, flushed to disk, then renamed over `path` (see
+    `tensorfile.write_tensors`: no copy of the tensors is made, `FileTensor`s are copied from their file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write_tensors(tmp, tensors, {"format": "pt"}, dtype)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def set_tensor_(root: nn.Module, name: str, value: torch.Tensor) -> None:
