@@ -103,6 +103,8 @@ class GramStats(RunningSums):
     after, nor can the statistic be updated."""
 
     _fields = ("_sum", "_vsum")
+    _in_place = False  # class defaults: a statistic rebuilt by `from_state_dict` holds its raw sums
+    _normalized = False
 
     def __init__(
         self,
