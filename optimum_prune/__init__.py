@@ -5,6 +5,7 @@ from .config import CalibrationConfig, PruningConfig, StructuredPruningConfig, U
 from .export import GGUFExportError, GGUFTokenizerError, export_gguf
 from .finetune import FinetuneConfig, FinetuneReport, PruningCallback, SparsityCallback, finetune_
 from .methods.amp import AMPConfig
+from .methods.experts import ExpertConfig
 from .methods.fista import FISTAConfig
 from .methods.flap import FLAPConfig
 from .methods.magnitude import MagnitudeConfig
@@ -33,6 +34,7 @@ __all__ = [
     "AutoPrunedModelForImageClassification",
     "CalibrationConfig",
     "CalibrationStatsCache",
+    "ExpertConfig",
     "FISTAConfig",
     "FLAPConfig",
     "FinetuneConfig",

@@ -25,7 +25,8 @@ from .modeling.architectures import is_image_model, spec_for_config
 from .modeling.auto_classes import auto_class_for_config, register_pruned_architectures
 from .prune import prune_
 from .report import PruningReport
-from .runtime.streaming import _gguf_error, get_store, load_low_memory
+from .runtime.safetensors_io import _gguf_error
+from .runtime.streaming import get_store, load_low_memory
 from .serialization import load_pruned_model, save_pruned_model, strip_gguf_quantizer_
 
 __all__ = [

@@ -12,6 +12,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from torch import nn
 
 from .constants import PRUNED_MODEL_TYPE_PREFIX, PRUNING_CONFIG_NAME
+from .modeling.architectures import spec_for_config
 from .modeling.auto_classes import auto_class_for_config
 from .modeling.decilm import DECI_MODEL_TYPE
 
@@ -36,6 +37,29 @@ def _configs(entry: dict) -> list[dict]:
     """The config dicts of one history entry (a recipe entry holds a list of them)."""
     config = entry.get("config") or {}
     return [c for c in config if isinstance(c, dict)] if isinstance(config, list) else [config]
+
+
+def _experts_line(model: nn.Module, layers: list[dict]) -> list[str]:
+    """`- Experts per layer: 8 → 6 (top-2 routing), 192 → 144 channels each` for a mixture-of-experts model (the
+    counts before from the model's config, after from its layers)."""
+    spec = spec_for_config(model.config)
+    rows = [r for r in layers if "num_experts" in r]
+    if spec is None or spec.moe is None or not rows:
+        return []
+    keys = spec.config_keys
+
+    def span(values: set) -> str:
+        return str(min(values)) if len(values) == 1 else f"{min(values)}-{max(values)}"
+
+    before_e, before_w = (
+        getattr(model.config, keys["experts"], None),
+        getattr(model.config, keys["intermediate"], None),
+    )
+    after_e, after_w = span({r["num_experts"] for r in rows}), span({r["intermediate_size"] for r in rows})
+    return [
+        f"- Experts per layer: {before_e} → {after_e} (top-{model.config.num_experts_per_tok} routing), "
+        f"{before_w} → {after_w} channels each"
+    ]
 
 
 def _history_section(history: list[dict]) -> list[str]:
@@ -156,6 +180,7 @@ def model_card(
         "",
         f"- Parameters: {_fmt_params(first.get('params_before'))} before, {_fmt_params(last.get('params_after'))} after",
         f"- Architecture: `{config.model_type}`" + _architecture_note(config, stock),
+        *_experts_line(model, side_car.get("layers") or []),
         f"- Full record: `{PRUNING_CONFIG_NAME}`",
         "",
         "## Pruning",

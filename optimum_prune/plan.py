@@ -22,8 +22,12 @@ class LayerPlan:
             `[pairs, pairs + d/2]`); `None`: untouched.
         keep_vo (`list[int] | None`): v head dimensions (and the matching o_proj inputs) kept in every head.
         scaling (`float | None`): new softmax scale of the attention (`None`: unchanged).
+        keep_experts (`list[int] | None`): experts of a mixture-of-experts layer kept, in order (`None`: all).
+        keep_expert_channels (`list[list[int]] | None`): channels kept in each kept expert (one list per entry of
+            `keep_experts`, or per expert; all of one length); `None`: the experts' width untouched.
         weights (`dict[str, torch.Tensor]`): new full-size weights, (out, in) layout, keyed by the module path
-            relative to the layer (e.g. `"self_attn.o_proj"`); written before any removal.
+            relative to the layer (e.g. `"self_attn.o_proj"`), or new values of a parameter in its own layout, keyed
+            by its path (e.g. `"mlp.experts.down_proj"`); written before any removal.
         biases (`dict[str, torch.Tensor]`): new bias vectors (a bias is created where the module had none).
         info (`dict`): per-layer diagnostics for the report (e.g. the compensation residual).
         applied (`bool`): already executed on the block (a low-memory or resumed run writes each block as soon as it
@@ -36,6 +40,8 @@ class LayerPlan:
     keep_qk: list[int] | None = None
     keep_vo: list[int] | None = None
     scaling: float | None = None
+    keep_experts: list[int] | None = None
+    keep_expert_channels: list[list[int]] | None = None
     weights: dict[str, torch.Tensor] = field(default_factory=dict)
     biases: dict[str, torch.Tensor] = field(default_factory=dict)
     info: dict = field(default_factory=dict)
@@ -43,7 +49,14 @@ class LayerPlan:
 
     @property
     def structured(self) -> bool:
-        return any(x is not None for x in (self.keep_heads, self.keep_channels, self.keep_qk, self.keep_vo))
+        return any(
+            x is not None
+            for x in (self.keep_heads, self.keep_channels, self.keep_qk, self.keep_vo, *self.expert_decision.values())
+        )
+
+    @property
+    def expert_decision(self) -> dict[str, list | None]:
+        return {"keep_experts": self.keep_experts, "keep_expert_channels": self.keep_expert_channels}
 
 
 @dataclass
@@ -62,6 +75,7 @@ class PruningPlan:
                 "keep_kv_heads": p.keep_kv_heads,
                 "keep_channels": p.keep_channels,
                 **({"keep_qk": p.keep_qk, "keep_vo": p.keep_vo} if p.keep_qk or p.keep_vo else {}),
+                **{k: v for k, v in p.expert_decision.items() if v is not None},
             }
             for i, p in sorted(self.layers.items())
         }

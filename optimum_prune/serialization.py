@@ -124,6 +124,20 @@ def _set_intermediate(stock: dict[str, Any], key: str, width: int) -> bool:
     return True
 
 
+def _uniform_row(shapes: list[dict]) -> dict | None:
+    """The one shape every layer has (a stock config can express it), else `None`. Mixture-of-experts models may
+    mix MoE layers with dense-MLP layers (Qwen3-MoE's `mlp_only_layers`, never pruned): the MoE layers' row."""
+    if any("qk_head_dim" in s for s in shapes):  # pruned head dims: a stock config cannot express them
+        return None
+    moe_rows = [s for s in shapes if "num_experts" in s]
+    first = moe_rows[0] if moe_rows else shapes[0]
+    if moe_rows:
+        attention = ("num_attention_heads", "num_key_value_heads", "head_dim", "biases")
+        same_attention = all(all(s[k] == first[k] for k in attention) for s in shapes)
+        return first if same_attention and all(s == first for s in moe_rows) else None
+    return first if all(s == first for s in shapes) else None
+
+
 def export_config(
     model: nn.Module, spec: ArchitectureSpec | None = None, format: str = "auto"
 ) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -146,9 +160,8 @@ def export_config(
         data.pop(k, None)
     data["model_type"] = base_type
     sd = dict(model.state_dict().items())
-    first = shapes[0]
-    pair_shaped = any("qk_head_dim" in s for s in shapes)  # pruned head dims: a stock config cannot express them
-    if all(s == first for s in shapes) and not pair_shaped:
+    first = _uniform_row(shapes)
+    if first is not None:
         keys = spec.config_keys
         stock = dict(data)
         stock[keys["heads"]] = first["num_attention_heads"]
@@ -156,6 +169,8 @@ def export_config(
             stock[keys["kv_heads"]] = first["num_key_value_heads"]
         if "head_dim" in keys:
             stock[keys["head_dim"]] = first["head_dim"]
+        if "num_experts" in first:
+            stock[keys["experts"]] = first["num_experts"]
         base_config_cls = CONFIG_MAPPING[base_type]
         candidates = [stock] if _set_intermediate(stock, keys["intermediate"], first["intermediate_size"]) else []
         if first["biases"] and candidates:

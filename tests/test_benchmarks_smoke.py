@@ -456,3 +456,27 @@ def test_every_script_has_a_smoke_test():
     scripts = {p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_")} - {"harness", "render"}
     missing = sorted(s for s in scripts if f"test_{s}" not in globals())
     assert not missing, f"benchmark scripts without a smoke test here: {missing}"
+
+
+def test_moe(tiny_dir, tmp_path):
+    """The test bed (the tiny Llama as a Mixtral of 8 experts) is built, saved, reloaded, and pruned by every row."""
+    _corpora()
+    argv = ["--model", str(tiny_dir), "--testbed", str(tmp_path / "testbed"), *TINY_CALIB, *TINY_EVAL,
+            "--router-steps", "3", "--router-mse-steps", "2", "--rows", "reap", "random", "channels", "mixed",
+            "--ratios", "0.5", "--round-to", "4"]  # fmt: skip
+    gguf = importlib.util.find_spec("llama_cpp") is not None  # the llama.cpp check runs where it is installed
+    if gguf:
+        argv += ["--gguf", "reap", "--gguf-dir", str(tmp_path / "gguf")]
+    result = _run("moe", argv, tmp_path / "moe.json")
+    _check_protocol(result)
+    assert (tmp_path / "testbed" / "config.json").is_file()
+    assert result["testbed"]["all_experts_max_logit_gap"] < 1e-3
+    names = [(r["name"], r["ratio"]) for r in result["rows"]]
+    assert names == [("dense", None), ("moe", None)] + [(n, 0.5) for n in ("reap", "random", "channels", "mixed")]
+    full = result["rows"][1]["expert_params"]
+    for r in result["rows"][2:]:
+        assert abs(1 - r["expert_params"] / full - 0.5) < 0.1, r["name"]  # the mixed row's widths are rounded
+    if gguf:
+        reap = result["rows"][2]["llama_cpp"]
+        assert reap["arch"] == "llama" and all(abs(reap[t] / result["rows"][2]["ppl"][t] - 1) < 1e-3 for t in reap
+                                               if t in result["rows"][2]["ppl"])  # fmt: skip

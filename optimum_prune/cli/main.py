@@ -64,6 +64,7 @@ def _build_config(args: argparse.Namespace):
     if args.ratio is not None:  # structured pruning uses `pruning_ratio`, unstructured / N:M `sparsity`
         structured = flags.get("pattern", data.get("pattern", "structured")) == "structured"
         order = ("pruning_ratio", "sparsity") if structured else ("sparsity", "pruning_ratio")
+        order += ("expert_ratio",)  # experts: the fraction of each MoE layer's experts removed
         key = next((k for k in order if k in names), None)
         if key is None:
             raise UserError(f"Method {data['method']!r} has no ratio option; use --set KEY=VALUE.")
@@ -123,13 +124,14 @@ def add_prune_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of `prune` (shared by `optimum-prune prune` and `optimum-cli prune`)."""
     _model_args(p)
     how = p.add_mutually_exclusive_group(required=True)
-    how.add_argument("--method", help="registered method, e.g. numerical, flap, magnitude, wanda, amp")
+    how.add_argument("--method", help="registered method, e.g. numerical, flap, magnitude, wanda, amp, experts (MoE)")
     how.add_argument(
         "--config",
         help="a PruningConfig JSON file (method included; flags below override it), or a recipe: a JSON list of "
         "configs run together (e.g. AMP on q/k + Wanda on the rest), or a saved model's pruning_config.json",
     )
-    p.add_argument("--ratio", type=float, help="pruning_ratio (structured) or sparsity (unstructured / N:M pattern)")
+    p.add_argument("--ratio", type=float, help="pruning_ratio (structured), sparsity (unstructured / N:M pattern) or "
+                   "expert_ratio (experts)")  # fmt: skip
     p.add_argument("--allocation", choices=["global", "servable", "uniform", "owl"])
     p.add_argument("--gqa-mode", dest="gqa_mode", choices=["auto", "group", "query"])
     p.add_argument("--round-to", dest="round_to", type=int)

@@ -5,6 +5,8 @@
   `qwen2` graph requires `num_heads * head_dim == hidden_size`); both graphs are the same apart from the rotary layout.
 - Per-layer shapes (llama / mistral / qwen2): llama.cpp's `deci` architecture, which reads `head_count`,
   `head_count_kv` and `feed_forward_length` as per-layer arrays.
+- Mixture-of-experts models with one expert count: llama.cpp's `qwen3moe`, `olmoe`, or `llama` with experts
+  (Mixtral); see `gguf_moe`.
 - Architectures with llama.cpp's interleaved rotary layout (`llama`, `deci`) get their Q/K rows reordered the way
   llama.cpp's own converter does (`_permute`).
 Every check runs before the file is opened; the file is written under a temporary name and renamed into place.
@@ -32,6 +34,7 @@ from ..modeling.architectures import get_layers, get_spec, require_causal_lm
 from ..modeling.shapes import layer_table
 from ..serialization import load_pruned_model
 from ..version import __version__
+from .gguf_moe import is_moe_tensor, moe_arch, moe_tensors, write_moe_hparams
 from .gguf_tokenizer import tokenizer_metadata, write_tokenizer
 
 __all__ = ["GGUFExportError", "OUTTYPES", "export_gguf", "gguf_layout"]
@@ -50,18 +53,25 @@ _ARCH = {
     "qwen2": gguf.MODEL_ARCH.QWEN2,
     "qwen3": gguf.MODEL_ARCH.QWEN3,
     "gemma3": gguf.MODEL_ARCH.GEMMA3,
+    "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE,
+    "olmoe": gguf.MODEL_ARCH.OLMOE,
 }
+_GGUF_NAMED = "gguf:"  # `_tensors` yields these with their llama.cpp name already (the experts)
 _INTERLEAVED_ROPE = ("llama", "deci")  # llama.cpp's LLAMA_ROPE_TYPE_NORM: HF's rotate_half layout must be permuted
 # Biases llama.cpp's graph of each architecture reads (anything else would be silently ignored or fail to load).
 _QKV_BIAS = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}
 _ALL_BIAS = _QKV_BIAS | {"self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}
-_BIASES = {"llama": _ALL_BIAS, "deci": _ALL_BIAS, "qwen2": _QKV_BIAS, "qwen3": set(), "gemma3": set()}
+_BIASES = {"llama": _ALL_BIAS, "deci": _ALL_BIAS, "qwen2": _QKV_BIAS, "qwen3": set(), "gemma3": set(), "qwen3moe": set(),
+           "olmoe": set()}  # fmt: skip
 _ACTIVATION = {
     "llama": "silu",
     "mistral": "silu",
     "qwen2": "silu",
     "qwen3": "silu",
     "gemma3_text": "gelu_pytorch_tanh",
+    "qwen3_moe": "silu",
+    "mixtral": "silu",
+    "olmoe": "silu",
 }
 
 
@@ -112,7 +122,11 @@ def gguf_layout(model: nn.Module) -> dict[str, Any]:
                 "Prune again with min_mlp_channels_per_layer >= 1 (or prune_mlp=False)."
             )
     biases = {b for row in layers for b in row["biases"]}
-    if base in ("qwen3", "gemma3_text"):
+    if spec.moe is not None:
+        arch = moe_arch(model, spec, base, layers, GGUFExportError)
+        if not uniform:
+            raise GGUFExportError("llama.cpp's MoE graphs take one attention shape for every layer: prune uniformly.")
+    elif base in ("qwen3", "gemma3_text"):
         if not uniform:
             raise GGUFExportError(
                 f"llama.cpp has no per-layer-shape variant of {base} ({'q/k norms' if base == 'qwen3' else 'gemma3'}"
@@ -219,6 +233,8 @@ def _write_hparams(writer: gguf.GGUFWriter, model: nn.Module, layout: dict[str, 
                 layout["arch"],
                 config.sliding_window,
             )
+    if "num_experts" in layers[0]:
+        write_moe_hparams(writer, model, layers)
     writer.add_file_type(OUTTYPES[outtype])
     history = getattr(model, HISTORY_ATTR, None) or []
     writer.add_string("optimum_prune.version", __version__)
@@ -266,7 +282,11 @@ def _tensors(model: nn.Module, layout: dict[str, Any]):
     spec = get_spec(model)
     for i, layer in enumerate(get_layers(model, spec)):
         row = layers[i]
+        if spec.moe is not None:
+            yield from ((_GGUF_NAMED + n, t) for n, t in moe_tensors(layer, i, spec, model.config))
         for name, tensor in layer.state_dict().items():
+            if is_moe_tensor(spec, name):
+                continue
             if row["num_attention_heads"] == 0 and ("self_attn." in name or name.startswith("input_layernorm")):
                 continue
             if row["intermediate_size"] == 0 and ("mlp." in name or name.startswith("post_attention_layernorm")):
@@ -349,7 +369,8 @@ def export_gguf(
         unquantized: list[str] = []
         with torch.no_grad():
             for hf_name, tensor in tqdm(list(_tensors(model, layout)), desc="GGUF export", leave=False):
-                name = "rope_freqs.weight" if hf_name == "rope_freqs.weight" else None
+                name = hf_name.removeprefix(_GGUF_NAMED) if hf_name.startswith(_GGUF_NAMED) else None
+                name = name or ("rope_freqs.weight" if hf_name == "rope_freqs.weight" else None)
                 name = name or names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
                 if name is None:
                     raise GGUFExportError(f"internal error: no llama.cpp name for {hf_name}")

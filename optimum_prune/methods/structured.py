@@ -132,6 +132,17 @@ class StructuredPruner(BasePruner):
         bad = [i for i in self.config.skip_layers if not 0 <= i < n]
         if bad:
             raise ValueError(f"skip_layers {bad} out of range: the model has {n} layers (0..{n - 1}).")
+        if spec.moe is not None and self.config.prune_mlp:
+            raise ValueError(
+                f"{type(model).__name__} is a mixture-of-experts model: its MLP is its experts, which ExpertConfig "
+                "prunes (whole experts and channels inside them). Set prune_mlp=False to prune only the attention "
+                "here (in a recipe with ExpertConfig for the experts). Nothing was changed."
+            )
+        if self.config.prune_attention and not spec.heads_prunable:
+            raise ValueError(
+                f"The heads of {model.config.model_type} cannot be removed exactly (q/k norms spanning every head, or "
+                "per-head attention sinks): set prune_attention=False. Nothing was changed."
+            )
         if self.config.prune_attention:
             refuse_pruned_head_dims(model, spec, "removing attention heads")
         if self.config.allocation == "servable":

@@ -39,7 +39,7 @@ def input_groups(spec: ArchitectureSpec) -> dict[str, tuple[str, ...]]:
         "qkv": spec.qkv_paths,
         "o": (spec.o_path,),
         "mlp_in": spec.mlp_in_paths,
-        "mlp_out": (spec.mlp_out_path,),
+        "mlp_out": (spec.mlp_out_path,) if spec.mlp_out_path else (),
     }
 
 
@@ -92,6 +92,12 @@ class SequentialPruner(BasePruner):
     def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
         super().validate(model, spec)
         nm = self.config.nm
+        if spec.moe is not None and getattr(self.config, "targets", None) is None:
+            raise ValueError(
+                f"{type(model).__name__} is a mixture-of-experts model: its experts are pruned by ExpertConfig "
+                "(whole experts and channels inside them), not by unstructured methods. To sparsify its attention, "
+                "pass targets='attention'. Nothing was changed."
+            )
         targets = self.resolve(model, spec)
         if any(t.part is not None for t in targets):  # thirds of a fused q|k|v: equal-width heads only
             refuse_pruned_head_dims(model, spec, "targeting part of a fused q|k|v projection")

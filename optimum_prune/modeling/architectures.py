@@ -7,16 +7,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-import torch
 from torch import nn
-from transformers.pytorch_utils import Conv1D
 
 from ..constants import PRUNED_MODEL_TYPE_PREFIX
+from .moe import MoESpec
 from .targets import ROLES, Target, resolve_targets
+from .views import LayerView, layer_view, present_linear_paths, weight_oi
 
 __all__ = [
     "ArchitectureSpec",
     "LayerView",
+    "MoESpec",
     "ROLES",
     "Target",
     "resolve_targets",
@@ -50,7 +51,8 @@ class ArchitectureSpec:
         fused_qkv (`str | None`): attribute of a fused q|k|v projection (GPT-2 `c_attn`).
         mlp (`str`): attribute of the layer holding the MLP (`""`: the layer itself, as in OPT).
         mlp_in (`tuple[str, ...]`): projections whose *output* channels are the MLP channels (gate/up, fc1).
-        mlp_out (`str`): projection whose *input* channels are the MLP channels (down, fc2).
+        mlp_out (`str | None`): projection whose *input* channels are the MLP channels (down, fc2); `None` for
+            mixture-of-experts models, whose MLP is the experts (`moe`).
         heads_attr (`str | None`): attention attribute holding the number of query heads, if the module keeps one.
         split_attr (`str | None`): attention attribute holding the q/k/v split width (GPT-2 `split_size`).
         config_keys (`dict`): config attribute names for heads, kv heads, head_dim and intermediate size.
@@ -61,6 +63,11 @@ class ArchitectureSpec:
         pair_attention (`str | None`): which forward of `modeling.pair_attention` runs the attention once its q/k and
             v/o head dimensions differ (SPP): `"rope"` (Llama-style, rotary `rotate_half` pairs (j, j + d/2)),
             `"opt"`, `"gpt2"`, `"vit"` (encoder-only, non-causal); `None`: head dimensions cannot be pruned here.
+        moe (`MoESpec | None`): the router / experts / shared-expert roles of a sparse mixture-of-experts block at
+            `mlp` (`config_keys` then also names `"experts"`, the config key of the expert count, and
+            `"intermediate"` is the experts' width).
+        heads_prunable (`bool`, defaults to `True`): whether whole heads / KV groups can be removed exactly (not
+            where a q/k norm spans every head, or heads carry extra per-head parameters such as attention sinks).
         output_bias (`bool`, defaults to `True`): whether `o` and `mlp_out` may carry a bias wherever a model of this
             architecture goes; `False` where its GGUF graph in llama.cpp has no such bias (Qwen3, Gemma-3), so a
             compensation that adds one (FLAP's, NP's intercept) is off by default there.
@@ -71,7 +78,7 @@ class ArchitectureSpec:
     o: str
     mlp: str
     mlp_in: tuple[str, ...]
-    mlp_out: str
+    mlp_out: str | None
     q: str | None = "q_proj"
     k: str | None = "k_proj"
     v: str | None = "v_proj"
@@ -90,6 +97,8 @@ class ArchitectureSpec:
     mlp_in_roles: tuple[str, ...] = ("gate_proj", "up_proj")
     modality: str = "text"
     pair_attention: str | None = None
+    moe: MoESpec | None = None
+    heads_prunable: bool = True
     output_bias: bool = True
 
     @property
@@ -118,13 +127,19 @@ class ArchitectureSpec:
         return tuple(self.mlp_path(n) for n in self.mlp_in)
 
     @property
-    def mlp_out_path(self) -> str:
-        return self.mlp_path(self.mlp_out)
+    def mlp_out_path(self) -> str | None:
+        return self.mlp_path(self.mlp_out) if self.mlp_out else None
 
     @property
     def linear_paths(self) -> tuple[str, ...]:
-        """Every prunable projection of a layer, in forward order."""
-        return (*self.qkv_paths, self.o_path, *self.mlp_in_paths, self.mlp_out_path)
+        """Every prunable projection of a layer, in forward order (the attention only on MoE models: their MLP is
+        the experts, see `moe`)."""
+        out = (*self.qkv_paths, self.o_path, *self.mlp_in_paths)
+        return (*out, self.mlp_out_path) if self.mlp_out else out
+
+    def moe_path(self, name: str) -> str:
+        """Path of a part of the MoE block (`moe.router`, `moe.experts`), relative to the decoder layer."""
+        return self.mlp_path(name)
 
     def role_targets(self) -> dict[str, Target]:
         """Every role this architecture has, mapped to its module (and row slice of a fused q|k|v projection)."""
@@ -137,7 +152,8 @@ class ArchitectureSpec:
         out["o_proj"] = Target("o_proj", self.o_path)
         for role, path in zip(self.mlp_in_roles, self.mlp_in_paths):
             out[role] = Target(role, path)
-        out["down_proj"] = Target("down_proj", self.mlp_out_path)
+        if self.mlp_out:
+            out["down_proj"] = Target("down_proj", self.mlp_out_path)
         return {r: out[r] for r in ROLES if r in out}
 
 
@@ -190,6 +206,62 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
     ),
 }
 
+
+# Sparse mixture-of-experts decoders (transformers >= 5 layout, see `modeling.moe`): the attention as in the dense
+# entries, the MLP of a layer is a router plus fused experts. OLMoE's q/k norms span all heads and gpt-oss has
+# per-head attention sinks, so their heads are not removable (`heads_prunable=False`).
+def _moe_keys(intermediate: str, experts: str, head_dim: bool = True) -> dict[str, str]:
+    keys = {"heads": "num_attention_heads", "kv_heads": "num_key_value_heads", "intermediate": intermediate}
+    return {**keys, "experts": experts, **({"head_dim": "head_dim"} if head_dim else {})}
+
+
+def _moe(
+    keys: dict[str, str], moe: MoESpec, heads_prunable: bool = True, output_bias: bool = True
+) -> ArchitectureSpec:
+    return ArchitectureSpec(
+        layers="model.layers",
+        attn="self_attn",
+        o="o_proj",
+        mlp="mlp",
+        mlp_in=(),
+        mlp_out=None,
+        config_keys=keys,
+        moe=moe,
+        heads_prunable=heads_prunable,
+        output_bias=output_bias,
+    )
+
+
+ARCHITECTURES.update(
+    {
+        "qwen3_moe": _moe(  # llama.cpp's qwen3moe and olmoe graphs read no o bias
+            _moe_keys("moe_intermediate_size", "num_local_experts"), MoESpec(dense_out="down_proj"), output_bias=False
+        ),
+        "mixtral": _moe(
+            _moe_keys("intermediate_size", "num_local_experts"),
+            MoESpec(norm_key=None, always_norm=True, legacy_block="block_sparse_moe", legacy_names=("w1", "w3", "w2")),
+        ),
+        "olmoe": _moe(
+            _moe_keys("intermediate_size", "num_experts", head_dim=False),
+            MoESpec(),
+            heads_prunable=False,
+            output_bias=False,
+        ),  # fmt: skip
+        "gpt_oss": _moe(
+            _moe_keys("intermediate_size", "num_local_experts"),
+            MoESpec(
+                router="router",
+                transposed=True,
+                interleaved=True,
+                expert_bias=True,
+                routing="topk_softmax",
+                norm_key=None,
+                legacy_block=None,  # stored fused
+            ),  # fmt: skip
+            heads_prunable=False,
+        ),
+    }
+)
 
 # Encoder-only vision transformers (transformers >= 5 names: q/k/v/o_proj, `mlp.fc1` / `mlp.fc2`). No KV heads
 # (MHA); Dinov2's layer scales act on the hidden size, which pruning never changes. Dinov2 has no
@@ -303,92 +375,3 @@ def _layers_path(model: nn.Module, spec: ArchitectureSpec) -> str:
 
 def get_layers(model: nn.Module, spec: ArchitectureSpec) -> nn.ModuleList:
     return model.get_submodule(_layers_path(model, spec))
-
-
-def weight_oi(module: nn.Module) -> torch.Tensor:
-    """The weight in (out_features, in_features) layout, for `nn.Linear` and GPT-2 `Conv1D` alike (a view)."""
-    return module.weight.T if isinstance(module, Conv1D) else module.weight
-
-
-@dataclass
-class LayerView:
-    """Modules and head geometry of one decoder layer.
-
-    `head_dim` is the attention's original head dimension (its softmax scale); `qk_head_dim` / `vo_head_dim` are the
-    per-head widths of q/k and of v/o, smaller than `head_dim` once SPP pruned them (see `modeling.pair_attention`).
-    """
-
-    index: int
-    layer: nn.Module
-    spec: ArchitectureSpec
-    head_dim: int
-    num_heads: int
-    num_kv_heads: int
-    intermediate_size: int
-    qk_head_dim: int | None = None
-    vo_head_dim: int | None = None
-
-    def __post_init__(self) -> None:
-        self.qk_head_dim = self.qk_head_dim or self.head_dim
-        self.vo_head_dim = self.vo_head_dim or self.head_dim
-
-    @property
-    def pair_shaped(self) -> bool:
-        """Whether this layer's q/k or v/o head dimensions were pruned (SPP)."""
-        return hasattr(self.attn, "qk_head_dim")
-
-    @property
-    def attn(self) -> nn.Module:
-        return self.layer.get_submodule(self.spec.attn)
-
-    def module(self, path: str) -> nn.Module:
-        return self.layer.get_submodule(path)
-
-    @property
-    def o_proj(self) -> nn.Module:
-        return self.module(self.spec.o_path)
-
-    @property
-    def mlp_out(self) -> nn.Module:
-        return self.module(self.spec.mlp_out_path)
-
-    @property
-    def group_size(self) -> int:
-        return self.num_heads // self.num_kv_heads if self.num_kv_heads else 0
-
-    def linears(self) -> dict[str, nn.Module]:
-        return {p: self.module(p) for p in present_linear_paths(self.layer, self.spec)}
-
-
-def _removed(module: nn.Module) -> bool:
-    """Whether `module` stands for a removed sublayer (`modeling.sublayers`)."""
-    return bool(getattr(module, "removed_sublayer", False))
-
-
-def present_linear_paths(layer: nn.Module, spec: ArchitectureSpec) -> tuple[str, ...]:
-    """`spec.linear_paths` of `layer`, without those of a removed attention or MLP sublayer (`modeling.sublayers`)."""
-    gone = set()
-    if _removed(layer.get_submodule(spec.attn)):
-        gone |= {*spec.qkv_paths, spec.o_path}
-    if spec.mlp and _removed(layer.get_submodule(spec.mlp)):
-        gone |= {*spec.mlp_in_paths, spec.mlp_out_path}
-    return tuple(p for p in spec.linear_paths if p not in gone)
-
-
-def layer_view(layer: nn.Module, index: int, spec: ArchitectureSpec, config) -> LayerView:
-    """Read the current (possibly already pruned) geometry of a decoder layer from its modules (a removed
-    sublayer has 0 heads / 0 channels)."""
-    attn = layer.get_submodule(spec.attn)
-    head_dim = getattr(attn, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    qk_dim, vo_dim = getattr(attn, "qk_head_dim", head_dim), getattr(attn, "vo_head_dim", head_dim)
-    if _removed(attn):
-        num_heads = num_kv_heads = 0
-    else:
-        num_heads = weight_oi(layer.get_submodule(spec.o_path)).shape[1] // vo_dim
-        if spec.fused_qkv:
-            num_kv_heads = num_heads
-        else:
-            num_kv_heads = weight_oi(layer.get_submodule(spec.attn_path(spec.k))).shape[0] // qk_dim
-    removed_mlp = bool(spec.mlp) and _removed(layer.get_submodule(spec.mlp))
-    intermediate = 0 if removed_mlp else weight_oi(layer.get_submodule(spec.mlp_out_path)).shape[1]
-    return LayerView(index, layer, spec, head_dim, num_heads, num_kv_heads, intermediate, qk_dim, vo_dim)

@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from .architectures import ArchitectureSpec, LayerView, get_layers, layer_view, present_linear_paths, weight_oi
+from .experts import moe_parameters
 
 __all__ = [
     "layer_row",
@@ -23,7 +24,8 @@ __all__ = [
 
 
 def layer_row(layer: nn.Module, index: int, spec: ArchitectureSpec, config) -> dict[str, Any]:
-    """One decoder layer's heads, KV heads, head_dim, intermediate size, and which projections carry a bias; for a
+    """One decoder layer's heads, KV heads, head_dim, intermediate size (an MoE layer's: its experts' width, with
+    `num_experts`), and which projections carry a bias; for a
     layer whose head dimensions were pruned (SPP) also `qk_head_dim`, `vo_head_dim`, the softmax scale and, on
     rotary models, the kept `rope_pairs` (`modeling.pair_attention`)."""
     v = layer_view(layer, index, spec, config)
@@ -34,6 +36,8 @@ def layer_row(layer: nn.Module, index: int, spec: ArchitectureSpec, config) -> d
         "intermediate_size": v.intermediate_size,
         "biases": sorted(p for p in v.linears() if getattr(layer.get_submodule(p), "bias", None) is not None),
     }
+    if v.is_moe:
+        row["num_experts"] = v.num_experts
     if v.pair_shaped:
         attn = v.attn
         row.update(qk_head_dim=v.qk_head_dim, vo_head_dim=v.vo_head_dim, attn_scaling=float(attn.scaling))
@@ -58,11 +62,14 @@ def col_params(mod: nn.Module) -> int:
 
 
 def attention_mlp_params(model: nn.Module, spec: ArchitectureSpec) -> int:
-    """Parameters of every q/k/v/o and MLP projection of the decoder (what `pruning_ratio` refers to)."""
+    """Parameters of every q/k/v/o and MLP projection of the decoder (what `pruning_ratio` refers to); on a
+    mixture-of-experts model the MLP is each MoE block (router and experts)."""
     total = 0
-    for layer in get_layers(model, spec):
+    for i, layer in enumerate(get_layers(model, spec)):
         for path in present_linear_paths(layer, spec):
             total += sum(p.numel() for p in layer.get_submodule(path).parameters(recurse=False))
+        if spec.moe is not None:
+            total += moe_parameters(layer_view(layer, i, spec, model.config))
     return total
 
 

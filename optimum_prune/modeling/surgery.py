@@ -13,6 +13,7 @@ from transformers.pytorch_utils import Conv1D
 
 from ..plan import LayerPlan
 from .architectures import LayerView, get_layers, layer_view, weight_oi
+from .experts import remove_expert_channels_, remove_experts_, reshape_experts_, zero_expert_channels_
 from .pair_attention import set_pair_geometry_
 from .sublayers import remove_attention_, remove_mlp_
 
@@ -108,7 +109,13 @@ def set_attention_geometry_(view: LayerView, num_heads: int, num_kv_heads: int) 
 
 def _write_weights_(view: LayerView, plan: LayerPlan) -> None:
     for path, w in plan.weights.items():
-        mod = view.module(path)
+        try:
+            mod = view.module(path)
+        except AttributeError:  # a parameter (fused experts), in its own layout
+            param = view.layer.get_parameter(path)
+            with torch.no_grad():
+                param.copy_(w.to(param.dtype))
+            continue
         with torch.no_grad():
             weight_oi(mod).copy_(w.to(mod.weight.dtype))
     for path, b in plan.biases.items():
@@ -250,6 +257,27 @@ def apply_layer_plan_(view: LayerView, plan: LayerPlan, mode: str = "remove") ->
             for path in view.spec.mlp_in_paths:
                 _zero_rows_(view.module(path), drop)
             _zero_cols_(view.mlp_out, drop)
+    _apply_expert_plan_(view, plan, mode)
+
+
+def _apply_expert_plan_(view: LayerView, plan: LayerPlan, mode: str) -> None:
+    """Whole experts, then channels inside the kept experts (`keep_expert_channels` lists them in kept order)."""
+    if plan.keep_experts is None and plan.keep_expert_channels is None:
+        return
+    if not view.is_moe:
+        raise ValueError(f"Layer {view.index} has no experts; an expert plan needs a mixture-of-experts layer.")
+    if mode == "zero":
+        if plan.keep_experts is not None:
+            raise ValueError(
+                "Removed experts cannot be expressed as zeroed weights (their router logits would still compete); "
+                "compare with a router that masks them instead."
+            )
+        zero_expert_channels_(view, plan.keep_expert_channels)
+        return
+    if plan.keep_experts is not None:
+        remove_experts_(view, plan.keep_experts)
+    if plan.keep_expert_channels is not None:
+        remove_expert_channels_(view, plan.keep_expert_channels)
 
 
 def reshape_layer_(view: LayerView, shapes: dict) -> None:
@@ -258,7 +286,8 @@ def reshape_layer_(view: LayerView, shapes: dict) -> None:
     Args:
         view (`LayerView`): the layer, at its configured (unpruned) shape.
         shapes (`dict`): `num_attention_heads`, `num_key_value_heads`, `intermediate_size` and `biases` (the
-            layer-relative paths of every projection that has a bias); for layers whose head dimensions were pruned
+            layer-relative paths of every projection that has a bias); for mixture-of-experts layers also
+            `num_experts` (`intermediate_size` is then the experts' width); for layers whose head dimensions were pruned
             (SPP) also `qk_head_dim`, `vo_head_dim`, `attn_scaling` and, on rotary models, `rope_pairs`.
     """
     spec, d = view.spec, view.head_dim
@@ -275,7 +304,10 @@ def reshape_layer_(view: LayerView, shapes: dict) -> None:
     outs[spec.o_path] = (heads * vo, hidden)
     for path in spec.mlp_in_paths:
         outs[path] = (hidden, shapes["intermediate_size"])
-    outs[spec.mlp_out_path] = (shapes["intermediate_size"], hidden)
+    if spec.mlp_out_path is not None:
+        outs[spec.mlp_out_path] = (shapes["intermediate_size"], hidden)
+    elif "num_experts" in shapes:
+        reshape_experts_(view, shapes["num_experts"], shapes["intermediate_size"])
     if heads == 0:  # a removed sublayer (modeling.sublayers)
         outs = {p: s for p, s in outs.items() if p not in (*spec.qkv_paths, spec.o_path)}
     if shapes["intermediate_size"] == 0:
@@ -289,7 +321,8 @@ def reshape_layer_(view: LayerView, shapes: dict) -> None:
         set_attention_geometry_(view, heads, kv)
     if shapes["intermediate_size"] == 0:
         remove_mlp_(view.layer, spec)
-    view.intermediate_size = shapes["intermediate_size"]
+    if spec.moe is None or "num_experts" in shapes:  # a dense layer of an MoE model keeps its configured MLP
+        view.intermediate_size = shapes["intermediate_size"]
     if "qk_head_dim" in shapes:
         for name in ("q_norm", "k_norm"):
             norm = getattr(view.attn, name, None)

@@ -255,6 +255,7 @@ class PruneSession(NullSession):
             record = {"shapes": shapes, "info": info if info is not None else (plan.info if plan else {})}
             if plan is not None:
                 record["plan"] = {k: getattr(plan, k) for k in ("keep_heads", "keep_kv_heads", "keep_channels")}
+                record["plan"].update({k: v for k, v in plan.expert_decision.items() if v is not None})
             path = self.checkpoint.write_block(self.stage_index, i, tensors, record)
             if not self.checkpoint.writer:
                 path = None

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from ..modeling.architectures import ArchitectureSpec, get_layers
 from .streaming import get_store, layer_prefix, write_safetensors
-from .tensorfile import FileTensor, read_header
+from .tensorfile import FileTensor, read_header, read_tensors
 
 __all__ = ["save_streamed_"]
 
@@ -89,7 +89,8 @@ def save_streamed_(model: nn.Module, spec: ArchitectureSpec, directory: Path, ex
         files = store.tensor_files(i)
         block_extra = {k: v for k, v in extra.items() if k.startswith(layer_prefix(spec, i))}
         distinct = set(files.values())
-        linkable = len(distinct) == 1 and not block_extra and not distinct & sources
+        legacy = spec.moe is not None and spec.moe.legacy_block is not None  # experts stored one tensor each
+        linkable = len(distinct) == 1 and not block_extra and not distinct & sources and not legacy
         plans.append((i, files, block_extra, linkable))
         if not (linkable and _same_fs(next(iter(distinct)), directory)):
             est += sum(t.numel() for t in layer.state_dict().values()) * elsize
@@ -105,9 +106,12 @@ def save_streamed_(model: nn.Module, spec: ArchitectureSpec, directory: Path, ex
     headers: dict[Path, dict[str, FileTensor]] = {}
     for i, files, block_extra, linkable in tqdm(plans, desc="saving blocks", leave=False):
         shard = directory / name(i + 2, n)
-        for f in set(files.values()) - set(headers):
-            headers[f] = read_header(f)
-        tensors: dict[str, torch.Tensor | FileTensor] = {k: headers[f][k] for k, f in files.items()}
+        if spec.moe is not None and spec.moe.legacy_block is not None:
+            tensors = _legacy_block(store, spec, i, files, sources)
+        else:
+            for f in set(files.values()) - set(headers):
+                headers[f] = read_header(f)
+            tensors = {k: headers[f][k] for k, f in files.items()}
         if linkable:
             linked += _link_or_copy(next(iter(files.values())), shard)
         else:
@@ -122,6 +126,18 @@ def save_streamed_(model: nn.Module, spec: ArchitectureSpec, directory: Path, ex
     if getattr(model, "can_generate", lambda: False)() and getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(directory)
     logger.info("saved %d shards (%d blocks hard-linked from the pruning run) to %s", n, linked, directory)
+
+
+def _legacy_block(store, spec: ArchitectureSpec, i: int, files: dict[str, Path], sources: set[Path]):
+    """Block `i`'s tensors in memory, its fused experts split into the one-tensor-per-expert layout of the stock
+    checkpoint (the source's own tensors read through it: fused experts from their parts)."""
+    by_file: dict[Path, list[str]] = {}
+    for k, f in files.items():
+        by_file.setdefault(f, []).append(k)
+    tensors: dict[str, torch.Tensor] = {}
+    for f, ks in by_file.items():
+        tensors.update(store.source.copies(ks, store.dtype) if f in sources else read_tensors(f, ks, store.dtype))
+    return spec.moe.to_legacy(layer_prefix(spec, i) + spec.mlp, tensors)
 
 
 def _same_fs(a: Path, b: Path) -> bool:

@@ -13,7 +13,6 @@ ask for), and puts it back on the meta device afterwards. Blocks are read and wr
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import os
 import shutil
@@ -23,7 +22,6 @@ from typing import Any
 
 import torch
 from accelerate import init_empty_weights
-from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -32,7 +30,8 @@ from ..modeling.auto_classes import register_pruned_architectures
 from ..modeling.shapes import layer_row
 from ..modeling.surgery import reshape_layer_
 from ..utils.scratch import make_scratch_dir
-from .tensorfile import FileTensor, read_header, write_tensors
+from .safetensors_io import SafetensorsSource
+from .tensorfile import FileTensor, write_tensors
 from .tensorfile import read_tensors as read_tensors
 
 __all__ = [
@@ -53,92 +52,6 @@ logger = logging.getLogger(__name__)
 
 STORE_ATTR = "_optimum_prune_store"
 SOURCE = -1  # version of a block as it is in the source checkpoint
-_INDEX = "model.safetensors.index.json"
-
-
-def _gguf_error(path: Any) -> ValueError:
-    return ValueError(
-        f"{path} is a GGUF checkpoint: its quantized blocks must be dequantized in memory, so it cannot be memory-mapped "
-        "for low_memory=True. Convert it once to safetensors (this needs the model in memory once): "
-        "`AutoPruner.from_pretrained(dir, gguf_file=NAME).save_pretrained(dir_st)`, then "
-        "`AutoPruner.from_pretrained(dir_st, low_memory=True)`."
-    )
-
-
-class SafetensorsSource:
-    """Tensor name → file of a (sharded) safetensors checkpoint; tensors are read memory-mapped, without copies."""
-
-    def __init__(self, directory: str | os.PathLike) -> None:
-        self.directory = Path(directory)
-        d = self.directory
-        if d.is_file() and d.suffix == ".gguf":
-            raise _gguf_error(d)
-        if not d.is_dir():
-            raise FileNotFoundError(f"{d} is not a model directory.")
-        self.files: dict[str, Path] = {}
-        if (d / _INDEX).is_file():
-            with open(d / _INDEX, encoding="utf-8") as f:
-                self.files = {k: d / v for k, v in json.load(f)["weight_map"].items()}
-        elif (d / "model.safetensors").is_file():
-            self.files = dict.fromkeys(read_header(d / "model.safetensors"), d / "model.safetensors")
-        elif any(d.glob("*.gguf")):
-            raise _gguf_error(next(d.glob("*.gguf")))
-        else:
-            found = ", ".join(sorted(p.name for p in d.iterdir())[:6]) or "nothing"
-            raise FileNotFoundError(
-                f"low_memory=True reads safetensors checkpoints (model.safetensors or a sharded index), and {d} has "
-                f"none ({found}). A PyTorch .bin checkpoint cannot be memory-mapped safely: load it normally once and "
-                "save it with save_pretrained (safetensors)."
-            )
-        missing = sorted({str(p.name) for p in self.files.values() if not p.is_file()})
-        if missing:
-            raise FileNotFoundError(
-                f"{d} is incomplete: shard(s) {', '.join(missing)} listed in its index are missing."
-            )
-
-        self._headers: dict[Path, dict[str, FileTensor]] = {}
-
-    def entry(self, name: str) -> FileTensor:
-        """Where tensor `name` is (its file, dtype, shape and bytes), from the file's header."""
-        file = self.files[name]
-        if file not in self._headers:
-            self._headers[file] = read_header(file)
-        return self._headers[file][name]
-
-    def float_dtype(self) -> torch.dtype | None:
-        """The dtype of the first floating-point tensor (what `from_pretrained(dtype="auto")` would load)."""
-        for name in self.files:
-            dtype = self.entry(name).dtype
-            if dtype.is_floating_point:
-                return dtype
-        return None
-
-    def _by_file(self, names: list[str]) -> dict[Path, list[str]]:
-        by_file: dict[Path, list[str]] = {}
-        for n in names:
-            by_file.setdefault(self.files[n], []).append(n)
-        return by_file
-
-    def copies(self, names: list[str], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        """Tensors read into new memory (floating-point ones in `dtype`): no page of the files stays mapped."""
-        return {k: v for f, ns in self._by_file(names).items() for k, v in read_tensors(f, ns, dtype).items()}
-
-    def read(self, names: list[str]) -> dict[str, torch.Tensor]:
-        """Memory-mapped tensors (file-backed pages: copy them before changing them); only the pages a computation
-        touches become resident, which suits tensors read sparsely (embedding rows)."""
-        out: dict[str, torch.Tensor] = {}
-        for file, ns in self._by_file(names).items():
-            out.update(_open(file, lambda f, ns=ns: {n: f.get_tensor(n) for n in ns}))
-        return out
-
-
-def _open(file: Path, read):
-    """`read(handle)` on an open safetensors file; a truncated or corrupt file raises a clear `OSError`."""
-    try:
-        with safe_open(str(file), "pt") as f:
-            return read(f)
-    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for damaged files
-        raise OSError(f"Cannot read {file}: {e}. The file is damaged or incomplete.") from e
 
 
 def write_safetensors(
@@ -370,6 +283,7 @@ def load_low_memory(path: str | os.PathLike, *, torch_dtype: Any = None, **kwarg
     spec = get_spec(model)
     state = model.state_dict(keep_vars=True)
     layers_prefix = spec.layers + "."
+    _alias_fused_experts(source, model, spec)
     tied = {n for n in state if n not in source.files and n in _tied_names(model)}
     missing = sorted(n for n in state if n not in source.files and n not in tied)
     unexpected = sorted(set(source.files) - set(state))
@@ -393,6 +307,21 @@ def load_low_memory(path: str | os.PathLike, *, torch_dtype: Any = None, **kwarg
     model.register_forward_pre_hook(_refuse_forward)
     logger.info("Loaded %s with low_memory=True: %d blocks stay on disk", path, len(get_layers(model, spec)))
     return model
+
+
+def _alias_fused_experts(source: SafetensorsSource, model: nn.Module, spec: ArchitectureSpec) -> None:
+    """A mixture-of-experts checkpoint stored one tensor per expert (as transformers saves it) is read as the
+    model's fused experts."""
+    if spec.moe is None:
+        return
+    for i, layer in enumerate(get_layers(model, spec)):
+        view = layer_view(layer, i, spec, model.config)
+        if not view.is_moe:
+            continue
+        block = layer_prefix(spec, i) + spec.mlp
+        for name, (how, parts) in spec.moe.legacy_tensors(block, view.num_experts).items():
+            if name not in source.files and all(p in source.files for p in parts):
+                source.alias(name, how, parts)
 
 
 def _tied_names(model: nn.Module) -> set[str]:
