@@ -230,7 +230,10 @@ def projection(results: dict) -> list[str]:
         "process's own memory); the host keeps the process and the embedding rows the calibration reads.",
         "",
     ]
-    base = statistics.median(r["after_import"]["VmRSS"] for r in results["runs"].values() if r.get("after_import"))
+    own = [r["after_import"]["VmRSS"] for r in results["runs"].values() if r.get("after_import")]
+    if not own:  # only salvaged runs: the process's own memory is not known
+        return []
+    base = statistics.median(own)
     fits, errors = {}, {}
     for method in sorted({r["config"]["method"] for r in low.values()}):
         mine = [r for r in low.values() if r["config"]["method"] == method]

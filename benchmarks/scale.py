@@ -614,7 +614,7 @@ def main(argv: list[str] | None = None) -> None:
             results["protocol"] = protocol.record()
             harness.write_results(results, out, "scale")
         later = any(RUNS[r][0] == model for r in args.runs[args.runs.index(name) + 1 :])
-        if not (args.keep_models or args.model or later):
+        if not (args.keep_models or args.model or args.salvage or later):  # a salvage never deletes a model
             shutil.rmtree(path, ignore_errors=True)
     print(markdown(_load(out)))
 

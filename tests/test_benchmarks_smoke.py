@@ -397,8 +397,10 @@ def test_scale(tiny_dir, tmp_path):
     assert [p["blocks"] for p in np_passes[:2]] == [2, 2]  # scored, then refitted and written, block by block
     assert result["runs"]["acct-wanda"]["digest"] == result["runs"]["acct-mem-wanda"]["digest"]  # identical
     # a run that never finished is recorded from its log and the parent's samples of /proc
-    again = ["--model", str(tiny_dir), "--runs", "acct-numerical", "--work-dir", str(tmp_path), "--salvage"]
+    shutil.copytree(tiny_dir, tmp_path / "acct")  # where the run's model would be: a salvage leaves it there
+    again = ["--runs", "acct-numerical", "--work-dir", str(tmp_path), "--salvage"]
     salvaged = _run("scale", again, tmp_path / "salvaged.json")
+    assert (tmp_path / "acct" / "config.json").is_file()
     run, done = salvaged["runs"]["acct-numerical"], result["runs"]["acct-numerical"]
     assert run["partial"] and run["samples"]["count"] >= 1 and run["vmhwm"] > 0
     assert [(b["pass"], b["block"]) for b in run["progress"]["blocks"]] == [
