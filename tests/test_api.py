@@ -40,7 +40,8 @@ def test_compute_plan_is_private():
 
 def test_config_names_follow_one_rule():
     """`<Method>Config` with the method's name as its paper writes it (acronyms in capitals), beside a pruner class
-    `<Method>Pruner`; the base classes are `PruningConfig`, `StructuredPruningConfig`, `UnstructuredPruningConfig`."""
+    `<Method>Pruner`; a method derives from `StructuredPruningConfig` (heads / KV groups / channels) or
+    `UnstructuredPruningConfig`, except expert pruning, whose units are whole experts (`ExpertConfig(PruningConfig)`)."""
     from optimum_prune.methods.registry import available_methods, get_config_class, get_pruner_class
 
     for name in available_methods():
@@ -49,7 +50,8 @@ def test_config_names_follow_one_rule():
         assert config_cls.__name__.endswith("Config") and not stem.endswith("Pruning"), config_cls.__name__
         assert pruner_cls.__name__ == stem + "Pruner", (name, pruner_cls.__name__)
         assert getattr(optimum_prune, config_cls.__name__) is config_cls
-        assert issubclass(config_cls, (StructuredPruningConfig, UnstructuredPruningConfig)), name
+        family = (StructuredPruningConfig, UnstructuredPruningConfig)
+        assert issubclass(config_cls, family) or (name == "experts" and issubclass(config_cls, PruningConfig)), name
 
 
 def test_saved_configs_load_under_the_new_names():
