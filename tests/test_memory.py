@@ -234,6 +234,19 @@ def test_lean_solves_equal_the_direct_formulas(rank):
         assert res == pytest.approx(residual, rel=1e-9)
 
 
+def test_a_refit_with_nothing_removed_builds_no_factor(monkeypatch):
+    """A layer that keeps every input channel (a global allocation can leave one whole) gets its weight back
+    unchanged with zero residual and no float64 (D, D) factor: at Llama-3.1-8B's MLP width that factor alone is
+    1.6 GB of the low-memory run's peak."""
+    W, H, mu = _problem()
+    monkeypatch.setattr(C, "_damped_cholesky", lambda *a, **k: pytest.fail("a factor was built"))
+    everything = torch.arange(W.shape[1])
+    W_new, res = C.compensate(W, H, everything, 0.1, 1.0)
+    assert torch.equal(W_new, W) and W_new.data_ptr() != W.data_ptr() and res == 0.0
+    W_new, b, res = C.compensate_with_bias(W, H, mu, everything, 0.1, 1.0)
+    assert torch.equal(W_new, W) and not b.any() and res == 0.0
+
+
 def test_a_matrix_not_exactly_symmetric_is_factored_in_a_copy():
     """In-place factoring reads the matrix's memory transposed, which is the same matrix only when it is exactly
     symmetric; otherwise the solve copies it and reads its lower triangle, as `torch.linalg.cholesky` does."""

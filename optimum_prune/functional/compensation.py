@@ -105,6 +105,8 @@ def _refit(
     mask = torch.zeros(D, dtype=torch.bool, device=W.device)
     mask[keep] = True
     K, P = mask.nonzero()[:, 0], (~mask).nonzero()[:, 0]
+    if not P.numel():  # nothing removed: the refit's change is exactly zero (no (D, D) float64 factor to build)
+        return W.clone(), 0.0
     W_P = W[:, P].double()  # (d_out, p)
     residual = _quadratic_trace(W_P, H, P, mu)  # tr(W_P G_PP W_Pᵀ): the loss of the bare removal
     W_new = torch.zeros_like(W)
