@@ -93,12 +93,18 @@ def _quadratic_trace(V: torch.Tensor, H: torch.Tensor, idx: torch.Tensor, mu, co
 
 
 def _refit(
-    W: torch.Tensor, H: torch.Tensor, keep: torch.Tensor, damping: float, strength: float, mu: torch.Tensor | None
+    W: torch.Tensor,
+    H: torch.Tensor,
+    keep: torch.Tensor,
+    damping: float,
+    strength: float,
+    mu: torch.Tensor | None,
+    step: int = 1024,
 ) -> tuple[torch.Tensor, float]:
     """[`compensate`] on the Gram `G = H − μμᵀ`; returns the new weight in W's dtype and the residual.
 
     Held in float64 at once: `G_KK` (it becomes its own Cholesky factor `L`), one `(k, d_out)` right-hand side (it
-    becomes the solution) and `W_P`. The residual `tr(δW G δWᵀ)`, with `δW_K = sΔ` and `δW_P = −W_P`, is
+    becomes the solution) and `W_P`; the new weight is written `step` kept columns at a time. The residual `tr(δW G δWᵀ)`, with `δW_K = sΔ` and `δW_P = −W_P`, is
     `s²·tr(Δ G_KK Δᵀ) − 2s·tr(Δ G_KP W_Pᵀ) + tr(W_P G_PP W_Pᵀ)`, where with `R = G_KP W_Pᵀ` and `Y = L⁻¹R` (the
     first triangular solve) `tr(Δ G_KP W_Pᵀ) = ‖Y‖²` and `tr(Δ G_KK Δᵀ) = ‖Y‖² − γ‖Δ‖²`: only `G_PP` is read again."""
     D = W.shape[1]
@@ -119,7 +125,10 @@ def _refit(
         torch.linalg.solve_triangular(L.mT, X, upper=True, out=X)  # Δᵀ = L⁻ᵀ Y
         del L
         residual += strength**2 * (cross - float(shift) * float((X * X).sum())) - 2 * strength * cross
-        W_new[:, K] = (W[:, K].double() + strength * X.T).to(W.dtype)
+        X.mul_(strength)
+        for start in range(0, len(K), step):  # W_K + sΔ a band of columns at a time: no (d_out, k) temporaries
+            cols = K[start : start + step]
+            W_new[:, cols] = (W[:, cols].double() + X[start : start + step].T).to(W.dtype)
     return W_new, residual
 
 
