@@ -61,6 +61,11 @@ def test_damped_cholesky_and_inverse_factor():
     assert torch.equal(U, torch.triu(U))
     torch.testing.assert_close(U.T @ U, torch.linalg.inv(_damped(H, 0.05)))
     assert cholesky_inverse_upper(H.float()).dtype == torch.float32
+    # worked in the factor's own memory, yet bit for bit the three out-of-place steps (what the solver always did)
+    for Hx in (H, H.float()):
+        Hd = _damped(Hx, 0.05).to(Hx.dtype)
+        want = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(Hd)), upper=True)
+        assert torch.equal(cholesky_inverse_upper(Hx, percdamp=0.05), want)
 
 
 def test_dead_channels_handled_like_sparsegpt():
