@@ -48,6 +48,12 @@ def _column_major(B: torch.Tensor) -> torch.Tensor:
     return X.copy_(B)
 
 
+def _squared_norm(X: torch.Tensor) -> float:
+    """`‖X‖²` without a temporary as large as `X`: a dot product of its memory with itself."""
+    v = (X if X.is_contiguous() else X.mT).reshape(-1)  # a view where X is laid out by rows or by columns
+    return float(torch.dot(v, v))
+
+
 def _damped_cholesky(A, damping, retries=4, rebuild=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The lower Cholesky factor `L` (column-major) of `A + γI`, `γ = damping·mean(diag A)` (the damping ×10 on a
     failure), and `γ`; see [`damped_cholesky_solve`] for where `L` lives."""
@@ -121,10 +127,10 @@ def _refit(
         del W_P
         L, shift = _damped_cholesky(_gram_block(H, K, K, mu), damping, rebuild=lambda: _gram_block(H, K, K, mu))
         torch.linalg.solve_triangular(L, X, upper=False, out=X)  # Y = L⁻¹ R
-        cross = float((X * X).sum())  # ‖Y‖² = tr(Δ (G_KK + γI) Δᵀ)
+        cross = _squared_norm(X)  # ‖Y‖² = tr(Δ (G_KK + γI) Δᵀ)
         torch.linalg.solve_triangular(L.mT, X, upper=True, out=X)  # Δᵀ = L⁻ᵀ Y
         del L
-        residual += strength**2 * (cross - float(shift) * float((X * X).sum())) - 2 * strength * cross
+        residual += strength**2 * (cross - float(shift) * _squared_norm(X)) - 2 * strength * cross
         X.mul_(strength)
         for start in range(0, len(K), step):  # W_K + sΔ a band of columns at a time: no (d_out, k) temporaries
             cols = K[start : start + step]
