@@ -110,7 +110,8 @@ def _refit(
     """[`compensate`] on the Gram `G = H − μμᵀ`; returns the new weight in W's dtype and the residual.
 
     Held in float64 at once: `G_KK` (it becomes its own Cholesky factor `L`), one `(k, d_out)` right-hand side (it
-    becomes the solution) and `W_P`; the new weight is written `step` kept columns at a time. The residual `tr(δW G δWᵀ)`, with `δW_K = sΔ` and `δW_P = −W_P`, is
+    becomes the solution) and `W_P`; the new weight is written `step` kept columns at a time. The residual
+    `tr(δW G δWᵀ)`, with `δW_K = sΔ` and `δW_P = −W_P`, is
     `s²·tr(Δ G_KK Δᵀ) − 2s·tr(Δ G_KP W_Pᵀ) + tr(W_P G_PP W_Pᵀ)`, where with `R = G_KP W_Pᵀ` and `Y = L⁻¹R` (the
     first triangular solve) `tr(Δ G_KP W_Pᵀ) = ‖Y‖²` and `tr(Δ G_KK Δᵀ) = ‖Y‖² − γ‖Δ‖²`: only `G_PP` is read again."""
     D = W.shape[1]

@@ -117,10 +117,11 @@ def cholesky_inverse_upper(
     """
     for attempt, (frac, Hd) in enumerate(_damped_copies(H, percdamp, retries, dtype)):
         F, info = torch.linalg.cholesky_ex(Hd)  # (in, in) column-major: LAPACK's layout, so the next two work in it
-        torch.cholesky_inverse(F, out=F)  # F = H_damped⁻¹ (LAPACK's potri overwrites the factor)
-        torch.linalg.cholesky_ex(F, upper=True, out=(F, info))  # F's upper triangle = U; two (in, in) matrices, not 4
-        if int(info.item()) == 0 and bool(torch.isfinite(F.triu_()).all()):
-            return F
+        if int(info.item()) == 0:  # two (in, in) matrices at once (Hd and F), not four
+            torch.cholesky_inverse(F, out=F)  # F = H_damped⁻¹ (LAPACK's potri overwrites the factor)
+            torch.linalg.cholesky_ex(F, upper=True, out=(F, info))  # F's upper triangle = U
+            if int(info.item()) == 0 and bool(torch.isfinite(F.triu_()).all()):
+                return F
         _failed(frac, attempt, retries, "Cholesky factorisation of H or H⁻¹")
     raise torch.linalg.LinAlgError(
         f"Cholesky factorisation of H⁻¹ failed even with percdamp={frac:g}; the calibration Hessian is not usable."
