@@ -445,6 +445,7 @@ def run_one(name: str, work: Path, models: dict[str, Path], protocol, args) -> d
     report.unlink(missing_ok=True)
     log = work / f"{name}.log"
     log.unlink(missing_ok=True)
+    log.with_suffix(".samples").unlink(missing_ok=True)  # appended to by `_launch`: a salvage reads this run's only
     load = os.getloadavg()
     parts = []
     kill_after = options.get("kill_after")
