@@ -6,7 +6,10 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import struct
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -287,6 +290,38 @@ def test_a_low_memory_run_reports_each_block_with_eta_and_memory(tmp_path, caplo
     lines = [r.getMessage() for r in caplog.records]
     assert any("pass 1, block 1/3" in m and "pass done in ~" in m and "peak" in m for m in lines), lines[:3]
     assert any("pass 2, block 3/3" in m for m in lines)
+
+
+_HEAP_PROBE = """
+import ctypes, sys, torch
+from optimum_prune.runtime.streaming import load_low_memory
+
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+if sys.argv[1] != "-":
+    load_low_memory(sys.argv[1])
+first = torch.empty(4 << 20)  # 16 MiB: mapped under glibc's starting threshold, which then rises to its size
+del first
+second = torch.empty(4 << 20)
+print(libc.mallinfo2().hblkhd >= 16 << 20)
+"""
+
+
+@pytest.mark.parametrize("setting", ["loader", "default", "user"])
+def test_low_memory_maps_large_temporaries_so_they_return_to_the_system(setting, tmp_path):
+    """glibc puts a freed 16 MiB block's successors on the heap (its threshold rises); low-memory mode fixes the
+    threshold at 4 MiB, so they are mapped and handed back when freed, unless the user chose a threshold."""
+    src = write_checkpoint(tmp_path / "src")
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    if setting == "user":
+        env["MALLOC_MMAP_THRESHOLD_"] = str(64 << 20)
+    arg = "-" if setting == "default" else str(src)
+    out = subprocess.run([sys.executable, "-c", _HEAP_PROBE, arg], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == str(setting == "loader")
 
 
 def test_activations_spill_by_default_when_memory_is_short(tmp_path, monkeypatch):
