@@ -206,7 +206,10 @@ class StructuredPruningConfig(PruningConfig):
             shapes then differ); `"servable"` keeps the shapes serving engines load in the DeciLM format
             (`save_pretrained` writes it; vLLM, SGLang, TensorRT-LLM, MLX, llama.cpp; llama / mistral models):
             every layer keeps all its attention heads, MLP channels go in blocks of 256 ranked over all layers (a
-            kept width is a multiple of `round_to` and of 256), and no bias is added; `"uniform"` removes the same
+            kept width is a multiple of `round_to` and of 256), and no bias is added; `"auto"` is `"servable"` where
+            the model and the settings allow it (a llama / mistral model with MLP widths in multiples of 256, no bias
+            asked for, a ratio the MLP blocks can reach) and `"global"` otherwise (the saved config records which; the log why);
+            `"uniform"` removes the same
             fraction from every layer (the checkpoint then loads
             with stock `transformers` and engines such as vLLM); `"owl"` gives each layer its own budget from its
             activation outliers (OWL, Yin et al., ICML 2024: the share of its weights whose `|W_ij|·‖X_j‖` exceeds
@@ -243,7 +246,7 @@ class StructuredPruningConfig(PruningConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         validate_ratio("pruning_ratio", self.pruning_ratio)
-        choice("allocation", self.allocation, ("global", "servable", "uniform", "owl"))
+        choice("allocation", self.allocation, ("auto", "global", "servable", "uniform", "owl"))
         if not self.owl_threshold > 0 or not 0 <= self.owl_lambda < 0.5:
             raise ValueError(
                 f"`owl_threshold` must be > 0 and `owl_lambda` in [0, 0.5), got {self.owl_threshold}, {self.owl_lambda}."

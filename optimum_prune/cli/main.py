@@ -132,7 +132,7 @@ def add_prune_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--ratio", type=float, help="pruning_ratio (structured), sparsity (unstructured / N:M pattern) or "
                    "expert_ratio (experts)")  # fmt: skip
-    p.add_argument("--allocation", choices=["global", "servable", "uniform", "owl"])
+    p.add_argument("--allocation", choices=["auto", "global", "servable", "uniform", "owl"])
     p.add_argument("--gqa-mode", dest="gqa_mode", choices=["auto", "group", "query"])
     p.add_argument("--round-to", dest="round_to", type=int)
     p.add_argument("--pattern", help="unstructured / N:M methods: 'unstructured' or e.g. '2:4'")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -145,6 +146,8 @@ class StructuredPruner(BasePruner):
             )
         if self.config.prune_attention:
             refuse_pruned_head_dims(model, spec, "removing attention heads")
+        if self.config.allocation == "auto":
+            self.config = replace(self.config, allocation=self._auto_allocation(model, spec))
         if self.config.allocation == "servable":
             problems = servable_problems(model, spec, self.config.skip_layers)
             if self.adds_biases():
@@ -159,6 +162,38 @@ class StructuredPruner(BasePruner):
             mode = resolve_gqa_mode(self.config.gqa_mode, layer_view(layer, i, spec, model.config))
             if mode == "query" and spec.fused_qkv:
                 raise ValueError("gqa_mode='query' needs separate q/k/v projections.")
+
+    def _auto_allocation(self, model: nn.Module, spec: ArchitectureSpec) -> str:
+        """`allocation="auto"` resolved for `model`: `"servable"` where the DeciLM format can hold the result (a
+        llama / mistral model whose MLP widths are multiples of 256, no bias asked for, the ratio reachable by MLP
+        blocks alone, the cost-weighted ranking), else `"global"`; the reason is logged."""
+        cfg = self.config
+        why = servable_problems(model, spec, cfg.skip_layers)
+        if getattr(cfg, "ranking", "cost_weighted") == "literal":
+            why.append("ranking='literal' sets its own allocation")
+        if not cfg.prune_mlp:
+            why.append("prune_mlp=False (the format's allocation removes MLP channels only)")
+        self.config = replace(cfg, allocation="servable")
+        try:
+            if self.adds_biases():
+                why.append(f"{type(cfg).__name__} is set to add biases")
+        finally:
+            self.config = cfg
+        if not why:
+            block = math.lcm(cfg.round_to, FFN_MULTIPLE)
+            views = [layer_view(layer, i, spec, model.config) for i, layer in enumerate(get_layers(model, spec))]
+            reachable = sum(
+                (v.intermediate_size - block) * mlp_channel_cost(v)
+                for v in views
+                if v.index not in cfg.skip_layers and v.intermediate_size > block
+            )
+            if cfg.pruning_ratio * attention_mlp_params(model, spec) > reachable:
+                why.append(f"pruning_ratio={cfg.pruning_ratio} needs more than the MLP channels above one block")
+        if why:
+            logger.info("allocation='auto': per-layer shapes ('global'), since %s", "; ".join(why))
+            return "global"
+        logger.info("allocation='auto': shapes the DeciLM format holds ('servable'; vLLM, SGLang, llama.cpp, MLX)")
+        return "servable"
 
     def refits_after_plan(self) -> bool:
         """Whether `compute_plan` revisits every block after the allocation pass to refit it (then that pass, not

@@ -2,6 +2,7 @@
 multiples of 256, no bias) and the saved model is that format."""
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -81,3 +82,27 @@ def test_servable_refuses_models_and_settings_the_format_cannot_hold(model, conf
 def test_spp_refuses_servable():
     with pytest.raises(ValueError, match="head dimensions"):
         SPPConfig(allocation="servable")
+
+
+@pytest.mark.parametrize(
+    ("model", "config", "expected"),
+    [
+        (_wide, NumericalConfig(pruning_ratio=0.2, allocation="auto"), "servable"),
+        (_wide, FLAPConfig(pruning_ratio=0.3, allocation="auto"), "servable"),
+        (lambda: tiny_model("qwen3", intermediate_size=768), NumericalConfig(allocation="auto"), "global"),
+        (lambda: tiny_model("llama"), NumericalConfig(allocation="auto"), "global"),  # MLP narrower than 256
+        (_wide, NumericalConfig(allocation="auto", compensation_bias=True), "global"),
+        (_wide, NumericalConfig(allocation="auto", ranking="literal"), "global"),
+        (_wide, NumericalConfig(pruning_ratio=0.65, allocation="auto"), "global"),  # beyond the MLP blocks
+    ],
+    ids=["np", "flap", "qwen3", "narrow-mlp", "bias", "literal", "unreachable"],
+)
+def test_auto_allocation_is_servable_where_the_format_holds_the_result(model, config, expected, caplog):
+    """`allocation="auto"` gives the DeciLM shapes where they can be made, and the per-layer ones otherwise; the
+    report and the saved config record which, and the result is the one of asking for it by name."""
+    auto, named = model(), model()
+    report = prune_(auto, config, calibration_ids())
+    assert report.config["allocation"] == expected
+    named_report = prune_(named, dataclasses.replace(config, allocation=expected), calibration_ids())
+    assert report.layers == named_report.layers
+    torch.testing.assert_close(logits(auto), logits(named), rtol=0, atol=0)
