@@ -34,6 +34,11 @@ class NumericalConfig(StructuredPruningConfig):
     `NumericalConfig.paper(pruning_ratio=...)`.
 
     Args:
+        allocation (`str`, defaults to `"auto"`): as in `StructuredPruningConfig`, with `"auto"` the default: the
+            DeciLM shapes (`"servable"`: every head kept, MLP channels in blocks of 256 ranked over all layers,
+            no bias; vLLM, SGLang, TensorRT-LLM, MLX and llama.cpp load them) where the model allows them, the
+            per-layer shapes (`"global"`) elsewhere. On SmolLM2 the servable model ties or beats the per-layer one
+            at every ratio we measured (docs/guides/deployment.md, "Allocation costs").
         lambda_ (`float | None`, defaults to `None`): weight of the soft count constraint. `None` is the exact
             constraint limit (λ → ∞, scale-free, recommended); a number is dimensionless (× mean diag A).
         solver (`str`, defaults to `"closed_form"`): `"closed_form"` (one solve; the objective is quadratic so
@@ -106,6 +111,7 @@ class NumericalConfig(StructuredPruningConfig):
         }
     }
 
+    allocation: str = "auto"
     lambda_: float | None = None
     solver: str = "closed_form"
     newton_iters: int = 50
@@ -160,7 +166,7 @@ class NumericalConfig(StructuredPruningConfig):
     @classmethod
     def paper(cls, pruning_ratio: float = 0.2, literal: bool = False, **kwargs) -> NumericalConfig:
         """The paper's setting, for reproducing it (docs/methods/numerical.md): each module's exact-constraint
-        numerical scores ranked together in one global cost-weighted ranking (α = 4·D_h/3 as a parameter cost), no
+        numerical scores of heads and channels ranked together in one global cost-weighted ranking (α = 4·D_h/3 as a parameter cost), no
         standardisation, a head scored by the mean of its channels' scores, dense compensation of the weights only
         (no bias).
 
@@ -171,6 +177,7 @@ class NumericalConfig(StructuredPruningConfig):
             kwargs: any other field (e.g. `round_to`, `gqa_mode`).
         """
         settings = {
+            "allocation": "global",
             "ranking": "literal" if literal else "cost_weighted",
             "standardize_per_layer": False,
             "head_score": "channel_mean",
