@@ -224,7 +224,8 @@ class _NPVariant(_Variant, NumericalPruner):
 
 def _make_pruner(variants, name, ratio, round_to, stats, strategy):
     cls, kwargs, opts, _ = variants[name]
-    config = cls(**{"pruning_ratio": ratio, "round_to": round_to, **kwargs})
+    # the study's variants are per-layer unless they name an allocation (NP's own default is "auto")
+    config = cls(**{"pruning_ratio": ratio, "round_to": round_to, "allocation": "global", **kwargs})
     return (_FLAPVariant if cls is FLAPConfig else _NPVariant)(config, stats, opts, strategy)
 
 

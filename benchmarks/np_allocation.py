@@ -200,7 +200,7 @@ _NOBIAS = {NumericalConfig: {"compensation_bias": False}, FLAPConfig: {"bias_com
 for _m, _cls, _name in (("np", NumericalConfig, "NP"), ("flap", FLAPConfig, "FLAP")):
     VARIANTS.update(
         {
-            f"{_m}_default": (_cls, {}, {}, f"{_name} default: per-layer attention and MLP"),
+            f"{_m}_default": (_cls, {}, {}, f"{_name} per-layer (allocation='global'): attention and MLP"),
             f"{_m}_uniform": (_cls, {"allocation": "uniform"}, {}, f"{_name}, allocation='uniform'"),
             f"{_m}_servable": (_cls, {"allocation": "servable"}, {}, f"{_name}, allocation='servable'"),
             f"{_m}_split_pu": (
