@@ -62,6 +62,7 @@ METHODS: dict[str, tuple[type, dict[str, Any], str]] = {
     "numerical_nocomp": (NumericalConfig, {"compensate": False}, "NP, no compensation"),
     "numerical_std": (NumericalConfig, {"standardize_per_layer": True}, "NP, per-layer standardized scores"),
     "numerical_uniform": (NumericalConfig, {"allocation": "uniform"}, "NP, uniform allocation"),
+    "numerical_global": (NumericalConfig, {"allocation": "global"}, "NP, per-layer allocation ('global')"),
     "numerical_seq": (
         NumericalConfig,
         {"compensation_inputs": "sequential"},
