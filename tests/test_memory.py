@@ -22,7 +22,7 @@ from optimum_prune.calibration.stats import GramStats
 from optimum_prune.functional import compensation as C
 from optimum_prune.methods.numerical import functional as F
 from optimum_prune.runtime import memory
-from optimum_prune.runtime.streaming import LayerStore, write_safetensors
+from optimum_prune.runtime.streaming import LayerStore, get_store, write_safetensors
 from optimum_prune.runtime.tensorfile import read_header, read_tensors, tensor_chunks, write_tensors
 
 HIDDEN, MLP = 72, 96  # llama_gqa's tiny shapes: (MLP, HIDDEN) weights exist only inside the blocks
@@ -173,6 +173,35 @@ def test_saving_and_measuring_read_the_embeddings_from_the_file(checkpointed, tm
     assert _resident_of("/src/rest") < embedding_bytes / 4
     assert torch.equal(saved_state(tmp_path / "out")["model.embed_tokens.weight"],
                        load_file(str(src / "rest.safetensors"))["model.embed_tokens.weight"])  # fmt: skip
+
+
+def test_the_embedding_pages_calibration_read_are_released_with_each_block(tmp_path, monkeypatch):
+    """Calibration reads embedding rows through the map (and read-ahead brings their neighbours in); once a block is
+    done those pages leave the process, so they do not add to the peak of the blocks that follow."""
+    src = write_sharded(tiny_model("llama_gqa", vocab_size=8192), tmp_path / "src")
+    rest = str(src / "rest.safetensors")
+    resident_after_offload = []
+    offload = LayerStore.offload
+
+    def measured_offload(self, i):
+        loaded = i in self.loaded
+        offload(self, i)
+        if loaded:
+            resident_after_offload.append(_resident_of(rest))
+
+    monkeypatch.setattr(LayerStore, "offload", measured_offload)
+    from optimum_prune import AutoPruner
+
+    pruner = AutoPruner.from_pretrained(src, low_memory=True)
+    store = get_store(pruner.model)
+    embedding = store.mapped["model.embed_tokens.weight"]
+    embedding[torch.arange(0, 8192, 64)].sum()  # touch rows all over the embedding
+    assert _resident_of(rest) > 64 * 4096
+    pruner.prune(WandaConfig(sparsity=0.5), calibration=calibration_ids(8, 16), batch_size=4)
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert resident_after_offload and max(resident_after_offload) <= 2 * page * len(store.mapped), (
+        resident_after_offload
+    )
 
 
 # ------------------------------------------------------------------------------------------- float64 solves
