@@ -37,8 +37,8 @@ class NumericalConfig(StructuredPruningConfig):
         allocation (`str`, defaults to `"auto"`): as in `StructuredPruningConfig`, with `"auto"` the default: the
             DeciLM shapes (`"servable"`: every head kept, MLP channels in blocks of 256 ranked over all layers,
             no bias; vLLM, SGLang, TensorRT-LLM, MLX and llama.cpp load them) where the model allows them, the
-            per-layer shapes (`"global"`) elsewhere. On SmolLM2 the servable model ties or beats the per-layer one
-            at every ratio we measured (docs/guides/deployment.md, "Allocation costs").
+            per-layer shapes (`"global"`) elsewhere; why: docs/methods/numerical.md, "The paper's setting and our
+            defaults".
         lambda_ (`float | None`, defaults to `None`): weight of the soft count constraint. `None` is the exact
             constraint limit (λ → ∞, scale-free, recommended); a number is dimensionless (× mean diag A).
         solver (`str`, defaults to `"closed_form"`): `"closed_form"` (one solve; the objective is quadratic so
