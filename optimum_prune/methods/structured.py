@@ -174,19 +174,14 @@ class StructuredPruner(BasePruner):
         if not cfg.prune_mlp:
             why.append("prune_mlp=False (the format's allocation removes MLP channels only)")
         self.config = replace(cfg, allocation="servable")
-        try:
-            if self.adds_biases():
-                why.append(f"{type(cfg).__name__} is set to add biases")
-        finally:
-            self.config = cfg
+        if self.adds_biases():
+            why.append(f"{type(cfg).__name__} is set to add biases")
+        self.config = cfg
         if not why:
             block = math.lcm(cfg.round_to, FFN_MULTIPLE)
             views = [layer_view(layer, i, spec, model.config) for i, layer in enumerate(get_layers(model, spec))]
-            reachable = sum(
-                (v.intermediate_size - block) * mlp_channel_cost(v)
-                for v in views
-                if v.index not in cfg.skip_layers and v.intermediate_size > block
-            )
+            reachable = sum((v.intermediate_size - block) * mlp_channel_cost(v) for v in views
+                            if v.index not in cfg.skip_layers and v.intermediate_size > block)  # fmt: skip
             if cfg.pruning_ratio * attention_mlp_params(model, spec) > reachable:
                 why.append(f"pruning_ratio={cfg.pruning_ratio} needs more than the MLP channels above one block")
         if why:
