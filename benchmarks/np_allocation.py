@@ -256,6 +256,12 @@ VARIANTS.update(
             {},
             "NP, allocation='servable', numerical scores",
         ),
+        "np_servable_fluct": (
+            _NP,
+            {"allocation": "servable", "scores": "fluctuation"},
+            {},
+            "NP, allocation='servable', FLAP's metric",
+        ),
     }
 )
 for _m, _cls, _name in (("np", NumericalConfig, "NP"), ("flap", FLAPConfig, "FLAP")):
