@@ -2,12 +2,12 @@
 loads (no trained MoE model is available offline).
 
 Each decoder layer keeps its attention and norms; its MLP (1,536 channels) is split into `experts` experts of equal
-width (8 × 192 by default): the channels are clustered by co-activation on calibration text (balanced k-means on each
+width (8 × 192 by default, top-4 routing: a token uses half of the MLP): the channels are clustered by co-activation on calibration text (balanced k-means on each
 channel's activation profile |silu(g·x)·(u·x)| over the tokens, cosine similarity), every expert keeps its channels'
 gate / up rows and down columns, scaled by `top_k` so that equal routing weights give the sum of the chosen experts.
 Only the routers are trained, layer by layer on the calibration text (each layer's inputs from the already converted
-layers): first toward the pair of experts whose sum is closest to the dense MLP's output on each token (cross-entropy
-on that pair), then on the squared error of the routed output itself; tokens are drawn in proportion to the energy of
+layers): first toward the set of `top_k` experts whose sum is closest to the dense MLP's output on each token
+(cross-entropy on that set; every set is tried while there are at most 5,000, else a greedy choice refined by swaps), then on the squared error of the routed output itself; tokens are drawn in proportion to the energy of
 their dense MLP output (plus a floor), so that the rare tokens with massive activations are routed right. With every expert chosen
 (`top_k = experts`) and its output scaled by `experts`, the converted model is the dense one exactly (checked).
 """
@@ -60,11 +60,12 @@ def balanced_clusters(profiles: torch.Tensor, k: int, iters: int = 25, seed: int
     for _ in range(iters):
         sim = X @ centroids.T  # (C, k)
         order = torch.argsort(sim.reshape(-1), descending=True)
-        new, load = torch.full((C,), -1, dtype=torch.long), torch.zeros(k, dtype=torch.long)
+        new, load = [-1] * C, [0] * k  # plain lists: this loop visits C·k pairs
         for flat in order.tolist():
             c, j = divmod(flat, k)
             if new[c] < 0 and load[j] < cap:
                 new[c], load[j] = j, load[j] + 1
+        new = torch.tensor(new)
         if torch.equal(new, assign):
             break
         assign = new
@@ -111,8 +112,11 @@ def _expert_outputs(experts_module, x: torch.Tensor, top_k: int) -> torch.Tensor
     return torch.stack(outs, dim=1)
 
 
-def _best_pairs(f: torch.Tensor, y: torch.Tensor, top_k: int) -> torch.Tensor:
-    """`(N, top_k)` for each token, the experts whose summed outputs are closest to the dense output `y (N, H)`."""
+def _best_sets(f: torch.Tensor, y: torch.Tensor, top_k: int, exhaustive: int = 5000) -> torch.Tensor:
+    """`(N, top_k)` for each token, the experts whose summed outputs are closest to the dense output `y (N, H)`:
+    every set of `top_k` when there are at most `exhaustive`, else greedy forward selection refined by swaps."""
+    if math.comb(f.shape[1], top_k) > exhaustive:
+        return _greedy_sets(f, y, top_k)
     combos = torch.tensor(list(itertools.combinations(range(f.shape[1]), top_k)))  # (P, k)
     best_err, best = torch.full((f.shape[0],), math.inf), torch.zeros(f.shape[0], top_k, dtype=torch.long)
     for c in combos:
@@ -122,13 +126,42 @@ def _best_pairs(f: torch.Tensor, y: torch.Tensor, top_k: int) -> torch.Tensor:
     return best
 
 
+def _greedy_sets(f: torch.Tensor, y: torch.Tensor, top_k: int, swaps: int = 2) -> torch.Tensor:
+    """`_best_sets` by greedy forward selection (each step adds the expert that lowers the residual most), then
+    `swaps` passes that replace a chosen expert by an unchosen one wherever that lowers the error."""
+    N, E, _ = f.shape
+    rows = torch.arange(N)
+    chosen = torch.zeros(N, E, dtype=torch.bool)
+    resid = y.clone()
+    for _ in range(top_k):
+        err = (resid[:, None] - f).pow(2).sum(-1).masked_fill(chosen, math.inf)  # (N, E)
+        j = err.argmin(-1)
+        chosen[rows, j] = True
+        resid -= f[rows, j]
+    for _ in range(swaps):
+        for out in range(E):
+            has = chosen[:, out]
+            if not has.any():
+                continue
+            base = resid[has] + f[has, out]  # the residual without `out`
+            err = (base[:, None] - f[has]).pow(2).sum(-1).masked_fill(chosen[has], math.inf)  # (n, E)
+            err[:, out] = resid[has].pow(2).sum(-1)  # keeping `out`
+            j = err.argmin(-1)
+            idx = has.nonzero().squeeze(1)
+            moved = j != out
+            chosen[idx[moved], out] = False
+            chosen[idx[moved], j[moved]] = True
+            resid[idx] = base - f[idx, j]
+    return chosen.nonzero()[:, 1].view(N, top_k)
+
+
 def train_router(router_weight: torch.Tensor, x, f, y, top_k: int, settings: dict[str, Any]) -> dict[str, float]:
     """Fit the router `(E, H)` on inputs `x (N, H)`, expert shares `f (N, E, H)` and dense outputs `y (N, H)`.
 
     Tokens are drawn in proportion to `1 + ‖y‖² / mean ‖y‖²`: the few tokens whose MLP output is orders of magnitude
     larger than the rest (a model's massive activations) dominate the layer's error and must be routed right."""
     g = torch.Generator().manual_seed(settings.get("seed", 0))
-    target = _best_pairs(f, y, top_k)  # (N, k)
+    target = _best_sets(f, y, top_k)  # (N, k)
     soft = torch.zeros(x.shape[0], f.shape[1]).scatter_(1, target, 1.0 / top_k)  # (N, E)
     energy = y.pow(2).sum(-1)  # (N,)
     draw = 1 + energy / energy.mean()  # (N,) sampling weights
@@ -157,9 +190,9 @@ def train_router(router_weight: torch.Tensor, x, f, y, top_k: int, settings: dic
         hit = (idx.sort(-1).values == target.sort(-1).values).all(-1).float().mean()
     return {
         "relative_error": float(err.sum() / energy.sum()),
-        "best_pair_error": float(best.sum() / energy.sum()),
+        "best_set_error": float(best.sum() / energy.sum()),
         "median_token_error": float((err / energy.clamp_min(1e-12)).median()),
-        "pair_accuracy": float(hit),
+        "set_accuracy": float(hit),
     }
 
 

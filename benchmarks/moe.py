@@ -2,7 +2,7 @@
 (with Numerical Pruning's refit) against whole experts at equal expert parameters (CPU).
 
 No trained MoE model is available offline, so the test bed is SmolLM2-135M converted to a Mixtral checkpoint
-(`_moe_testbed.py`: each MLP split into 8 experts of 192 co-activated channels, top-2 routing, only the routers
+(`_moe_testbed.py`: each MLP split into 8 experts of 192 co-activated channels, top-4 routing, only the routers
 trained on the calibration split), built once into `--testbed` (reused when it exists; its dense-vs-MoE perplexity
 is part of every results file). Every pruned model starts from the test bed and is scored on the protocol's texts.
 
@@ -104,14 +104,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     harness.add_model_args(p)
     harness.add_protocol_args(p)
-    p.add_argument("--testbed", default=str(Path.home() / ".cache" / "optimum_prune" / "smollm2_moe8x192_top2"))
+    p.add_argument("--testbed", default=None, help="the test bed's folder (default: ~/.cache/optimum_prune/"
+                   "smollm2_moe<experts>x<width>_top<k>)")  # fmt: skip
     p.add_argument("--experts", type=int, default=8)
-    p.add_argument("--top-k", type=int, default=2)
-    p.add_argument("--router-steps", type=int, default=ROUTER["steps"], help="router training toward the best pair")
+    p.add_argument("--top-k", type=int, default=4)
+    p.add_argument("--router-steps", type=int, default=ROUTER["steps"], help="router training toward the best set")
     p.add_argument("--router-mse-steps", type=int, default=ROUTER["mse_steps"], help="then on the routed output")
     p.add_argument("--num-samples", type=int, default=32, help="calibration windows (router training, pruning)")
     p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--rows", nargs="+", default=["reap", "frequency", "random", "channels", "mixed"], choices=ROWS)
+    p.add_argument("--rows", nargs="*", default=["reap", "frequency", "random", "channels", "mixed"], choices=ROWS)
     p.add_argument("--ratios", nargs="+", type=float, default=[0.25, 0.5])
     p.add_argument("--round-to", type=int, default=ROUND_TO, help="channel widths: a multiple of this")
     p.add_argument("--gguf", nargs="*", default=[], help="rows (and 'moe') also scored in llama.cpp, exported f32")
@@ -121,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     harness.require_clean_tree(args)
     harness.setup_logging()
     dense, tok, desc = harness.load_model(args)
+    if args.testbed is None:
+        width = dense.config.intermediate_size // args.experts
+        args.testbed = str(
+            Path.home() / ".cache" / "optimum_prune" / f"smollm2_moe{args.experts}x{width}_top{args.top_k}"
+        )
     protocol = harness.Protocol.from_args(args)
     ids = protocol.calibration_ids(tok, args.num_samples, args.seq_len)
     moe, testbed = load_testbed(args, dense, tok, ids)
@@ -181,7 +187,7 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         f"- Test bed: {res['model']} with each MLP split into {tb['experts']} experts of co-activated channels, "
         f"top-{tb['top_k']} routing; routers trained on the calibration split ({tb['router']['steps']} steps toward "
-        f"the best pair of experts, {tb['router']['mse_steps']} on the routed output's error); with every expert "
+        f"the best set of {tb['top_k']} experts, {tb['router']['mse_steps']} on the routed output's error); with every expert "
         f"chosen the conversion reproduces the dense logits to {tb['all_experts_max_logit_gap']:.1e}.",
         f"- Pruning: `ExpertConfig` on {s['num_samples']} × {s['seq_len']} calibration tokens (BBC), channel widths "
         f"rounded to multiples of {s['round_to']}; ratio = fraction of the expert parameters removed.",

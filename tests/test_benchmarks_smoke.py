@@ -482,3 +482,30 @@ def test_moe(tiny_dir, tmp_path):
         reap = result["rows"][2]["llama_cpp"]
         assert reap["arch"] == "llama" and all(abs(reap[t] / result["rows"][2]["ppl"][t] - 1) < 1e-3 for t in reap
                                                if t in result["rows"][2]["ppl"])  # fmt: skip
+
+
+def test_moe_testbed_router_targets():
+    """The router's targets: the exhaustive search finds a planted set, and the greedy search used where the sets are
+    too many to try (16 experts, top-8) finds almost all of them and stays near the exhaustive optimum."""
+    import _moe_testbed as bed
+
+    g = torch.Generator().manual_seed(0)
+    f = torch.randn(300, 8, 12, generator=g)
+    planted = torch.stack([torch.randperm(8, generator=g)[:4] for _ in range(300)])  # (N, 4)
+    y = f.gather(1, planted[..., None].expand(-1, -1, 12)).sum(1)
+    assert torch.equal(bed._best_sets(f, y, 4).sort(-1).values, planted.sort(-1).values)
+    hits = (bed._greedy_sets(f, y, 4).sort(-1).values == planted.sort(-1).values).all(-1).float().mean()
+    assert hits > 0.9  # a local search: it misses a few
+
+    noisy = y + 0.5 * torch.randn(y.shape, generator=g)
+
+    def err(sets):
+        return (noisy - f.gather(1, sets[..., None].expand(-1, -1, 12)).sum(1)).pow(2).sum(-1).mean()
+
+    exact, greedy = bed._best_sets(f, noisy, 4), bed._greedy_sets(f, noisy, 4)
+    assert err(exact) <= err(greedy) < 1.25 * err(exact)  # random 12-dim outputs: a local optimum 14% above
+    assert err(greedy) < 0.9 * err(bed._greedy_sets(f, noisy, 4, swaps=0))  # the swaps improve the greedy choice
+    assert all(len(set(row.tolist())) == 4 for row in greedy)
+    wide = torch.randn(50, 16, 12, generator=g)
+    target = wide[:, :8].sum(1)  # C(16, 8) = 12,870 sets: above `exhaustive`, the greedy search answers
+    assert torch.equal(bed._best_sets(wide, target, 8, exhaustive=100), bed._greedy_sets(wide, target, 8))
