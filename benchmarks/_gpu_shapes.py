@@ -169,11 +169,11 @@ def _grid(path: str) -> dict[str, Any]:
 
 
 def np_default_variant(ratio: float) -> str:
-    """The grid variant that is Numerical Pruning's default at `ratio` (FLAP's metric with a half-strength bias refit
-    below the library's `LIGHT_RATIO`, NP's own scores from it)."""
-    from optimum_prune.methods.numerical.config import LIGHT_RATIO
+    """The grid variant that is Numerical Pruning's per-layer (`allocation="global"`) default at `ratio` (FLAP's metric
+    with a half-strength bias refit below the library's per-layer light ratio, NP's own scores from it)."""
+    from optimum_prune.methods.numerical.config import LIGHT_RATIOS
 
-    return "np_fluct_bias_s0.5" if ratio < LIGHT_RATIO else "np_unit"
+    return "np_fluct_bias_s0.5" if ratio < LIGHT_RATIOS["global"] else "np_unit"
 
 
 def grid_pattern(path: Path | str, variant: str, ratio: float, source: ModelShape) -> tuple[list[tuple], bool]:

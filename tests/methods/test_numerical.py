@@ -433,19 +433,31 @@ def test_fluctuation_scores_take_the_cost_weighted_ranking():
 
 
 @pytest.mark.parametrize(
-    "ratio, light", [(0.1, True), (0.2, True), (0.2499, True), (0.25, False), (0.3, False), (0.5, False)]
+    "ratio, light",
+    [(0.1, True), (0.2, True), (0.25, True), (0.2749, True), (0.275, False), (0.3, False), (0.5, False)],
 )
 def test_auto_rule_on_either_side_of_the_light_ratio(ratio, light):
-    """The default (the switch where the selection-split grid put it): below 25% FLAP's metric with a bias refit at
-    half strength, from 25% the numerical scores with the full refit and no bias. Literal values, so moving the
-    switch or the strength without a new measurement fails here."""
-    config = NumericalConfig(pruning_ratio=ratio)
-    expected = ("fluctuation", True, 0.5) if light else ("numerical", False, 1.0)
-    assert (config.scores, config.resolved_scores, config.refit_bias, config.refit_strength) == ("auto", *expected)
-    # where the architecture's graph reads no o_proj / down_proj bias (Qwen3, Gemma-3) the light rule refits none
-    assert config.for_architecture(False).refit_bias is False
-    assert config.for_architecture(True).refit_bias is light
-    assert NumericalConfig.from_dict(config.to_dict()) == config
+    """The per-layer default (the switch where the selection-split grids of SmolLM2 and Gemma-3, pooled, put it):
+    below 27.5% FLAP's metric with a bias refit at half strength, from 27.5% the numerical scores with the full refit
+    and no bias. Literal values, so moving the switch or the strength without a new measurement fails here."""
+    # "auto" unresolved: the per-layer rule until the pruner resolves it
+    for allocation in ("auto", "global", "uniform"):
+        config = NumericalConfig(pruning_ratio=ratio, allocation=allocation)
+        expected = ("fluctuation", True, 0.5) if light else ("numerical", False, 1.0)
+        assert (config.scores, config.resolved_scores, config.refit_bias, config.refit_strength) == ("auto", *expected)
+        # where the architecture's graph reads no o_proj / down_proj bias (Qwen3, Gemma-3) the light rule refits none
+        assert config.for_architecture(False).refit_bias is False
+        assert config.for_architecture(True).refit_bias is light
+        assert NumericalConfig.from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize("ratio, light", [(0.1, True), (0.2, True), (0.2499, True), (0.25, False), (0.3, False)])
+def test_servable_auto_rule_on_either_side_of_its_light_ratio(ratio, light):
+    """`allocation="servable"` switches at 25%, where SmolLM2's servable grid put it: below, FLAP's metric with the
+    full refit (the format holds no bias), from 25% the numerical scores."""
+    config = NumericalConfig(pruning_ratio=ratio, allocation="servable")
+    expected = ("fluctuation" if light else "numerical", False, 1.0)
+    assert (config.resolved_scores, config.refit_bias, config.refit_strength) == expected
 
 
 def test_explicit_settings_win_over_the_auto_rule():

@@ -9,10 +9,11 @@ from ...config import StructuredPruningConfig, choice
 
 __all__ = ["NumericalConfig"]
 
-# Below this pruning ratio `scores="auto"` ranks units by FLAP's fluctuation metric (with a bias refit where the
-# architecture takes one), from it by the numerical scores (why: docs/methods/numerical.md, "The paper's setting and
-# our defaults").
-LIGHT_RATIO = 0.25
+# Below these pruning ratios `scores="auto"` ranks units by FLAP's fluctuation metric (with a bias refit where the
+# architecture takes one), from them by the numerical scores: per allocation, each the first ratio of a selection-split
+# grid (0.1-0.35) at which the numerical scores won (why: docs/methods/numerical.md, "The paper's setting and our
+# defaults"). "global" also serves "uniform" and "owl", and an unresolved "auto" (the pruner resolves it first).
+LIGHT_RATIOS = {"servable": 0.25, "global": 0.275}
 # `compensation_strength=None` below it (with the fluctuation ranking): the refit's change shrunk to half, so that it
 # fits the calibration text less (docs/methods/numerical.md).
 LIGHT_STRENGTH = 0.5
@@ -87,8 +88,9 @@ class NumericalConfig(StructuredPruningConfig):
             (above); `"fluctuation"`: FLAP's fluctuation metric `‖W_:,j‖²·Var(x_j)` of each input channel (computed
             from the same Gram and mean; a head scores by the mean of its channels' squared metric, as FLAP's code),
             standardised per module (`standardize_per_layer`) and ranked the same way, NP's closed-form refit still
-            compensating (an extension, not in the paper); `"auto"`: `"fluctuation"` below a pruning ratio of 0.25,
-            `"numerical"` from 0.25.
+            compensating (an extension, not in the paper); `"auto"`: `"fluctuation"` below the light ratio,
+            `"numerical"` from it; the light ratio is 0.25 with `allocation="servable"` and 0.275 with the per-layer
+            allocations (`light_ratio`).
         compensation_bias (`bool | None`, defaults to `None`): refit a bias of o_proj / down_proj together with the
             kept weights (least squares with an intercept, on centred inputs; an extension, not in the paper). It
             subsumes FLAP's bias compensation (the removed channels' mean contribution) and adds bias parameters
@@ -131,13 +133,20 @@ class NumericalConfig(StructuredPruningConfig):
     resolved_settings = ("resolved_scores", "refit_bias", "refit_strength")
 
     @property
+    def light_ratio(self) -> float:
+        """The pruning ratio below which `scores="auto"` ranks by FLAP's metric: 0.25 with `allocation="servable"`,
+        0.275 with the per-layer allocations (`"global"`, `"uniform"`, `"owl"`; `"auto"` before the pruner resolves
+        it), where each allocation's selection-split grid put it."""
+        return LIGHT_RATIOS.get(self.allocation, LIGHT_RATIOS["global"])
+
+    @property
     def resolved_scores(self) -> str:
         """`scores` with `"auto"` resolved for this pruning ratio (the loss / literal rankings and the Newton solver
         always use the numerical scores)."""
         if self.scores != "auto":
             return self.scores
         plain = self.ranking == "cost_weighted" and self.solver == "closed_form"
-        return "fluctuation" if plain and self.pruning_ratio < LIGHT_RATIO else "numerical"
+        return "fluctuation" if plain and self.pruning_ratio < self.light_ratio else "numerical"
 
     @property
     def refit_bias(self) -> bool:
