@@ -52,7 +52,8 @@ NOT_PROTOCOL = (
     "semi_structured",
     "structured_gpu",
     "scale",
-)  # no text scored: synthetic data, speed, memory
+    "np_switch",
+)  # no text scored: synthetic data, speed, memory, or other results files read
 
 
 def _run(script: str, argv: list[str], out: Path) -> dict:
@@ -246,6 +247,29 @@ def test_np_allocation(tiny_dir, tmp_path):
     _check_protocol(result, split="selection")
     assert {r["variant"] for r in result["runs"]} == {"flap", "np_paper", "np_unit_owl"}
     assert all(r["bbc"] > 0 and r["pydocs"] > 0 and r["kjv"] > 0 for r in result["runs"])
+
+
+SWITCH_GRIDS = {  # the committed selection-split grids each allocation's light-ratio switch was placed by
+    "global": ["np_light_grid_smollm2_selection.json:np_fluct_bias_s0.5:np_unit",
+               "np_light_grid_gemma3_selection.json:np_fluct_s0.5:np_unit"],
+    "servable": ["np_light_grid_smollm2_servable_selection.json:np_servable_fluct:np_servable_num"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("allocation", sorted(SWITCH_GRIDS))
+def test_np_switch(allocation, tmp_path):
+    """`np_switch.py` on the committed grids: the library's light ratio for each allocation is the first grid ratio at
+    which the light rule is worse (pooled over the models), so moving `LIGHT_RATIOS` without a new grid fails here."""
+    import np_switch
+
+    from optimum_prune.methods.numerical.config import LIGHT_RATIOS
+
+    grids = [str(BENCH / "results" / g) for g in SWITCH_GRIDS[allocation]]
+    argv = ["--allocation", allocation, *(a for g in grids for a in ("--grid", g))]
+    result = _run("np_switch", argv, tmp_path / "switch.json")
+    rows, first = np_switch.table(result)
+    assert first == LIGHT_RATIOS[allocation] and len(rows) >= 5
+    assert all(cells[-1].verdict != "worse" for ratio, cells in rows if ratio < first)  # a tie keeps the light rule
 
 
 def test_structured_gpu(tmp_path):
