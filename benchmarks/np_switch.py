@@ -82,7 +82,7 @@ def markdown(res: dict[str, Any]) -> str:
     lines += [f"- {s['model']}: `{s['file']}`, light rule = {s['labels']['light']}, numerical rule = "
               f"{s['labels']['numerical']}" for s in sources]  # fmt: skip
     head = [s["model"].split(" (")[0] for s in sources] + (["pooled"] if len(sources) > 1 else [])
-    lines += ["", "## The light rule against the numerical rule", ""]
+    lines += ["", "### The light rule against the numerical rule", ""]
     lines += ["| ratio | " + " | ".join(head) + " |", "|---:|" + "---|" * len(head)]
     rows, first = table(res)
     for ratio, cells in rows:
