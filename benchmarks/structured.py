@@ -355,6 +355,9 @@ def merge_results(paths: list[Path], out: Path) -> dict[str, Any]:
     same = ("calibration_ids_sha256", "eval_tokens", "eval_seq_len", "long_eval_seq_len", "holdout_fraction", "seed")
     for part, path in zip(parts[1:], paths[1:]):
         diff = [k for k in same if part["settings"].get(k) != base["settings"].get(k)]
+        # runs before the `method_defaults` setting forced allocation="global": their rows are other configurations
+        if part["settings"].get("method_defaults", False) != base["settings"].get("method_defaults", False):
+            diff.append("method_defaults")
         if diff or part["dense"]["ppl"] != base["dense"]["ppl"]:
             raise SystemExit(f"{path} was not made with the settings of {paths[0]} (differs in {diff or 'dense ppl'})")
     seen, runs = set(), []

@@ -99,6 +99,26 @@ def test_structured(tiny_dir, tmp_path):
         assert r["speed"]["prefill_speedup_verdict"] in ("faster", "slower", "tie")
 
 
+def test_structured_method_config_and_merge_refusal(tmp_path):
+    """Each method at its library defaults (NP's `allocation="auto"`), or with `method_defaults=False` the forced
+    per-layer allocation older runs used; `--merge` refuses parts made under the two settings."""
+    import structured
+
+    from optimum_prune import FLAPConfig, NumericalConfig
+
+    assert structured.method_config("numerical", 0.2) == NumericalConfig(pruning_ratio=0.2)
+    assert structured.method_config("numerical", 0.2, method_defaults=False).allocation == "global"
+    assert structured.method_config("flap", 0.3) == FLAPConfig(pruning_ratio=0.3)
+    part = {"settings": {"calibration_ids_sha256": "x", "eval_tokens": 8, "method_defaults": True},
+            "dense": {"ppl": {"bbc": 1.0}}, "runs": []}  # fmt: skip
+    old = {**part, "settings": {**part["settings"], "method_defaults": False}}
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, res in zip(paths, (part, old)):
+        path.write_text(json.dumps(res))
+    with pytest.raises(SystemExit, match="method_defaults"):
+        structured.merge_results(paths, tmp_path / "merged.json")
+
+
 def test_harness_split_is_by_document_seeded_and_disjoint():
     import harness
 
