@@ -262,6 +262,25 @@ VARIANTS.update(
             {},
             "NP, allocation='servable', FLAP's metric",
         ),
+        # the pre-protocol settings of the numerical rule, re-screened under the servable allocation
+        "np_servable_num_nostd": (
+            _NP,
+            {"allocation": "servable", "scores": "numerical", "standardize_per_layer": False},
+            {},
+            "NP, allocation='servable', numerical scores, raw (not standardised)",
+        ),
+        "np_servable_num_d1": (
+            _NP,
+            {"allocation": "servable", "scores": "numerical", "compensation_damping": 1.0},
+            {},
+            "NP, allocation='servable', numerical scores, damping 1",
+        ),
+        "np_servable_num_d0.01": (
+            _NP,
+            {"allocation": "servable", "scores": "numerical", "compensation_damping": 0.01},
+            {},
+            "NP, allocation='servable', numerical scores, damping 0.01 (the paper's)",
+        ),
     }
 )
 for _m, _cls, _name in (("np", NumericalConfig, "NP"), ("flap", FLAPConfig, "FLAP")):
