@@ -159,7 +159,10 @@ def train_router(router_weight: torch.Tensor, x, f, y, top_k: int, settings: dic
     """Fit the router `(E, H)` on inputs `x (N, H)`, expert shares `f (N, E, H)` and dense outputs `y (N, H)`.
 
     Tokens are drawn in proportion to `1 + ‖y‖² / mean ‖y‖²`: the few tokens whose MLP output is orders of magnitude
-    larger than the rest (a model's massive activations) dominate the layer's error and must be routed right."""
+    larger than the rest (a model's massive activations) dominate the layer's error and must be routed right.
+    `settings["balance"]` (default 0) weighs the Switch Transformer's load-balancing loss `E · Σ_j f_j · P_j` (f_j:
+    the share of routed slots expert j takes in the batch, P_j: its mean router probability) in both phases, as MoE
+    models are trained with one: without it some experts take nearly every token and others none."""
     g = torch.Generator().manual_seed(settings.get("seed", 0))
     target = _best_sets(f, y, top_k)  # (N, k)
     soft = torch.zeros(x.shape[0], f.shape[1]).scatter_(1, target, 1.0 / top_k)  # (N, E)
@@ -178,6 +181,10 @@ def train_router(router_weight: torch.Tensor, x, f, y, top_k: int, settings: dic
             w = val / val.sum(-1, keepdim=True)  # (bs, k)
             out = top_k * (w[..., None] * f[rows[:, None], idx]).sum(1)  # (bs, H)
             loss = ((out - y[rows]).pow(2).sum(-1) / draw[rows]).mean() / energy.mean()
+        if settings.get("balance", 0.0):
+            E = logits.shape[-1]
+            share = torch.bincount(logits.topk(top_k, dim=-1).indices.flatten(), minlength=E).float() / (bs * top_k)
+            loss = loss + settings["balance"] * E * (share * logits.softmax(-1).mean(0)).sum()
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -188,11 +195,14 @@ def train_router(router_weight: torch.Tensor, x, f, y, top_k: int, settings: dic
         err = (out - y).pow(2).sum(-1)  # (N,)
         best = (f.gather(1, target[..., None].expand(-1, -1, f.shape[-1])).sum(1) - y).pow(2).sum(-1)  # (N,)
         hit = (idx.sort(-1).values == target.sort(-1).values).all(-1).float().mean()
+        share = torch.bincount(idx.flatten(), minlength=f.shape[1]).double() / N  # tokens routed to each expert
     return {
         "relative_error": float(err.sum() / energy.sum()),
         "best_set_error": float(best.sum() / energy.sum()),
         "median_token_error": float((err / energy.clamp_min(1e-12)).median()),
         "set_accuracy": float(hit),
+        "max_expert_share": float(share.max()),
+        "min_expert_share": float(share.min()),
     }
 
 

@@ -62,7 +62,8 @@ def load_testbed(args, dense, tokenizer, ids) -> tuple[torch.nn.Module, dict[str
     """The test bed from `--testbed` (built there first when missing), and its build record."""
     path = Path(args.testbed)
     if not (path / "config.json").is_file():
-        settings = {**ROUTER, "steps": args.router_steps, "mse_steps": args.router_mse_steps, "seed": args.seed}
+        settings = {**ROUTER, "steps": args.router_steps, "mse_steps": args.router_mse_steps, "seed": args.seed,
+                    "balance": args.router_balance}  # fmt: skip
         t0 = time.perf_counter()
         work = path.with_name(path.name + ".layers")  # finished layers: a killed build continues from them
         moe, records, gap = build_testbed(dense, ids, args.experts, args.top_k, settings, work)
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-k", type=int, default=4)
     p.add_argument("--router-steps", type=int, default=ROUTER["steps"], help="router training toward the best set")
     p.add_argument("--router-mse-steps", type=int, default=ROUTER["mse_steps"], help="then on the routed output")
+    p.add_argument("--router-balance", type=float, default=0.0, help="weight of the load-balancing loss")
     p.add_argument("--num-samples", type=int, default=32, help="calibration windows (router training, pruning)")
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--rows", nargs="*", default=["reap", "frequency", "random", "channels", "mixed"], choices=ROWS)
@@ -124,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     dense, tok, desc = harness.load_model(args)
     if args.testbed is None:
         width = dense.config.intermediate_size // args.experts
+        bal = f"_bal{args.router_balance:g}" if args.router_balance else ""
         args.testbed = str(
-            Path.home() / ".cache" / "optimum_prune" / f"smollm2_moe{args.experts}x{width}_top{args.top_k}"
+            Path.home() / ".cache" / "optimum_prune" / f"smollm2_moe{args.experts}x{width}_top{args.top_k}{bal}"
         )
     protocol = harness.Protocol.from_args(args)
     ids = protocol.calibration_ids(tok, args.num_samples, args.seq_len)

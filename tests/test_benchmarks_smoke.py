@@ -553,3 +553,23 @@ def test_moe_testbed_router_targets():
     wide = torch.randn(50, 16, 12, generator=g)
     target = wide[:, :8].sum(1)  # C(16, 8) = 12,870 sets: above `exhaustive`, the greedy search answers
     assert torch.equal(bed._best_sets(wide, target, 8, exhaustive=100), bed._greedy_sets(wide, target, 8))
+
+
+def test_moe_testbed_load_balancing_spreads_the_routing():
+    """Where one expert's output is part of every token's best set, the router without the load-balancing loss sends
+    every token there; with it, that expert's share of the tokens drops."""
+    import _moe_testbed as bed
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 8, generator=g)
+    x[:, -1] = 1.0  # a constant direction (hidden states have one): the bias-free router can prefer an expert
+    f = torch.randn(512, 4, 6, generator=g) * 0.3
+    f[:, 0] = 1.0  # expert 0: a constant output every token needs
+    y = f[:, 0] + f[torch.arange(512), 1 + (x[:, 0] > 0).long()]  # plus expert 1 or 2, by the input's sign
+    settings = {"lr": 0.05, "batch": 128, "steps": 60, "mse_steps": 20, "seed": 0}
+    shares = []
+    for balance in (0.0, 1.0):
+        W = torch.zeros(4, 8)
+        fit = bed.train_router(W, x, f, y, 2, {**settings, "balance": balance})
+        shares.append(fit["max_expert_share"])
+    assert shares[0] > 0.95 and shares[1] < shares[0] - 0.1, shares
