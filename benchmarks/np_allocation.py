@@ -427,7 +427,9 @@ def _interval_tables(res, texts, seqs, ratios, variants) -> list[str]:
         lines += ["", f"## Perplexity, windows of {q}", ""]
         lines += harness.interval_table(rows, keys, baseline=_label(res, baseline))
         if len(keys) == 3:
-            lines += ["", f"### Selection criterion, windows of {q}: geometric mean of the three perplexities", ""]
+            selection = res["settings"].get("split") == "selection"  # a test-split mean is not for choosing
+            title = "Selection criterion" if selection else "Geometric mean"
+            lines += ["", f"### {title}, windows of {q}: geometric mean of the three perplexities", ""]
             lines += ["| ratio | variant | geometric mean | Δ vs " + _label(res, baseline) + " [95%], verdict |",
                       "|---:|---|---:|---|"]  # fmt: skip
             for row in rows[1:]:
