@@ -201,7 +201,8 @@ def markdown(res: dict[str, Any]) -> str:
         lines += ["", "## The test bed", ""]
         lines += harness.interval_table(
             [{"group": "–", "label": "dense", "ppl": dense["ppl"], "docs": dense["documents"], "ref": None},
-             {"group": "–", "label": "MoE test bed", "ppl": moe["ppl"], "docs": moe["documents"], "ref": dense}],
+             {"group": "–", "label": "MoE test bed", "ppl": moe["ppl"], "docs": moe["documents"],
+              "ref": {"ppl": dense["ppl"], "docs": dense["documents"]}}],
             texts, group="", baseline="dense")  # fmt: skip
     pruned = [r for r in rows if r["ratio"] is not None]
     base = {r["ratio"]: r for r in pruned if r["name"] == "reap"}
@@ -213,7 +214,8 @@ def markdown(res: dict[str, Any]) -> str:
             kept = f", {100 * (1 - r['expert_params'] / total):.1f}% expert params removed" if total else ""
             ref = base.get(r["ratio"])
             table.append({"group": f"{r['ratio']:g}", "label": r["label"] + kept, "ppl": r["ppl"],
-                          "docs": r["documents"], "ref": None if ref is r else ref})  # fmt: skip
+                          "docs": r["documents"],
+                          "ref": None if ref is None or ref is r else {"ppl": ref["ppl"], "docs": ref["documents"]}})  # fmt: skip
         lines += harness.interval_table(table, texts, group="ratio", baseline="REAP")
         if base:
             lines.append(_criterion([r for r in pruned if r["name"] != "reap" and r["ratio"] in base], base))
