@@ -191,7 +191,9 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         f"- Test bed: {res['model']} with each MLP split into {tb['experts']} experts of co-activated channels, "
         f"top-{tb['top_k']} routing; routers trained on the calibration split ({tb['router']['steps']} steps toward "
-        f"the best set of {tb['top_k']} experts, {tb['router']['mse_steps']} on the routed output's error); with every expert "
+        f"the best set of {tb['top_k']} experts, {tb['router']['mse_steps']} on the routed output's error"
+        + (f", load-balancing loss at weight {tb['router']['balance']:g}" if tb["router"].get("balance") else "")
+        + "); with every expert "
         f"chosen the conversion reproduces the dense logits to {tb['all_experts_max_logit_gap']:.1e}.",
         f"- Pruning: `ExpertConfig` on {s['num_samples']} × {s['seq_len']} calibration tokens (BBC), channel widths "
         f"rounded to multiples of {s['round_to']}; ratio = fraction of the expert parameters removed.",
