@@ -2,14 +2,16 @@
 loads (no trained MoE model is available offline).
 
 Each decoder layer keeps its attention and norms; its MLP (1,536 channels) is split into `experts` experts of equal
-width (8 × 192 by default, top-4 routing: a token uses half of the MLP): the channels are clustered by co-activation on calibration text (balanced k-means on each
-channel's activation profile |silu(g·x)·(u·x)| over the tokens, cosine similarity), every expert keeps its channels'
-gate / up rows and down columns, scaled by `top_k` so that equal routing weights give the sum of the chosen experts.
-Only the routers are trained, layer by layer on the calibration text (each layer's inputs from the already converted
-layers): first toward the set of `top_k` experts whose sum is closest to the dense MLP's output on each token
-(cross-entropy on that set; every set is tried while there are at most 5,000, else a greedy choice refined by swaps), then on the squared error of the routed output itself; tokens are drawn in proportion to the energy of
-their dense MLP output (plus a floor), so that the rare tokens with massive activations are routed right. With every expert chosen
-(`top_k = experts`) and its output scaled by `experts`, the converted model is the dense one exactly (checked).
+width (8 × 192 by default, top-4 routing: a token uses half of the MLP): the channels are clustered by co-activation
+on calibration text (balanced k-means on each channel's activation profile |silu(g·x)·(u·x)| over the tokens, cosine
+similarity), every expert keeps its channels' gate / up rows and down columns, scaled by `top_k` so that equal routing
+weights give the sum of the chosen experts. Only the routers are trained, layer by layer on the calibration text (each
+layer's inputs from the already converted layers): first toward the set of `top_k` experts whose sum is closest to the
+dense MLP's output on each token (cross-entropy on that set; every set is tried while there are at most 5,000, else a
+greedy choice refined by swaps), then on the squared error of the routed output itself; tokens are drawn in proportion
+to the energy of their dense MLP output (plus a floor), so that the rare tokens with massive activations are routed
+right. With every expert chosen (`top_k = experts`) and its output scaled by `experts`, the converted model is the
+dense one exactly (checked).
 """
 
 from __future__ import annotations
