@@ -114,29 +114,39 @@ def _expert_outputs(experts_module, x: torch.Tensor, top_k: int) -> torch.Tensor
     return torch.stack(outs, dim=1)
 
 
-def _best_sets(f: torch.Tensor, y: torch.Tensor, top_k: int, exhaustive: int = 5000) -> torch.Tensor:
+def _set_errors(f: torch.Tensor, y: torch.Tensor, combos: torch.Tensor) -> torch.Tensor:
+    """`(N, P)` the squared error of each token's dense output `y (N, H)` against the summed shares `f (N, E, H)` of
+    each expert set `combos (P, k)`."""
+    return torch.stack([(y - f[:, c].sum(1)).pow(2).sum(-1) for c in combos], dim=1)
+
+
+def _best_sets(
+    f: torch.Tensor, y: torch.Tensor, top_k: int, exhaustive: int = 5000, price: torch.Tensor | None = None
+) -> torch.Tensor:
     """`(N, top_k)` for each token, the experts whose summed outputs are closest to the dense output `y (N, H)`:
-    every set of `top_k` when there are at most `exhaustive`, else greedy forward selection refined by swaps."""
+    every set of `top_k` when there are at most `exhaustive`, else greedy forward selection refined by swaps.
+    `price (E,)`, when given, is added to a set's error for each of its experts (see `_balanced_sets`)."""
     if math.comb(f.shape[1], top_k) > exhaustive:
-        return _greedy_sets(f, y, top_k)
+        return _greedy_sets(f, y, top_k, price=price)
     combos = torch.tensor(list(itertools.combinations(range(f.shape[1]), top_k)))  # (P, k)
-    best_err, best = torch.full((f.shape[0],), math.inf), torch.zeros(f.shape[0], top_k, dtype=torch.long)
-    for c in combos:
-        err = (y - f[:, c].sum(1)).pow(2).sum(-1)  # (N,)
-        better = err < best_err
-        best_err, best[better] = torch.where(better, err, best_err), c
-    return best
+    err = _set_errors(f, y, combos)
+    if price is not None:
+        err = err + price[combos].sum(1)
+    return combos[err.argmin(1)]
 
 
-def _greedy_sets(f: torch.Tensor, y: torch.Tensor, top_k: int, swaps: int = 2) -> torch.Tensor:
+def _greedy_sets(
+    f: torch.Tensor, y: torch.Tensor, top_k: int, swaps: int = 2, price: torch.Tensor | None = None
+) -> torch.Tensor:
     """`_best_sets` by greedy forward selection (each step adds the expert that lowers the residual most), then
-    `swaps` passes that replace a chosen expert by an unchosen one wherever that lowers the error."""
+    `swaps` passes that replace a chosen expert by an unchosen one wherever that lowers the error (plus `price`)."""
     N, E, _ = f.shape
+    price = torch.zeros(E, dtype=f.dtype) if price is None else price.to(f.dtype)
     rows = torch.arange(N)
     chosen = torch.zeros(N, E, dtype=torch.bool)
     resid = y.clone()
     for _ in range(top_k):
-        err = (resid[:, None] - f).pow(2).sum(-1).masked_fill(chosen, math.inf)  # (N, E)
+        err = ((resid[:, None] - f).pow(2).sum(-1) + price).masked_fill(chosen, math.inf)  # (N, E)
         j = err.argmin(-1)
         chosen[rows, j] = True
         resid -= f[rows, j]
@@ -146,8 +156,8 @@ def _greedy_sets(f: torch.Tensor, y: torch.Tensor, top_k: int, swaps: int = 2) -
             if not has.any():
                 continue
             base = resid[has] + f[has, out]  # the residual without `out`
-            err = (base[:, None] - f[has]).pow(2).sum(-1).masked_fill(chosen[has], math.inf)  # (n, E)
-            err[:, out] = resid[has].pow(2).sum(-1)  # keeping `out`
+            err = ((base[:, None] - f[has]).pow(2).sum(-1) + price).masked_fill(chosen[has], math.inf)  # (n, E)
+            err[:, out] = resid[has].pow(2).sum(-1) + price[out]  # keeping `out`
             j = err.argmin(-1)
             idx = has.nonzero().squeeze(1)
             moved = j != out
@@ -157,6 +167,41 @@ def _greedy_sets(f: torch.Tensor, y: torch.Tensor, top_k: int, swaps: int = 2) -
     return chosen.nonzero()[:, 1].view(N, top_k)
 
 
+def _balanced_sets(
+    f: torch.Tensor, y: torch.Tensor, top_k: int, band: float, iters: int = 400, exhaustive: int = 5000
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(sets (N, top_k), price (E,))`: the best sets under the constraint that every expert serves between
+    `top_k / E - band` and `top_k / E + band` of the tokens, by Lagrangian relaxation: each expert has a price added to
+    the error of every set that uses it, raised while it serves too many tokens and lowered while too few (a decaying
+    subgradient step), so the tokens that move are those whose error grows least. Returns the feasible iterate of
+    least total error (or, when none is, the least unbalanced one)."""
+    N, E, _ = f.shape
+    even = top_k / E
+    step0 = float(y.pow(2).sum(-1).median())  # prices in the units of a typical token's squared error
+    price = torch.zeros(E, dtype=f.dtype)
+    combos = None
+    if math.comb(E, top_k) <= exhaustive:  # the errors once; each iteration is then an argmin
+        combos = torch.tensor(list(itertools.combinations(range(E), top_k)))
+        err = _set_errors(f, y, combos)
+    best, best_key = None, None
+    for t in range(iters):
+        if combos is not None:
+            pick = (err + price[combos].sum(1)).argmin(1)
+            sets, total = combos[pick], float(err.gather(1, pick[:, None]).sum())
+        else:
+            sets = _greedy_sets(f, y, top_k, price=price)
+            total = float((y - f.gather(1, sets[..., None].expand(-1, -1, f.shape[-1])).sum(1)).pow(2).sum())
+        share = torch.bincount(sets.flatten(), minlength=E).to(f.dtype) / N
+        off = float((share - even).abs().max())
+        key = (max(off - band, 0.0), total)  # feasibility first, then the error
+        if best_key is None or key < best_key:
+            best, best_key = (sets, price.clone()), key
+        if off <= band and t > 0:
+            break
+        price = price + step0 / math.sqrt(t + 1) * (share - even)
+    return best
+
+
 def train_router(router_weight: torch.Tensor, x, f, y, top_k: int, settings: dict[str, Any]) -> dict[str, float]:
     """Fit the router `(E, H)` on inputs `x (N, H)`, expert shares `f (N, E, H)` and dense outputs `y (N, H)`.
 
@@ -164,9 +209,14 @@ def train_router(router_weight: torch.Tensor, x, f, y, top_k: int, settings: dic
     larger than the rest (a model's massive activations) dominate the layer's error and must be routed right.
     `settings["balance"]` (default 0) weighs the Switch Transformer's load-balancing loss `E · Σ_j f_j · P_j` (f_j:
     the share of routed slots expert j takes in the batch, P_j: its mean router probability) in both phases, as MoE
-    models are trained with one: without it some experts take nearly every token and others none."""
+    models are trained with one: without it some experts take nearly every token and others none.
+    `settings["band"]` (default 0: off) instead makes the targets themselves balanced (`_balanced_sets`: every
+    expert the best choice of `top_k / E ± band` of the tokens)."""
     g = torch.Generator().manual_seed(settings.get("seed", 0))
-    target = _best_sets(f, y, top_k)  # (N, k)
+    if settings.get("band"):
+        target, _ = _balanced_sets(f, y, top_k, settings["band"])  # (N, k)
+    else:
+        target = _best_sets(f, y, top_k)  # (N, k)
     soft = torch.zeros(x.shape[0], f.shape[1]).scatter_(1, target, 1.0 / top_k)  # (N, E)
     energy = y.pow(2).sum(-1)  # (N,)
     draw = 1 + energy / energy.mean()  # (N,) sampling weights

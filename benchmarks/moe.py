@@ -63,7 +63,7 @@ def load_testbed(args, dense, tokenizer, ids) -> tuple[torch.nn.Module, dict[str
     path = Path(args.testbed)
     if not (path / "config.json").is_file():
         settings = {**ROUTER, "steps": args.router_steps, "mse_steps": args.router_mse_steps, "seed": args.seed,
-                    "balance": args.router_balance}  # fmt: skip
+                    "balance": args.router_balance, "band": args.router_band}  # fmt: skip
         t0 = time.perf_counter()
         work = path.with_name(path.name + ".layers")  # finished layers: a killed build continues from them
         moe, records, gap = build_testbed(dense, ids, args.experts, args.top_k, settings, work)
@@ -106,12 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     harness.add_model_args(p)
     harness.add_protocol_args(p)
     p.add_argument("--testbed", default=None, help="the test bed's folder (default: ~/.cache/optimum_prune/"
-                   "smollm2_moe<experts>x<width>_top<k>)")  # fmt: skip
+                   "smollm2_moe<experts>x<width>_top<k>[_bal<W>][_band<b>])")  # fmt: skip
     p.add_argument("--experts", type=int, default=8)
     p.add_argument("--top-k", type=int, default=4)
     p.add_argument("--router-steps", type=int, default=ROUTER["steps"], help="router training toward the best set")
     p.add_argument("--router-mse-steps", type=int, default=ROUTER["mse_steps"], help="then on the routed output")
     p.add_argument("--router-balance", type=float, default=0.0, help="weight of the load-balancing loss")
+    p.add_argument("--router-band", type=float, default=0.0, help="balanced router targets: every expert the best "
+                   "choice of top_k/experts ± this share of the tokens (0: the unconstrained best sets)")  # fmt: skip
     p.add_argument("--num-samples", type=int, default=32, help="calibration windows (router training, pruning)")
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--rows", nargs="*", default=["reap", "frequency", "random", "channels", "mixed"], choices=ROWS)
@@ -127,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.testbed is None:
         width = dense.config.intermediate_size // args.experts
         bal = f"_bal{args.router_balance:g}" if args.router_balance else ""
+        bal += f"_band{args.router_band:g}" if args.router_band else ""
         args.testbed = str(
             Path.home() / ".cache" / "optimum_prune" / f"smollm2_moe{args.experts}x{width}_top{args.top_k}{bal}"
         )

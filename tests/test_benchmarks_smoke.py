@@ -5,6 +5,7 @@ is absent."""
 
 import importlib
 import importlib.util
+import itertools
 import json
 import shutil
 import sys
@@ -553,6 +554,37 @@ def test_moe_testbed_router_targets():
     wide = torch.randn(50, 16, 12, generator=g)
     target = wide[:, :8].sum(1)  # C(16, 8) = 12,870 sets: above `exhaustive`, the greedy search answers
     assert torch.equal(bed._best_sets(wide, target, 8, exhaustive=100), bed._greedy_sets(wide, target, 8))
+
+
+def test_moe_testbed_balanced_targets():
+    """The balanced targets: every expert within the band, at an error no larger than a brute-force reference's (the
+    least total error over every assignment in the band, on a problem small enough to enumerate), and the same sets
+    as the unconstrained search when that is already balanced; the greedy search takes prices too."""
+    import _moe_testbed as bed
+
+    g = torch.Generator().manual_seed(1)
+    f = torch.randn(6, 3, 4, generator=g, dtype=torch.float64)
+    f[:, 0] += 1.0
+    y = f[:, 0] + f[:, 1] + 0.3 * torch.randn(6, 4, generator=g, dtype=torch.float64)  # every token wants 0 and 1
+    combos = torch.tensor(list(itertools.combinations(range(3), 2)))
+    err = bed._set_errors(f, y, combos)  # (6, 3)
+    band = 1 / 6 + 1e-9  # top-2 of 3: an even share is 2/3; each expert serves 3, 4 or 5 of the 6 tokens
+    feasible = []
+    for pick in itertools.product(range(3), repeat=6):  # every assignment of a set to each token
+        share = torch.bincount(combos[list(pick)].flatten(), minlength=3) / 6
+        if (share - 2 / 3).abs().max() <= band:
+            feasible.append(float(err[range(6), list(pick)].sum()))
+    sets, price = bed._balanced_sets(f, y, 2, band)
+    share = torch.bincount(sets.flatten(), minlength=3) / 6
+    assert (share - 2 / 3).abs().max() <= band
+    total = float((y - f.gather(1, sets[..., None].expand(-1, -1, 4)).sum(1)).pow(2).sum())
+    assert total <= min(feasible) * 1.05, (total, min(feasible))  # Lagrangian: optimal here, or within 5%
+    assert float(err.min(1).values.sum()) < total  # the band costs error: unconstrained, every token takes 0 and 1
+    even = torch.tensor([[0, 1], [1, 2], [0, 2]] * 2)
+    z = f.gather(1, even[..., None].expand(-1, -1, 4)).sum(1)  # already balanced: nothing moves
+    assert torch.equal(bed._balanced_sets(f, z, 2, 0.01)[0], even)
+    priced = bed._greedy_sets(f, y, 2, price=torch.tensor([1e6, 0.0, 0.0], dtype=torch.float64))
+    assert not (priced == 0).any()  # an expert priced out of every set
 
 
 def test_moe_testbed_load_balancing_spreads_the_routing():
