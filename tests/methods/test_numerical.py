@@ -383,7 +383,7 @@ def test_paper_preset_is_the_papers_setting():
     assert cfg.lambda_ is None and cfg.compensate and cfg.compensation_damping == 0.01
     assert cfg.head_score == "channel_mean"
     default = NumericalConfig()  # the measured default differs from the paper in allocation and damping
-    assert default.standardize_per_layer and default.compensation_damping == 0.1 and default.head_score == "unit"
+    assert default.resolved_standardize and default.compensation_damping == 0.1 and default.head_score == "unit"
     assert NumericalConfig.paper(literal=True).ranking == "literal"
     assert NumericalConfig.from_dict(cfg.to_dict()) == cfg
 
@@ -458,6 +458,41 @@ def test_servable_auto_rule_on_either_side_of_its_light_ratio(ratio, light):
     config = NumericalConfig(pruning_ratio=ratio, allocation="servable")
     expected = ("fluctuation" if light else "numerical", False, 1.0)
     assert (config.resolved_scores, config.refit_bias, config.refit_strength) == expected
+    # the numerical scores rank raw there (its re-screen: better at 30% and 50%); FLAP's metric stays standardised
+    assert config.resolved_standardize is light
+
+
+@pytest.mark.parametrize("allocation", ["auto", "global", "uniform", "servable"])
+@pytest.mark.parametrize("ratio", [0.1, 0.3, 0.5])
+def test_standardisation_is_off_only_for_the_servable_numerical_rule(allocation, ratio):
+    """`standardize_per_layer=None` resolves to raw scores only under `allocation="servable"` with the numerical
+    scores; everywhere else (Gemma-3's per-layer re-screen: a tie and a loss) it stays on; an explicit value wins."""
+    config = NumericalConfig(pruning_ratio=ratio, allocation=allocation)
+    assert config.standardize_per_layer is None
+    assert config.resolved_standardize is not (allocation == "servable" and ratio >= 0.25)
+    for explicit in (True, False):
+        assert NumericalConfig(pruning_ratio=ratio, allocation=allocation,
+                               standardize_per_layer=explicit).resolved_standardize is explicit  # fmt: skip
+    assert NumericalConfig(pruning_ratio=ratio, allocation="servable", scores="fluctuation").resolved_standardize
+
+
+def test_servable_default_at_50_percent_ranks_raw_scores():
+    """The plan of the servable default at 50% is the plan of the explicit raw scores, and differs from the
+    standardised one (so the setting reaches the ranking)."""
+    from testing_utils import calibration_ids, tiny_model
+
+    from optimum_prune.prune import _compute_plan
+
+    ids = calibration_ids(8, 16)
+
+    def plan(**kw):
+        model = tiny_model("llama_gqa", intermediate_size=768, num_hidden_layers=4)  # room for blocks of 256
+        p = _compute_plan(model, NumericalConfig(pruning_ratio=0.5, **kw), ids)[1]
+        return [(lp.keep_heads, lp.keep_kv_heads, lp.keep_channels) for _, lp in sorted(p.layers.items())]
+
+    auto = plan(allocation="servable")
+    assert auto == plan(allocation="servable", standardize_per_layer=False)
+    assert auto != plan(allocation="servable", standardize_per_layer=True)
 
 
 def test_explicit_settings_win_over_the_auto_rule():

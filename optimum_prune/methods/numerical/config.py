@@ -58,10 +58,13 @@ class NumericalConfig(StructuredPruningConfig):
             optimal refit, Thm. 3's `L* = tr(W_P ((H⁻¹)_PP)⁻¹ W_Pᵀ)` (`tr(W_P H_PP W_Pᵀ)` without compensation), per
             parameter it removes; absolute, so it compares units across modules and layers; it tends to over-prune
             the first layers, whose residual stream is small; kept for research).
-        standardize_per_layer (`bool`, defaults to `True`): z-score each module's scores before the global ranking
-            (FLAP does; the paper does not); a head / KV group is expressed in the units of its module's channel
-            scores. With `ranking="loss"` the losses are standardised the same way (a unit's loss over its channel
-            count, against the module's single-channel losses) instead of divided by the parameters they remove.
+        standardize_per_layer (`bool`, *optional*): z-score each module's scores before the global ranking (FLAP
+            does; the paper does not); a head / KV group is expressed in the units of its module's channel scores.
+            With `ranking="loss"` the losses are standardised the same way (a unit's loss over its channel count,
+            against the module's single-channel losses) instead of divided by the parameters they remove. `None`
+            (the default): on, except with `allocation="servable"` and the numerical scores, where only MLP
+            channels are ranked across layers and the raw scores ranked better on the selection split
+            (`resolved_standardize`).
         head_score (`str`, defaults to `"unit"`): how a head or KV group is scored. `"unit"`: the numerical score of
             the unit itself, the paper's objective solved with one mask per unit (the mask pruning applies; see
             `functional.numerical_scores(unit_size=...)`), so the unit weighs its channels' importance by their
@@ -122,7 +125,7 @@ class NumericalConfig(StructuredPruningConfig):
     compensation_damping: float = 0.1
     compensation_strength: float | None = None
     ranking: str = "cost_weighted"
-    standardize_per_layer: bool = True
+    standardize_per_layer: bool | None = None
     head_score: str = "unit"
     score_correlations: bool = True
     compensation_inputs: str = "dense"
@@ -130,7 +133,7 @@ class NumericalConfig(StructuredPruningConfig):
     scores: str = "auto"
 
     # derived from the fields, the pruning ratio included: what the calibration pass's cache key must also hold
-    resolved_settings = ("resolved_scores", "refit_bias", "refit_strength")
+    resolved_settings = ("resolved_scores", "refit_bias", "refit_strength", "resolved_standardize")
 
     @property
     def light_ratio(self) -> float:
@@ -147,6 +150,15 @@ class NumericalConfig(StructuredPruningConfig):
             return self.scores
         plain = self.ranking == "cost_weighted" and self.solver == "closed_form"
         return "fluctuation" if plain and self.pruning_ratio < self.light_ratio else "numerical"
+
+    @property
+    def resolved_standardize(self) -> bool:
+        """Whether each module's scores are z-scored before the global ranking: `standardize_per_layer`, or with
+        `None` everywhere but `allocation="servable"` with the numerical scores (its re-screen on the selection
+        split: raw scores better at 30% and 50%; docs/methods/numerical.md)."""
+        if self.standardize_per_layer is not None:
+            return self.standardize_per_layer
+        return not (self.allocation == "servable" and self.resolved_scores == "numerical")
 
     @property
     def refit_bias(self) -> bool:

@@ -91,10 +91,10 @@ class NumericalPruner(StructuredPruner):
         W = weight_oi(view.o_proj).detach()
         z = self.channel_scores(W, stats)  # (H·D_h,) channel scores
         if cfg.head_score == "channel_mean":  # the paper's: the mean of the head's channel scores
-            return _head_means((_standardize(z) if cfg.standardize_per_layer else z).view(view.num_heads, -1))
+            return _head_means((_standardize(z) if cfg.resolved_standardize else z).view(view.num_heads, -1))
         heads_per_unit = view.group_size if resolve_gqa_mode(cfg.gqa_mode, view) == "group" else 1
         zu = self.channel_scores(W, stats, unit_size=heads_per_unit * view.head_dim)  # (units,) one mask per unit
-        if cfg.standardize_per_layer:  # in the module's channel-score units, as MLP channels are
+        if cfg.resolved_standardize:  # in the module's channel-score units, as MLP channels are
             zu = _standardize(zu, ref=z)
         return zu.repeat_interleave(heads_per_unit)
 
@@ -108,12 +108,12 @@ class NumericalPruner(StructuredPruner):
             head = self._head_scores(view, stats["attn"])  # (H,)
         if "mlp" in stats:
             chan = self.channel_scores(weight_oi(view.mlp_out).detach(), stats["mlp"])  # (I,)
-            chan = _standardize(chan) if self.config.standardize_per_layer else chan
+            chan = _standardize(chan) if self.config.resolved_standardize else chan
         return head, chan
 
     def _fluctuation_scores(self, view: LayerView, stats):
         """`scores="fluctuation"`: FLAP's metric, from the Gram's diagonal and the mean (Var = E[x²] − E[x]²)."""
-        std = self.config.standardize_per_layer
+        std = self.config.resolved_standardize
 
         def moments(s: GramStats) -> tuple[torch.Tensor, torch.Tensor]:
             mean = s.mean.double().cpu()
@@ -144,7 +144,7 @@ class NumericalPruner(StructuredPruner):
         module with a head / KV group in channel units (its loss over its channel count, against the module's
         single-channel losses), as the numerical scores are (see the config)."""
         head = chan = None
-        std = self.config.standardize_per_layer
+        std = self.config.resolved_standardize
         if "attn" in stats:
             W = weight_oi(view.o_proj).detach()
             group_mode = resolve_gqa_mode(self.config.gqa_mode, view) == "group"
