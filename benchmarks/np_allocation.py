@@ -252,13 +252,13 @@ VARIANTS.update(
         ),
         "np_servable_num": (
             _NP,
-            {"allocation": "servable", "scores": "numerical"},
+            {"allocation": "servable", "scores": "numerical", "standardize_per_layer": True},
             {},
-            "NP, allocation='servable', numerical scores",
+            "NP, allocation='servable', numerical scores (standardised)",
         ),
         "np_servable_fluct": (
             _NP,
-            {"allocation": "servable", "scores": "fluctuation"},
+            {"allocation": "servable", "scores": "fluctuation", "standardize_per_layer": True},
             {},
             "NP, allocation='servable', FLAP's metric",
         ),
@@ -271,13 +271,23 @@ VARIANTS.update(
         ),
         "np_servable_num_d1": (
             _NP,
-            {"allocation": "servable", "scores": "numerical", "compensation_damping": 1.0},
+            {
+                "allocation": "servable",
+                "scores": "numerical",
+                "standardize_per_layer": True,
+                "compensation_damping": 1.0,
+            },
             {},
             "NP, allocation='servable', numerical scores, damping 1",
         ),
         "np_servable_num_d0.01": (
             _NP,
-            {"allocation": "servable", "scores": "numerical", "compensation_damping": 0.01},
+            {
+                "allocation": "servable",
+                "scores": "numerical",
+                "standardize_per_layer": True,
+                "compensation_damping": 0.01,
+            },
             {},
             "NP, allocation='servable', numerical scores, damping 0.01 (the paper's)",
         ),
