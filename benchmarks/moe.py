@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import shutil
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,11 @@ def main(argv: list[str] | None = None) -> int:
 # ---------------------------------------------------------------------------------------------------------- markdown
 def _criterion(rows: list[dict], base: dict[float, dict]) -> str:
     """The selection criterion's Δ (geometric mean of the texts' perplexities) of each row against REAP at its ratio."""
-    lines = ["", "Selection criterion (geometric mean of the texts' perplexities), Δ against REAP at each ratio:", ""]
+    lines = [
+        "",
+        "Geometric mean of the texts' perplexities (the selection criterion), Δ against REAP at each ratio:",
+        "",
+    ]
     for r in rows:
         ref = base[r["ratio"]]
         texts = [t for t in TEXTS if t in r["documents"] and t in ref["documents"]]
@@ -179,6 +184,19 @@ def _criterion(rows: list[dict], base: dict[float, dict]) -> str:
         lines.append(f"- {r['ratio']:g}, {r['label']}: {100 * c.delta:+.1f}% [{100 * c.low:+.1f}, {100 * c.high:+.1f}]"
                      f" {c.verdict}")  # fmt: skip
     return "\n".join(lines)
+
+
+def _balance_line(tb: dict[str, Any]) -> str | None:
+    """How evenly the bed routes, from its build record (beds built before it was recorded have none)."""
+    layers = [r for r in tb["layers"] if "max_expert_share" in r]
+    if not layers:
+        return None
+    top = max(layers, key=lambda r: r["max_expert_share"])
+    mid = statistics.median(r["max_expert_share"] for r in layers)
+    return (f"- Routing on the router's training tokens (an even share: {tb['top_k'] / tb['experts']:g} of the tokens "
+            f"per expert): the largest share an expert takes is {top['max_expert_share']:.2f} (layer {top['layer']}), "
+            f"the median over layers of each layer's largest share {mid:.2f}, the smallest share in any layer "
+            f"{min(r['min_expert_share'] for r in layers):.2f}.")  # fmt: skip
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -196,8 +214,14 @@ def markdown(res: dict[str, Any]) -> str:
         f"top-{tb['top_k']} routing; routers trained on the calibration split ({tb['router']['steps']} steps toward "
         f"the best set of {tb['top_k']} experts, {tb['router']['mse_steps']} on the routed output's error"
         + (f", load-balancing loss at weight {tb['router']['balance']:g}" if tb["router"].get("balance") else "")
+        + (
+            f", targets balanced to {tb['top_k'] / tb['experts']:g} ± {tb['router']['band']:g} of the tokens per expert"
+            if tb["router"].get("band")
+            else ""
+        )
         + "); with every expert "
         f"chosen the conversion reproduces the dense logits to {tb['all_experts_max_logit_gap']:.1e}.",
+        _balance_line(tb),
         f"- Pruning: `ExpertConfig` on {s['num_samples']} × {s['seq_len']} calibration tokens (BBC), channel widths "
         f"rounded to multiples of {s['round_to']}; ratio = fraction of the expert parameters removed.",
         harness.protocol_line(res),
