@@ -3,8 +3,8 @@
 
 No trained MoE model is available offline, so the test bed is SmolLM2-135M converted to a Mixtral checkpoint
 (`_moe_testbed.py`: each MLP split into 8 experts of 192 co-activated channels, top-4 routing, only the routers
-trained on the calibration split), built once into `--testbed` (reused when it exists; its dense-vs-MoE perplexity
-is part of every results file). Every pruned model starts from the test bed and is scored on the protocol's texts.
+trained on the calibration split, toward balanced routing by default), built once into `--testbed` (reused when it
+exists; its dense-vs-MoE perplexity is part of every results file). Every pruned model starts from the test bed and is scored on the protocol's texts.
 
 Rows (`--rows`, at each `--ratios` r of the expert parameters): `reap`, `ean`, `frequency`, `random` remove the
 fraction r of each layer's experts; `channels` keeps every expert and removes the fraction r of each one's channels;
@@ -41,7 +41,10 @@ from optimum_prune.evaluation import compare_geometric_mean  # noqa: E402
 
 logger = logging.getLogger("benchmarks.moe")
 TEXTS = {"bbc": "BBC", "python_docs": "Python docs", "kjv": "KJV Bible"}
-ROUTER = {"lr": 3e-3, "batch": 512, "steps": 1500, "mse_steps": 500, "train_tokens": 12288, "profile_tokens": 4096}
+# the bed of record routes in balance, as trained MoE models do (benchmarks/notes/moe.md: how it was chosen);
+# `--router-band 0 --router-balance 0` builds the unbalanced bed of `moe_smollm2_unbalanced`
+ROUTER = {"lr": 3e-3, "batch": 512, "steps": 1500, "mse_steps": 500, "train_tokens": 12288, "profile_tokens": 4096,
+          "balance": 0.1, "band": 0.1}  # fmt: skip
 
 # name -> (label, ExpertConfig kwargs at expert-parameter ratio r)
 ROWS = {
@@ -112,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-k", type=int, default=4)
     p.add_argument("--router-steps", type=int, default=ROUTER["steps"], help="router training toward the best set")
     p.add_argument("--router-mse-steps", type=int, default=ROUTER["mse_steps"], help="then on the routed output")
-    p.add_argument("--router-balance", type=float, default=0.0, help="weight of the load-balancing loss")
-    p.add_argument("--router-band", type=float, default=0.0, help="balanced router targets: every expert the best "
+    p.add_argument("--router-balance", type=float, default=ROUTER["balance"], help="weight of the load-balancing loss")
+    p.add_argument("--router-band", type=float, default=ROUTER["band"],
+                   help="balanced router targets: every expert the best "
                    "choice of top_k/experts ± this share of the tokens (0: the unconstrained best sets)")  # fmt: skip
     p.add_argument("--num-samples", type=int, default=32, help="calibration windows (router training, pruning)")
     p.add_argument("--seq-len", type=int, default=512)
