@@ -10,7 +10,9 @@ layer's inputs from the already converted layers): first toward the set of `top_
 dense MLP's output on each token (cross-entropy on that set; every set is tried while there are at most 5,000, else a
 greedy choice refined by swaps), then on the squared error of the routed output itself; tokens are drawn in proportion
 to the energy of their dense MLP output (plus a floor), so that the rare tokens with massive activations are routed
-right. With every expert chosen (`top_k = experts`) and its output scaled by `experts`, the converted model is the
+right. By default (`moe.py`) the first phase's targets are balanced: each token's best set under the constraint that
+every expert is the best choice of a near-even share of the tokens (trained MoE models route in balance). With every
+expert chosen (`top_k = experts`) and its output scaled by `experts`, the converted model is the
 dense one exactly (checked).
 """
 
@@ -210,8 +212,9 @@ def train_router(router_weight: torch.Tensor, x, f, y, top_k: int, settings: dic
     `settings["balance"]` (default 0) weighs the Switch Transformer's load-balancing loss `E · Σ_j f_j · P_j` (f_j:
     the share of routed slots expert j takes in the batch, P_j: its mean router probability) in both phases, as MoE
     models are trained with one: without it some experts take nearly every token and others none.
-    `settings["band"]` (default 0: off) instead makes the targets themselves balanced (`_balanced_sets`: every
-    expert the best choice of `top_k / E ± band` of the tokens)."""
+    `settings["band"]` (default 0: off) makes the first phase's targets themselves balanced (`_balanced_sets`: every
+    expert the best choice of `top_k / E ± band` of the tokens); the loss above can be added to it (`moe.py`'s bed
+    uses both)."""
     g = torch.Generator().manual_seed(settings.get("seed", 0))
     if settings.get("band"):
         target, _ = _balanced_sets(f, y, top_k, settings["band"])  # (N, k)
