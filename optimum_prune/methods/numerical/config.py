@@ -63,8 +63,8 @@ class NumericalConfig(StructuredPruningConfig):
             With `ranking="loss"` the losses are standardised the same way (a unit's loss over its channel count,
             against the module's single-channel losses) instead of divided by the parameters they remove. `None`
             (the default): on, except with `allocation="servable"` and the numerical scores, where only MLP
-            channels are ranked across layers and the raw scores ranked better on the selection split
-            (`resolved_standardize`).
+            channels are ranked across layers and the raw scores ranked better on the selection split at 30% and
+            50% (`resolved_standardize`; a finer grid found them worse at 35-40%: docs/methods/numerical.md).
         head_score (`str`, defaults to `"unit"`): how a head or KV group is scored. `"unit"`: the numerical score of
             the unit itself, the paper's objective solved with one mask per unit (the mask pruning applies; see
             `functional.numerical_scores(unit_size=...)`), so the unit weighs its channels' importance by their
