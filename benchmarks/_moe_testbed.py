@@ -122,26 +122,21 @@ def _set_errors(f: torch.Tensor, y: torch.Tensor, combos: torch.Tensor) -> torch
     return torch.stack([(y - f[:, c].sum(1)).pow(2).sum(-1) for c in combos], dim=1)
 
 
-def _best_sets(
-    f: torch.Tensor, y: torch.Tensor, top_k: int, exhaustive: int = 5000, price: torch.Tensor | None = None
-) -> torch.Tensor:
+def _best_sets(f: torch.Tensor, y: torch.Tensor, top_k: int, exhaustive: int = 5000) -> torch.Tensor:
     """`(N, top_k)` for each token, the experts whose summed outputs are closest to the dense output `y (N, H)`:
-    every set of `top_k` when there are at most `exhaustive`, else greedy forward selection refined by swaps.
-    `price (E,)`, when given, is added to a set's error for each of its experts (see `_balanced_sets`)."""
+    every set of `top_k` when there are at most `exhaustive`, else greedy forward selection refined by swaps."""
     if math.comb(f.shape[1], top_k) > exhaustive:
-        return _greedy_sets(f, y, top_k, price=price)
+        return _greedy_sets(f, y, top_k)
     combos = torch.tensor(list(itertools.combinations(range(f.shape[1]), top_k)))  # (P, k)
-    err = _set_errors(f, y, combos)
-    if price is not None:
-        err = err + price[combos].sum(1)
-    return combos[err.argmin(1)]
+    return combos[_set_errors(f, y, combos).argmin(1)]
 
 
 def _greedy_sets(
     f: torch.Tensor, y: torch.Tensor, top_k: int, swaps: int = 2, price: torch.Tensor | None = None
 ) -> torch.Tensor:
     """`_best_sets` by greedy forward selection (each step adds the expert that lowers the residual most), then
-    `swaps` passes that replace a chosen expert by an unchosen one wherever that lowers the error (plus `price`)."""
+    `swaps` passes that replace a chosen expert by an unchosen one wherever that lowers the error; `price (E,)`, when
+    given, is added to the error for each chosen expert (`_balanced_sets`)."""
     N, E, _ = f.shape
     price = torch.zeros(E, dtype=f.dtype) if price is None else price.to(f.dtype)
     rows = torch.arange(N)
@@ -171,8 +166,8 @@ def _greedy_sets(
 
 def _balanced_sets(
     f: torch.Tensor, y: torch.Tensor, top_k: int, band: float, iters: int = 400, exhaustive: int = 5000
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(sets (N, top_k), price (E,))`: the best sets under the constraint that every expert serves between
+) -> torch.Tensor:
+    """`(N, top_k)` the best sets under the constraint that every expert serves between
     `top_k / E - band` and `top_k / E + band` of the tokens, by Lagrangian relaxation: each expert has a price added to
     the error of every set that uses it, raised while it serves too many tokens and lowered while too few (a decaying
     subgradient step), so the tokens that move are those whose error grows least. Returns the feasible iterate of
@@ -197,7 +192,7 @@ def _balanced_sets(
         off = float((share - even).abs().max())
         key = (max(off - band, 0.0), total)  # feasibility first, then the error
         if best_key is None or key < best_key:
-            best, best_key = (sets, price.clone()), key
+            best, best_key = sets, key
         if off <= band and t > 0:
             break
         price = price + step0 / math.sqrt(t + 1) * (share - even)
@@ -217,7 +212,7 @@ def train_router(router_weight: torch.Tensor, x, f, y, top_k: int, settings: dic
     uses both)."""
     g = torch.Generator().manual_seed(settings.get("seed", 0))
     if settings.get("band"):
-        target, _ = _balanced_sets(f, y, top_k, settings["band"])  # (N, k)
+        target = _balanced_sets(f, y, top_k, settings["band"])  # (N, k)
     else:
         target = _best_sets(f, y, top_k)  # (N, k)
     soft = torch.zeros(x.shape[0], f.shape[1]).scatter_(1, target, 1.0 / top_k)  # (N, E)

@@ -4,7 +4,8 @@
 No trained MoE model is available offline, so the test bed is SmolLM2-135M converted to a Mixtral checkpoint
 (`_moe_testbed.py`: each MLP split into 8 experts of 192 co-activated channels, top-4 routing, only the routers
 trained on the calibration split, toward balanced routing by default), built once into `--testbed` (reused when it
-exists; its dense-vs-MoE perplexity is part of every results file). Every pruned model starts from the test bed and is scored on the protocol's texts.
+exists; its dense-vs-MoE perplexity is part of every results file). Every pruned model starts from the test bed and
+is scored on the protocol's texts.
 
 Rows (`--rows`, at each `--ratios` r of the expert parameters): `reap`, `ean`, `frequency`, `random` remove the
 fraction r of each layer's experts; `channels` keeps every expert and removes the fraction r of each one's channels;
