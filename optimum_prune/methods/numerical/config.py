@@ -17,6 +17,10 @@ LIGHT_RATIOS = {"servable": 0.25, "global": 0.275}
 # `compensation_strength=None` below it (with the fluctuation ranking): the refit's change shrunk to half, so that it
 # fits the calibration text less (docs/methods/numerical.md).
 LIGHT_STRENGTH = 0.5
+# Under `allocation="servable"` the numerical scores rank raw (not z-scored per module), except on this band of
+# pruning ratios [low, high), where a selection-split grid found the standardised scores better (0.35 and 0.4; raw
+# better at 0.3 and from 0.45: docs/methods/numerical.md).
+SERVABLE_STANDARDIZED_RATIOS = (0.35, 0.45)
 
 
 @dataclass
@@ -64,7 +68,8 @@ class NumericalConfig(StructuredPruningConfig):
             against the module's single-channel losses) instead of divided by the parameters they remove. `None`
             (the default): on, except with `allocation="servable"` and the numerical scores, where only MLP
             channels are ranked across layers and the raw scores ranked better on the selection split at 30% and
-            50% (`resolved_standardize`; a finer grid found them worse at 35-40%: docs/methods/numerical.md).
+            from 45%; on at 35% ≤ ratio < 45%, where a finer grid found them worse (`resolved_standardize`,
+            docs/methods/numerical.md).
         head_score (`str`, defaults to `"unit"`): how a head or KV group is scored. `"unit"`: the numerical score of
             the unit itself, the paper's objective solved with one mask per unit (the mask pruning applies; see
             `functional.numerical_scores(unit_size=...)`), so the unit weighs its channels' importance by their
@@ -154,11 +159,15 @@ class NumericalConfig(StructuredPruningConfig):
     @property
     def resolved_standardize(self) -> bool:
         """Whether each module's scores are z-scored before the global ranking: `standardize_per_layer`, or with
-        `None` everywhere but `allocation="servable"` with the numerical scores (its re-screen on the selection
-        split: raw scores better at 30% and 50%; docs/methods/numerical.md)."""
+        `None` everywhere but `allocation="servable"` with the numerical scores outside
+        `SERVABLE_STANDARDIZED_RATIOS` (its selection-split grid: raw scores better at 30%, 45% and 50%, worse at 35%
+        and 40%; docs/methods/numerical.md)."""
         if self.standardize_per_layer is not None:
             return self.standardize_per_layer
-        return not (self.allocation == "servable" and self.resolved_scores == "numerical")
+        if self.allocation != "servable" or self.resolved_scores != "numerical":
+            return True
+        low, high = SERVABLE_STANDARDIZED_RATIOS
+        return low <= self.pruning_ratio < high
 
     @property
     def refit_bias(self) -> bool:
