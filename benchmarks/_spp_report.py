@@ -11,7 +11,9 @@ NAMES = {"spp": "SPP", "np": "NP", "flap": "FLAP", "spp_ria": "SPP + RIA (experi
          "spp_random": "SPP, random order (control)", "spp_bias": "SPP, refit with a bias",
          "spp_bias_s0.5": "SPP, refit with a bias at strength 0.5", "spp_bias_s1": "SPP, refit with a bias at strength 1",
          "spp_per_kind": "SPP, pools per kind (q/k, v/o, MLP)", "spp_separate": "SPP, pools attention / MLP (the code's)",
-         "spp_cost_weighted": "SPP, one cost-weighted pool", "spp_uniform": "SPP, the same fraction in every layer"}  # fmt: skip
+         "spp_cost_weighted": "SPP, one cost-weighted pool", "spp_uniform": "SPP, the same fraction in every layer",
+         "spp_mlp": "SPP, MLP channels only (every attention dimension kept)",
+         "spp_mlp_refit": "SPP, MLP channels only, full refit without a bias (servable shapes)"}  # fmt: skip
 ROWS = (
     "spp",
     "spp_refit",
@@ -23,6 +25,8 @@ ROWS = (
     "spp_separate",
     "spp_cost_weighted",
     "spp_uniform",
+    "spp_mlp",
+    "spp_mlp_refit",
     "spp_random",
     "np",
     "flap",
@@ -36,7 +40,10 @@ VARIANTS = {"spp_bias": {"compensation_bias": True},
             # the allocation across unit kinds (the path's order within each pool is the same)
             "spp_per_kind": {"pools": "per_kind"}, "spp_separate": {"pools": "separate"},
             "spp_cost_weighted": {"pools": "cost_weighted"},
-            "spp_uniform": {"allocation": "uniform"}}  # fmt: skip
+            "spp_uniform": {"allocation": "uniform"},
+            # the whole ratio from the MLP, as NP's servable default takes it (with its refit: no bias, full strength)
+            "spp_mlp": {"prune_attention": False},
+            "spp_mlp_refit": {"prune_attention": False, "compensation_bias": False, "compensation_strength": 1.0}}
 
 _SHOWN = ("faithful_to", "lr", "lambda_", "batch_size", "nu_scale", "search_labels", "search_seq_len")
 
