@@ -13,7 +13,8 @@ NAMES = {"spp": "SPP", "np": "NP", "flap": "FLAP", "spp_ria": "SPP + RIA (experi
          "spp_per_kind": "SPP, pools per kind (q/k, v/o, MLP)", "spp_separate": "SPP, pools attention / MLP (the code's)",
          "spp_cost_weighted": "SPP, one cost-weighted pool", "spp_uniform": "SPP, the same fraction in every layer",
          "spp_mlp": "SPP, MLP channels only (every attention dimension kept)",
-         "spp_mlp_refit": "SPP, MLP channels only, full refit without a bias (servable shapes)"}  # fmt: skip
+         "spp_mlp_refit": "SPP, MLP channels only, full refit without a bias (servable shapes)",
+         "spp_np_widths": "SPP's MLP order at NP's per-layer MLP widths (diagnostic)"}  # fmt: skip
 ROWS = (
     "spp",
     "spp_refit",
@@ -29,6 +30,7 @@ ROWS = (
     "spp_mlp_refit",
     "spp_random",
     "np",
+    "spp_np_widths",
     "flap",
 )
 

@@ -36,6 +36,7 @@ import os
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
@@ -213,6 +214,25 @@ def path_vs_magnitude(path: SolutionPath, dense, calib: torch.Tensor, windows: i
     return out
 
 
+def np_widths_keep(path: SolutionPath, np_dir: Path) -> dict[int, dict[str, list[int]]]:
+    """Per layer, the MLP channels the path keeps longest at the widths of the NP model saved in `np_dir`: SPP's
+    order within each layer, NP's allocation across layers (the `spp_np_widths` diagnostic row)."""
+    from optimum_prune.methods.spp.functional import removal_order
+    from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view, weight_oi
+
+    ref = AutoPrunedModelForCausalLM.from_pretrained(np_dir)
+    spec = get_spec(ref)
+    widths = {i: weight_oi(layer_view(layer, i, spec, ref.config).mlp_out).shape[1]
+              for i, layer in enumerate(get_layers(ref, spec))}  # fmt: skip
+    keep = {}
+    for (i, kind), st in sorted(path.stats.items()):
+        n = st["entry"].numel()
+        if kind == "mlp" and widths[i] < n:
+            order = removal_order(st["entry"], st["record"], st["z"], st["gamma"])  # least important first
+            keep[i] = {"mlp": sorted(order[n - widths[i] :].tolist())}
+    return keep
+
+
 # SPP rows besides the default extraction: the other compensation setting, the permutation control (the path's
 # order replaced by a random one within each pool: what the path's information is worth), and with
 # --extra-spp-rows the refit's options on the same path (as NP's light-ratio default: an intercept, a shrink)
@@ -253,6 +273,10 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
         },
         "spp_random": lambda r: spp_config(args, r, solution_path=str(random_dir)),
         "np": lambda r: NumericalConfig(pruning_ratio=r),
+        # diagnostic: the path's MLP order cut at NP's per-layer MLP widths (after the np row of the same ratio),
+        # with NP's servable refit; against `spp_mlp_refit` it isolates the widths, against `np` the order
+        "spp_np_widths": lambda r: spp_config(args, r, solution_path=str(path_dir), prune_attention=False,
+                                              compensation_bias=False, compensation_strength=1.0),  # fmt: skip
         "flap": lambda r: FLAPConfig(pruning_ratio=r),
     }
     with contextlib.nullcontext(harness.CalibrationStatsCache()) as cache:
@@ -264,7 +288,13 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
                 model = copy.deepcopy(dense)
                 config = configs[method](ratio)
                 needs = method.startswith("np") or method == "flap" or config.compensate
-                report = prune_(model, config, calib if needs else None, stats_cache=cache)
+                fixed = contextlib.nullcontext()
+                if method == "spp_np_widths":  # the cut replaced by NP's widths; the refit as in every SPP row
+                    keep = np_widths_keep(path, work / "models" / f"np@{ratio}")
+                    fixed = mock.patch("optimum_prune.methods.spp.pruner.extract_keep",
+                                       lambda *a, keep=keep: (keep, {"np_widths": True}))  # fmt: skip
+                with fixed:
+                    report = prune_(model, config, calib if needs else None, stats_cache=cache)
                 row = {"method": method, "ratio": ratio, "measured": report.measured, "params": report.params_after,
                        "prune_s": report.timings["total_s"], "config": report.config,
                        "kept": kept_fractions(model, dense)}  # fmt: skip
