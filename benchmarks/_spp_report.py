@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from optimum_prune.methods.spp.config import TEXT_STRENGTH
@@ -96,6 +97,7 @@ def _interval_sections(res: dict, ratios: list, bible: bool) -> list[str]:
         if len(rows) > (stage == "pruned"):
             out += ["", f"{title} (Δ: each method against NP at the same ratio, NP against FLAP):", ""]
             out += harness.interval_table(rows, texts, baseline="NP (NP: FLAP)")
+    out += _geomean_section(res, ratios, [k for k, _ in texts])
     un = res.get("unstructured", {})
     if any("documents" in r for r in un.values()):
         rows = [{"group": "50%", "label": NAMES[m], "ppl": un[m], "docs": un[m].get("documents"),
@@ -104,6 +106,31 @@ def _interval_sections(res: dict, ratios: list, bible: bool) -> list[str]:
         out += ["", "50% unstructured with intervals:", ""]
         out += harness.interval_table(rows, texts, group="sparsity", baseline="RIA")
     return out
+
+
+def _geomean_section(res: dict, ratios: list, keys: list[str]) -> list[str]:
+    """The selection criterion (benchmarks/README.md): the geometric mean of the texts' perplexities, each SPP row
+    against SPP's default extraction (`spp`) and every row against NP, each Δ with its paired interval."""
+    import harness
+
+    def gm(p: dict) -> float:
+        return math.exp(sum(math.log(p[k]) for k in keys) / len(keys))
+
+    def item(p: dict) -> dict:
+        return {"docs": {k: p["documents"].get(k) for k in keys}}
+
+    lines = []
+    for ratio in ratios:
+        got = {m: res["rows"][f"{m}@{ratio}"].get("pruned") for m in ROWS if f"{m}@{ratio}" in res["rows"]}
+        got = {m: p for m, p in got.items() if p and all(k in p.get("documents", {}) for k in keys)}
+        for m, p in got.items():
+            vs_spp = harness.geomean_delta_cell(item(p), item(got["spp"]), keys) if "spp" in got and m != "spp" else ""
+            vs_np = harness.geomean_delta_cell(item(p), item(got["np"]), keys) if "np" in got and m != "np" else ""
+            lines.append(f"| {ratio} | {NAMES[m]} | {gm(p):.2f} | {vs_spp} | {vs_np} |")
+    if not lines:
+        return []
+    return ["", f"Geometric mean of the {len(keys)} texts (the selection criterion), with paired 95% intervals:", "",
+            "| ratio | model | geometric mean | Δ vs SPP [95%] | Δ vs NP [95%] |", "|---:|---|---:|---|---|", *lines]
 
 
 def markdown(res: dict) -> str:
