@@ -37,16 +37,19 @@ ROWS = (
 
 # The SPPConfig fields of the named extraction rows (the same path, one setting changed): the screen of the extraction
 # settings that `benchmarks/spp.py --extra-spp-rows` and `benchmarks/vision.py --methods` run.
-VARIANTS = {"spp_bias": {"compensation_bias": True},
-            "spp_bias_s0.5": {"compensation_bias": True, "compensation_strength": 0.5},
-            "spp_bias_s1": {"compensation_bias": True, "compensation_strength": 1.0},
-            # the allocation across unit kinds (the path's order within each pool is the same)
-            "spp_per_kind": {"pools": "per_kind"}, "spp_separate": {"pools": "separate"},
-            "spp_cost_weighted": {"pools": "cost_weighted"},
-            "spp_uniform": {"allocation": "uniform"},
-            # the whole ratio from the MLP, as NP's servable default takes it (with its refit: no bias, full strength)
-            "spp_mlp": {"prune_attention": False},
-            "spp_mlp_refit": {"prune_attention": False, "compensation_bias": False, "compensation_strength": 1.0}}
+VARIANTS = {
+    "spp_bias": {"compensation_bias": True},
+    "spp_bias_s0.5": {"compensation_bias": True, "compensation_strength": 0.5},
+    "spp_bias_s1": {"compensation_bias": True, "compensation_strength": 1.0},
+    # the allocation across unit kinds (the path's order within each pool is the same)
+    "spp_per_kind": {"pools": "per_kind"},
+    "spp_separate": {"pools": "separate"},
+    "spp_cost_weighted": {"pools": "cost_weighted"},
+    "spp_uniform": {"allocation": "uniform"},
+    # the whole ratio from the MLP, as NP's servable default takes it (with its refit: no bias, full strength)
+    "spp_mlp": {"prune_attention": False},
+    "spp_mlp_refit": {"prune_attention": False, "compensation_bias": False, "compensation_strength": 1.0},
+}
 
 _SHOWN = ("faithful_to", "lr", "lambda_", "batch_size", "nu_scale", "search_labels", "search_seq_len")
 
@@ -129,8 +132,14 @@ def _geomean_section(res: dict, ratios: list, keys: list[str]) -> list[str]:
             lines.append(f"| {ratio} | {NAMES[m]} | {gm(p):.2f} | {vs_spp} | {vs_np} |")
     if not lines:
         return []
-    return ["", f"Geometric mean of the {len(keys)} texts (the selection criterion), with paired 95% intervals:", "",
-            "| ratio | model | geometric mean | Δ vs SPP [95%] | Δ vs NP [95%] |", "|---:|---|---:|---|---|", *lines]
+    return [
+        "",
+        f"Geometric mean of the {len(keys)} texts (the selection criterion), with paired 95% intervals:",
+        "",
+        "| ratio | model | geometric mean | Δ vs SPP [95%] | Δ vs NP [95%] |",
+        "|---:|---|---:|---|---|",
+        *lines,
+    ]
 
 
 def markdown(res: dict) -> str:

@@ -275,8 +275,14 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
         "np": lambda r: NumericalConfig(pruning_ratio=r),
         # diagnostic: the path's MLP order cut at NP's per-layer MLP widths (after the np row of the same ratio),
         # with NP's servable refit; against `spp_mlp_refit` it isolates the widths, against `np` the order
-        "spp_np_widths": lambda r: spp_config(args, r, solution_path=str(path_dir), prune_attention=False,
-                                              compensation_bias=False, compensation_strength=1.0),  # fmt: skip
+        "spp_np_widths": lambda r: spp_config(
+            args,
+            r,
+            solution_path=str(path_dir),
+            prune_attention=False,
+            compensation_bias=False,
+            compensation_strength=1.0,
+        ),  # fmt: skip
         "flap": lambda r: FLAPConfig(pruning_ratio=r),
     }
     with contextlib.nullcontext(harness.CalibrationStatsCache()) as cache:
