@@ -98,7 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--rows", nargs="+", default=None,
                    help="only these rows of the quality phase (e.g. `spp` for a screen of search settings whose NP / "
-                        "FLAP rows are in another file); default: every row")  # fmt: skip
+                        "FLAP rows are in another file); default: every row but the diagnostic `spp_np_widths` (the "
+                        "path's MLP order at the widths of the np row of the same ratio, which must come first)")  # fmt: skip
     p.add_argument("--spp-round-to", type=int, default=None, help="SPPConfig.round_to (default: SPPConfig's)")
     p.add_argument("--head-dim-multiple", type=int, default=None, help="SPPConfig.head_dim_multiple (default: its)")
     p.add_argument("--extra-spp-rows", nargs="*", default=[], choices=sorted(EXTRA_ROWS),
@@ -287,7 +288,7 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
     }
     with contextlib.nullcontext(harness.CalibrationStatsCache()) as cache:
         for ratio in args.ratios:
-            for method in [m for m in configs if args.rows is None or m in args.rows]:
+            for method in [m for m in configs if (m in args.rows if args.rows else m != "spp_np_widths")]:
                 key = f"{method}@{ratio}"
                 if key in res["rows"] and (work / "models" / key).is_dir():
                     continue

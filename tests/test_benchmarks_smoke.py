@@ -377,6 +377,20 @@ def test_spp(tiny_dir, tmp_path):
     assert screen["search"]["settings"]["search_labels"] == "dense"
     assert screen["search"]["windows"] == [4, 16] and screen["search"]["calibration"] == [2, 32]
     assert set(screen["rows"]["spp@0.3"]["kept"]) == {"attention", "mlp"}
+    # the MLP-only extractions and the diagnostic (the path's order at NP's per-layer widths) from the first path
+    mlp = _run("spp", [*base, "--workdir", str(tmp_path), "--phases", "quality", "--rows", "np", "spp_mlp",
+                       "spp_mlp_refit", "spp_np_widths", "--extra-spp-rows", "spp_mlp", "spp_mlp_refit"],
+               tmp_path / "mlp.json")  # fmt: skip
+    rows = mlp["rows"]
+    assert set(rows) == {"np@0.3", "spp_mlp@0.3", "spp_mlp_refit@0.3", "spp_np_widths@0.3"}
+    assert all(rows[k]["kept"]["attention"] == 1.0 for k in rows if k.startswith("spp"))  # attention kept whole
+    assert rows["spp_mlp_refit@0.3"]["config"]["compensation_bias"] is False
+    from optimum_prune import AutoPrunedModelForCausalLM
+
+    ref = AutoPrunedModelForCausalLM.from_pretrained(tmp_path / "models" / "np@0.3")
+    widths = [layer.mlp.down_proj.in_features for layer in ref.model.layers]
+    dense_width = json.loads((tiny_dir / "config.json").read_text())["intermediate_size"]
+    assert [w[2] for w in rows["spp_np_widths@0.3"]["layers"]] == widths and min(widths) < dense_width
 
 
 def test_unstructured(tiny_dir, tmp_path):
