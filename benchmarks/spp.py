@@ -283,7 +283,7 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
             prune_attention=False,
             compensation_bias=False,
             compensation_strength=1.0,
-        ),  # fmt: skip
+        ),
         "flap": lambda r: FLAPConfig(pruning_ratio=r),
     }
     with contextlib.nullcontext(harness.CalibrationStatsCache()) as cache:
