@@ -93,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--search-labels",
         default=None,
-        choices=["data", "sampled", "dense"],
+        choices=["data", "sampled", "dense", "layers"],
         help="SPPConfig.search_labels, the search's loss (default: SPPConfig's)",
     )
     p.add_argument("--rows", nargs="+", default=None,

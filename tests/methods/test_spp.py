@@ -24,7 +24,7 @@ from optimum_prune.methods.spp.functional import (
 )
 from optimum_prune.methods.spp.masks import SearchMasks, attach_masks
 from optimum_prune.methods.spp.search import search_views
-from optimum_prune.modeling.architectures import get_spec
+from optimum_prune.modeling.architectures import get_layers, get_spec
 
 # A short search on the tiny models whose units enter over several steps (a few never): a real path, in 10 steps.
 # (The released code's dynamics: the machinery tests need most units to enter; the default dynamics' ranking is
@@ -672,12 +672,15 @@ def test_teacher_kl_matches_a_float64_reference_and_vanishes_at_the_teacher():
     assert abs(loss.item()) < 1e-6 and float(at_teacher.grad.abs().max()) < 1e-6
 
 
-@pytest.mark.parametrize("arch, labels", [("llama", "dense"), ("vit", "dense"), ("vit", "sampled")])
+@pytest.mark.parametrize(
+    "arch, labels", [("llama", "dense"), ("vit", "dense"), ("vit", "sampled"), ("llama", "layers"), ("vit", "layers")]
+)
 def test_dense_labels_rank_planted_units_first(arch, labels):
-    """search_labels="dense" (and "sampled" on an image classifier) on arbitrary inputs (random ids, unlabelled random
-    images): the loss only measures how far the masks move the model from its own predictions, so the planted dead
-    units never enter (and on the language model, whose units all matter, they go first); with "dense", ν comes from
-    the cross-entropy's gradient; the model is unchanged."""
+    """search_labels="dense" / "layers" (and "sampled" on an image classifier) on arbitrary inputs (random ids,
+    unlabelled random images): the loss only measures how far the masks move the model (its predictions, or each
+    layer's output) from the dense one, so the planted dead units never enter (and on the language model, whose units
+    all matter, they go first); ν, with a loss whose gradient is zero at `M = 1`, comes from the cross-entropy's
+    gradient ("dense") or the probe's ("layers"); the model is unchanged."""
     if arch == "llama":
         model, planted = _planted()
         data = calibration_ids(128, 32, seed=1)
@@ -697,6 +700,64 @@ def test_dense_labels_rank_planted_units_first(arch, labels):
     if arch == "llama":
         pos = _positions(path)
         assert max(pos[(1, "qk")][0], pos[(1, "vo")][0]) <= 2 and int(pos[(1, "mlp")][:8].max()) < 16
+
+
+@pytest.mark.parametrize("arch", ["llama_gqa", "vit"])
+def test_layerwise_loss_matches_a_float64_reference_and_vanishes_at_the_dense_model(arch):
+    """search_labels="layers": the loss equals its direct float64 computation (each layer masked alone, the others
+    at 1, so its input is the dense one, against the dense model's output of that layer, relative to the layer's
+    update), is 0 with a zero gradient at `M = 1`, and leaves the masks as they were."""
+    from optimum_prune.methods.spp.targets import LayerwiseLoss
+
+    model = tiny_model(arch).double().eval()
+    spec = get_spec(model)
+    config = SPPConfig(**SHAPE, skip_layers=[0] if arch == "vit" else [])
+    views, units = search_views(model, spec, config)
+    masks = SearchMasks(units).double()
+    inputs = {"pixel_values": calibration_pixels(2, seed=1).double()} if arch == "vit" else {
+        "input_ids": calibration_ids(2, 12, seed=1), "labels": calibration_ids(2, 12, seed=1)}  # fmt: skip
+    layers = get_layers(model, spec)
+    plain = {k: v for k, v in inputs.items() if k != "labels"}
+
+    def run(values):  # every layer's (input, output) with the mask values `values`
+        seen = {}
+        hooks = [layer.register_forward_hook(lambda m, a, kw, o, i=i: seen.__setitem__(i, (
+            (a[0] if a else kw["hidden_states"]), o[0] if isinstance(o, tuple) else o)), with_kwargs=True)
+            for i, layer in enumerate(layers)]  # fmt: skip
+        with torch.no_grad():
+            for (_, _, p), v in zip(masks.items(), values):
+                p.copy_(v)
+            with attach_masks(views, spec, masks):
+                model.base_model(**plain)
+        for h in hooks:
+            h.remove()
+        return seen
+
+    ones = [torch.ones_like(p) for _, _, p in masks.items()]
+    torch.manual_seed(0)
+    values = [torch.rand_like(p) for _, _, p in masks.items()]
+    dense = run(ones)
+    terms = []
+    for layer in sorted(units):
+        alone = run([v if i == layer else o for (i, _, _), v, o in zip(masks.items(), values, ones)])
+        x, y = dense[layer]
+        terms.append((alone[layer][1] - y).pow(2).sum() / (y - x).pow(2).sum())
+    reference = torch.stack(terms).mean()
+    loss_fn = LayerwiseLoss(model, masks)
+    with torch.no_grad():
+        for (_, _, p), v in zip(masks.items(), values):
+            p.copy_(v)
+    with attach_masks(views, spec, masks), torch.enable_grad():
+        loss = loss_fn(inputs)
+        assert torch.allclose(loss.double(), reference, rtol=1e-6) and float(reference) > 1e-3
+        assert all(torch.equal(p, v) for (_, _, p), v in zip(masks.items(), values))  # the dense pass put them back
+        with torch.no_grad():
+            for _, _, p in masks.items():
+                p.fill_(1.0)
+        at_one = loss_fn(inputs)
+        grads = torch.autograd.grad(at_one, [p for _, _, p in masks.items()])
+    assert abs(float(at_one)) < 1e-12 and max(float(g.abs().max()) for g in grads) < 1e-12
+    assert sorted(loss_fn.layers) == sorted(units)
 
 
 def test_search_windows_do_not_depend_on_how_the_calibration_was_sliced():

@@ -50,7 +50,7 @@ class _SearchFields:
     def _validate_search(self) -> None:
         choice("faithful_to", self.faithful_to, ("coupled", "code", "paper"))
         if self.search_labels is not None:
-            choice("search_labels", self.search_labels, ("data", "sampled", "dense"))
+            choice("search_labels", self.search_labels, ("data", "sampled", "dense", "layers"))
         for name in ("steps", "batch_size", "gradient_accumulation_steps", "interval"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -223,7 +223,12 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             they fit the calibration text. `"dense"`: the KL divergence from the dense model's own predictions (its
             64 most likely outputs per position plus one bucket for the rest, from the same kind of pass): zero,
             with a zero gradient, at `M = 1`, so `nu="auto"` takes the scale of the cross-entropy against the dense
-            model's most likely outputs.
+            model's most likely outputs. `"layers"`: the dense model's hidden states, layer by layer: each searched
+            layer runs with the masks on the dense model's own input to it, and the loss is its squared error
+            against the dense layer's output relative to the layer's own update, averaged over the layers
+            (`targets.LayerwiseLoss`; no output head, so any architecture in the table); zero with a zero gradient at
+            `M = 1`, so `nu="auto"` takes the scale of its gradient at masks moved by ±0.1, times 4
+            (`search.NU_PROBE_FACTOR`: why there).
         search_seq_len (`int | None`, defaults to `128`; `None` in SPP + RIA): the tokens per window the search trains
             on. Each calibration window of `L` tokens is cut into `round(L / search_seq_len)` consecutive pieces of
             equal length (the same tokens, more windows; the few left over at a window's end are dropped; a window

@@ -24,13 +24,20 @@ from ...utils.training import build_training_arguments, quiet
 from .functional import auto_nu, bregman_step_, init_state
 from .masks import MaskSet, SearchMasks, attach_masks, layer_units
 from .path import SolutionPath, model_identity
-from .targets import SPPSearchError, search_dataset, teacher_kl
+from .targets import LayerwiseLoss, SPPSearchError, search_dataset, teacher_kl
 
 __all__ = ["BregmanOptimizer", "run_search", "search_views", "train_masks"]
 
 logger = logging.getLogger(__name__)
 
 _MASKS_ATTR = "spp_search_masks"
+# `search_labels="layers"` with `nu="auto"`: the size of the ±1 perturbation of the masks whose gradient sets ν, and
+# the factor on ν. That loss is flat at `M = 1`; near a unit's minimum it is ~h·(1 − M)², so the pull M/ν holds a
+# mask at M = hν/(1 + hν), and a q/k mask (squared in the logits, so its loss flattens again towards 0) stays up only
+# where hν > 2: at the factor 1 no q/k unit of the tiny test models enters, at 4 nearly all do (a planted dead unit
+# still first)
+NU_PROBE = 0.1
+NU_PROBE_FACTOR = 4.0
 
 
 class BregmanOptimizer(torch.optim.Optimizer):
@@ -115,11 +122,19 @@ class BregmanOptimizer(torch.optim.Optimizer):
 
 
 class _SearchTrainer(Trainer):
-    """`Trainer` that runs the model in eval mode (unless dropout is wanted) and stops on a non-finite loss."""
+    """`Trainer` that runs the model in eval mode (unless dropout is wanted), computes the `"dense"` and `"layers"`
+    losses (`layerwise`: a `LayerwiseLoss`) and stops on a non-finite loss."""
 
-    def __init__(self, *args: Any, dropout: bool = False, bregman: BregmanOptimizer | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        dropout: bool = False,
+        bregman: BregmanOptimizer | None = None,
+        layerwise: LayerwiseLoss | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
-        self._dropout, self._bregman = dropout, bregman
+        self._dropout, self._bregman, self._layerwise = dropout, bregman, layerwise
         free_memory = self.accelerator.free_memory
 
         def reset_without_gc(*objects):
@@ -136,7 +151,12 @@ class _SearchTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if not self._dropout:
             model.eval()
-        if "teacher_ids" in inputs:  # search_labels="dense"
+        if self._layerwise is not None:  # search_labels="layers"
+            if self._bregman is not None and not self._bregman.nu and self._bregman.nu_is_auto:
+                self._set_nu_by_probe(inputs)
+            loss = self._layerwise(inputs)
+            out = (loss, None) if return_outputs else loss
+        elif "teacher_ids" in inputs:  # search_labels="dense"
             ids, logp = inputs.pop("teacher_ids"), inputs.pop("teacher_logp")
             outputs = model(**inputs)
             logits = outputs.logits if "pixel_values" in inputs else outputs.logits[:, :-1]
@@ -164,6 +184,33 @@ class _SearchTrainer(Trainer):
         ce = nn.functional.cross_entropy(logits.flatten(0, -2).float(), ids[..., 0].flatten())
         grads = torch.autograd.grad(ce, params, retain_graph=True, allow_unused=True)
         self._bregman.resolve_nu([torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)])
+
+    def _set_nu_by_probe(self, inputs: dict[str, Any]) -> None:
+        """`nu="auto"` with the `"layers"` loss: its gradient is zero at `M = 1`, so ν comes from its gradient at
+        `M = 1 ± NU_PROBE` (independent random signs per unit, seeded), divided by `NU_PROBE`: the curvature's scale,
+        the gradient a unit meets once its mask has moved; ν = `NU_PROBE_FACTOR · nu_scale / RMS` of that. One probe
+        per unit kind, that kind's masks moved alone (a kind's gradient would otherwise carry the other kinds'
+        moves); the masks are put back before the first step."""
+        opt = self._bregman
+        params = [p for g in opt.param_groups for p in g["params"]]
+        gen = torch.Generator().manual_seed(self.args.seed)
+        signs = [(torch.randint(0, 2, p.shape, generator=gen) * 2 - 1).to(p) for p in params]
+        grads: list[torch.Tensor | None] = [None] * len(params)
+        for kind in opt.support:
+            probed = [j for j, (_, k) in enumerate(opt.keys) if k == kind]
+            values = [params[j].detach().clone() for j in probed]
+            try:
+                with torch.no_grad():
+                    for j in probed:
+                        params[j].add_(NU_PROBE * signs[j])
+                out = torch.autograd.grad(self._layerwise(inputs), [params[j] for j in probed], allow_unused=True)
+            finally:
+                with torch.no_grad():
+                    for j, v in zip(probed, values):
+                        params[j].copy_(v)
+            for j, g in zip(probed, out):
+                grads[j] = torch.zeros_like(params[j]) if g is None else g / (NU_PROBE * NU_PROBE_FACTOR)
+        opt.resolve_nu(grads)
 
 
 class _PathCallback(TrainerCallback):
@@ -243,8 +290,8 @@ def _search_session(model: nn.Module, masks: nn.Module):
 def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> dict[str, Any]:
     """Train `masks` (attached to the model by the context manager `attach`) with the Bregman dynamics of `config`
     on `data`; returns the optimizer's statistics, the support history, steps, seconds and the loss log."""
+    labels = config.labels_for(get_spec(model).modality)
     if isinstance(data, torch.Tensor):  # (image models, sampled labels: see `search_dataset`)
-        labels = config.labels_for(get_spec(model).modality)
         data = search_dataset(model, data, labels=labels, seed=config.seed, seq_len=config.search_seq_len)
     dataset = data
     if len(dataset) == 0:
@@ -262,6 +309,7 @@ def train_masks(model: nn.Module, config, data: Any, masks: MaskSet, attach) -> 
                 model=model, args=args, train_dataset=dataset, data_collator=default_data_collator,
                 optimizers=(optimizer, None), callbacks=[_PathCallback(optimizer, config.stop_at_density)],
                 dropout=config.dropout, bregman=optimizer,
+                layerwise=LayerwiseLoss(model, masks) if labels == "layers" else None,
             )  # fmt: skip
             quiet(trainer)
             trainer.train()

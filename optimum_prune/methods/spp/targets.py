@@ -1,5 +1,6 @@
 """What SPP's search trains the masks on: calibration windows or images with their targets (the data's own, ones
-drawn from the dense model, or the dense model's top outputs for a KL divergence), and the losses' shared pieces."""
+drawn from the dense model, the dense model's top outputs for a KL divergence, or its hidden states layer by layer),
+and the losses' shared pieces."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ import torch
 from torch import nn
 
 from ...calibration.images import LabelledImages, calibration_labels, check_labels, require_classifier
-from ...modeling.architectures import is_image_model
+from ...modeling.architectures import get_layers, get_spec, is_image_model
 
 __all__ = [
-    "SPPSearchError", "TEACHER_TOP_K", "sampled_labels", "search_dataset", "search_windows", "teacher_kl",
-    "teacher_targets",
+    "LayerwiseLoss", "SPPSearchError", "TEACHER_TOP_K", "sampled_labels", "search_dataset", "search_windows",
+    "teacher_kl", "teacher_targets",
 ]  # fmt: skip
 
 # outputs of the dense model kept per position for `search_labels="dense"` (the rest share one bucket)
@@ -68,17 +69,22 @@ def search_dataset(
     (`sampled_labels`), so the loss is an unbiased sample of the cross-entropy against the model itself: its
     expected gradient at `M = 1` is zero and it grows with how much removing a unit changes the model's output, not
     with how well the unit fits the calibration text (or labels). `labels="dense"`: the KL divergence from the dense
-    model's top outputs (`teacher_targets`, `teacher_kl`)."""
+    model's top outputs (`teacher_targets`, `teacher_kl`). `labels="layers"`: the inputs alone; the loss is the
+    dense model's hidden states, layer by layer (`LayerwiseLoss`)."""
     if not isinstance(data, torch.Tensor):
-        if labels != "data":
+        if labels not in ("data", "layers"):
             raise ValueError(f"{what}: search_labels={labels!r} needs the calibration inputs as a tensor (token ids or "
                              "pixel values), not ready-made examples; pass them as a tensor or use 'data'.")  # fmt: skip
         return data
     if not is_image_model(model):
         data = search_windows(data, seq_len, _bos(model))
+        if labels == "layers":
+            return _Windows(data)
         if labels == "sampled":
             return _Windows(data, sampled_labels(model, data, seed))
         return _Windows(data) if labels == "data" else _Teacher(_Windows(data), teacher_targets(model, data))
+    if labels == "layers":
+        return _Images(data)
     require_classifier(model, what)
     if labels == "sampled":
         return LabelledImages(data, sampled_labels(model, data, seed))
@@ -159,6 +165,69 @@ def sampled_labels(model: nn.Module, inputs: torch.Tensor, seed: int = 0, batch_
     out = torch.full_like(inputs, -100)
     out[:, 1:] = torch.cat(drawn)
     return out
+
+
+class LayerwiseLoss:
+    """The `"layers"` search loss: every searched layer, run with the masks on the dense model's own input to that
+    layer, against the dense layer's output. For a batch, one no-grad pass of the base model (no output head) with
+    every mask at 1 records each layer's inputs and output; then each searched layer runs again on those inputs with
+    the masks as they are, and the loss is the mean over the layers of
+
+        ‖layer_M(x_l) − layer(x_l)‖² / ‖layer(x_l) − x_l‖²
+
+    (the squared error over all tokens, relative to the layer's own update of the residual stream). Each layer's
+    masks then see only their own layer's error, as a layer-wise reconstruction does, and the masks of the other
+    units of a layer can rise to make up for a unit that goes. Zero, with a zero gradient, at `M = 1`.
+
+    `masks`: the search's `MaskSet` (keys `(layer index, ...)`)."""
+
+    def __init__(self, model: nn.Module, masks: Any) -> None:
+        layers = get_layers(model, get_spec(model))
+        self.layers = {i: layers[i] for i in sorted({key[0] for key in masks.keys})}
+        self.base, self.masks = model.base_model, masks
+        self.extra = {} if is_image_model(model) else {"use_cache": False}  # no cache for the layers' second run
+
+    def __call__(self, inputs: dict[str, Any]) -> torch.Tensor:
+        inputs = {k: v for k, v in inputs.items() if k != "labels"}
+        seen: dict[int, list] = {}
+
+        def record_inputs(i):
+            def hook(module, args, kwargs):
+                seen[i] = [args, kwargs]
+
+            return hook
+
+        def record_output(i):
+            def hook(module, args, kwargs, out):
+                seen[i].append(out[0] if isinstance(out, tuple) else out)
+
+            return hook
+
+        handles = []
+        for i, layer in self.layers.items():
+            handles.append(layer.register_forward_pre_hook(record_inputs(i), with_kwargs=True))
+            handles.append(layer.register_forward_hook(record_output(i), with_kwargs=True))
+        params = [p for _, _, p in self.masks.items()]
+        with torch.no_grad():
+            values = [p.detach().clone() for p in params]
+            try:
+                for p in params:
+                    p.fill_(1.0)
+                self.base(**inputs, **self.extra)
+            finally:
+                for p, v in zip(params, values):
+                    p.copy_(v)
+                for h in handles:
+                    h.remove()
+        terms = []
+        for i, layer in self.layers.items():
+            args, kwargs, dense = seen.pop(i)
+            out = layer(*args, **kwargs)
+            out = out[0] if isinstance(out, tuple) else out
+            x = args[0] if args else kwargs["hidden_states"]
+            update = (dense.float() - x.float()).pow(2).sum().clamp_min(torch.finfo(torch.float32).tiny)
+            terms.append((out.float() - dense.float()).pow(2).sum() / update)
+        return torch.stack(terms).mean()
 
 
 class _Windows(torch.utils.data.Dataset):
