@@ -122,19 +122,33 @@ def _geomean_section(res: dict, ratios: list, keys: list[str]) -> list[str]:
     def item(p: dict) -> dict:
         return {"docs": {k: p["documents"].get(k) for k in keys}}
 
+    def usable(rows: dict, ratio) -> dict:
+        got = {m: rows[f"{m}@{ratio}"].get("pruned") for m in ROWS if f"{m}@{ratio}" in rows}
+        return {m: p for m, p in got.items() if p and all(k in p.get("documents", {}) for k in keys)}
+
+    reference = res.get("reference")
     lines = []
     for ratio in ratios:
-        got = {m: res["rows"][f"{m}@{ratio}"].get("pruned") for m in ROWS if f"{m}@{ratio}" in res["rows"]}
-        got = {m: p for m, p in got.items() if p and all(k in p.get("documents", {}) for k in keys)}
+        got, refs = usable(res["rows"], ratio), usable(reference["rows"], ratio) if reference else {}
+        base = {**got, **refs}  # the reference's SPP and NP, when given
         for m, p in got.items():
-            vs_spp = harness.geomean_delta_cell(item(p), item(got["spp"]), keys) if "spp" in got and m != "spp" else ""
-            vs_np = harness.geomean_delta_cell(item(p), item(got["np"]), keys) if "np" in got and m != "np" else ""
+            vs_spp = harness.geomean_delta_cell(item(p), item(base["spp"]), keys) if "spp" in base and (
+                reference or m != "spp") else ""  # fmt: skip
+            vs_np = harness.geomean_delta_cell(item(p), item(base["np"]), keys) if "np" in base and m != "np" else ""
             lines.append(f"| {ratio} | {NAMES[m]} | {gm(p):.2f} | {vs_spp} | {vs_np} |")
+        if reference:
+            lines += [f"| {ratio} | {NAMES[m]} (reference) | {gm(p):.2f} | | |" for m, p in refs.items()]
     if not lines:
         return []
+    against = (
+        f" against the SPP and NP rows of `{reference['file']}` (commit {reference['commit']}; the reference rows are "
+        "marked)"
+        if reference
+        else ""
+    )
     return [
         "",
-        f"Geometric mean of the {len(keys)} texts (the selection criterion), with paired 95% intervals:",
+        f"Geometric mean of the {len(keys)} texts (the selection criterion), with paired 95% intervals{against}:",
         "",
         "| ratio | model | geometric mean | Δ vs SPP [95%] | Δ vs NP [95%] |",
         "|---:|---|---:|---|---|",

@@ -96,6 +96,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["data", "sampled", "dense", "layers"],
         help="SPPConfig.search_labels, the search's loss (default: SPPConfig's)",
     )
+    p.add_argument("--reference", default=None,
+                   help="a results file of this script whose `spp` and `np` rows the report compares this run's SPP "
+                        "rows with (paired intervals; the same split, tokens and documents), e.g. another search "
+                        "loss's run")  # fmt: skip
     p.add_argument("--rows", nargs="+", default=None,
                    help="only these rows of the quality phase (e.g. `spp` for a screen of search settings whose NP / "
                         "FLAP rows are in another file); default: every row but the diagnostic `spp_np_widths` (the "
@@ -468,6 +472,10 @@ def main(argv: list[str] | None = None) -> dict:
     res.update(env, model=model_desc, host=f"{env['host']['cpu']}, {env['host']['cpu_count']} CPUs",
                torch=torch.__version__, commit=str(env["versions"]["git_commit"])[:7], args=vars(args),
                load_average_start=(harness.loadavg() or [None])[0])  # fmt: skip
+    if args.reference:
+        ref = json.loads(Path(args.reference).read_text())
+        res["reference"] = {"file": Path(args.reference).name, "commit": ref.get("commit"),
+                            "rows": {k: v for k, v in ref["rows"].items() if k.split("@")[0] in ("spp", "np")}}  # fmt: skip
     PROTOCOL = protocol = harness.Protocol.from_args(args)
     train_docs = protocol.documents("bbc", "calibration")
     calib = protocol.calibration_ids(tokenizer, args.num_samples, args.calib_seq_len)

@@ -369,12 +369,15 @@ def test_spp(tiny_dir, tmp_path):
     assert set(result["unstructured"]) == {"spp_ria", "ria", "wanda"}
     assert "random@0.3" in result["ablation"] and "0.3" in result["speed"]
     # a screen of a search setting: its own path, only the SPP row; searched on the calibration ids (2 x 32) cut into
-    # windows of 16 tokens
+    # windows of 16 tokens; compared with the first run's SPP and NP rows (`--reference`)
     screen = _run("spp", [*base, "--workdir", str(tmp_path / "nu"), "--phases", "quality", "--rows", "spp",
-                          "--search-nu-scale", "2", "--search-labels", "dense", "--search-view", "--search-window",
-                          "16"], tmp_path / "nu.json")  # fmt: skip
+                          "--search-nu-scale", "2", "--search-labels", "layers", "--search-view", "--search-window",
+                          "16", "--reference", str(tmp_path / "spp.json")], tmp_path / "nu.json")  # fmt: skip
     assert set(screen["rows"]) == {"spp@0.3"} and screen["search"]["settings"]["nu_scale"] == 2.0
-    assert screen["search"]["settings"]["search_labels"] == "dense"
+    assert screen["search"]["settings"]["search_labels"] == "layers"
+    assert set(screen["reference"]["rows"]) == {"spp@0.3", "np@0.3"} and screen["reference"]["file"] == "spp.json"
+    report = (tmp_path / "nu.md").read_text(encoding="utf-8")
+    assert "| 0.3 | SPP (reference) |" in report and "| 0.3 | NP (reference) |" in report
     assert screen["search"]["windows"] == [4, 16] and screen["search"]["calibration"] == [2, 32]
     assert set(screen["rows"]["spp@0.3"]["kept"]) == {"attention", "mlp"}
     # the MLP-only extractions and the diagnostic (the path's order at NP's per-layer widths) from the first path
