@@ -176,8 +176,8 @@ class LayerwiseLoss:
         mean_t ‖layer_M(x_l)_t − layer(x_l)_t‖² / median_t ‖layer(x_l)_t − x_l,t‖²
 
     (the squared error per token, relative to the layer's own update of the residual stream at a typical token: the
-    median, since a few tokens, a leading BOS above all, carry updates orders of magnitude larger than the rest, and
-    a total over the tokens would measure every other channel against them). Each layer's
+    median, since a few tokens, a window's first one above all, carry updates orders of magnitude larger than the
+    rest, and a total over the tokens would measure every other channel against them). Each layer's
     masks then see only their own layer's error, as a layer-wise reconstruction does, and the masks of the other
     units of a layer can rise to make up for a unit that goes. Zero, with a zero gradient, at `M = 1`.
 
