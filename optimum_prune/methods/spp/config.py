@@ -228,7 +228,8 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             against the dense layer's output relative to the layer's own update, averaged over the layers
             (`targets.LayerwiseLoss`; no output head, so any architecture in the table); zero with a zero gradient at
             `M = 1`, so `nu="auto"` takes the scale of its gradient at masks moved by ±0.1, times 4
-            (`search.NU_PROBE_FACTOR`: why there).
+            (`search.NU_PROBE_FACTOR`: why there). An option for study, not a recommendation: it measured worse
+            than `"sampled"` (docs/methods/spp.md).
         search_seq_len (`int | None`, defaults to `128`; `None` in SPP + RIA): the tokens per window the search trains
             on. Each calibration window of `L` tokens is cut into `round(L / search_seq_len)` consecutive pieces of
             equal length (the same tokens, more windows; the few left over at a window's end are dropped; a window
