@@ -4,7 +4,8 @@ and the losses' shared pieces."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -15,7 +16,7 @@ from ...modeling.architectures import get_layers, get_spec, is_image_model
 
 __all__ = [
     "LayerwiseLoss", "SPPSearchError", "TEACHER_TOP_K", "sampled_labels", "search_dataset", "search_windows",
-    "teacher_kl", "teacher_targets",
+    "restored", "teacher_kl", "teacher_targets",
 ]  # fmt: skip
 
 # outputs of the dense model kept per position for `search_labels="dense"` (the rest share one bucket)
@@ -167,6 +168,18 @@ def sampled_labels(model: nn.Module, inputs: torch.Tensor, seed: int = 0, batch_
     return out
 
 
+@contextlib.contextmanager
+def restored(params: Sequence[torch.Tensor]):
+    """Within the block `params` (the search's masks) may be changed in place; their values are put back after."""
+    values = [p.detach().clone() for p in params]
+    try:
+        yield params
+    finally:
+        with torch.no_grad():
+            for p, v in zip(params, values):
+                p.copy_(v)
+
+
 class LayerwiseLoss:
     """The `"layers"` search loss: every searched layer, run with the masks on the dense model's own input to that
     layer, against the dense layer's output. For a batch, one no-grad pass of the base model (no output head) with
@@ -209,18 +222,14 @@ class LayerwiseLoss:
         for i, layer in self.layers.items():
             handles.append(layer.register_forward_pre_hook(record_inputs(i), with_kwargs=True))
             handles.append(layer.register_forward_hook(record_output(i), with_kwargs=True))
-        params = [p for _, _, p in self.masks.items()]
-        with torch.no_grad():
-            values = [p.detach().clone() for p in params]
-            try:
+        try:
+            with restored([p for _, _, p in self.masks.items()]) as params, torch.no_grad():
                 for p in params:
                     p.fill_(1.0)
                 self.base(**inputs, **self.extra)
-            finally:
-                for p, v in zip(params, values):
-                    p.copy_(v)
-                for h in handles:
-                    h.remove()
+        finally:
+            for h in handles:
+                h.remove()
         terms = []
         for i, layer in self.layers.items():
             args, kwargs, dense = seen.pop(i)
