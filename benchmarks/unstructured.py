@@ -363,24 +363,37 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 BASELINE = "sparsegpt"  # the Δ columns compare every method with SparseGPT at the same pattern
+SWEEP_BASELINE = "fista"  # ... or, in a run without SparseGPT (a screen of FISTA settings), with FISTA's default
 
 
 def _interval_rows(result: dict[str, Any]) -> list[str]:
-    """`harness.interval_table` of the runs: each against SparseGPT at the same sparsity and pattern."""
+    """`harness.interval_table` of the runs: each against SparseGPT at the same sparsity and pattern (against FISTA's
+    default in a run without SparseGPT), then the selection criterion's Δ (the geometric mean over the texts)."""
 
     def row(group: str, lab: str, r: dict[str, Any], ref: dict[str, Any] | None) -> dict[str, Any]:
         return {"group": group, "label": lab, "ppl": r.get("ppl_texts") or {}, "docs": r.get("ppl_documents"),
                 "ref": ref}  # fmt: skip
 
-    base = {(r["sparsity"], r["pattern"]): row("", "", r, None) for r in result["runs"] if r["method"] == BASELINE}
-    dense = {"ppl_texts": result.get("dense_ppl_texts"), "ppl_documents": result.get("dense_ppl_documents")}
-    rows = [row("dense", "dense", dense, None)]
+    methods = {r["method"] for r in result["runs"]}
+    baseline = BASELINE if BASELINE in methods else SWEEP_BASELINE
+    base = {(r["sparsity"], r["pattern"]): row("", "", r, None) for r in result["runs"] if r["method"] == baseline}
+    rows = []
+    if result.get("dense_ppl_texts"):
+        dense = {"ppl_texts": result["dense_ppl_texts"], "ppl_documents": result.get("dense_ppl_documents")}
+        rows.append(row("dense", "dense", dense, None))
     for r in result["runs"]:
         setting = r["pattern"] if r["pattern"] != "unstructured" else f"{r['sparsity']:.0%}"
-        ref = None if r["method"] == BASELINE else base.get((r["sparsity"], r["pattern"]))
+        ref = None if r["method"] == baseline else base.get((r["sparsity"], r["pattern"]))
         rows.append(row(setting, label(r["method"]), r, ref))
-    texts = [(t, harness.text_label(t)) for t in result["protocol"]["eval_texts"]]
-    return harness.interval_table(rows, texts, group="setting", baseline=label(BASELINE))
+    keys = result["protocol"]["eval_texts"]
+    texts = [(t, harness.text_label(t)) for t in keys]
+    lines = harness.interval_table(rows, texts, group="setting", baseline=label(baseline))
+    paired = [r for r in rows if r["ref"] is not None]
+    if paired:
+        lines += ["", f"Geometric mean over the {len(keys)} texts (the selection criterion), Δ vs {label(baseline)}:",
+                  "", "| setting | model | Δ [95%] |", "|---:|---|---|"]  # fmt: skip
+        lines += [f"| {r['group']} | {r['label']} | {harness.geomean_delta_cell(r, r['ref'], keys)} |" for r in paired]
+    return lines
 
 
 def add_time_ratios(result: dict[str, Any]) -> None:

@@ -407,6 +407,9 @@ def test_unstructured(tiny_dir, tmp_path):
     assert all(
         r["ppl"] == r["ppl_texts"]["bbc"] and r["ppl_ood"] == r["ppl_texts"]["python_docs"] for r in result["runs"]
     )
+    # without SparseGPT in the run, the Δ columns and the selection criterion compare with FISTA's default
+    md = (tmp_path / "unstructured.md").read_text(encoding="utf-8")
+    assert "Δ vs FISTA (default) [95%]" in md and "| 2:4 | Wanda | " in md.split("(the selection criterion)")[1]
     # scoring again from the saved weights gives the same perplexities
     again = _run("unstructured", [*argv, "--from-weights"], tmp_path / "again.json")
     assert [r["ppl"] for r in again["runs"]] == [r["ppl"] for r in result["runs"]]
