@@ -135,6 +135,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--speed-repeats", type=int, default=7, help="speed benchmark interleaved rounds (default: 7)")
     p.add_argument("--no-speed", action="store_true", help="skip the speed measurement (e.g. for ablations)")
     p.add_argument(
+        "--global-allocation",
+        action="store_true",
+        help='every method at allocation="global" (its defaults otherwise): how the runs made before each method '
+        "ran at its library defaults were configured, to re-run them faithfully",
+    )
+    p.add_argument(
         "--output",
         type=Path,
         default=DEFAULT_OUTPUT,
@@ -587,7 +593,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     settings = {
         "model": model_desc,
         "methods": args.methods,
-        "method_defaults": True,
+        "method_defaults": not args.global_allocation,
         "method_configs": {m: {"class": METHODS[m][0].__name__, **METHODS[m][1]} for m in args.methods},
         "ratios": args.ratios,
         "num_samples": args.num_samples,
@@ -659,7 +665,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         pruned: dict[str, torch.nn.Module] = {}
         for name in args.methods:
             label = METHODS[name][2]
-            config = method_config(name, ratio)
+            config = method_config(name, ratio, not args.global_allocation)
             model = copy.deepcopy(dense)
             logger.info("== %s at ratio %.2f", name, ratio)
             report = prune_(
