@@ -46,15 +46,21 @@ logger = logging.getLogger("recovery")
 
 METHODS = {
     "np30": ("Numerical Pruning 30%", lambda a: NumericalConfig(pruning_ratio=0.3)),
+    # NP's default before allocation="auto" (recovery_smollm2_protocol's row of 26 Nov): to re-run that file faithfully
+    "np30_global": (
+        "Numerical Pruning 30% (global)",
+        lambda a: NumericalConfig(pruning_ratio=0.3, allocation="global"),
+    ),
     "flap30": ("FLAP 30%", lambda a: FLAPConfig(pruning_ratio=0.3)),
     "fista24": ("FISTA 2:4", lambda a: FISTAConfig(sparsity=0.5, pattern="2:4", max_outer=a.fista_max_outer)),
     "fista50": ("FISTA 50%", lambda a: FISTAConfig(sparsity=0.5, max_outer=a.fista_max_outer)),
 }
+DEFAULT_METHODS = ["np30", "flap30", "fista24", "fista50"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=list(METHODS))
     p.add_argument("--num-samples", type=int, default=16, help="calibration sequences")
     p.add_argument("--calib-seq-len", type=int, default=256)
     p.add_argument("--fista-max-outer", type=int, default=3, help="FISTA outer-step cap (paper: no cap, ~130)")
