@@ -63,6 +63,9 @@ _LOSS = {**_UNIT, "ranking": "loss"}
 _BIAS = {"compensation_bias": True}
 VARIANTS: dict[str, tuple[type, dict[str, Any], dict[str, Any], str]] = {
     "flap": (FLAPConfig, {}, {}, "FLAP"),
+    # FLAP with its bias compensation forced on: its default everywhere before the default left it off on
+    # architectures whose graphs (llama.cpp's Gemma-3, Qwen3) have no output bias; the Gemma-3 runs of 26 Nov used it
+    "flap_bias": (FLAPConfig, {"bias_compensation": True}, {}, "FLAP, bias compensation"),
     "np_paper": (
         _NP,
         {
