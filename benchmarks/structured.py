@@ -665,7 +665,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         pruned: dict[str, torch.nn.Module] = {}
         for name in args.methods:
             label = METHODS[name][2]
-            config = method_config(name, ratio, not args.global_allocation)
+            config = method_config(name, ratio, settings["method_defaults"])
             model = copy.deepcopy(dense)
             logger.info("== %s at ratio %.2f", name, ratio)
             report = prune_(

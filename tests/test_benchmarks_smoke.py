@@ -98,6 +98,13 @@ def test_structured(tiny_dir, tmp_path):
         assert set(r["ppl_texts"]) == {"bbc", "python_docs", "kjv"}
         assert len(r["speed"]["prefill_speedup_rounds"]) == 2
         assert r["speed"]["prefill_speedup_verdict"] in ("faster", "slower", "tie")
+    assert result["settings"]["method_defaults"] is True
+    # --global-allocation: the configuration of the runs made before each method ran at its library defaults
+    argv = ["--model", str(tiny_dir), "--ratios", "0.3", "--calib-batch-size", "2", *TINY_CALIB, *TINY_EVAL]
+    pinned = _run("structured", [*argv, "--methods", "numerical", "--no-speed", "--global-allocation"],
+                  tmp_path / "global.json")  # fmt: skip
+    assert pinned["settings"]["method_defaults"] is False
+    assert [r["config"]["allocation"] for r in pinned["runs"]] == ["global"]
 
 
 def test_structured_method_config_and_merge_refusal(tmp_path):
@@ -262,11 +269,12 @@ def test_fista_generalization(tiny_dir, tmp_path):
 
 def test_np_allocation(tiny_dir, tmp_path):
     _corpora()
-    argv = ["--model", str(tiny_dir), "--variants", "flap", "np_paper", "np_unit_owl", "--ratios", "0.3"]
+    argv = ["--model", str(tiny_dir), "--variants", "flap", "flap_bias", "np_paper", "np_unit_owl", "--ratios", "0.3"]
     argv += [*TINY_CALIB, *TINY_EVAL, "--stats-cache", str(tmp_path / "stats")]
     result = _run("np_allocation", argv, tmp_path / "np.json")
     _check_protocol(result, split="selection")
-    assert {r["variant"] for r in result["runs"]} == {"flap", "np_paper", "np_unit_owl"}
+    assert {r["variant"] for r in result["runs"]} == {"flap", "flap_bias", "np_paper", "np_unit_owl"}
+    assert next(r for r in result["runs"] if r["variant"] == "flap_bias")["config"]["bias_compensation"] is True
     assert all(r["bbc"] > 0 and r["pydocs"] > 0 and r["kjv"] > 0 for r in result["runs"])
 
 
@@ -441,6 +449,10 @@ def test_recovery(tiny_dir, tmp_path):
     argv = ["--model", str(tiny_dir), "--methods", "flap30", "fista24", "--num-samples", "2", "--calib-seq-len", "32"]
     argv += ["--fista-max-outer", "1", "--steps", "1", "--batch-size", "1", "--seq-len", "16", "--lora-r", "2"]
     argv += [*TINY_EVAL, "--zero-shot-limit", "2"]
+    import recovery
+
+    assert "np30_global" not in recovery.DEFAULT_METHODS  # NP's default of 26 Nov, only on request
+    assert recovery.METHODS["np30_global"][1](None).allocation == "global"
     result = _run("recovery", argv, tmp_path / "recovery.json")
     _check_protocol(result)
     assert result["status"] == "Complete."
