@@ -218,7 +218,12 @@ def markdown(res: dict) -> str:
         "the saved path with `SPPConfig(pruning_ratio=r, solution_path=...)` (the refit of `o_proj` / `down_proj`, "
         "`compensate=True`, takes one calibration pass on the ids above; without it extraction needs no data). "
         "`random order`: the path's entries and Z permuted within each pool (the control). NP and FLAP: defaults "
-        "(`round_to=64`), one calibration pass shared by the ratios (`reuse_calibration_pass`), so their prune "
+        + (
+            '(NP at `allocation="global"`, its default before `"auto"`: `--global-allocation`) '
+            if a.get("global_allocation")
+            else ""
+        )
+        + "(`round_to=64`), one calibration pass shared by the ratios (`reuse_calibration_pass`), so their prune "
         "time at the first ratio includes the pass and later ones do not.",
         f"- LoRA recovery: r=16, all projections, {a['lora_steps']} steps × batch {a['lora_batch_size']} × "
         f"{a['lora_seq_len']} tokens, lr {a['lora_lr']}, the same windows for every model.",

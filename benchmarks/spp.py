@@ -96,6 +96,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["data", "sampled", "dense", "layers"],
         help="SPPConfig.search_labels, the search's loss (default: SPPConfig's)",
     )
+    p.add_argument("--global-allocation", action="store_true",
+                   help='the np row at allocation="global" (NP\'s default before "auto"): how the runs made before '
+                   "then were configured, to re-run them faithfully")  # fmt: skip
     p.add_argument("--reference", default=None,
                    help="a results file of this script whose `spp` and `np` rows the report compares this run's SPP "
                         "rows with (paired intervals; the same split, tokens and documents), e.g. another search "
@@ -152,6 +155,12 @@ def search_settings(args) -> dict:
 
 def spp_config(args, ratio: float = 0.2, **kw) -> SPPConfig:
     return SPPConfig(pruning_ratio=ratio, **search_settings(args), **spp_shape(args), **kw)
+
+
+def np_config(ratio: float, global_allocation: bool = False) -> NumericalConfig:
+    """NP's row: its library default, or with `global_allocation` the per-layer allocation that was its default
+    before `"auto"` (how the runs made then were configured)."""
+    return NumericalConfig(pruning_ratio=ratio, **({"allocation": "global"} if global_allocation else {}))
 
 
 def spp_shape(args) -> dict:
@@ -277,7 +286,7 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
             for row in args.extra_spp_rows
         },
         "spp_random": lambda r: spp_config(args, r, solution_path=str(random_dir)),
-        "np": lambda r: NumericalConfig(pruning_ratio=r),
+        "np": lambda r: np_config(r, args.global_allocation),
         # diagnostic: the path's MLP order cut at NP's per-layer MLP widths (after the np row of the same ratio),
         # with NP's servable refit; against `spp_mlp_refit` it isolates the widths, against `np` the order
         "spp_np_widths": lambda r: spp_config(

@@ -127,6 +127,16 @@ def test_structured_method_config_and_merge_refusal(tmp_path):
         structured.merge_results(paths, tmp_path / "merged.json")
 
 
+def test_spp_np_config():
+    """spp.py's NP row: NP's library default, or the per-layer allocation of the runs made before `"auto"`."""
+    import spp
+
+    from optimum_prune import NumericalConfig
+
+    assert spp.np_config(0.2) == NumericalConfig(pruning_ratio=0.2)
+    assert spp.np_config(0.2, global_allocation=True) == NumericalConfig(pruning_ratio=0.2, allocation="global")
+
+
 def test_harness_split_is_by_document_seeded_and_disjoint():
     import harness
 
@@ -389,6 +399,11 @@ def test_spp(tiny_dir, tmp_path):
     assert screen["search"]["windows"] == [4, 16] and screen["search"]["calibration"] == [2, 32]
     assert set(screen["rows"]["spp@0.3"]["kept"]) == {"attention", "mlp"}
     # the MLP-only extractions and the diagnostic (the path's order at NP's per-layer widths) from the first path
+    # NP at its former default allocation (`--global-allocation`: how the runs before "auto" were made)
+    pinned = _run("spp", [*base, "--workdir", str(tmp_path / "global"), "--phases", "quality", "--rows", "np",
+                          "--global-allocation"], tmp_path / "global.json")  # fmt: skip
+    assert pinned["rows"]["np@0.3"]["config"]["allocation"] == "global" and pinned["args"]["global_allocation"]
+    assert 'allocation="global"' in (tmp_path / "global.md").read_text(encoding="utf-8")
     mlp = _run("spp", [*base, "--workdir", str(tmp_path), "--phases", "quality", "--rows", "np", "spp_mlp",
                        "spp_mlp_refit", "spp_np_widths", "--extra-spp-rows", "spp_mlp", "spp_mlp_refit"],
                tmp_path / "mlp.json")  # fmt: skip
