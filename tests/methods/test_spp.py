@@ -706,7 +706,7 @@ def test_dense_labels_rank_planted_units_first(arch, labels):
 def test_layerwise_loss_matches_a_float64_reference_and_vanishes_at_the_dense_model(arch):
     """search_labels="layers": the loss equals its direct float64 computation (each layer masked alone, the others
     at 1, so its input is the dense one, against the dense model's output of that layer, per token, relative to the
-    median token's update), is 0 with a zero gradient at `M = 1`, and leaves the masks as they were."""
+    token's own update floored at the median token's), is 0 with a zero gradient at `M = 1`, and leaves the masks as they were."""
     from optimum_prune.methods.spp.targets import LayerwiseLoss
 
     model = tiny_model(arch).double().eval()
@@ -741,7 +741,8 @@ def test_layerwise_loss_matches_a_float64_reference_and_vanishes_at_the_dense_mo
     for layer in sorted(units):
         alone = run([v if i == layer else o for (i, _, _), v, o in zip(masks.items(), values, ones)])
         x, y = dense[layer]
-        terms.append((alone[layer][1] - y).pow(2).sum(-1).mean() / (y - x).pow(2).sum(-1).median())
+        update = (y - x).pow(2).sum(-1)
+        terms.append(((alone[layer][1] - y).pow(2).sum(-1) / torch.maximum(update, update.median())).mean())
     reference = torch.stack(terms).mean()
     loss_fn = LayerwiseLoss(model, masks)
     with torch.no_grad():

@@ -186,11 +186,11 @@ class LayerwiseLoss:
     every mask at 1 records each layer's inputs and output; then each searched layer runs again on those inputs with
     the masks as they are, and the loss is the mean over the layers of
 
-        mean_t ‖layer_M(x_l)_t − layer(x_l)_t‖² / median_t ‖layer(x_l)_t − x_l,t‖²
+        mean_t ‖layer_M(x_l)_t − layer(x_l)_t‖² / max(‖u_t‖², median_s ‖u_s‖²),   u_t = layer(x_l)_t − x_l,t
 
-    (the squared error per token, relative to the layer's own update of the residual stream at a typical token: the
-    median, since a few tokens, a window's first one above all, carry updates orders of magnitude larger than the
-    rest, and a total over the tokens would measure every other channel against them). Each layer's
+    (each token's squared error relative to the layer's own update of the residual stream at that token, floored at
+    the median token's: a few tokens, a window's first one above all, carry updates orders of magnitude larger than
+    the rest, and measured against one scale they would set the loss, and through the probe ν, alone). Each layer's
     masks then see only their own layer's error, as a layer-wise reconstruction does, and the masks of the other
     units of a layer can rise to make up for a unit that goes. Zero, with a zero gradient, at `M = 1`.
 
@@ -236,8 +236,9 @@ class LayerwiseLoss:
             out = layer(*args, **kwargs)
             out = out[0] if isinstance(out, tuple) else out
             x = args[0] if args else kwargs["hidden_states"]
-            update = (dense.float() - x.float()).pow(2).sum(-1).median().clamp_min(torch.finfo(torch.float32).tiny)
-            terms.append((out.float() - dense.float()).pow(2).sum(-1).mean() / update)
+            update = (dense.float() - x.float()).pow(2).sum(-1)
+            floor = update.median().clamp_min(torch.finfo(torch.float32).tiny)
+            terms.append(((out.float() - dense.float()).pow(2).sum(-1) / update.clamp_min(floor)).mean())
         return torch.stack(terms).mean()
 
 
