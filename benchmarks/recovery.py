@@ -161,7 +161,7 @@ def markdown(res: dict) -> str:
     ]
     for key in a["methods"]:
         row = res["rows"].get(key, {"name": METHODS[key][0]})
-        for variant, label in (("pruned", "none"), ("lora", "LoRA"), ("lora_kd", "LoRA + KD")):
+        for variant, label in RECOVERIES.items():
             r = row.get(variant)
             if r is None:
                 lines.append(f"| {row['name']} | {label} | not run |" + " |" * (len(keys) + 1))
@@ -177,22 +177,57 @@ def markdown(res: dict) -> str:
     if "documents" in dense:
         lines += ["", "Perplexity with its interval; Δ: each recovery against the same pruned model without it:", ""]
         lines += _interval_rows(res, list(zip(keys, labels)))
+        lines += ["", "Distillation: LoRA + KD against LoRA alone, the same pruned model:", ""]
+        lines += _interval_rows(res, list(zip(keys, labels)), ("lora_kd",), "lora", "LoRA")
+        if "flap30" in res["rows"]:
+            lines += ["", "Each structured model against FLAP 30% after the same recovery:", ""]
+            lines += _vs_flap_rows(res, list(zip(keys, labels)))
     lines.append("")
     return "\n".join(lines)
 
 
-def _interval_rows(res: dict, texts: list[tuple[str, str]]) -> list[str]:
+RECOVERIES = {"pruned": "none", "lora": "LoRA", "lora_kd": "LoRA + KD"}
+
+
+def _interval_rows(
+    res: dict,
+    texts: list[tuple[str, str]],
+    variants: tuple[str, ...] = tuple(RECOVERIES),
+    against: str = "pruned",
+    baseline: str = "no recovery",
+) -> list[str]:
+    """Each method's `variants` with their intervals, each against the same pruned model's `against` variant (the
+    dense row first when the pruned models themselves are listed)."""
     dense = res["dense"]
-    rows = [{"group": "dense", "label": "dense", "ppl": dense, "docs": dense.get("documents"), "ref": None}]
+    rows = []
+    if "pruned" in variants:
+        rows.append({"group": "dense", "label": "dense", "ppl": dense, "docs": dense.get("documents"), "ref": None})
     for key in res["args"]["methods"]:
         row = res["rows"].get(key, {})
-        pruned = row.get("pruned")
-        for variant, label in (("pruned", "none"), ("lora", "LoRA"), ("lora_kd", "LoRA + KD")):
+        base = row.get(against)
+        for variant in variants:
             r = row.get(variant)
             if r is not None:
-                ref = None if variant == "pruned" or not pruned else {"ppl": pruned, "docs": pruned.get("documents")}
-                rows.append({"group": row["name"], "label": label, "ppl": r, "docs": r.get("documents"), "ref": ref})
-    return harness.interval_table(rows, texts, group="method", baseline="no recovery")
+                ref = None if variant == against or not base else {"ppl": base, "docs": base.get("documents")}
+                rows.append({"group": row["name"], "label": RECOVERIES[variant], "ppl": r,
+                             "docs": r.get("documents"), "ref": ref})  # fmt: skip
+    return harness.interval_table(rows, texts, group="method", baseline=baseline)
+
+
+def _vs_flap_rows(res: dict, texts: list[tuple[str, str]]) -> list[str]:
+    """The structured models (NP) against FLAP 30% at each recovery: the same documents, paired intervals."""
+    flap = res["rows"]["flap30"]
+    rows = []
+    for key in res["args"]["methods"]:
+        row = res["rows"].get(key, {})
+        if not key.startswith("np"):
+            continue
+        for variant, label in RECOVERIES.items():
+            r, ref = row.get(variant), flap.get(variant)
+            if r is not None and ref is not None:
+                rows.append({"group": row["name"], "label": label, "ppl": r, "docs": r.get("documents"),
+                             "ref": {"ppl": ref, "docs": ref.get("documents")}})  # fmt: skip
+    return harness.interval_table(rows, texts, group="method", baseline="FLAP 30%")
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -461,7 +461,8 @@ def test_attention(tiny_dir, tmp_path):
 def test_recovery(tiny_dir, tmp_path):
     _corpora()
     pytest.importorskip("lm_eval", reason="recovery.py scores the BBC topic task with lm-eval (the `eval` extra)")
-    argv = ["--model", str(tiny_dir), "--methods", "flap30", "fista24", "--num-samples", "2", "--calib-seq-len", "32"]
+    argv = ["--model", str(tiny_dir), "--methods", "np30", "flap30", "fista24", "--num-samples", "2"]
+    argv += ["--calib-seq-len", "32"]
     argv += ["--fista-max-outer", "1", "--steps", "1", "--batch-size", "1", "--seq-len", "16", "--lora-r", "2"]
     argv += [*TINY_EVAL, "--zero-shot-limit", "2"]
     import recovery
@@ -474,6 +475,13 @@ def test_recovery(tiny_dir, tmp_path):
     for row in result["rows"].values():
         assert {"pruned", "lora", "lora_kd"} <= set(row)
         assert row["lora"]["ppl_kjv"] > 0 and row["lora"]["bbc_topic_n"] == 2
+    # the report's paired comparisons: distillation against LoRA alone, NP against FLAP at each recovery
+    report = (tmp_path / "recovery.md").read_text(encoding="utf-8")
+    kd = report.split("LoRA + KD against LoRA alone")[1].split("\n\n")[1].splitlines()
+    assert "Δ vs LoRA [95%]" in kd[0] and [r.split(" | ")[1] for r in kd[2:]] == ["LoRA + KD"] * 3
+    vs_flap = report.split("against FLAP 30% after the same recovery")[1].split("\n\n")[1].splitlines()
+    assert [r.split(" | ")[1] for r in vs_flap[2:]] == ["none", "LoRA", "LoRA + KD"]
+    assert all(r.startswith("| Numerical Pruning 30% |") and "%" in r.split(" | ")[3] for r in vs_flap[2:])
 
 
 def test_scale(tiny_dir, tmp_path):
