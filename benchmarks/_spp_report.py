@@ -88,14 +88,19 @@ def _interval_sections(res: dict, ratios: list, bible: bool) -> list[str]:
     for stage, title in (("pruned", "Perplexity with its interval"), ("lora", "After LoRA")):
         rows = [] if stage == "lora" else [{"group": "0", "label": "dense", "ppl": dense,
                                             "docs": dense.get("documents"), "ref": None}]  # fmt: skip
+        reference = (res.get("reference") or {}).get("rows", {})
         for ratio in ratios:
             got = {m: res["rows"][f"{m}@{ratio}"].get(stage) for m in ROWS if f"{m}@{ratio}" in res["rows"]}
-            for method, p in got.items():
+            # the reference file's SPP (and NP, when this run has none): `--reference`
+            refs = {m: reference[f"{m}@{ratio}"].get(stage) for m in ("spp", "np") if f"{m}@{ratio}" in reference}
+            listed = [(m, p, NAMES[m]) for m, p in got.items()]
+            listed += [(m, p, f"{NAMES[m]} (reference)") for m, p in refs.items() if m == "spp" or m not in got]
+            for method, p, label in listed:
                 if not p:
                     continue
-                base = got.get("flap" if method == "np" else "np")
+                base = {**got, **refs}.get("flap" if method == "np" else "np")  # the reference's NP when given
                 ref = None if method == "flap" or not base else {"ppl": base, "docs": base.get("documents")}
-                rows.append({"group": f"{ratio}", "label": NAMES[method], "ppl": p, "docs": p.get("documents"),
+                rows.append({"group": f"{ratio}", "label": label, "ppl": p, "docs": p.get("documents"),
                              "ref": ref})  # fmt: skip
         if len(rows) > (stage == "pruned"):
             out += ["", f"{title} (Δ: each method against NP at the same ratio, NP against FLAP):", ""]
@@ -136,8 +141,9 @@ def _geomean_section(res: dict, ratios: list, keys: list[str]) -> list[str]:
                 reference or m != "spp") else ""  # fmt: skip
             vs_np = harness.geomean_delta_cell(item(p), item(base["np"]), keys) if "np" in base and m != "np" else ""
             lines.append(f"| {ratio} | {NAMES[m]} | {gm(p):.2f} | {vs_spp} | {vs_np} |")
-        if reference:
-            lines += [f"| {ratio} | {NAMES[m]} (reference) | {gm(p):.2f} | | |" for m, p in refs.items()]
+        for m, p in refs.items() if reference else ():  # against NP: the reference's own, else this run's
+            vs_np = harness.geomean_delta_cell(item(p), item(base["np"]), keys) if "np" in base and m != "np" else ""
+            lines.append(f"| {ratio} | {NAMES[m]} (reference) | {gm(p):.2f} | | {vs_np} |")
     if not lines:
         return []
     against = (

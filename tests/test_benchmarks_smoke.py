@@ -400,10 +400,14 @@ def test_spp(tiny_dir, tmp_path):
     assert set(screen["rows"]["spp@0.3"]["kept"]) == {"attention", "mlp"}
     # the MLP-only extractions and the diagnostic (the path's order at NP's per-layer widths) from the first path
     # NP at its former default allocation (`--global-allocation`: how the runs before "auto" were made)
+    # (and a reference with SPP rows only: its SPP against this run's NP, per text and in geometric mean)
     pinned = _run("spp", [*base, "--workdir", str(tmp_path / "global"), "--phases", "quality", "--rows", "np",
-                          "--global-allocation"], tmp_path / "global.json")  # fmt: skip
+                          "--global-allocation", "--reference", str(tmp_path / "nu.json")], tmp_path / "global.json")  # fmt: skip
     assert pinned["rows"]["np@0.3"]["config"]["allocation"] == "global" and pinned["args"]["global_allocation"]
-    assert 'allocation="global"' in (tmp_path / "global.md").read_text(encoding="utf-8")
+    report = (tmp_path / "global.md").read_text(encoding="utf-8")
+    assert 'allocation="global"' in report
+    ref_rows = [line.split(" | ") for line in report.splitlines() if line.startswith("| 0.3 | SPP (reference) |")]
+    assert len(ref_rows) == 2 and all("%" in cells[-1] for cells in ref_rows)  # per text (its last Δ), geomean
     mlp = _run("spp", [*base, "--workdir", str(tmp_path), "--phases", "quality", "--rows", "np", "spp_mlp",
                        "spp_mlp_refit", "spp_np_widths", "--extra-spp-rows", "spp_mlp", "spp_mlp_refit"],
                tmp_path / "mlp.json")  # fmt: skip
