@@ -11,6 +11,7 @@ NAMES = {"spp": "SPP", "np": "NP", "flap": "FLAP", "spp_ria": "SPP + RIA (experi
          "wanda": "Wanda", "spp_refit": "SPP + refit", "spp_norefit": "SPP, no refit",
          "spp_random": "SPP, random order (control)", "spp_bias": "SPP, refit with a bias",
          "spp_bias_s0.5": "SPP, refit with a bias at strength 0.5", "spp_bias_s1": "SPP, refit with a bias at strength 1",
+         "spp_full_refit": "SPP, the full refit without an intercept (the default before the refit screen)",
          "spp_per_kind": "SPP, pools per kind (q/k, v/o, MLP)", "spp_separate": "SPP, pools attention / MLP (the code's)",
          "spp_cost_weighted": "SPP, one cost-weighted pool", "spp_uniform": "SPP, the same fraction in every layer",
          "spp_mlp": "SPP, MLP channels only (every attention dimension kept)",
@@ -23,6 +24,7 @@ ROWS = (
     "spp_bias",
     "spp_bias_s0.5",
     "spp_bias_s1",
+    "spp_full_refit",
     "spp_per_kind",
     "spp_separate",
     "spp_cost_weighted",
@@ -41,6 +43,7 @@ VARIANTS = {
     "spp_bias": {"compensation_bias": True},
     "spp_bias_s0.5": {"compensation_bias": True, "compensation_strength": 0.5},
     "spp_bias_s1": {"compensation_bias": True, "compensation_strength": 1.0},
+    "spp_full_refit": {"compensation_bias": False, "compensation_strength": 1.0},
     # the allocation across unit kinds (the path's order within each pool is the same)
     "spp_per_kind": {"pools": "per_kind"},
     "spp_separate": {"pools": "separate"},
