@@ -413,7 +413,7 @@ def markdown(res: dict) -> str:
                                                    for k in (1, 2, 3))
                               for n, r in runs.items() if "extract_s" in r) + "."]  # fmt: skip
     if any("correct" in r or "correct_before_ft" in r for r in runs.values()):
-        lines += ["", "Accuracy with its interval (bootstrap over the test images, 2,000 seeded resamples); Δ: the "
+        lines += ["", "Accuracy with its interval (bootstrap over the scored images, 2,000 seeded resamples); Δ: the "
                   "difference of accuracies against NP at the same ratio, paired (the same resampled images); "
                   "better / worse only when its interval excludes 0, else tie:", ""]  # fmt: skip
         lines += _interval_rows(res, lrs)
