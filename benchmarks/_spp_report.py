@@ -16,7 +16,8 @@ NAMES = {"spp": "SPP", "np": "NP", "flap": "FLAP", "spp_ria": "SPP + RIA (experi
          "spp_cost_weighted": "SPP, one cost-weighted pool", "spp_uniform": "SPP, the same fraction in every layer",
          "spp_mlp": "SPP, MLP channels only (every attention dimension kept)",
          "spp_mlp_refit": "SPP, MLP channels only, full refit without a bias (servable shapes)",
-         "spp_np_widths": "SPP's MLP order at NP's per-layer MLP widths (diagnostic)"}  # fmt: skip
+         "spp_np_widths": "SPP's MLP order at NP's per-layer MLP widths (diagnostic)",
+         "np_spp_widths": "NP's MLP order at the per-layer MLP widths of SPP's MLP-only cut (diagnostic)"}  # fmt: skip
 ROWS = (
     "spp",
     "spp_refit",
@@ -34,6 +35,7 @@ ROWS = (
     "spp_random",
     "np",
     "spp_np_widths",
+    "np_spp_widths",
     "flap",
 )
 

@@ -409,10 +409,13 @@ def test_spp(tiny_dir, tmp_path):
     ref_rows = [line.split(" | ") for line in report.splitlines() if line.startswith("| 0.3 | SPP (reference) |")]
     assert len(ref_rows) == 2 and all("%" in cells[-1] for cells in ref_rows)  # per text (its last Δ), geomean
     mlp = _run("spp", [*base, "--workdir", str(tmp_path), "--phases", "quality", "--rows", "np", "spp_mlp",
-                       "spp_mlp_refit", "spp_np_widths", "--extra-spp-rows", "spp_mlp", "spp_mlp_refit"],
+                       "spp_mlp_refit", "spp_np_widths", "np_spp_widths", "--extra-spp-rows", "spp_mlp", "spp_mlp_refit"],
                tmp_path / "mlp.json")  # fmt: skip
     rows = mlp["rows"]
-    assert set(rows) == {"np@0.3", "spp_mlp@0.3", "spp_mlp_refit@0.3", "spp_np_widths@0.3"}
+    assert set(rows) == {"np@0.3", "spp_mlp@0.3", "spp_mlp_refit@0.3", "spp_np_widths@0.3", "np_spp_widths@0.3"}
+    # the converse diagnostic: NP's scores cut at the widths of the path's MLP-only cut (same widths, NP's channels)
+    assert rows["np_spp_widths@0.3"]["layers"] == rows["spp_mlp_refit@0.3"]["layers"]
+    assert rows["np_spp_widths@0.3"]["config"]["method"] == "numerical"
     assert all(rows[k]["kept"]["attention"] == 1.0 for k in rows if k.startswith("spp"))  # attention kept whole
     assert rows["spp_mlp_refit@0.3"]["config"]["compensation_bias"] is False
     from optimum_prune import AutoPrunedModelForCausalLM
