@@ -375,14 +375,22 @@ def test_spp(tiny_dir, tmp_path):
         "speed",
         "--extra-spp-rows",
         "spp_bias_s0.5",
+        "spp_full_refit",
     ]
     result = _run("spp", argv, tmp_path / "spp.json")
     _check_protocol(result)
     assert result["rows"]["spp_bias_s0.5@0.3"]["config"]["compensation_strength"] == 0.5
+    full = result["rows"]["spp_full_refit@0.3"]["config"]
+    assert full["compensation_strength"] == 1.0 and full["compensation_bias"] is False
     assert {"prune_norefit_s", "refit_s", "kept"} <= set(result["rows"]["spp@0.3"])  # extraction cost, widths
-    assert set(result["rows"]) == {"spp@0.3", "np@0.3", "flap@0.3", "spp_random@0.3", "spp_bias_s0.5@0.3"} | (
-        {"spp_norefit@0.3"} if SPPConfig().compensate else {"spp_refit@0.3"}
-    )
+    assert set(result["rows"]) == {
+        "spp@0.3",
+        "np@0.3",
+        "flap@0.3",
+        "spp_random@0.3",
+        "spp_bias_s0.5@0.3",
+        "spp_full_refit@0.3",
+    } | ({"spp_norefit@0.3"} if SPPConfig().compensate else {"spp_refit@0.3"})
     assert all(set(r["lora"]) >= {"bbc", "python", "kjv"} for r in result["rows"].values())
     assert set(result["unstructured"]) == {"spp_ria", "ria", "wanda"}
     assert "random@0.3" in result["ablation"] and "0.3" in result["speed"]
