@@ -17,7 +17,9 @@ NAMES = {"spp": "SPP", "np": "NP", "flap": "FLAP", "spp_ria": "SPP + RIA (experi
          "spp_mlp": "SPP, MLP channels only (every attention dimension kept)",
          "spp_mlp_refit": "SPP, MLP channels only, full refit without a bias (servable shapes)",
          "spp_np_widths": "SPP's MLP order at NP's per-layer MLP widths (diagnostic)",
-         "np_spp_widths": "NP's MLP order at the per-layer MLP widths of SPP's MLP-only cut (diagnostic)"}  # fmt: skip
+         "np_spp_widths": "NP's MLP order at the per-layer MLP widths of SPP's MLP-only cut (diagnostic)",
+         "spp_np_order": "SPP, NP's order of the MLP channels within each layer (channel_order=\"np\")",
+         "spp_mlp_np_order": "SPP, MLP channels only, NP's order within each layer, full refit without a bias"}  # fmt: skip
 ROWS = (
     "spp",
     "spp_refit",
@@ -32,6 +34,8 @@ ROWS = (
     "spp_uniform",
     "spp_mlp",
     "spp_mlp_refit",
+    "spp_np_order",
+    "spp_mlp_np_order",
     "spp_random",
     "np",
     "spp_np_widths",
@@ -54,6 +58,14 @@ VARIANTS = {
     # the whole ratio from the MLP, as NP's servable default takes it (with its refit: no bias, full strength)
     "spp_mlp": {"prune_attention": False},
     "spp_mlp_refit": {"prune_attention": False, "compensation_bias": False, "compensation_strength": 1.0},
+    # the path's widths per layer, NP's scores choosing the channels within each (`channel_order="np"`)
+    "spp_np_order": {"channel_order": "np"},
+    "spp_mlp_np_order": {
+        "prune_attention": False,
+        "compensation_bias": False,
+        "compensation_strength": 1.0,
+        "channel_order": "np",
+    },
 }
 
 _SHOWN = ("faithful_to", "lr", "lambda_", "batch_size", "nu_scale", "search_labels", "search_seq_len")

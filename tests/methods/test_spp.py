@@ -552,6 +552,51 @@ def test_compensation_is_the_least_squares_refit_of_the_kept_inputs(tmp_path):
         SPPConfig(compensate=True, fold_masks=True)
 
 
+@pytest.mark.parametrize("ratio", [0.2, 0.4])  # FLAP's fluctuation metric below NP's light ratio, the scores above
+def test_np_channel_order_keeps_the_paths_widths_and_nps_channels(ratio, tmp_path):
+    """channel_order="np": every layer keeps as many MLP channels as the path's cut, chosen by NP's scores of
+    down_proj's inputs (float64 reference from the dense inputs), then refitted; it reloads exactly, and without
+    the refit's Gram it is refused before anything changes."""
+    from optimum_prune.functional.numerical import numerical_scores
+
+    model, ids, where, inputs = _searched_model_and_refit_inputs(tmp_path)
+    cfg = {**FAST, "pruning_ratio": ratio, "solution_path": where, "prune_attention": False}
+    cfg.pop("compensate")
+    by_path, by_np = copy.deepcopy(model), copy.deepcopy(model)
+    prune_(by_path, SPPConfig(**cfg), ids)
+    rep = prune_(by_np, SPPConfig(**cfg, channel_order="np"), ids)
+    light = NumericalConfig(pruning_ratio=ratio, allocation="servable").resolved_scores == "fluctuation"
+    assert light == (ratio < 0.25)
+    changed = 0
+    for i, (a, b, dense) in enumerate(zip(by_path.model.layers, by_np.model.layers, model.model.layers)):
+        width = a.mlp.down_proj.in_features
+        assert b.mlp.down_proj.in_features == width  # the path's allocation across the layers
+        if width == dense.mlp.down_proj.in_features:
+            continue
+        X = inputs[f"model.layers.{i}.mlp.down_proj"].reshape(-1, dense.mlp.down_proj.in_features)
+        W = dense.mlp.down_proj.weight.detach().double()
+        if light:  # FLAP's metric: ‖W_:,j‖² · Var(x_j)
+            score = W.pow(2).sum(0) * X.var(0, unbiased=False)
+        else:
+            score = numerical_scores(W, X.T @ X / X.shape[0], ratio)
+        want = sorted(torch.sort(score, stable=True).indices[-width:].tolist())
+        got = [next(j for j in range(W.shape[1]) if torch.equal(dense.mlp.up_proj.weight[j], r))
+               for r in b.mlp.up_proj.weight]  # fmt: skip
+        assert got == want
+        changed += got != [next(j for j in range(W.shape[1]) if torch.equal(dense.mlp.up_proj.weight[j], r))
+                           for r in a.mlp.up_proj.weight]  # fmt: skip
+    assert changed >= 1 and rep.info["compensation_residuals"]  # another order than the path's, refitted
+    save_pruned_model(by_np, tmp_path / "np_order")
+    reloaded = AutoPrunedModelForCausalLM.from_pretrained(tmp_path / "np_order", attn_implementation="eager")
+    torch.testing.assert_close(logits(reloaded), logits(by_np), rtol=0, atol=0)
+    snap = _state(model)
+    with pytest.raises(ValueError, match="compensate=True"):
+        SPPConfig(**cfg, channel_order="np", compensate=False)
+    with pytest.raises(ValueError, match="channel_order"):
+        SPPConfig(**cfg, channel_order="score")
+    assert all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
+
+
 @pytest.mark.parametrize("strength", [0.0, 0.5])
 def test_compensation_with_bias_at_a_strength_is_the_shrunk_intercept_fit_and_reloads(strength, tmp_path):
     """compensation_bias / compensation_strength: the kept o_proj / down_proj inputs take the fraction s of the

@@ -6,14 +6,10 @@ import math
 from dataclasses import dataclass, replace
 
 from ...config import StructuredPruningConfig, choice
+from ...functional.numerical import LIGHT_RATIOS  # (where the grids put them; re-exported)
 
 __all__ = ["NumericalConfig"]
 
-# Below these pruning ratios `scores="auto"` ranks units by FLAP's fluctuation metric (with a bias refit where the
-# architecture takes one), from them by the numerical scores: per allocation, each the first ratio of a selection-split
-# grid (0.1-0.35) at which the numerical scores won (why: docs/methods/numerical.md, "The paper's setting and our
-# defaults"). "global" also serves "uniform" and "owl", and an unresolved "auto" (the pruner resolves it first).
-LIGHT_RATIOS = {"servable": 0.25, "global": 0.275}
 # `compensation_strength=None` below it (with the fluctuation ranking): the refit's change shrunk to half, so that it
 # fits the calibration text less (docs/methods/numerical.md).
 LIGHT_STRENGTH = 0.5

@@ -185,6 +185,12 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             a bias on o_proj / down_proj restores the mean output the removed inputs carried (why an intercept at
             half strength: docs/methods/spp.md); `compensation_bias=False, compensation_strength=1.0` is the refit
             before them.
+        channel_order (`str`, defaults to `"path"`): which MLP channels a layer keeps. `"path"` (the paper): those
+            that entered the path first. `"np"` (an extension, not in the paper): the cut of the path still sets how
+            many channels every layer keeps, and Numerical Pruning's scores of down_proj's (fc2's) inputs, from the
+            refit's Gram, choose which (FLAP's fluctuation metric or the numerical scores, as `NumericalConfig`'s
+            default resolves them at this ratio): the path's allocation across the layers, NP's order within them.
+            Needs `compensate=True`. Why: docs/methods/spp.md.
         faithful_to (`str`, defaults to `"coupled"`): the dynamics (docs/methods/spp.md). `"coupled"`: AdamW on the
             gradient of the paper's coupled loss (Eq. 9), `∇L + (M − Γ)/ν`, which pulls every mask towards `Γ` (0
             until the unit enters), then `Z ← Z + lr·κ·(M_{k+1} − Γ)` and the one-sided `Γ = max(Z − λ, 0)`: a unit
@@ -269,6 +275,7 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
     compensation_damping: float = 0.1
     compensation_strength: float | None = None
     compensation_bias: bool = True
+    channel_order: str = "path"
 
     def refit_strength(self, modality: str = "text") -> float:
         """The fraction of the refit's change applied to a model of `modality` (`"text"` or `"image"`, the
@@ -314,6 +321,10 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             raise ValueError(f"`head_dim_multiple` must be >= 1, got {self.head_dim_multiple}.")
         if not isinstance(self.compensate, bool):
             raise ValueError(f"`compensate` must be a bool, got {self.compensate!r}.")
+        choice("channel_order", self.channel_order, ("path", "np"))
+        if self.channel_order == "np" and not self.compensate:
+            raise ValueError("channel_order='np' picks each layer's MLP channels by scores of the refit's Gram; it "
+                             "needs compensate=True (the default).")  # fmt: skip
         if self.compensate and self.fold_masks:
             raise ValueError("compensate=True refits o_proj / down_proj on the dense model's weights; it cannot be "
                              "combined with fold_masks=True (which rescales them). Choose one.")  # fmt: skip

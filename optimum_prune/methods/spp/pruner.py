@@ -14,6 +14,8 @@ from torch import nn
 from ...calibration.images import require_classifier
 from ...calibration.stats import GramStats, feed
 from ...functional.compensation import compensate, compensate_with_bias
+from ...functional.fluctuation import fluctuation_scores
+from ...functional.numerical import LIGHT_RATIOS, numerical_scores
 from ...modeling.access import plus_bias
 from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
 from ...modeling.surgery import dim_rows
@@ -45,6 +47,20 @@ def check_pair_support(model: nn.Module, spec: ArchitectureSpec, prune_attention
         )
     if spec.rotary and getattr(model.config, "partial_rotary_factor", 1.0) not in (None, 1.0):
         raise ValueError("SPP ties rotary pairs over the whole head; partial rotary embeddings are not supported.")
+
+
+def np_channel_keep(W: torch.Tensor, stats: GramStats, width: int, ratio: float) -> torch.Tensor:
+    """The `width` input channels of `W` (o_proj / down_proj layout) that Numerical Pruning's scores keep: FLAP's
+    fluctuation metric below the servable light ratio, the numerical scores from it (as `NumericalConfig`'s default
+    resolves them with every head kept), from the Gram and mean in `stats`. Sorted indices."""
+    if ratio < LIGHT_RATIOS["servable"]:
+        mean = stats.mean.double().cpu()
+        var = (stats.gram.diagonal().double().cpu() - mean * mean).clamp_min(0)
+        scores = fluctuation_scores(W.detach().cpu(), mean, var, standardized=False)
+    else:
+        scores = numerical_scores(W.detach(), stats.gram.to(W.device), ratio)
+    order = torch.sort(scores.double().cpu(), stable=True).indices  # lowest (removed) first
+    return order[order.numel() - width :].sort().values
 
 
 class SPPPruner(BasePruner):
@@ -164,6 +180,11 @@ class SPPPruner(BasePruner):
                 i, observe={name: view.module(path) for name, (path, _) in targets.items()},
                 callback=feed(stats),
             )  # fmt: skip
+            if "mlp" in targets and cfg.channel_order == "np":  # the path's width, NP's channels
+                path = targets["mlp"][0]
+                cols = np_channel_keep(weight_oi(view.module(path)), stats["mlp"], len(per["mlp"]), cfg.pruning_ratio)
+                targets["mlp"] = (path, cols)
+                plan.layers[i].keep_channels = cols.tolist()
             for name, (path, cols) in targets.items():
                 mod = view.module(path)
                 W, lp = weight_oi(mod).detach(), plan.layers[i]
