@@ -15,7 +15,8 @@ __all__ = ["score_matrix", "unit_score_matrix", "numerical_scores", "LIGHT_RATIO
 # Below these pruning ratios `NumericalConfig(scores="auto")` ranks units by FLAP's fluctuation metric (with a bias
 # refit where the architecture takes one), from them by the numerical scores: per allocation, each the first ratio of
 # a selection-split grid (0.1-0.35) at which the numerical scores won (why: docs/methods/numerical.md, "The paper's
-# setting and our defaults"; SPP's `channel_order="np"` follows the servable one). "global" also serves "uniform" and "owl", and an unresolved "auto" (the pruner resolves it first).
+# setting and our defaults"; SPP's `channel_order="np"` follows the servable one). "global" also serves "uniform"
+# and "owl", and an unresolved "auto" (the pruner resolves it first).
 LIGHT_RATIOS = {"servable": 0.25, "global": 0.275}
 
 
