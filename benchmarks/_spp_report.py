@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from optimum_prune.methods.spp.config import TEXT_STRENGTH
+from optimum_prune.methods.spp.config import TEXT_BIAS_STRENGTH
 
 NAMES = {"spp": "SPP", "np": "NP", "flap": "FLAP", "spp_ria": "SPP + RIA (experimental)", "ria": "RIA",
          "wanda": "Wanda", "spp_refit": "SPP + refit", "spp_norefit": "SPP, no refit",
@@ -19,9 +19,12 @@ NAMES = {"spp": "SPP", "np": "NP", "flap": "FLAP", "spp_ria": "SPP + RIA (experi
          "spp_np_widths": "SPP's MLP order at NP's per-layer MLP widths (diagnostic)",
          "np_spp_widths": "NP's MLP order at the per-layer MLP widths of SPP's MLP-only cut (diagnostic)",
          "spp_np_order": "SPP, NP's order of the MLP channels within each layer (channel_order=\"np\")",
-         "spp_mlp_np_order": "SPP, MLP channels only, NP's order within each layer, full refit without a bias"}  # fmt: skip
+         "spp_mlp_np_order": "SPP, MLP channels only, NP's order within each layer, full refit without a bias",
+         "spp_former_default": "SPP's former default (every kind in the path's order, a refit with an intercept at "
+                               "half strength)"}  # fmt: skip
 ROWS = (
     "spp",
+    "spp_former_default",
     "spp_refit",
     "spp_norefit",
     "spp_bias",
@@ -45,22 +48,26 @@ ROWS = (
 
 # The SPPConfig fields of the named extraction rows (the same path, one setting changed): the screen of the extraction
 # settings that `benchmarks/spp.py --extra-spp-rows` and `benchmarks/vision.py --methods` run.
+# Each row changes one setting of the default of its time, which these rows spell out (`FORMER`: every kind cut in the
+# path's order, the refit with an intercept at the modality's strength), so that they still run as they ran.
+FORMER = {"prune_attention": True, "compensation_bias": True, "compensation_strength": None, "channel_order": "path"}
 VARIANTS = {
-    "spp_bias": {"compensation_bias": True},
-    "spp_bias_s0.5": {"compensation_bias": True, "compensation_strength": 0.5},
-    "spp_bias_s1": {"compensation_bias": True, "compensation_strength": 1.0},
-    "spp_full_refit": {"compensation_bias": False, "compensation_strength": 1.0},
+    "spp_former_default": FORMER,  # SPP's language-model default before the MLP-only cut with NP's order
+    "spp_bias": {**FORMER, "compensation_strength": 1.0},  # (before the half strength: the default's bias at full)
+    "spp_bias_s0.5": {**FORMER, "compensation_strength": 0.5},
+    "spp_bias_s1": {**FORMER, "compensation_strength": 1.0},
+    "spp_full_refit": {**FORMER, "compensation_bias": False, "compensation_strength": 1.0},
     # the allocation across unit kinds (the path's order within each pool is the same)
-    "spp_per_kind": {"pools": "per_kind"},
-    "spp_separate": {"pools": "separate"},
-    "spp_cost_weighted": {"pools": "cost_weighted"},
-    "spp_uniform": {"allocation": "uniform"},
+    "spp_per_kind": {**FORMER, "pools": "per_kind"},
+    "spp_separate": {**FORMER, "pools": "separate"},
+    "spp_cost_weighted": {**FORMER, "pools": "cost_weighted"},
+    "spp_uniform": {**FORMER, "allocation": "uniform"},
     # the whole ratio from the MLP, as NP's servable default takes it (with its refit: no bias, full strength)
-    "spp_mlp": {"prune_attention": False},
-    "spp_mlp_refit": {"prune_attention": False, "compensation_bias": False, "compensation_strength": 1.0},
+    "spp_mlp": {**FORMER, "prune_attention": False},
+    "spp_mlp_refit": {**FORMER, "prune_attention": False, "compensation_bias": False, "compensation_strength": 1.0},
     # the path's widths per layer, NP's scores choosing the channels within each (`channel_order="np"`)
-    "spp_np_order": {"channel_order": "np"},
-    "spp_mlp_np_order": {
+    "spp_np_order": {**FORMER, "channel_order": "np"},
+    "spp_mlp_np_order": {  # SPP's language-model default since (the same settings, written out)
         "prune_attention": False,
         "compensation_bias": False,
         "compensation_strength": 1.0,
@@ -86,12 +93,18 @@ def _kept(row: dict, dense_layers: tuple[int, int, int]) -> str:
 
 def _spp_settings(config: dict) -> str:
     """The extraction settings of an `spp` row (keys a file written before they existed lacks: their old values)."""
-    pools = config.get("pools", "separate")
+    pools = f"pools={config.get('pools', 'separate')}"
+    if config.get("prune_attention") is False:
+        pools = "MLP channels only"
+    if config.get("channel_order") == "np":
+        pools += ", NP's order within each layer"
     if not config.get("compensate", False):
-        return f"pools={pools}, no refit"
+        return f"{pools}, no refit"
     strength = config.get("compensation_strength", 1.0)
-    strength = f"{strength:g}" if strength is not None else f"{TEXT_STRENGTH:g} (`None`: a language model's)"
-    return f"pools={pools}, refit with{'' if config.get('compensation_bias', False) else 'out'} a bias at strength {strength}"
+    strength = f"{strength:g}" if strength is not None else f"{TEXT_BIAS_STRENGTH:g} (`None`: a language model's)"
+    return (
+        f"{pools}, refit with{'' if config.get('compensation_bias', False) else 'out'} a bias at strength {strength}"
+    )
 
 
 def _interval_sections(res: dict, ratios: list, bible: bool) -> list[str]:

@@ -42,8 +42,11 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 import harness  # noqa: E402
 import torch  # noqa: E402
+from _spp_report import (
+    FORMER,  # noqa: E402
+    markdown,  # noqa: E402, F401  (the renderer's entry point for spp results)
+)
 from _spp_report import VARIANTS as EXTRA_ROWS  # noqa: E402
-from _spp_report import markdown  # noqa: E402, F401  (the renderer's entry point for spp results)
 
 from optimum_prune import (  # noqa: E402
     AutoPrunedModelForCausalLM,
@@ -105,14 +108,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "loss's run")  # fmt: skip
     p.add_argument("--rows", nargs="+", default=None,
                    help="only these rows of the quality phase (e.g. `spp` for a screen of search settings whose NP / "
-                        "FLAP rows are in another file); default: every row but the diagnostics `spp_np_widths` (the "
-                        "path's MLP order at the widths of the np row of the same ratio, which must come first) and "
-                        "`np_spp_widths` (NP's order at the widths of the path's MLP-only cut)")  # fmt: skip
+                        "FLAP rows are in another file); default: every row but the diagnostic `spp_np_widths` (the "
+                        "path's MLP order at the widths of the np row of the same ratio, which must come first)")  # fmt: skip
     p.add_argument("--spp-round-to", type=int, default=None, help="SPPConfig.round_to (default: SPPConfig's)")
     p.add_argument("--head-dim-multiple", type=int, default=None, help="SPPConfig.head_dim_multiple (default: its)")
     p.add_argument("--extra-spp-rows", nargs="*", default=[], choices=sorted(EXTRA_ROWS),
-                   help="more extractions from the same path: the refit with a bias at full strength (spp_bias) or at half "
-                        "strength (spp_bias_s0.5: SPPConfig's default since it was measured)")  # fmt: skip
+                   help="more extractions from the same path (benchmarks/_spp_report.py's VARIANTS), e.g. SPP's "
+                        "former default (spp_former_default) or the refit with a bias at half strength "
+                        "(spp_bias_s0.5)")  # fmt: skip
     p.add_argument(
         "--ria-search-steps",
         type=int,
@@ -248,28 +251,6 @@ def np_widths_keep(path: SolutionPath, np_dir: Path) -> dict[int, dict[str, list
     return keep
 
 
-def spp_widths_allocate(path: SolutionPath, dense, config: SPPConfig):
-    """A replacement for NP's allocation step: every layer removes its lowest-scoring MLP channels (NP's own scores)
-    down to the width that `config`'s cut of the path keeps there: NP's order within each layer, the path's
-    allocation across layers (the `np_spp_widths` diagnostic row; `config` is SPP's MLP-only cut)."""
-    from optimum_prune.methods.spp.extract import extract_keep
-    from optimum_prune.modeling.architectures import get_spec
-
-    keep, _ = extract_keep(path, dense, get_spec(dense), config)
-
-    def allocate(self, views, units, outliers, total, info):
-        info["allocation"] = "spp_widths"
-        channels = []
-        for view, unit in zip(views, units):
-            n = view.intermediate_size
-            drop = n - len(keep.get(view.index, {}).get("mlp", range(n)))
-            order = torch.sort(unit.channel_scores.detach().double().cpu(), stable=True).indices  # lowest first
-            channels.append(sorted(order[:drop].tolist()))
-        return [[] for _ in views], channels
-
-    return allocate
-
-
 # SPP rows besides the default extraction: the other compensation setting, the permutation control (the path's
 # order replaced by a random one within each pool: what the path's information is worth), and with
 # --extra-spp-rows the refit's options on the same path (as NP's light-ratio default: an intercept, a shrink)
@@ -319,21 +300,14 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
             prune_attention=False,
             compensation_bias=False,
             compensation_strength=1.0,
-        ),
-        # diagnostic: NP's order within each layer (its scores at this ratio, as its default resolves them) cut at
-        # the widths of the path's MLP-only cut, with NP's servable refit: the converse of `spp_np_widths`
-        "np_spp_widths": lambda r: NumericalConfig(
-            pruning_ratio=r,
-            allocation="global",
-            prune_attention=False,
-            scores=NumericalConfig(pruning_ratio=r, allocation="servable").resolved_scores,
-            compensation_bias=False,
-            compensation_strength=1.0,
-            round_to=1,  # (the widths as the cut rounded them)
+            channel_order="path",
         ),
         "flap": lambda r: FLAPConfig(pruning_ratio=r),
     }
-    diagnostic = {"spp_np_widths", "np_spp_widths"}
+    # (its converse, NP's order at the widths of the path's MLP-only cut, is `channel_order="np"`: the library's
+    # `spp_mlp_np_order`, SPP's language-model default since; the rows `np_spp_widths` of the files that first
+    # measured it came from a stand-in for NP's allocation, removed once the option computed the same)
+    diagnostic = {"spp_np_widths"}
     with contextlib.nullcontext(harness.CalibrationStatsCache()) as cache:
         for ratio in args.ratios:
             for method in [m for m in configs if (m in args.rows if args.rows else m not in diagnostic)]:
@@ -348,10 +322,6 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
                     keep = np_widths_keep(path, work / "models" / f"np@{ratio}")
                     fixed = mock.patch("optimum_prune.methods.spp.pruner.extract_keep",
                                        lambda *a, keep=keep: (keep, {"np_widths": True}))  # fmt: skip
-                elif method == "np_spp_widths":  # NP's allocation replaced by the path's MLP widths
-                    cut = spp_config(args, ratio, solution_path=str(path_dir), prune_attention=False)
-                    fixed = mock.patch("optimum_prune.methods.numerical.pruner.NumericalPruner.allocate",
-                                       spp_widths_allocate(path, dense, cut))  # fmt: skip
                 with fixed:
                     report = prune_(model, config, calib if needs else None, stats_cache=cache)
                 row = {"method": method, "ratio": ratio, "measured": report.measured, "params": report.params_after,
@@ -365,7 +335,7 @@ def phase_quality(res, args, dense, tokenizer, data, calib, search_calib, work: 
                         cut = spp_config(args, ratio, solution_path=str(path_dir), compensate=False)
                         row["prune_norefit_s"] = prune_(bare, cut).timings["total_s"]
                         del bare
-                if method.startswith("spp") or method == "np_spp_widths":
+                if method.startswith("spp"):
                     row["layers"] = [(x.get("qk_head_dim", x["head_dim"]), x.get("vo_head_dim", x["head_dim"]),
                                       x["intermediate_size"]) for x in report.layers]  # fmt: skip
                 row["pruned"] = evaluate(model, tokenizer, data, args)
@@ -419,13 +389,15 @@ def phase_unstructured(res, args, dense, tokenizer, data, calib, out: Path) -> N
 
 # name -> (search settings, or None for the default path; extraction settings). `code`: the authors' dynamics (no
 # pull towards Γ) with the default step sizes and data, cut with extrapolate=True (never-entered units ranked by Z).
+# The extractions cut every kind in the path's order, SPP's default when the ablation was run (`FORMER`), so that the
+# pools and the statistics still decide something.
 ABLATION = {
-    "default": (None, {}),
-    "step_record": (None, {"statistic": "step_record"}),
-    "cost_weighted": (None, {"pools": "cost_weighted"}),
-    "fold_masks": (None, {"fold_masks": True, "compensate": False}),
-    "code": ({"faithful_to": "code"}, {"extrapolate": True}),
-    "random": (None, {}),
+    "default": (None, FORMER),
+    "step_record": (None, {**FORMER, "statistic": "step_record"}),
+    "cost_weighted": (None, {**FORMER, "pools": "cost_weighted"}),
+    "fold_masks": (None, {**FORMER, "fold_masks": True, "compensate": False}),
+    "code": ({"faithful_to": "code"}, {**FORMER, "extrapolate": True}),
+    "random": (None, FORMER),
 }
 
 

@@ -260,6 +260,11 @@ class StructuredPruningConfig(PruningConfig):
             raise ValueError("At least one of `prune_attention` and `prune_mlp` must be True.")
         self.skip_layers = tuple(int(i) for i in self.skip_layers)
 
+    def cuts_attention(self, modality: str = "text", pairs: bool = True) -> bool:
+        """Whether this config removes attention structure from a model of `modality` (`prune_attention`; a method
+        whose default depends on the modality resolves it)."""
+        return bool(self.prune_attention)
+
 
 def validate_sparsity(sparsity: Any, pattern: str) -> None:
     if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not math.isfinite(sparsity):

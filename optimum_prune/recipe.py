@@ -62,7 +62,7 @@ def check_recipe(configs: Any, model: nn.Module, spec: ArchitectureSpec | None =
         if not p.structured:
             continue
         cfg = p.config
-        for part, on in (("attention", cfg.prune_attention), ("mlp", cfg.prune_mlp)):
+        for part, on in (("attention", cfg.cuts_attention(spec.modality)), ("mlp", cfg.prune_mlp)):
             if on and part in parts:
                 j = parts[part]
                 raise ValueError(

@@ -71,17 +71,28 @@ def test_old_config_files_run_as_their_version_did(caplog):
     from optimum_prune.methods.spp import SPPConfig
 
     current = SPPConfig(pruning_ratio=0.3).to_dict()
-    assert current["config_version"] == SPPConfig.config_version == 2
+    assert current["config_version"] == SPPConfig.config_version == 3
     assert PruningConfig.from_dict(current) == SPPConfig(pruning_ratio=0.3)
     old = {k: v for k, v in current.items() if not k.startswith("compensat")}
     first = PruningConfig.from_dict({**old, "config_version": 1})
     assert (first.compensate, first.compensation_strength, first.compensation_bias) == (False, 1.0, False)
     refit = PruningConfig.from_dict({**old, "config_version": 1, "compensate": True})
     assert (refit.compensate, refit.refit_strength("text"), refit.compensation_bias) == (True, 1.0, False)
-    for version in (None, 2):  # by hand, or today's version: the defaults
+    for version in (None, 3):  # by hand, or today's version: the defaults
         data = {k: v for k, v in old.items() if k != "config_version"}
         config = PruningConfig.from_dict(data if version is None else {**data, "config_version": version})
         assert config == SPPConfig(pruning_ratio=0.3)
+    # version 2 wrote `prune_attention` and `compensation_bias` as booleans; a file of it without `channel_order`
+    # (before that option) cut in the path's order
+    second = {**current, "config_version": 2, "prune_attention": True, "compensation_bias": True}
+    del second["channel_order"]
+    v2 = PruningConfig.from_dict(second)
+    assert (v2.channel_order, v2.prune_attention, v2.refit_bias("text"), v2.refit_strength("text")) == (
+        "path",
+        True,
+        True,
+        0.5,
+    )
     with caplog.at_level("WARNING", logger="optimum_prune"):
         assert PruningConfig.from_dict({**current, "config_version": 9}) == SPPConfig(pruning_ratio=0.3)
     assert "written by a newer optimum_prune" in caplog.text

@@ -376,9 +376,14 @@ def test_spp(tiny_dir, tmp_path):
         "--extra-spp-rows",
         "spp_bias_s0.5",
         "spp_full_refit",
+        "spp_former_default",
     ]
     result = _run("spp", argv, tmp_path / "spp.json")
     _check_protocol(result)
+    default, former = result["rows"]["spp@0.3"], result["rows"]["spp_former_default@0.3"]
+    assert (default["config"]["prune_attention"], default["config"]["channel_order"]) == (False, "np")
+    assert default["kept"]["attention"] == 1.0 and former["kept"]["attention"] < 1.0  # the former cut every kind
+    assert (former["config"]["channel_order"], former["config"]["compensation_strength"]) == ("path", 0.5)
     assert result["rows"]["spp_bias_s0.5@0.3"]["config"]["compensation_strength"] == 0.5
     full = result["rows"]["spp_full_refit@0.3"]["config"]
     assert full["compensation_strength"] == 1.0 and full["compensation_bias"] is False
@@ -390,6 +395,7 @@ def test_spp(tiny_dir, tmp_path):
         "spp_random@0.3",
         "spp_bias_s0.5@0.3",
         "spp_full_refit@0.3",
+        "spp_former_default@0.3",
     } | ({"spp_norefit@0.3"} if SPPConfig().compensate else {"spp_refit@0.3"})
     assert all(set(r["lora"]) >= {"bbc", "python", "kjv"} for r in result["rows"].values())
     assert set(result["unstructured"]) == {"spp_ria", "ria", "wanda"}
@@ -416,14 +422,14 @@ def test_spp(tiny_dir, tmp_path):
     assert 'allocation="global"' in report
     ref_rows = [line.split(" | ") for line in report.splitlines() if line.startswith("| 0.3 | SPP (reference) |")]
     assert len(ref_rows) == 2 and all("%" in cells[-1] for cells in ref_rows)  # per text (its last Δ), geomean
-    mlp = _run("spp", [*base, "--workdir", str(tmp_path), "--phases", "quality", "--rows", "np", "spp_mlp",
-                       "spp_mlp_refit", "spp_np_widths", "np_spp_widths", "--extra-spp-rows", "spp_mlp", "spp_mlp_refit"],
+    mlp = _run("spp", [*base, "--workdir", str(tmp_path), "--phases", "quality", "--rows", "np", "spp", "spp_mlp",
+                       "spp_mlp_refit", "spp_np_widths", "--extra-spp-rows", "spp_mlp", "spp_mlp_refit"],
                tmp_path / "mlp.json")  # fmt: skip
     rows = mlp["rows"]
-    assert set(rows) == {"np@0.3", "spp_mlp@0.3", "spp_mlp_refit@0.3", "spp_np_widths@0.3", "np_spp_widths@0.3"}
-    # the converse diagnostic: NP's scores cut at the widths of the path's MLP-only cut (same widths, NP's channels)
-    assert rows["np_spp_widths@0.3"]["layers"] == rows["spp_mlp_refit@0.3"]["layers"]
-    assert rows["np_spp_widths@0.3"]["config"]["method"] == "numerical"
+    assert set(rows) == {"np@0.3", "spp@0.3", "spp_mlp@0.3", "spp_mlp_refit@0.3", "spp_np_widths@0.3"}
+    # the default: the widths of the path's MLP-only cut (NP's channels within them)
+    assert rows["spp@0.3"]["layers"] == rows["spp_mlp_refit@0.3"]["layers"]
+    assert rows["spp_np_widths@0.3"]["config"]["channel_order"] == "path"
     assert all(rows[k]["kept"]["attention"] == 1.0 for k in rows if k.startswith("spp"))  # attention kept whole
     assert rows["spp_mlp_refit@0.3"]["config"]["compensation_bias"] is False
     from optimum_prune import AutoPrunedModelForCausalLM

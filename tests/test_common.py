@@ -189,7 +189,7 @@ def test_contract(arch, cfg_cls, kwargs, tol, tmp_path):
     config.save_pretrained(tmp_path / "cfg")
     assert PruningConfig.from_pretrained(tmp_path / "cfg") == config
     # the history's last entry: the config as it ran, its architecture-dependent defaults resolved
-    resolved = config.for_architecture(get_spec(model).output_bias) if hasattr(config, "for_architecture") else config
+    resolved = config.for_architecture(get_spec(model)) if hasattr(config, "for_architecture") else config
     if getattr(resolved, "allocation", None) == "auto":  # these MLPs are narrower than the DeciLM format's 256
         resolved = dataclasses.replace(resolved, allocation="global")
     assert PruningConfig.from_pretrained(tmp_path / "out") == resolved

@@ -372,3 +372,20 @@ def test_pre_tokenizer_is_matched_by_definition_or_refused():
         tokenizer_metadata(_bpe_tokenizer(pre_tokenizers.ByteLevel(False), byte_fallback=True), 300)
     with pytest.raises(GGUFTokenizerError, match="embedding has 10 rows"):
         tokenizer_metadata(digits, 10)
+
+
+def test_spp_language_model_default_exports_per_layer(small_tokenizer, tmp_path):
+    """SPP's language-model default cuts MLP channels only and refits without an intercept: its members keep every
+    attention dimension and add no bias, so they export to llama.cpp's per-layer graph with the widths they have
+    (pruned head dimensions, `prune_attention=True`, are refused: tests/methods/test_spp.py)."""
+    from optimum_prune import SPPConfig
+
+    model = _model("llama_gqa", small_tokenizer)
+    search = {"faithful_to": "code", "steps": 10, "batch_size": 1, "lr": 0.08, "lambda_": 0.7, "betas": (0.5, 0.9)}
+    prune_(model, SPPConfig(pruning_ratio=0.3, round_to=1, **search), _ids(len(small_tokenizer), 8, 16))
+    shapes = layer_table(model, get_spec(model))
+    assert len({r["intermediate_size"] for r in shapes}) > 1
+    assert not any("qk_head_dim" in r or r["biases"] for r in shapes)
+    f = _fields(gguf.GGUFReader(export_gguf(model, tmp_path / "spp.gguf", "f32", tokenizer=small_tokenizer)))
+    assert f["general.architecture"] == "deci"
+    assert f["deci.feed_forward_length"] == [r["intermediate_size"] for r in shapes]

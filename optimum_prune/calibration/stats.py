@@ -144,6 +144,12 @@ class GramStats(RunningSums):
     def mean(self) -> torch.Tensor:
         return self._get("_vsum") / max(self.count, 1)  # (D,) float64
 
+    def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-channel mean and variance (E[x²] − E[x]², from the Gram's diagonal), float64 on the CPU: FLAP's
+        fluctuation metric reads them."""
+        mean = self.mean.double().cpu()
+        return mean, (self.gram.diagonal().double().cpu() - mean * mean).clamp_min(0)
+
 
 class MomentStats(RunningSums):
     """Running per-channel mean and variance (FLAP's fluctuation), accumulated in fp64."""

@@ -1,5 +1,7 @@
 """Numerical Pruning math against direct float64 references (docs/methods/numerical.md)."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -11,6 +13,9 @@ from optimum_prune.methods.numerical.functional import (
     removal_losses,
     score_matrix,
 )
+
+# architectures whose o_proj / down_proj may or may not carry a bias (`ArchitectureSpec.output_bias`)
+BIAS, NO_BIAS = SimpleNamespace(output_bias=True), SimpleNamespace(output_bias=False)
 
 
 def _problem(d_out=6, D=10, N=200, seed=0):
@@ -446,8 +451,8 @@ def test_auto_rule_on_either_side_of_the_light_ratio(ratio, light):
         expected = ("fluctuation", True, 0.5) if light else ("numerical", False, 1.0)
         assert (config.scores, config.resolved_scores, config.refit_bias, config.refit_strength) == ("auto", *expected)
         # where the architecture's graph reads no o_proj / down_proj bias (Qwen3, Gemma-3) the light rule refits none
-        assert config.for_architecture(False).refit_bias is False
-        assert config.for_architecture(True).refit_bias is light
+        assert config.for_architecture(NO_BIAS).refit_bias is False
+        assert config.for_architecture(BIAS).refit_bias is light
         assert NumericalConfig.from_dict(config.to_dict()) == config
 
 
@@ -510,15 +515,15 @@ def test_explicit_settings_win_over_the_auto_rule():
     assert not NumericalConfig(pruning_ratio=0.1, compensation_bias=False).refit_bias
     servable = NumericalConfig(pruning_ratio=0.2, allocation="servable")  # no bias refit: the full refit
     assert (servable.resolved_scores, servable.refit_bias, servable.refit_strength) == ("fluctuation", False, 1.0)
-    assert servable.for_architecture(True).compensation_bias is False  # an architecture's bias slot adds none
-    assert FLAPConfig(allocation="servable").for_architecture(True).bias_compensation is False
-    assert FLAPConfig().for_architecture(False).bias_compensation is False
-    assert FLAPConfig().for_architecture(True).bias_compensation is True
+    assert servable.for_architecture(BIAS).compensation_bias is False  # an architecture's bias slot adds none
+    assert FLAPConfig(allocation="servable").for_architecture(BIAS).bias_compensation is False
+    assert FLAPConfig().for_architecture(NO_BIAS).bias_compensation is False
+    assert FLAPConfig().for_architecture(BIAS).bias_compensation is True
     assert NumericalConfig(pruning_ratio=0.1, compensate=False).refit_bias is False
     assert NumericalConfig(pruning_ratio=0.1, scores="numerical").resolved_scores == "numerical"
     assert NumericalConfig(pruning_ratio=0.5, scores="fluctuation").refit_bias
     assert NumericalConfig(pruning_ratio=0.1, ranking="loss").resolved_scores == "numerical"
-    assert NumericalConfig(pruning_ratio=0.1, compensation_bias=True).for_architecture(False).refit_bias
+    assert NumericalConfig(pruning_ratio=0.1, compensation_bias=True).for_architecture(NO_BIAS).refit_bias
     paper = NumericalConfig.paper(pruning_ratio=0.1)
     assert (paper.resolved_scores, paper.refit_bias, paper.refit_strength) == ("numerical", False, 1.0)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -39,7 +40,9 @@ FAST = {
     "round_to": 1,
     "head_dim_multiple": 1,
     "compensate": False,
-}  # fmt: skip  (no refit: extraction without data)
+    "prune_attention": True,
+}  # fmt: skip  (no refit: extraction without data; the attention cut too, which the machinery tests need)
+FAST_DEFAULTS = {k: v for k, v in FAST.items() if k not in ("compensate", "prune_attention")}  # the extraction's own
 
 
 def _state(model):
@@ -279,7 +282,11 @@ def test_generation_with_cache_and_reduced_scale(tmp_path):
 
 def test_mlp_only_uniform_family_member_loads_with_stock_transformers(tmp_path):
     model = tiny_model("llama")
-    prune_(model, SPPConfig(pruning_ratio=0.2, prune_attention=False, allocation="uniform", **FAST), calibration_ids())
+    prune_(
+        model,
+        SPPConfig(pruning_ratio=0.2, allocation="uniform", **{**FAST, "prune_attention": False}),
+        calibration_ids(),
+    )
     save_pruned_model(model, tmp_path / "out")
     assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "llama"
 
@@ -306,7 +313,9 @@ def test_bad_paths_ratios_and_configs_fail_before_anything_changes(tmp_path):
         prune_(tiny_model("llama", seed=1), SPPConfig(pruning_ratio=0.5, solution_path=where))
     with pytest.raises(SolutionPathError, match="llama model with 3 layers"):
         prune_(tiny_model("opt"), SPPConfig(pruning_ratio=0.5, solution_path=where))
-    mlp_path = AutoPruner(model).search_solution_path(SPPConfig(prune_attention=False, **FAST), calibration_ids())
+    mlp_path = AutoPruner(model).search_solution_path(
+        SPPConfig(**{**FAST, "prune_attention": False}), calibration_ids()
+    )
     with pytest.raises(SolutionPathError, match="no attention units"):
         prune_(model, SPPConfig(solution_path=str(mlp_path.save_pretrained(tmp_path / "mlp")), **FAST))
     assert all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
@@ -433,7 +442,7 @@ def test_planted_dead_units_never_enter_and_are_removed_first():
         assert path.entered_fraction(key[1]) > 0.3  # while other units of the kind did
     assert max(pos[(1, "qk")][0], pos[(1, "vo")][0]) <= 2  # the dead QK pair and VO dim open the attention order
     assert int(pos[(1, "mlp")][:8].max()) < 16  # the 8 dead channels among the first 16 of 288 removed
-    keep, _ = extract_keep(path, model, get_spec(model), SPPConfig(pruning_ratio=0.1, **SHAPE))
+    keep, _ = extract_keep(path, model, get_spec(model), SPPConfig(pruning_ratio=0.1, prune_attention=True, **SHAPE))
     for (layer, kind), units in planted.items():
         assert not set(units) & set(keep[layer][kind]), (layer, kind)  # removed at 10%
 
@@ -563,7 +572,7 @@ def test_np_channel_order_keeps_the_paths_widths_and_nps_channels(ratio, tmp_pat
     cfg = {**FAST, "pruning_ratio": ratio, "solution_path": where, "prune_attention": False}
     cfg.pop("compensate")
     by_path, by_np = copy.deepcopy(model), copy.deepcopy(model)
-    prune_(by_path, SPPConfig(**cfg), ids)
+    prune_(by_path, SPPConfig(**cfg, channel_order="path"), ids)
     rep = prune_(by_np, SPPConfig(**cfg, channel_order="np"), ids)
     light = NumericalConfig(pruning_ratio=ratio, allocation="servable").resolved_scores == "fluctuation"
     assert light == (ratio < 0.25)
@@ -636,36 +645,59 @@ def test_compensation_with_bias_at_a_strength_is_the_shrunk_intercept_fit_and_re
 
 @pytest.mark.parametrize("arch", ["llama", "vit"])
 def test_defaults_follow_the_modality(arch, tmp_path):
-    """`compensation_strength=None` is half the refit on a language model and the full refit on an image model, and
-    `search_labels=None` the drawn next tokens on a language model and the dense KL on an image model (each measured
-    better on its selection split): the default search is exactly the explicit one (recorded in the path), and
-    extracting from one saved path, the default gives exactly the weights of that explicit strength, not the other's."""
+    """The `None` defaults resolve per modality (each chosen on its selection split). The search: the drawn next
+    tokens on a language model, the dense KL on an image model, with masks on the attention in both: the default
+    search is exactly the explicit one (recorded in the path). The extraction from one saved path: on a language
+    model the MLP channels only, in NP's order, the full refit without an intercept; on an image model every kind in
+    the path's order, the full refit with an intercept: exactly the weights of those explicit settings, not the other
+    modality's, and the report records the resolved settings."""
     from testing_utils import calibration_for
 
-    assert (SPPConfig().refit_strength("text"), SPPConfig().refit_strength("image")) == (0.5, 1.0)
+    text, image = (SPPConfig().for_architecture(SimpleNamespace(modality=m)) for m in ("text", "image"))
+    resolved = ("prune_attention", "compensation_bias", "compensation_strength", "channel_order")
+    assert [getattr(text, k) for k in resolved] == [False, False, 1.0, "np"]
+    assert [getattr(image, k) for k in resolved] == [True, True, 1.0, "path"]
+    assert (
+        SPPConfig().for_architecture(SimpleNamespace(modality="image"), pairs=False).prune_attention is False
+    )  # (no pair attention)
+    assert SPPConfig(compensation_bias=True).refit_strength("text") == 0.5  # the intercept's strength on text
     assert SPPConfig(compensation_strength=0.25).refit_strength("image") == 0.25
+    assert SPPConfig(compensate=False).order_of_channels("text") == "path"  # NP's order scores the refit's Gram
+    assert SPPConfig(prune_mlp=False).cuts_attention("text")  # the attention alone
     assert (SPPConfig().labels_for("text"), SPPConfig().labels_for("image")) == ("sampled", "dense")
     assert SPPConfig(search_labels="data").labels_for("image") == "data"
     model = tiny_model(arch)
     data = calibration_for(arch, labelled=True)
-    path = AutoPruner(model).search_solution_path(SPPConfig(**FAST), calibration=data)
+    path = AutoPruner(model).search_solution_path(SPPConfig(**FAST_DEFAULTS), calibration=data)
     labels = "sampled" if arch == "llama" else "dense"
-    assert path.meta["search"]["search_labels"] == labels
-    explicit = AutoPruner(model).search_solution_path(SPPConfig(**FAST, search_labels=labels), calibration=data)
+    assert path.meta["search"]["search_labels"] == labels and set(path.kinds) == {"qk", "vo", "mlp"}
+    explicit = AutoPruner(model).search_solution_path(
+        SPPConfig(**FAST_DEFAULTS, search_labels=labels, prune_attention=True), calibration=data
+    )
     assert all(torch.equal(explicit.stats[key]["z"], st["z"]) for key, st in path.stats.items())
     where = str(path.save_pretrained(tmp_path))
+    settings = {
+        "text": {"prune_attention": False, "compensation_bias": False, "compensation_strength": 1.0,
+                 "channel_order": "np"},
+        "image": {"prune_attention": True, "compensation_bias": True, "compensation_strength": 1.0,
+                  "channel_order": "path"},
+    }  # fmt: skip
     states = {}
-    for strength in (None, 0.5, 1.0):
+    for name, given in (("default", {}), *settings.items()):
         pruned = copy.deepcopy(model)
-        cfg = SPPConfig(
-            **{**FAST, "pruning_ratio": 0.3, "compensate": True}, solution_path=where, compensation_strength=strength
-        )
+        cfg = SPPConfig(**FAST_DEFAULTS, pruning_ratio=0.3, solution_path=where, **given)
         report = prune_(pruned, cfg, data)
-        states[strength] = pruned.state_dict()
-        assert report.info["compensation_strength"] == cfg.refit_strength(get_spec(model).modality)
-    default, other = (0.5, 1.0) if arch == "llama" else (1.0, 0.5)
-    assert all(torch.equal(v, states[default][k]) for k, v in states[None].items())
-    assert not all(torch.equal(v, states[other][k]) for k, v in states[None].items())
+        states[name] = pruned.state_dict()
+        if name == "default":
+            mine = settings["text" if arch == "llama" else "image"]
+            assert {k: report.config[k] for k in mine} == mine
+            assert report.info["compensation_strength"] == 1.0
+    mine, other = ("text", "image") if arch == "llama" else ("image", "text")
+    assert states["default"].keys() == states[mine].keys()
+    assert all(torch.equal(v, states[mine][k]) for k, v in states["default"].items())
+    assert states["default"].keys() != states[other].keys() or not all(
+        torch.equal(v, states[other][k]) for k, v in states["default"].items()
+    )
 
 
 def test_sampled_labels_follow_the_model_and_rank_planted_units_on_any_text():

@@ -99,3 +99,6 @@ class ExpertConfig(PruningConfig):
     # what a recipe checks: this config prunes the MLP (the experts) and not the attention
     prune_attention = False
     prune_mlp = True
+
+    def cuts_attention(self, modality: str = "text", pairs: bool = True) -> bool:
+        return False

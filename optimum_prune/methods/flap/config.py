@@ -35,11 +35,12 @@ class FLAPConfig(StructuredPruningConfig):
     square_attention_metric: bool = True
     bias_compensation: bool | None = None
 
-    def for_architecture(self, output_bias: bool) -> FLAPConfig:
-        """This config with `bias_compensation=None` resolved for an architecture (`ArchitectureSpec.output_bias`)."""
+    def for_architecture(self, spec) -> FLAPConfig:
+        """This config with `bias_compensation=None` resolved for an architecture (its `ArchitectureSpec`: where
+        `spec.output_bias`)."""
         if self.bias_compensation is not None:
             return self
-        return replace(self, bias_compensation=output_bias and self.compensates_bias)
+        return replace(self, bias_compensation=spec.output_bias and self.compensates_bias)
 
     @property
     def compensates_bias(self) -> bool:

@@ -31,7 +31,7 @@ class FLAPPruner(StructuredPruner):
 
     def validate(self, model, spec) -> None:
         super().validate(model, spec)
-        self.config = self.config.for_architecture(spec.output_bias)
+        self.config = self.config.for_architecture(spec)
 
     def adds_biases(self) -> bool:
         return self.config.compensates_bias

@@ -181,13 +181,13 @@ class NumericalConfig(StructuredPruningConfig):
             return float(self.compensation_strength)
         return LIGHT_STRENGTH if self.resolved_scores == "fluctuation" and self.allocation != "servable" else 1.0
 
-    def for_architecture(self, output_bias: bool) -> NumericalConfig:
-        """This config with `compensation_bias=None` resolved for an architecture: the automatic choice where its
-        o_proj / down_proj may carry a bias everywhere (`ArchitectureSpec.output_bias`), off where not (Qwen3,
-        Gemma-3: their GGUF graphs have no such bias)."""
+    def for_architecture(self, spec) -> NumericalConfig:
+        """This config with `compensation_bias=None` resolved for an architecture (its `ArchitectureSpec`): the
+        automatic choice where its o_proj / down_proj may carry a bias everywhere (`spec.output_bias`), off where not
+        (Qwen3, Gemma-3: their GGUF graphs have no such bias)."""
         if self.compensation_bias is not None:
             return self
-        return replace(self, compensation_bias=output_bias and self.refit_bias)
+        return replace(self, compensation_bias=spec.output_bias and self.refit_bias)
 
     @classmethod
     def paper(cls, pruning_ratio: float = 0.2, literal: bool = False, **kwargs) -> NumericalConfig:

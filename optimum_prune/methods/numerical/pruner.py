@@ -57,7 +57,7 @@ class NumericalPruner(StructuredPruner):
 
     def validate(self, model, spec) -> None:
         super().validate(model, spec)
-        self.config = self.config.for_architecture(spec.output_bias)
+        self.config = self.config.for_architecture(spec)
 
     def keep_stats(self) -> bool:
         return self.config.compensate
@@ -114,19 +114,16 @@ class NumericalPruner(StructuredPruner):
     def _fluctuation_scores(self, view: LayerView, stats):
         """`scores="fluctuation"`: FLAP's metric, from the Gram's diagonal and the mean (Var = E[x²] − E[x]²)."""
         std = self.config.resolved_standardize
-
-        def moments(s: GramStats) -> tuple[torch.Tensor, torch.Tensor]:
-            mean = s.mean.double().cpu()
-            return mean, (s.gram.diagonal().double().cpu() - mean * mean).clamp_min(0)
-
         head = chan = None
         if "attn" in stats:
             W = weight_oi(view.o_proj).detach().cpu()
             head = fluctuation_scores(
-                W, *moments(stats["attn"]), square=True, standardized=std, head_dim=view.head_dim
+                W, *stats["attn"].moments(), square=True, standardized=std, head_dim=view.head_dim
             )
         if "mlp" in stats:
-            chan = fluctuation_scores(weight_oi(view.mlp_out).detach().cpu(), *moments(stats["mlp"]), standardized=std)
+            chan = fluctuation_scores(
+                weight_oi(view.mlp_out).detach().cpu(), *stats["mlp"].moments(), standardized=std
+            )
         return head, chan
 
     def _losses(self, W: torch.Tensor, stats: GramStats, groups: torch.Tensor) -> torch.Tensor:

@@ -13,10 +13,13 @@ from .functional import reachable_z
 
 __all__ = ["SPPConfig", "SPPRIAConfig", "SEARCH_FIELDS"]
 
-# `compensation_strength=None`: the refit's strength per modality, half on language models and full on image models,
-# each chosen on its selection split (why: docs/methods/spp.md, "The paper's setting and our defaults")
-TEXT_STRENGTH = 0.5
-IMAGE_STRENGTH = 1.0
+# The extraction's defaults per modality, each chosen on its selection split (why: docs/methods/spp.md, "The paper's
+# setting and our defaults"). Language models: the whole ratio from the MLP channels (`prune_attention=None`: the
+# search still masks the attention), NP's order within each layer (`channel_order=None`) and the full refit without
+# an intercept (`compensation_bias=None`); image models: every kind cut in the path's order, the full refit with an
+# intercept. `compensation_strength=None`: the full refit, but half of it with an intercept on a language model (the
+# better of the two there, measured when the intercept was the default)
+TEXT_BIAS_STRENGTH = 0.5
 # `search_labels=None`: the search's loss per modality, each chosen on its selection split (the same section): next
 # tokens drawn from the dense model on language models, the KL divergence from the dense classifier on image models
 TEXT_LABELS = "sampled"
@@ -140,11 +143,20 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
     Removed dimensions are physically sliced; the softmax scale stays that of the original head dimension.
 
     Inherits `pruning_ratio`, `allocation` (`"global"`: the threshold over all layers; `"uniform"`: the same fraction
-    in every layer), `prune_attention`, `prune_mlp`, `min_mlp_channels_per_layer`, `round_to` (MLP channels) and
-    `skip_layers` from `StructuredPruningConfig`; `gqa_mode` and `min_heads_per_layer` do not apply (no head is
-    removed, so GQA groups stay intact).
+    in every layer), `prune_mlp`, `min_mlp_channels_per_layer`, `round_to` (MLP channels) and `skip_layers` from
+    `StructuredPruningConfig`; `gqa_mode` and `min_heads_per_layer` do not apply (no head is removed, so GQA groups
+    stay intact).
+
+    The defaults differ by modality, each chosen on its selection split (docs/methods/spp.md): on a language model the
+    whole ratio comes from the MLP channels, the path setting each layer's width and Numerical Pruning's scores
+    choosing the channels, then the full refit without an intercept (the model keeps the dense model's attention and
+    a servable shape); on an image model every kind is cut in the path's order, then the full refit with an
+    intercept. The `None` fields below resolve so (`for_architecture`; the report records the resolved values).
 
     Args:
+        prune_attention (`bool | None`, defaults to `None`): cut q/k and v/o head dimensions too (`True`) or MLP
+            channels only (`False`, and the search then masks no attention). `None`: the search masks the attention
+            wherever SPP can prune it, and the cut keeps it on language models and removes it on image models.
         solution_path (`str | None`, defaults to `None`): a directory written by `SolutionPath.save_pretrained`: the
             ratio is extracted from it with no search, and with no calibration when `compensate=False` (the path
             must come from this model and these settings). `None`: search first (needs calibration).
@@ -179,18 +191,19 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
         compensation_strength (`float | None`, defaults to `None`): the fraction s of the refit's change applied,
             `W + s·(W* − W)` on the kept inputs (as `NumericalConfig.compensation_strength`): 1 is the full
             least-squares refit, 0 keeps the extracted weights (with `compensation_bias`, FLAP's bias compensation).
-            `None` (`refit_strength(modality)`): 0.5 on language models, 1 on image models, each the better of the
-            two on its selection split (docs/methods/spp.md).
-        compensation_bias (`bool`, defaults to `True`): refit with an intercept (`NumericalConfig.compensation_bias`):
-            a bias on o_proj / down_proj restores the mean output the removed inputs carried (why an intercept at
-            half strength: docs/methods/spp.md); `compensation_bias=False, compensation_strength=1.0` is the refit
-            before them.
-        channel_order (`str`, defaults to `"path"`): which MLP channels a layer keeps. `"path"` (the paper): those
-            that entered the path first. `"np"` (an extension, not in the paper): the cut of the path still sets how
-            many channels every layer keeps, and Numerical Pruning's scores of down_proj's (fc2's) inputs, from the
-            refit's Gram, choose which (FLAP's fluctuation metric or the numerical scores, as `NumericalConfig`'s
-            default resolves them at this ratio): the path's allocation across the layers, NP's order within them.
-            Needs `compensate=True`. Why: docs/methods/spp.md.
+            `None` (`refit_strength(modality)`): 1, but 0.5 with an intercept on a language model (the better of the
+            two there on its selection split, docs/methods/spp.md).
+        compensation_bias (`bool | None`, defaults to `None`): refit with an intercept
+            (`NumericalConfig.compensation_bias`): a bias on o_proj / down_proj restores the mean output the removed
+            inputs carried. `None`: on image models, not on language models (whose chosen default keeps the dense
+            model's shape without new biases).
+        channel_order (`str | None`, defaults to `None`): which MLP channels a layer keeps. `"path"` (the paper):
+            those that entered the path first. `"np"` (an extension, not in the paper): the cut of the path still
+            sets how many channels every layer keeps, and Numerical Pruning's scores of down_proj's (fc2's) inputs,
+            from the refit's Gram, choose which (FLAP's fluctuation metric or the numerical scores, as
+            `NumericalConfig`'s default resolves them at this ratio): the path's allocation across the layers, NP's
+            order within them. Needs `compensate=True`. `None`: `"np"` on language models with the refit, `"path"`
+            otherwise. Why: docs/methods/spp.md.
         faithful_to (`str`, defaults to `"coupled"`): the dynamics (docs/methods/spp.md). `"coupled"`: AdamW on the
             gradient of the paper's coupled loss (Eq. 9), `∇L + (M − Γ)/ν`, which pulls every mask towards `Γ` (0
             until the unit enters), then `Z ← Z + lr·κ·(M_{k+1} − Γ)` and the one-sided `Γ = max(Z − λ, 0)`: a unit
@@ -259,9 +272,14 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
 
     method = "spp"
     # version 2 added the refit after extraction; files of version 1 that lack its fields ran without it, and a file
-    # with `compensate` but without the later fields ran the full refit without an intercept
-    config_version = 2
-    migrations = {2: {"compensate": False, "compensation_strength": 1.0, "compensation_bias": False}}
+    # with `compensate` but without the later fields ran the full refit without an intercept. Version 3 made the
+    # extraction's defaults per modality; a file of version 2 without `channel_order` ran the path's order (its
+    # `prune_attention` and `compensation_bias` are written as booleans, so it runs as it did)
+    config_version = 3
+    migrations = {
+        2: {"compensate": False, "compensation_strength": 1.0, "compensation_bias": False},
+        3: {"channel_order": "path"},
+    }
 
     solution_path: str | None = None
     pools: str = "per_kind"
@@ -271,18 +289,58 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
     head_dim_multiple: int = 8
     attention_scale: str = "original"
     fold_masks: bool = False
+    prune_attention: bool | None = None
     compensate: bool = True
     compensation_damping: float = 0.1
     compensation_strength: float | None = None
-    compensation_bias: bool = True
-    channel_order: str = "path"
+    compensation_bias: bool | None = None
+    channel_order: str | None = None
+
+    def cuts_attention(self, modality: str = "text", pairs: bool = True) -> bool:
+        """Whether the cut removes q/k and v/o dimensions on a model of `modality` (`"text"` or `"image"`, the
+        architecture's) whose attention SPP can prune (`pairs`): `prune_attention`, or with `None` on image models
+        only."""
+        if self.prune_attention is not None:
+            return self.prune_attention
+        return modality == "image" and pairs
+
+    def searches_attention(self, pairs: bool = True) -> bool:
+        """Whether the search puts masks on the q/k and v/o dimensions: `prune_attention`, or with `None` wherever
+        SPP can prune the architecture's attention (`pairs`), also where the default cut keeps it: the masks were
+        searched so when the MLP-only cut was chosen, and the path then also serves `prune_attention=True`."""
+        return self.prune_attention if self.prune_attention is not None else pairs
+
+    def refit_bias(self, modality: str = "text") -> bool:
+        """Whether the refit fits an intercept: `compensation_bias`, or with `None` on image models only."""
+        return self.compensation_bias if self.compensation_bias is not None else modality == "image"
 
     def refit_strength(self, modality: str = "text") -> float:
-        """The fraction of the refit's change applied to a model of `modality` (`"text"` or `"image"`, the
-        architecture's): `compensation_strength`, or with `None` `TEXT_STRENGTH` / `IMAGE_STRENGTH`."""
+        """The fraction of the refit's change applied to a model of `modality`: `compensation_strength`, or with
+        `None` the full refit, `TEXT_BIAS_STRENGTH` of it with an intercept on a language model."""
         if self.compensation_strength is not None:
             return float(self.compensation_strength)
-        return IMAGE_STRENGTH if modality == "image" else TEXT_STRENGTH
+        return TEXT_BIAS_STRENGTH if modality != "image" and self.refit_bias(modality) else 1.0
+
+    def order_of_channels(self, modality: str = "text") -> str:
+        """Which MLP channels a layer keeps: `channel_order`, or with `None` NP's order on a language model with
+        the refit (whose Gram it scores) and the path's otherwise."""
+        if self.channel_order is not None:
+            return self.channel_order
+        return "np" if modality != "image" and self.compensate else "path"
+
+    def for_architecture(self, spec, pairs: bool = True) -> SPPConfig:
+        """This config with every per-modality default (`None`) of the extraction resolved for an architecture (its
+        `ArchitectureSpec`, whose `modality` decides) whose attention SPP can (`pairs`) or cannot prune: the
+        settings as the model is pruned (and as its report records them). The search's own fields stay as given (a
+        saved path checks them)."""
+        modality = spec.modality
+        return dataclasses.replace(
+            self,
+            prune_attention=self.cuts_attention(modality, pairs),
+            compensation_bias=self.refit_bias(modality),
+            compensation_strength=self.refit_strength(modality),
+            channel_order=self.order_of_channels(modality),
+        )
 
     @classmethod
     def code(cls, pruning_ratio: float = 0.2, **kwargs: Any) -> SPPConfig:
@@ -304,6 +362,11 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
         return cls(pruning_ratio=pruning_ratio, **{**settings, **kwargs})
 
     def __post_init__(self) -> None:
+        if self.prune_attention is None and not self.prune_mlp:
+            self.prune_attention = True  # (the attention alone: what prune_mlp=False asks for)
+        if self.prune_attention is not None and not isinstance(self.prune_attention, bool):
+            raise ValueError(f"`prune_attention` must be True, False or None (per modality), got "
+                             f"{self.prune_attention!r}.")  # fmt: skip
         super().__post_init__()
         self._validate_search()
         if self.allocation not in ("global", "uniform"):
@@ -321,7 +384,8 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             raise ValueError(f"`head_dim_multiple` must be >= 1, got {self.head_dim_multiple}.")
         if not isinstance(self.compensate, bool):
             raise ValueError(f"`compensate` must be a bool, got {self.compensate!r}.")
-        choice("channel_order", self.channel_order, ("path", "np"))
+        if self.channel_order is not None:
+            choice("channel_order", self.channel_order, ("path", "np"))
         if self.channel_order == "np" and not self.compensate:
             raise ValueError("channel_order='np' picks each layer's MLP channels by scores of the refit's Gram; it "
                              "needs compensate=True (the default).")  # fmt: skip
@@ -336,8 +400,9 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             isinstance(strength, bool) or not isinstance(strength, (int, float)) or not 0 <= strength <= 1
         ):
             raise ValueError(f"`compensation_strength` must be a number in [0, 1] or None (auto), got {strength!r}.")
-        if not isinstance(self.compensation_bias, bool):
-            raise ValueError(f"`compensation_bias` must be a bool, got {self.compensation_bias!r}.")
+        if self.compensation_bias is not None and not isinstance(self.compensation_bias, bool):
+            raise ValueError(f"`compensation_bias` must be True, False or None (per modality), got "
+                             f"{self.compensation_bias!r}.")  # fmt: skip
         if self.extrapolate is not None and not isinstance(self.extrapolate, bool):
             raise ValueError(f"`extrapolate` must be True, False or None (auto), got {self.extrapolate!r}.")
         if self.solution_path is not None:

@@ -33,20 +33,27 @@ from .targets import search_dataset
 __all__ = ["SPPPruner", "check_pair_support"]
 
 
-def check_pair_support(model: nn.Module, spec: ArchitectureSpec, prune_attention: bool, search: bool = True) -> None:
-    """Refuse, before anything changes, a model whose attention head dimensions cannot be pruned, or (`search`) an
-    image model without a classification head (the search trains on its cross-entropy)."""
-    if search and spec.modality == "image":
-        require_classifier(model, "SPP's search")
-    if not prune_attention:
-        return
+def pair_support_error(model: nn.Module, spec: ArchitectureSpec) -> str | None:
+    """Why SPP cannot prune the attention head dimensions of `model`, or `None` when it can."""
     if spec.pair_attention is None:
-        raise ValueError(
+        return (
             f"SPP cannot prune the QK / VO pairs of {model.config.model_type} models yet (no per-layer head-dimension "
             "attention for this architecture); use prune_attention=False to prune the MLP channels only."
         )
     if spec.rotary and getattr(model.config, "partial_rotary_factor", 1.0) not in (None, 1.0):
-        raise ValueError("SPP ties rotary pairs over the whole head; partial rotary embeddings are not supported.")
+        return "SPP ties rotary pairs over the whole head; partial rotary embeddings are not supported."
+    return None
+
+
+def check_pair_support(model: nn.Module, spec: ArchitectureSpec, prune_attention: bool, search: bool = True) -> None:
+    """Refuse, before anything changes, a model whose attention head dimensions cannot be pruned (where
+    `prune_attention` asks for them), or (`search`) an image model without a classification head (the search trains
+    on its cross-entropy)."""
+    if search and spec.modality == "image":
+        require_classifier(model, "SPP's search")
+    error = pair_support_error(model, spec) if prune_attention else None
+    if error:
+        raise ValueError(error)
 
 
 def np_channel_keep(W: torch.Tensor, stats: GramStats, width: int, ratio: float) -> torch.Tensor:
@@ -54,9 +61,7 @@ def np_channel_keep(W: torch.Tensor, stats: GramStats, width: int, ratio: float)
     fluctuation metric below the servable light ratio, the numerical scores from it (as `NumericalConfig`'s default
     resolves them with every head kept), from the Gram and mean in `stats`. Sorted indices."""
     if ratio < LIGHT_RATIOS["servable"]:
-        mean = stats.mean.double().cpu()
-        var = (stats.gram.diagonal().double().cpu() - mean * mean).clamp_min(0)
-        scores = fluctuation_scores(W.detach().cpu(), mean, var, standardized=False)
+        scores = fluctuation_scores(W.detach().cpu(), *stats.moments(), standardized=False)
     else:
         scores = numerical_scores(W.detach(), stats.gram.to(W.device), ratio)
     order = torch.sort(scores.double().cpu(), stable=True).indices  # lowest (removed) first
@@ -84,6 +89,8 @@ class SPPPruner(BasePruner):
         self._data: Any = None
         self._source: Any = None
         self._calibration: dict | None = None
+        self.given = config  # as passed: `validate` resolves `self.config`'s per-modality defaults from it
+        self.search_attention = bool(config.prune_attention)  # (`validate`: per architecture)
 
     @property
     def requires_calibration(self) -> bool:
@@ -94,7 +101,7 @@ class SPPPruner(BasePruner):
 
     def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
         super().validate(model, spec)
-        cfg = self.config
+        cfg = self.given
         if get_store(model) is not None:
             raise ValueError(
                 "SPP reads every block's weights at once (its search trains through the whole model; cutting a saved "
@@ -105,7 +112,10 @@ class SPPPruner(BasePruner):
         bad = [i for i in cfg.skip_layers if not 0 <= i < n]
         if bad:
             raise ValueError(f"skip_layers {bad} out of range: the model has {n} layers (0..{n - 1}).")
-        check_pair_support(model, spec, cfg.prune_attention, search=cfg.solution_path is None)
+        check_pair_support(model, spec, cfg.prune_attention is True, search=cfg.solution_path is None)
+        pairs = pair_support_error(model, spec) is None
+        self.search_attention = cfg.searches_attention(pairs)
+        self.config = cfg = cfg.for_architecture(spec, pairs)  # the per-modality defaults, as it runs
         if cfg.solution_path is not None:
             path = SolutionPath.from_pretrained(cfg.solution_path)
             path.check_config(cfg)
@@ -121,7 +131,7 @@ class SPPPruner(BasePruner):
         data = search_dataset(model, self._data, self._source, labels=labels, seed=self.config.seed,
                               seq_len=self.config.search_seq_len)  # fmt: skip
         targets = {"targets_seconds": time.perf_counter() - t0, "targets_cpu_seconds": time.process_time() - c0}
-        self.solution_path = run_search(model, spec, self.config, data, self._calibration)
+        self.solution_path = run_search(model, spec, self.config, data, self._calibration, self.search_attention)
         self.solution_path.meta.update(targets)  # the windows and their labels, before the loop
         return self.solution_path
 

@@ -223,14 +223,14 @@ class _PathCallback(TrainerCallback):
             logs["support_density"] = round(self.optimizer.density(), 4)
 
 
-def search_views(model: nn.Module, spec: ArchitectureSpec, config) -> tuple[list, dict[int, dict[str, int]]]:
-    """The layer views and the units the search puts masks on (skipped layers excluded)."""
+def search_views(
+    model: nn.Module, spec: ArchitectureSpec, config, attention: bool | None = None
+) -> tuple[list, dict[int, dict[str, int]]]:
+    """The layer views and the units the search puts masks on (skipped layers excluded; the attention's where
+    `attention`, by default `config.prune_attention`)."""
+    attention = bool(config.prune_attention) if attention is None else attention
     views = [layer_view(layer, i, spec, model.config) for i, layer in enumerate(get_layers(model, spec))]
-    units = {
-        v.index: layer_units(v, config.prune_attention, config.prune_mlp)
-        for v in views
-        if v.index not in config.skip_layers
-    }
+    units = {v.index: layer_units(v, attention, config.prune_mlp) for v in views if v.index not in config.skip_layers}
     return views, {i: u for i, u in units.items() if u}
 
 
@@ -334,7 +334,12 @@ def _windows(data: Any) -> list[int] | None:
 
 
 def run_search(
-    model: nn.Module, spec: ArchitectureSpec, config, data: Any, calibration: dict | None = None
+    model: nn.Module,
+    spec: ArchitectureSpec,
+    config,
+    data: Any,
+    calibration: dict | None = None,
+    attention: bool | None = None,
 ) -> SolutionPath:
     """Run the search of `config` (an `SPPConfig`) on `data` and return its `SolutionPath`.
 
@@ -346,8 +351,9 @@ def run_search(
             windows (causal LM: the LM loss on them), or examples the model computes its loss on (with `labels`:
             labelled images for an image classifier, see `search_dataset`).
         calibration (`dict | None`): description recorded in the path.
+        attention (`bool | None`): mask the attention's units (`None`: where `config.prune_attention`).
     """
-    views, units = search_views(model, spec, config)
+    views, units = search_views(model, spec, config, attention)
     if not units:
         raise ValueError("Nothing to search: every layer is skipped or neither attention nor MLP is pruned.")
     identity = model_identity(model, spec)
