@@ -232,6 +232,7 @@ def test_lora_on_pruned_head_dimensions(make_tiny, smollm2_tokenizer, learnable_
 
     model = make_tiny()
     spp = {"steps": 6, "lr": 0.08, "lambda_": 0.3, "betas": (0.5, 0.9), "round_to": 1, "head_dim_multiple": 2}
+    spp["prune_attention"] = True  # (the head dimensions, which a language model's default keeps)
     prune_(model, SPPConfig(pruning_ratio=0.3, extrapolate=True, **spp), calibration_ids())
     assert model.model.layers[0].self_attn.qk_head_dim < 16 or model.model.layers[0].self_attn.vo_head_dim < 16
     pruner = AutoPruner(model, smollm2_tokenizer, keep_teacher=False)
