@@ -43,7 +43,7 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
     The defaults differ by modality, each chosen on its selection split (docs/methods/spp.md): on a language model the
     whole ratio comes from the MLP channels, the path setting each layer's width and Numerical Pruning's scores
     choosing the channels, then the full refit without an intercept (the model keeps the dense model's attention and
-    a servable shape); on an image model every kind is cut in the path's order, then the full refit with an
+    adds no bias, so it exports to GGUF); on an image model every kind is cut in the path's order, then the full refit with an
     intercept. The `None` fields below resolve so (`for_architecture`; the report records the resolved values).
 
     Args:
