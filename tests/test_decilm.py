@@ -241,3 +241,30 @@ def test_shapes_the_format_cannot_hold_are_refused_before_writing(tmp_path):
     model = _deci_model()
     apply_layer_plan_(layer_view(model.model.layers[1], 1, get_spec(model), model.config), LayerPlan(keep_channels=[]))
     _refused(model, tmp_path, "keep attention but no MLP")
+
+
+def test_reloading_triggers_no_deprecation_warning_of_ours(tmp_path):
+    """The JSON keeps `torch_dtype` beside `dtype` for older readers; transformers reads every key of it back, and
+    reading ours must not trip its "`torch_dtype` is deprecated" warning."""
+    import logging
+
+    from transformers import AutoConfig
+
+    model = _deci_model()
+    model.config.dtype = torch.float32  # as loaded with a dtype
+    out = save_pruned_model(model, tmp_path / "out")
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "float32"
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    logging.Logger.warning_once.cache_clear()  # transformers warns once per process
+    try:
+        config = AutoConfig.from_pretrained(out)
+        str(config)  # what transformers logs on load: every key of the JSON read back
+        AutoPrunedModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32)
+    finally:
+        logger.removeHandler(handler)
+    assert config.torch_dtype == config.dtype == torch.float32
+    assert not [r for r in records if "deprecated" in r], records

@@ -114,6 +114,16 @@ class DeciLMConfig(PretrainedConfig):
             )
         return rows
 
+    @property
+    def torch_dtype(self) -> Any:
+        """The dtype under the key older readers use: the JSON keeps both keys, and reading this one (transformers
+        does, for every key of the JSON) is not a use of the deprecated attribute."""
+        return getattr(self, "dtype", None)
+
+    @torch_dtype.setter
+    def torch_dtype(self, value: Any) -> None:
+        self.dtype = value
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON form, with the rotary settings both as `rope_theta` + `rope_scaling` (`None` for plain RoPE) and
         as `rope_parameters`, and the dtype as `torch_dtype` and `dtype`: the keys of every reader, whichever
