@@ -311,3 +311,48 @@ def test_prune_servable_writes_the_deci_format(model_dir, smollm2_tokenizer, cal
     assert main([*argv, "--ratio", "0.3", "--format", "deci", "--output", str(tmp_path / "out")]) == 0
     capsys.readouterr()
     assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "nemotron-nas"
+
+
+def _subcommands():
+    import argparse
+
+    from optimum_prune.cli import build_parser
+
+    actions = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return actions[0].choices
+
+
+def test_help_imports_neither_torch_nor_transformers_and_takes_under_a_second_of_cpu():
+    import resource
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\nfrom optimum_prune.cli import main\n"
+        "for argv in (['--help'], *([c, '--help'] for c in sys.argv[1:])):\n"
+        "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules), file=sys.stderr)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, *_subcommands()], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "HEAVY []" in out.stderr, out.stderr[-500:]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-m", "optimum_prune.cli", "--help"], capture_output=True, timeout=60, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    assert cpu < 1.0, f"`optimum-prune --help` took {cpu:.2f} s of CPU"
+
+
+def test_every_option_says_what_it_does_and_its_default():
+    import argparse
+
+    for name, sub in _subcommands().items():
+        text = sub.format_help()
+        for action in sub._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            flag = action.option_strings[0] if action.option_strings else action.dest
+            assert action.help, f"`{name} {flag}` has no help text"
+            if action.default not in (None, False, []) and action.option_strings:
+                assert f"(default: {action.default})" in " ".join(text.split()), f"`{name} {flag}` hides its default"

@@ -12,11 +12,12 @@ import torch
 from ..evaluation import benchmark_speed, compare_speed, format_speed, perplexity
 from ..evaluation.zero_shot import resolve_tasks
 from ..export import export_gguf
-from .common import UserError, _check_parent, _load, _texts, _write_json, require_causal_lm
+from .common import UserError, _check_parent, _write_json
 from .demo import format_demo_table, run_demo
-from .recovery import add_eval_task_arguments, run_zero_shot
+from .inputs import _load, _texts, require_causal_lm
+from .recovery import run_zero_shot
 
-__all__ = ["add_tool_commands"]
+__all__ = ["cmd_bench", "cmd_demo", "cmd_eval", "cmd_export_gguf"]
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -92,69 +93,3 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     print(format_demo_table(result))
     return 0
-
-
-def add_tool_commands(sub: Any, model_args, split_args) -> None:
-    """Add `eval`, `bench`, `export-gguf` and `demo` to the `optimum-prune` subparsers."""
-
-    p = sub.add_parser("eval", help="perplexity on a text source", description="Perplexity (non-overlapping windows).")
-    model_args(p)
-    p.add_argument("--data", help="perplexity text: file, directory of .txt, wikitext2|c4|ptb, or 'bbc'")
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--max-tokens", type=int, help="score only the first N tokens")
-    p.add_argument("--batch-size", type=int, default=1)
-    split_args(p, "evaluate on the held-out part")
-    add_eval_task_arguments(p)
-    p.add_argument("--output", "-o", help="write the JSON result here (default: stdout)")
-    p.set_defaults(func=cmd_eval)
-
-    p = sub.add_parser(
-        "bench",
-        help="prefill latency / decode tokens/s",
-        description="Speed of one or more models (several: interleaved, ratios against the first).",
-    )
-    p.add_argument("models", nargs="+", help="model directories or .gguf files; the first is the reference")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"])
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--threads", type=int, help="torch.set_num_threads")
-    p.add_argument("--output", "-o", help="write the JSON result here (default: stdout)")
-    p.set_defaults(func=cmd_bench)
-
-    p = sub.add_parser(
-        "export-gguf",
-        help="write a saved model as a GGUF file for llama.cpp / Ollama",
-        description="Export a save_pretrained directory (pruned or dense) to GGUF; per-layer shapes go in as llama.cpp's "
-        "deci architecture.",
-    )
-    p.add_argument("--model", required=True, help="directory written by save_pretrained / optimum-prune prune")
-    p.add_argument("--output", "-o", required=True, help="the .gguf file to write (parent directories are created)")
-    p.add_argument("--outtype", choices=["f32", "f16", "bf16", "q8_0"], default="f16", help="weight type (f16)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing file")
-    p.set_defaults(func=cmd_export_gguf)
-
-    what = "SmolLM2-135M + BBC news end to end (minutes on a CPU)"
-    p = sub.add_parser(
-        "demo",
-        help=what,
-        description=f"Prune {what}; `make demo` runs it. Every figure and the wall time of each step go to "
-        "RESULTS_DIR/demo_smollm2.json and its markdown rendering RESULTS_DIR/demo_smollm2.md; the committed run is "
-        "benchmarks/results/demo_smollm2.{json,md}.",
-    )
-    p.add_argument("--output-dir", default="demo_output", help="the pruned checkpoint (default: demo_output)")
-    p.add_argument(
-        "--results-dir",
-        default="demo_results",
-        help="where demo_smollm2.json and demo_smollm2.md are written, replacing an earlier run's (default: "
-        "demo_results, in the current directory)",
-    )
-    p.add_argument("--ratio", type=float, default=0.2)
-    p.add_argument("--num-samples", type=int, default=32)
-    p.add_argument("--seq-len", type=int, default=256, help="calibration sequence length")
-    p.add_argument("--eval-seq-len", type=int, default=512)
-    p.add_argument("--eval-tokens", type=int, default=8192, help="held-out tokens scored")
-    p.add_argument("--repeats", type=int, default=5, help="speed rounds")
-    p.set_defaults(func=cmd_demo)
