@@ -3,6 +3,7 @@
 import json
 import math
 
+import pytest
 import torch
 
 from optimum_prune import AutoPrunedModelForCausalLM, AutoPruner, CalibrationConfig, NumericalConfig
@@ -13,7 +14,7 @@ from optimum_prune.evaluation import perplexity
 
 def test_smollm2_numerical_pruning_end_to_end(tmp_path):
     pruner = AutoPruner.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF_FILE)
-    calib_docs, eval_docs = split_documents(load_texts(str(bbc_news_dir())), 0.5, seed=0)
+    calib_docs, eval_docs = split_documents(load_texts(str(bbc_news_dir())), 0.5, seed=0, shuffle_held_out=False)
     dense_ppl = perplexity(pruner.model, pruner.tokenizer, eval_docs, seq_len=128, max_tokens=1024)
     report = pruner.prune(
         NumericalConfig(pruning_ratio=0.2),
@@ -36,3 +37,39 @@ def test_smollm2_numerical_pruning_end_to_end(tmp_path):
     ids = pruner.tokenizer("The BBC reported that", return_tensors="pt").input_ids
     with torch.no_grad():
         torch.testing.assert_close(reloaded(ids).logits, pruner.model(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_cli_and_demo_score_the_same_sample(tmp_path, capsys):
+    """The demo and `optimum-prune prune` / `eval` with the same flags give the same model and the same perplexity:
+    the held-out documents of the split in the same seeded order, so the token cap samples every BBC category."""
+    from optimum_prune.cli import main
+    from optimum_prune.cli.demo import run_demo
+
+    flags = {"ratio": 0.2, "num_samples": 4, "seq_len": 64, "eval_seq_len": 128, "eval_tokens": 1024}
+    demo = run_demo(
+        output_dir=tmp_path / "demo", results_dir=None, bench_repeats=2, bench_new_tokens=2, max_new_tokens=2, **flags
+    )
+    gguf = str(smollm2_dir() / SMOLLM2_GGUF_FILE)
+    split = ["--holdout-fraction", "0.2", "--split-seed", "0"]
+    prune = ["prune", gguf, "--method", "numerical", "--ratio", "0.2", "--calib", "bbc", *split]
+    assert main([*prune, "--num-samples", "4", "--seq-len", "64", "-o", str(tmp_path / "cli")]) == 0
+    capsys.readouterr()
+    scores = {}
+    for name in ("demo", "cli"):
+        argv = ["eval", str(tmp_path / name), "--data", "bbc", *split, "--seq-len", "128", "--max-tokens", "1024"]
+        assert main(argv) == 0
+        scores[name] = json.loads(capsys.readouterr().out)["perplexity"]
+    assert scores["demo"] == pytest.approx(demo["pruned"]["perplexity"], rel=1e-6), scores
+    assert scores["cli"] == pytest.approx(scores["demo"], rel=1e-4), scores
+    # the sample mixes the categories: the first 1,024 tokens of the held-out articles in directory order (business
+    # only) score differently
+    docs = split_documents(load_texts(str(bbc_news_dir())), 0.2, seed=0, shuffle_held_out=False)[1]
+    model = AutoPrunedModelForCausalLM.from_pretrained(tmp_path / "demo")
+    unshuffled = perplexity(model, pruner_tokenizer(tmp_path / "demo"), docs, seq_len=128, max_tokens=1024)
+    assert abs(unshuffled / scores["demo"] - 1) > 0.05, (unshuffled, scores)
+
+
+def pruner_tokenizer(path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)

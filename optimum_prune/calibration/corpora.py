@@ -56,16 +56,23 @@ def python_docs_dir(path: str | Path | None = None) -> Path:
     return path
 
 
-def split_documents(docs: Sequence[str], holdout_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+def split_documents(
+    docs: Sequence[str], holdout_fraction: float, seed: int, *, shuffle_held_out: bool = True
+) -> tuple[list[str], list[str]]:
     """Deterministic, disjoint split of documents into calibration and held-out evaluation sets.
+
+    The held-out documents come in a seeded random order, so that a token cap (`perplexity(..., max_tokens=...)`)
+    scores a sample of the whole corpus rather than its first directory (the BBC articles are sorted by category):
+    `optimum-prune eval --holdout-fraction`, the demo and a script calling this function score the same tokens.
 
     Args:
         docs (`Sequence[str]`): the documents (e.g. from [`load_texts`]).
         holdout_fraction (`float`): fraction in (0, 1) of the documents to hold out (rounded, at least 1 each side).
-        seed (`int`): permutation seed; the same seed always gives the same split.
+        seed (`int`): permutation seed; the same seed always gives the same split (and held-out order).
+        shuffle_held_out (`bool`, defaults to `True`): `False` keeps the held-out documents in their original order.
 
     Returns:
-        `tuple[list[str], list[str]]`: `(calib_docs, eval_docs)`, each in the original document order.
+        `tuple[list[str], list[str]]`: `(calib_docs, eval_docs)`; the calibration documents in their original order.
     """
     if not 0.0 < holdout_fraction < 1.0:
         raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction!r}.")
@@ -76,4 +83,7 @@ def split_documents(docs: Sequence[str], holdout_fraction: float, seed: int) -> 
     eval_idx = set(perm[:n_eval])
     calib = [d for i, d in enumerate(docs) if i not in eval_idx]
     held_out = [d for i, d in enumerate(docs) if i in eval_idx]
+    if shuffle_held_out:
+        order = torch.randperm(len(held_out), generator=torch.Generator().manual_seed(seed)).tolist()
+        held_out = [held_out[i] for i in order]
     return calib, held_out

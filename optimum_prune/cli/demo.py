@@ -185,9 +185,7 @@ def run_demo(
     lap("load_s", t0)
 
     docs = load_texts(bbc_dir)
-    calib_docs, heldout_docs = split_documents(docs, holdout_fraction, seed)
-    order = torch.randperm(len(heldout_docs), generator=torch.Generator().manual_seed(seed)).tolist()
-    heldout_docs = [heldout_docs[i] for i in order]  # mix the categories inside the token cap
+    calib_docs, heldout_docs = split_documents(docs, holdout_fraction, seed)  # held-out: shuffled, categories mixed
     say(f"BBC news: {len(calib_docs)} calibration / {len(heldout_docs)} held-out articles (disjoint)")
 
     t0 = time.perf_counter()

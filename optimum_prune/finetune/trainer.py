@@ -62,7 +62,7 @@ def _prepare(model, config, dataset, tokenizer, teacher):
             f"Fine-tuning needs at least 2 documents (some are held out for evaluation), got {len(docs)}. "
             "Split the text into several documents (e.g. a directory of .txt files or a list of strings)."
         )
-    train_docs, eval_docs = split_documents(docs, config.eval_fraction, config.seed)
+    train_docs, eval_docs = split_documents(docs, config.eval_fraction, config.seed, shuffle_held_out=False)
     windows = training_windows(train_docs, tokenizer, config.seq_len)
     vocab = model.get_input_embeddings().weight.shape[0]
     if int(windows.max()) >= vocab:
