@@ -145,9 +145,12 @@ class PruningReport:
             f.write("\n")
 
     def __str__(self) -> str:
+        seconds = self.timings.get("total_s")
         return (
             f"PruningReport(method={self.method!r}, target={self.target:.3f}, measured={self.measured:.3f}, "
-            f"params {self.params_before:,} -> {self.params_after:,})"
+            f"params {self.params_before:,} -> {self.params_after:,}"
+            + (f", {seconds:.1f} s" if seconds is not None else "")
+            + ")"
         )
 
 

@@ -1,6 +1,7 @@
 """The `optimum-prune` command line, end to end on a tiny random Llama saved with SmolLM2's tokenizer (offline)."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -57,8 +58,13 @@ def test_prune_end_to_end(model_dir, calib_file, tmp_path, capsys):
     out, report = tmp_path / "pruned", tmp_path / "report.json"
     argv = ["prune", str(model_dir), "--method", "numerical", "--ratio", "0.25", *_calib_args(calib_file)]
     assert main([*argv, "--output", str(out), "--report", str(report)]) == 0
-    summary = json.loads(capsys.readouterr().out)
+    printed = capsys.readouterr()
+    summary = json.loads(printed.out)
     assert summary["method"] == "numerical" and summary["output"] == str(out)
+    # a summary to read: the config and per-layer shapes stay in the files, floats without binary noise
+    assert len(printed.out.splitlines()) <= 25 and "config" not in summary, printed.out
+    assert not re.search(r"\d\.\d{9,}", printed.out), printed.out
+    assert re.search(r"PruningReport\(method='numerical'.*, \d+\.\d s\); saved to ", printed.err), printed.err
     full = json.loads(report.read_text())
     assert full["params_after"] < full["params_before"]
     assert abs(full["measured"] - 0.25) < 0.1

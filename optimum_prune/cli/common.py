@@ -45,8 +45,20 @@ def _model_location(path: str, gguf_file: str | None) -> tuple[str, str | None]:
     return str(p), gguf_file
 
 
+def _rounded(data: Any, digits: int = 12) -> Any:
+    """Floats to `digits` significant digits: `0.30000000000000004` is printed `0.3`; 12 keep a perplexity's
+    precision."""
+    if isinstance(data, float):
+        return float(f"{data:.{digits}g}")
+    if isinstance(data, dict):
+        return {k: _rounded(v, digits) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_rounded(v, digits) for v in data]
+    return data
+
+
 def _write_json(data: Any, path: str | None) -> None:
-    text = json.dumps(data, indent=2, default=str)
+    text = json.dumps(_rounded(data), indent=2, default=str)
     if path:
         Path(path).write_text(text + "\n", encoding="utf-8")
         print(f"wrote {path}", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 
 from ..auto import AutoPruner
@@ -11,7 +12,7 @@ from ..config import CalibrationConfig, PruningConfig
 from ..methods.registry import get_config_class, get_pruner_class
 from ..utils.distributed import init_from_env, is_main_process
 from ..utils.scratch import check_output_dir
-from .common import UserError, _check_parent, _model_location, _overrides, _write_json
+from .common import UserError, _check_parent, _model_location, _overrides, _rounded, _write_json
 from .inputs import _load, _texts
 
 __all__ = ["cmd_prune"]
@@ -86,10 +87,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
         return 0  # rank 0 writes the report and prints the summary
     if args.report:
         report.to_json_file(args.report)
-    drop = ("layers", "sparsity", "info", "calibration", "sections")
+    print(f"{report}; saved to {saved}", file=sys.stderr)  # the line to read; the JSON (stdout) to keep
+    drop = ("config", "layers", "sparsity", "info", "calibration", "sections")  # in the saved pruning_config.json
     summary = {k: v for k, v in report.to_dict().items() if k not in drop}
     if report.sections:  # a recipe: one line per config
         keys = ("method", "target", "measured", "seconds")
         summary["sections"] = [{k: s[k] for k in keys if k in s} for s in report.sections]
-    _write_json({**summary, "output": str(saved), "report": args.report}, None)
+    _write_json(_rounded({**summary, "output": str(saved), "report": args.report}, 6), None)
     return 0
