@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # what the names below resolve to (read by type checkers and 
     from .methods.spp import SolutionPath, SolutionPathError, SPPConfig, SPPRIAConfig, SPPSearchError
     from .methods.wanda import WandaConfig
     from .modeling.architectures import UnsupportedArchitectureError, supported_model_types
-    from .modeling.auto_classes import register_pruned_architectures
+    from .modeling.auto_classes import register_pruned_architectures  # noqa: F401  (public, not in __all__)
     from .modeling.semi_structured import to_semi_structured_
     from .prune import prune_
     from .report import PruningReport
@@ -74,7 +74,49 @@ _MODULES = {
     **dict.fromkeys(["load_pruned_model", "save_pruned_model"], ".serialization"),
 }
 
-__all__ = sorted([*_MODULES, "__version__"])
+__all__ = [
+    "AMPConfig",
+    "AutoPruner",
+    "AutoPrunedModelForCausalLM",
+    "AutoPrunedModelForImageClassification",
+    "CalibrationConfig",
+    "CalibrationStatsCache",
+    "ExpertConfig",
+    "FISTAConfig",
+    "FLAPConfig",
+    "FinetuneConfig",
+    "FinetuneReport",
+    "GGUFExportError",
+    "GGUFTokenizerError",
+    "InsufficientMemoryError",
+    "MagnitudeConfig",
+    "NumericalConfig",
+    "PruningCallback",
+    "PruningConfig",
+    "PruningReport",
+    "RIAConfig",
+    "SPPConfig",
+    "SPPRIAConfig",
+    "SPPSearchError",
+    "SolutionPath",
+    "SolutionPathError",
+    "SparseGPTConfig",
+    "SparsityCallback",
+    "StructuredPruningConfig",
+    "UnstructuredPruningConfig",
+    "UnsupportedArchitectureError",
+    "WandaConfig",
+    "__version__",
+    "available_methods",
+    "export_gguf",
+    "finetune_",
+    "load_pruned_model",
+    "prune_",
+    "register_pruning_method",
+    "save_pruned_model",
+    "supported_model_types",
+    "to_semi_structured_",
+]
 
 
 def __getattr__(name: str) -> Any:

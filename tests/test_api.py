@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import warnings
 from pathlib import Path
 
@@ -150,3 +151,31 @@ def test_teacher_copy_is_made_only_when_asked():
     kept.prune(config)
     width = kept.teacher().model.layers[0].mlp.up_proj.out_features
     assert width == 96 > kept.model.model.layers[0].mlp.up_proj.out_features
+
+
+def test_import_is_light_every_public_name_resolves_and_stock_loaders_read_pruned_types(tmp_path):
+    """`import optimum_prune` loads neither torch nor transformers (its names load on first use); every name of
+    `__all__` resolves; and in a script that imports optimum_prune before transformers, stock
+    `AutoModelForCausalLM` still reads a pruned checkpoint (the types register when transformers loads)."""
+    import subprocess
+    import sys
+
+    from testing_utils import calibration_ids, tiny_model
+
+    from optimum_prune import NumericalConfig, prune_, save_pruned_model
+
+    model = tiny_model("llama")
+    prune_(model, NumericalConfig(pruning_ratio=0.3, allocation="global"), calibration_ids())
+    out = save_pruned_model(model, tmp_path / "out")
+    probe = (
+        "import sys, json\nimport optimum_prune\n"
+        "light = not {'torch', 'transformers'} & set(sys.modules)\n"
+        "from transformers import AutoModelForCausalLM\n"
+        f"m = AutoModelForCausalLM.from_pretrained({str(out)!r})\n"
+        "names = [n for n in optimum_prune.__all__ if getattr(optimum_prune, n, None) is None]\n"
+        "print(json.dumps([light, type(m).__name__, names]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    light, cls, missing = json.loads(result.stdout.strip().splitlines()[-1])
+    assert light and cls.startswith("Pruned") and not missing, (light, cls, missing)

@@ -71,7 +71,9 @@ def _prepare(model, config, dataset, teacher):
                 f"{num_labels}: distillation compares their logits class by class (use the unpruned source model)."
             )
     targets = lora_target_modules(model, config.target_modules) if config.method == "lora" else None
-    train_idx, eval_idx = split_documents(list(range(len(labels))), config.eval_fraction, config.seed, shuffle_held_out=False)
+    train_idx, eval_idx = split_documents(
+        list(range(len(labels))), config.eval_fraction, config.seed, shuffle_held_out=False
+    )
     train_idx, eval_idx = torch.as_tensor(train_idx), torch.as_tensor(eval_idx)
     args = training_arguments(config, config.output_dir or tempfile.gettempdir())
     return targets, (pixels[train_idx], labels[train_idx]), (pixels[eval_idx], labels[eval_idx]), args
