@@ -192,16 +192,28 @@ def test_demo_refuses_a_foreign_output_dir_before_loading(tmp_path, capsys):
 
 
 def test_demo_table_formatting():
+    """The verdict comes first (size, quality, per-round speedups with their interval); a busy machine is flagged
+    before it, with by how much."""
     from optimum_prune.cli.demo import format_demo_table
+    from optimum_prune.evaluation import speedup_spread
 
     side = {"parameters": 134.5e6, "perplexity": 30.0, "prefill_ms": 200.0, "decode_tokens_per_s": 20.0}
+    per_round = {
+        "prefill_speedup": speedup_spread([210.0] * 5, [170.0, 168.0, 171.0, 169.0, 172.0]),
+        "decode_speedup": speedup_spread([50.0] * 5, [48.0, 52.0, 40.0, 55.0, 45.0]),
+    }
+    speed = {
+        "settings": {"machine": {"cpus": 2, "threads": 2, "other_processes_cpus": 0.1, "busy": False}},
+        "models": {"dense": {}, "pruned": {}},
+        "ratios": {"pruned": {"per_round": per_round}},
+    }
     result = {
         "settings": {
             "model": "SmolLM2",
             "method": {"pruning_ratio": 0.2},
             "calibration": {"num_samples": 32, "seq_len": 256},
             "evaluation": {"max_tokens": 8192, "documents": 445, "seq_len": 512},
-            "speed": {"prompt_len": 128, "new_tokens": 32, "repeats": 5, "load_average_1min": [1.0, 6.0]},
+            "speed": {"prompt_len": 128, "new_tokens": 32, "repeats": 5, "load_average_1min": [1.0, 1.5]},
             "torch_threads": 2,
         },
         "dense": {**side, "prefill_ms_median": 210.0, "decode_tokens_per_s_median": 19.0},
@@ -209,19 +221,11 @@ def test_demo_table_formatting():
             **side,
             "parameters": 113.4e6,
             "perplexity": 45.0,
-            "prefill_ms": 160.0,
-            "decode_tokens_per_s": 25.0,
             "prefill_ms_median": 170.0,
             "decode_tokens_per_s_median": 24.0,
         },
-        "ratios": {
-            "parameters": 0.843,
-            "perplexity": 1.5,
-            "prefill_speedup": 1.25,
-            "decode_speedup": 1.25,
-            "prefill_speedup_median": 210 / 170,
-            "decode_speedup_median": 24 / 19,
-        },
+        "ratios": {"parameters": 0.843, "perplexity": 1.5},
+        "speed": speed,
         "report": {"measured": 0.199},
         "reload": {"max_abs_logit_diff": 0.0},
         "generation": {"prompt": "Hi", "dense": "Hello there.", "pruned_reloaded": "Hello."},
@@ -229,10 +233,21 @@ def test_demo_table_formatting():
         "timings_s": {"total_s": 300.0},
     }
     table = format_demo_table(result)
-    for text in ("134.50 M", "113.40 M", "1.25x faster", "held-out perplexity", "load average 6.0", "Hello."):
+    first = table.splitlines()[0]
+    assert first.startswith("pruned: 15.7% fewer parameters, held-out perplexity 1.500x (30.00 -> 45.00)"), first
+    assert "prefill 1.24x [1.23, 1.24] faster, decode 1.04x [0.96, 1.11] tie" in first, first
+    for text in ("134.50 M", "113.40 M", "210.0 ms", "24.0 tok/s", "Hello.", "total time 300 s"):
         assert text in table
+    assert "UNRELIABLE" not in table
+    speed["settings"]["machine"].update(other_processes_cpus=8.2, busy=True)
+    first = format_demo_table(result).splitlines()[0]
+    assert first.startswith("UNRELIABLE speed: other processes used 8.2 of the 2 CPUs"), first
+    # a results file written before the machine's load was measured: its load average against the threads
+    del speed["settings"]["machine"]
+    result["settings"]["speed"]["load_average_1min"] = [1.0, 6.0]
+    assert format_demo_table(result).startswith("UNRELIABLE speed: load average 6.0 > 2 threads")
     # noisy medians can leave the decode rate undefined (generate median <= prefill median)
-    result["pruned"]["decode_tokens_per_s_median"] = result["ratios"]["decode_speedup_median"] = float("nan")
+    result["pruned"]["decode_tokens_per_s_median"] = float("nan")
     assert "n/a" in format_demo_table(result)
 
 

@@ -80,13 +80,6 @@ def _prepare_output_dir(output_dir: Path) -> bool:
     return True
 
 
-def _load_average() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except (OSError, AttributeError):
-        return None
-
-
 def _best_speed(res: dict[str, Any], new_tokens: int) -> dict[str, float]:
     """Best-of-N timings from `compare_speed`'s raw samples: on a shared machine the minimum is the least disturbed
     measurement (the medians are kept next to them). Decode time = best generate - best prefill."""
@@ -206,7 +199,6 @@ def run_demo(
 
     t0 = time.perf_counter()
     say(f"Speed, dense and pruned interleaved ({bench_repeats} rounds)")
-    load_before = _load_average()
     speed = compare_speed(
         {"dense": dense, "pruned": model},
         tokenizer,
@@ -216,7 +208,6 @@ def run_demo(
         repeats=bench_repeats,
     )
     lap("speed_s", t0)
-    load = [x for x in (load_before, _load_average()) if x is not None]
 
     t0 = time.perf_counter()
     say(f"Saving to {out}, reloading with AutoPrunedModelForCausalLM")
@@ -261,7 +252,7 @@ def run_demo(
                 "documents": len(calib_docs),
             },
             "evaluation": {"seq_len": eval_seq_len, "max_tokens": eval_tokens, "documents": len(heldout_docs)},
-            "speed": {**speed["settings"], "load_average_1min": load},
+            "speed": {**speed["settings"], "load_average_1min": speed["settings"]["machine"]["load_average_1min"]},
             "torch_threads": torch.get_num_threads(),
         },
         "dense": side["dense"],

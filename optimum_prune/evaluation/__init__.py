@@ -5,7 +5,7 @@ memory benchmarks and zero-shot tasks (lm-eval).
 """
 
 from .perplexity import DocumentScores, perplexity, score_documents
-from .speed import benchmark_speed, compare_speed, format_speed, speedup_spread
+from .speed import benchmark_speed, compare_speed, format_speed, speed_verdicts, speedup_spread
 from .uncertainty import Comparison, bootstrap_interval, compare, compare_geometric_mean, verdict
 from .zero_shot import zero_shot
 
@@ -20,6 +20,7 @@ __all__ = [
     "format_speed",
     "perplexity",
     "score_documents",
+    "speed_verdicts",
     "speedup_spread",
     "verdict",
     "zero_shot",

@@ -13,7 +13,7 @@ import torch
 
 from ..modeling.architectures import require_causal_lm
 
-__all__ = ["benchmark_speed", "compare_speed", "format_speed", "speedup_spread"]
+__all__ = ["benchmark_speed", "compare_speed", "format_speed", "machine_note", "speed_verdicts", "speedup_spread"]
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +134,64 @@ def _measure_memory(runner: _Runner) -> dict[str, Any]:
     }
 
 
+def _busy_cpu_seconds() -> float | None:
+    """CPU seconds every process of the machine has spent busy since boot (Linux `/proc/stat`: user, nice, system,
+    irq, softirq, steal); None where that cannot be read."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]
+        return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+class _MachineLoad:
+    """How much of the machine other processes took while the rounds were timed: their CPU time over the wall time
+    (the machine's busy CPU time less this process's), in CPUs. On a CPU device the timings are flagged as unreliable
+    (`busy`) when the others used more than the CPUs this benchmark's threads leave free, plus half a CPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.load = [_load_average()]
+        self.wall, self.busy, self.own = time.perf_counter(), _busy_cpu_seconds(), time.process_time()
+
+    def finish(self) -> dict[str, Any]:
+        wall = time.perf_counter() - self.wall
+        busy, own = _busy_cpu_seconds(), time.process_time() - self.own
+        others = max(0.0, (busy - self.busy - own) / wall) if busy is not None and self.busy is not None else None
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = torch.get_num_threads()
+        flagged = self.device.type == "cpu" and others is not None and others > max(cpus - threads, 0) + 0.5
+        out = {
+            "cpus": cpus,
+            "threads": threads,
+            "other_processes_cpus": others,
+            "load_average_1min": [x for x in (*self.load, _load_average()) if x is not None],
+            "busy": flagged,
+        }
+        if flagged:
+            logger.warning("%s: the timings are unreliable", machine_note(out))
+        return out
+
+
+def machine_note(machine: dict[str, Any]) -> str:
+    """One sentence on how busy the machine was while a comparison was timed (`settings["machine"]`)."""
+    others = machine.get("other_processes_cpus")
+    if others is None:
+        return f"{machine['threads']} threads on {machine['cpus']} CPUs (other processes' load not measured)"
+    return (
+        f"other processes used {others:.1f} of the {machine['cpus']} CPUs while the rounds ran "
+        f"({machine['threads']} threads here)"
+    )
+
+
 def _summary(samples_s: list[float]) -> tuple[float, float]:
     """Median and interquartile range, in milliseconds."""
     ms = [s * 1e3 for s in samples_s]
@@ -245,7 +303,11 @@ def compare_speed(
         `memory_ratio` = peak_model / peak_first, `parameter_ratio` = params_model / params_first; and `per_round`:
         `prefill_speedup` / `generate_speedup` / `decode_speedup` → [`speedup_spread`] of the round-by-round ratios,
         with their median, interquartile range and a `verdict` that calls a difference within the spread a tie).
-        [`format_speed`] renders it as a markdown table.
+        `settings["machine"]` says how busy the machine was while the rounds ran: `cpus`, `threads`,
+        `other_processes_cpus` (CPU time of the other processes over the wall time, Linux; None elsewhere),
+        `load_average_1min` (before, after) and `busy` (on a CPU device, the others took more than the CPUs the
+        threads leave free plus half a CPU: the timings are unreliable, and a warning is logged).
+        [`format_speed`] renders it as markdown, the verdicts first.
     """
     if not models:
         raise ValueError("compare_speed needs at least one model.")
@@ -266,10 +328,12 @@ def compare_speed(
     for name in names:
         for _ in range(warmup):
             runners[name].run(record=False)
+    load = _MachineLoad(runners[names[0]].device)
     for r in range(repeats):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
             runners[name].run()
+    machine = load.finish()
     results = {
         name: {**_result(runners[name], new_tokens, batch_size), **_measure_memory(runners[name])} for name in names
     }
@@ -295,6 +359,7 @@ def compare_speed(
         "repeats": repeats,
         "num_threads": torch.get_num_threads(),
         "prompt_seed": _PROMPT_SEED,
+        "machine": machine,
     }
     for name, res in results.items():
         logger.info(
@@ -306,28 +371,52 @@ def compare_speed(
                 "%s vs %s, per round: prefill %s, decode %s",
                 name,
                 names[0],
-                _ratio_cell(per_round["prefill_speedup"]),
-                _ratio_cell(per_round["decode_speedup"]),
+                speedup_cell(per_round["prefill_speedup"]),
+                speedup_cell(per_round["decode_speedup"]),
             )
     return {"settings": settings, "models": results, "ratios": ratios}
 
 
-def _ratio_cell(spread: dict[str, Any]) -> str:
+def speedup_cell(spread: dict[str, Any]) -> str:
+    """A [`speedup_spread`] as text: `1.20x [1.18, 1.22] faster` (median [Q1, Q3] verdict)."""
     if spread["verdict"] == "undetermined":
         return "n/a" if not spread["rounds"] else f"{spread['median']:.2f}x (undetermined: 1 round)"
     return f"{spread['median']:.2f}x [{spread['q1']:.2f}, {spread['q3']:.2f}] {spread['verdict']}"
 
 
+def speed_verdicts(result: dict[str, Any]) -> list[str]:
+    """The answer of a `compare_speed` result first: one line per compared model with its per-round prefill and
+    decode speedups (median [Q1, Q3] and the verdict), and, first of all, a warning when the machine was busy."""
+    ratios, settings = result["ratios"], result["settings"]
+    ref = next(iter(result["models"]))
+    machine = settings.get("machine")
+    lines = []
+    if machine and machine.get("busy"):
+        lines.append(f"UNRELIABLE: {machine_note(machine)}; re-run on an idle machine.")
+    for name in list(result["models"])[1:]:
+        per_round = ratios[name]["per_round"]
+        lines.append(
+            f"{name} vs {ref}: prefill {speedup_cell(per_round['prefill_speedup'])}, "
+            f"decode {speedup_cell(per_round['decode_speedup'])}"
+        )
+    return lines
+
+
 def format_speed(result: dict[str, Any]) -> str:
-    """A `compare_speed` result as a markdown table: medians per model, and per-round speedups against the first
-    model as median [first quartile, third quartile] with the verdict (`tie` when the difference from 1 is no
-    larger than the interquartile range)."""
+    """A `compare_speed` result as markdown: the verdicts first ([`speed_verdicts`]), then a table of the medians per
+    model and the per-round speedups against the first model as median [first quartile, third quartile] with the
+    verdict (`tie` when the difference from 1 is no larger than the interquartile range)."""
     models, ratios, settings = result["models"], result["ratios"], result["settings"]
     ref = next(iter(models))
+    machine = settings.get("machine")
+    verdicts = speed_verdicts(result)
     lines = [
+        *(f"**{line}**" if line.startswith("UNRELIABLE") else line for line in verdicts),
+        *([""] if verdicts else []),
         f"Prompt {settings['prompt_len']} tokens, {settings['new_tokens']} new tokens, batch {settings['batch_size']}, "
-        f"{settings['repeats']} interleaved rounds, {settings['num_threads']} threads; speedups against `{ref}`, "
-        "per round: median [Q1, Q3], a tie when |median - 1| <= Q3 - Q1.",
+        f"{settings['repeats']} interleaved rounds, {settings['num_threads']} threads"
+        + (f"; {machine_note(machine)}" if machine else "")
+        + f"; speedups against `{ref}`, per round: median [Q1, Q3], a tie when |median - 1| <= Q3 - Q1.",
         "",
         "| model | prefill ms (median) | decode tok/s (median) | prefill speedup | decode speedup |",
         "|---|---:|---:|---:|---:|",
@@ -337,8 +426,8 @@ def format_speed(result: dict[str, Any]) -> str:
         per_round = ratios[name]["per_round"]
         lines.append(
             f"| {name} | {res['prefill_ms_median']:.1f} | {f'{rate:.1f}' if rate == rate else 'n/a'} | "
-            f"{'reference' if name == ref else _ratio_cell(per_round['prefill_speedup'])} | "
-            f"{'reference' if name == ref else _ratio_cell(per_round['decode_speedup'])} |"
+            f"{'reference' if name == ref else speedup_cell(per_round['prefill_speedup'])} | "
+            f"{'reference' if name == ref else speedup_cell(per_round['decode_speedup'])} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -145,3 +145,33 @@ def test_compare_speed_validates_arguments():
         compare_speed({})
     with pytest.raises(ValueError, match="repeats"):
         compare_speed({"m": SleepyLM("m", 0, 0, [])}, repeats=0)
+
+
+def test_a_busy_machine_is_measured_and_flagged_before_the_verdicts(monkeypatch, caplog):
+    """The CPU time other processes take while the rounds run is measured (the machine's busy time less ours); when
+    they take more than the CPUs left free, the result says so, by how much, before anything else."""
+    import optimum_prune.evaluation.speed as speed
+
+    log = []
+    models = {"dense": SleepyLM("dense", 0.004, 0.012, log), "pruned": SleepyLM("pruned", 0.002, 0.006, log)}
+    quiet = compare_speed(models, warmup=0, repeats=3)
+    machine = quiet["settings"]["machine"]
+    assert machine["cpus"] >= 1 and machine["threads"] == torch.get_num_threads()
+    assert machine["other_processes_cpus"] is not None and machine["other_processes_cpus"] >= 0
+    clock = {"busy": 0.0}
+
+    def busy_cpu_seconds():  # other processes keep 8 CPUs busy: 8 CPU-seconds per second of wall time
+        clock["busy"] = max(clock["busy"], 8 * time.perf_counter() + time.process_time())
+        return clock["busy"]
+
+    monkeypatch.setattr(speed, "_busy_cpu_seconds", busy_cpu_seconds)
+    monkeypatch.setattr(speed.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    with caplog.at_level("WARNING"):
+        loud = compare_speed(models, warmup=0, repeats=3)
+    machine = loud["settings"]["machine"]
+    assert machine["busy"] and machine["cpus"] == 2 and machine["other_processes_cpus"] == pytest.approx(8, rel=0.1)
+    assert "unreliable" in caplog.text
+    text = format_speed(loud)
+    assert text.startswith("**UNRELIABLE: other processes used 8.0 of the 2 CPUs"), text
+    assert text.splitlines()[1].startswith("pruned vs dense: prefill "), text  # then the verdict, then the table
+    assert not format_speed(quiet).startswith("**UNRELIABLE") or quiet["settings"]["machine"]["busy"]
