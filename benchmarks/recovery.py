@@ -36,9 +36,9 @@ from optimum_prune import (  # noqa: E402
     finetune_,
     prune_,
 )
-from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE  # noqa: E402
 from optimum_prune.evaluation.tasks import bbc_news_topic_task  # noqa: E402
 from optimum_prune.evaluation.zero_shot import zero_shot  # noqa: E402
+from optimum_prune.samples import SMOLLM2_GGUF_FILE  # noqa: E402
 
 RESULTS = harness.RESULTS_DIR
 TEXT_KEYS = {"bbc": "ppl_bbc", "python_docs": "ppl_ood", "kjv": "ppl_kjv"}  # protocol texts -> result keys

@@ -98,7 +98,7 @@ RUNS = {  # name: (model, low_memory, method config, options)
 def _tokenizer(local: Path | None = None):
     from transformers import AutoTokenizer
 
-    from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
+    from optimum_prune.samples import SMOLLM2_GGUF_FILE, smollm2_dir
 
     if local is not None:
         return AutoTokenizer.from_pretrained(local)

@@ -10,8 +10,8 @@ import torch
 
 from optimum_prune import AutoPrunedModelForCausalLM, AutoPruner, CalibrationConfig, NumericalConfig
 from optimum_prune.calibration.data import bbc_news_dir, load_texts, split_documents
-from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
 from optimum_prune.evaluation import perplexity
+from optimum_prune.samples import SMOLLM2_GGUF_FILE, smollm2_dir
 
 output_dir = sys.argv[1] if len(sys.argv) > 1 else "out/smollm2-np-20"
 

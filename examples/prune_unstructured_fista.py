@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM
 
 from optimum_prune import AutoPruner, CalibrationConfig, FISTAConfig, WandaConfig, to_semi_structured_
 from optimum_prune.calibration.data import bbc_news_dir, get_calibration_batches, load_texts, split_documents
-from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
 from optimum_prune.evaluation import perplexity
+from optimum_prune.samples import SMOLLM2_GGUF_FILE, smollm2_dir
 
 output_dir = sys.argv[1] if len(sys.argv) > 1 else "out/smollm2-fista-2of4"
 

@@ -144,11 +144,18 @@ def _register_pruned_types() -> None:
         importlib.import_module(".modeling.auto_classes", __name__).register_pruned_architectures()
 
 
+# The registration imports `modeling.auto_classes` and what it imports: these layers (pyproject.toml's contract) and
+# nothing above them. While one of them is still loading, registering would import it half-made.
+_BELOW_REGISTRATION = tuple(
+    f"{__name__}.{layer}" for layer in ("modeling", "functional", "plan", "utils", "constants", "version")
+)
+
+
 class _RegisterAfterTransformers(importlib.abc.MetaPathFinder):
     """Runs `_register_pruned_types` right after `import transformers` completes, so that stock
-    `AutoModelForCausalLM.from_pretrained` reads a pruned checkpoint in a script that imported optimum_prune first. An
-    import of transformers made by one of this package's modules, still loading, registers later instead (when a name
-    of this package is used, or when a pruned checkpoint is loaded), never from inside that module's import."""
+    `AutoModelForCausalLM.from_pretrained` reads a pruned checkpoint in a script that imported optimum_prune first. When
+    transformers is first imported by a module the registration itself needs, still loading, it registers later (when a
+    name of this package is used, or when this package loads a checkpoint), never from inside that module's import."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != "transformers":
@@ -162,9 +169,9 @@ class _RegisterAfterTransformers(importlib.abc.MetaPathFinder):
         def exec_and_register(module: Any) -> None:
             exec_module(module)
             loading = [
-                m
+                n
                 for n, m in list(sys.modules.items())
-                if n.startswith(f"{__name__}.") and getattr(getattr(m, "__spec__", None), "_initializing", False)
+                if n.startswith(_BELOW_REGISTRATION) and getattr(getattr(m, "__spec__", None), "_initializing", False)
             ]
             if not loading:
                 _register_pruned_types()

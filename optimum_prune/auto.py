@@ -156,7 +156,8 @@ class AutoPruner:
         from (`*ForImageClassification`, or the backbone such as `Dinov2Model`), with their image processor.
 
         Args:
-            model_or_path (`PreTrainedModel | str | os.PathLike`): model or directory.
+            model_or_path (`PreTrainedModel | str | os.PathLike`): model, directory, or the path of a `.gguf` file
+                (dequantized on load).
             tokenizer (`PreTrainedTokenizerBase | None`): defaults to the one stored with the model (the image
                 processor for image models).
             gguf_file (`str | None`): GGUF file name inside the directory (dequantized on load).
@@ -175,6 +176,8 @@ class AutoPruner:
         if isinstance(model_or_path, nn.Module):
             strip_gguf_quantizer_(model_or_path)
             return cls(model_or_path, tokenizer, keep_teacher=keep_teacher)
+        if gguf_file is None and os.fspath(model_or_path).endswith(".gguf") and os.path.isfile(model_or_path):
+            model_or_path, gguf_file = os.path.split(os.path.abspath(model_or_path))  # a .gguf file's own path
         if low_memory:
             return cls._low_memory(model_or_path, tokenizer, gguf_file, torch_dtype, offload_dir, kwargs)
         model, tok = load_model_and_tokenizer(

