@@ -104,7 +104,9 @@ def structured_speed(root: Path) -> str:
     for ax, kind in zip(axes, ("prefill", "decode")):
         ideal = {}
         for method in ("numerical", "numerical_global", "flap"):
-            runs = sorted((r for r in res["runs"] if r["method"] == method and r.get("speed")), key=lambda r: r["ratio"])
+            runs = sorted(
+                (r for r in res["runs"] if r["method"] == method and r.get("speed")), key=lambda r: r["ratio"]
+            )
             if not runs:
                 continue
             xs = [r["ratio"] for r in runs]
