@@ -22,6 +22,7 @@ RESULTS_DIR = Path("benchmarks") / "results"
 TEXTS = (("bbc", "BBC news (calibration domain)"), ("python_docs", "Python docs"), ("kjv", "KJV Bible"))
 STYLE = {
     "numerical": ("Numerical Pruning", "C0", "o"),
+    "numerical_global": ("NP, per-layer allocation", "C9", "D"),
     "flap": ("FLAP", "C1", "s"),
     "spp": ("SPP", "C2", "^"),
     "magnitude": ("Magnitude", "C7", "x"),
@@ -66,12 +67,12 @@ def _err(values: list[float], cis: list[list[float] | None]) -> list[list[float]
 
 
 def structured_quality(root: Path) -> str:
-    """Perplexity against the pruning ratio, one panel per text: each structured method at its defaults
-    (`structured_smollm2_protocol.json`, test split), the dense model as a dashed line."""
-    res = _load(root, "structured_smollm2_protocol")
+    """Perplexity against the pruning ratio, one panel per text: each structured method at its defaults, NP also with
+    the per-layer allocation (`structured_smollm2_servable.json`, test split), the dense model as a dashed line."""
+    res = _load(root, "structured_smollm2_servable")
     fig, axes = plt.subplots(1, 3, figsize=(10, 3.1), sharex=True)
     for ax, (text, title) in zip(axes, TEXTS):
-        for method in ("numerical", "flap"):
+        for method in ("numerical", "numerical_global", "flap"):
             runs = sorted((r for r in res["runs"] if r["method"] == method), key=lambda r: r["ratio"])
             if not runs:
                 continue
@@ -89,21 +90,23 @@ def structured_quality(root: Path) -> str:
     axes[0].legend(frameon=False)
     return _svg(
         fig,
-        "Perplexity of SmolLM2-135M pruned by Numerical Pruning and FLAP at their defaults, on the test documents of "
-        "three texts (<code>structured_smollm2_protocol</code>). Structured magnitude is off the scale "
-        "(thousands at 10%).",
+        "Perplexity of SmolLM2-135M pruned by Numerical Pruning (its default allocation here: servable) and FLAP at "
+        "their defaults, and by NP with the per-layer allocation, on the test documents of three texts "
+        "(<code>structured_smollm2_servable</code>).",
     )
 
 
 def structured_speed(root: Path) -> str:
     """Prefill and decode speedup against the pruning ratio (median of interleaved rounds, IQR as bars) beside the
-    parameter ratio dense / pruned, the ideal of a compute-bound forward (`structured_smollm2_protocol.json`)."""
-    res = _load(root, "structured_smollm2_protocol")
+    parameter ratio dense / pruned, the ideal of a compute-bound forward (`structured_smollm2_servable.json`)."""
+    res = _load(root, "structured_smollm2_servable")
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.1), sharey=True)
     for ax, kind in zip(axes, ("prefill", "decode")):
         ideal = {}
-        for method in ("numerical", "flap"):
-            runs = sorted((r for r in res["runs"] if r["method"] == method and r.get("speed")), key=lambda r: r["ratio"])
+        for method in ("numerical", "numerical_global", "flap"):
+            runs = sorted(
+                (r for r in res["runs"] if r["method"] == method and r.get("speed")), key=lambda r: r["ratio"]
+            )
             if not runs:
                 continue
             xs = [r["ratio"] for r in runs]
@@ -127,7 +130,7 @@ def structured_speed(root: Path) -> str:
         fig,
         "Speed of the pruned SmolLM2-135M over the dense model in transformers, float32 on a 2-core CPU: median of "
         "interleaved rounds (bars: interquartile range; prefill 256 tokens, decode 16 tokens), beside the ratio of "
-        "parameters (<code>structured_smollm2_protocol</code>).",
+        "parameters (<code>structured_smollm2_servable</code>).",
     )
 
 

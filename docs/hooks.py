@@ -1,8 +1,9 @@
 """MkDocs hooks: the Results pages and plots assembled from `benchmarks/`, and the formulas rendered offline.
 
-- Results (`docs/_results.py`): `<!-- study: NAME -->` (a study's notes and results files),
-  `<!-- results-section: FILE.md#Section -->` (one table of a results file), and `results.md#STEM` links pointed
-  at the page that shows results file STEM. No number is copied into the docs by hand.
+- Results (`docs/_results.py`): `<!-- study: NAME -->` (a study's notes and results files, on its records page
+  `results/records/NAME.md`), `<!-- results-section: FILE.md#Section -->` (one section of a results file),
+  `<!-- results-table: FILE.md#N -->` (its N-th table, optionally narrowed to named columns and rows), each with a
+  link to the records page that shows the file. No number is copied into the docs by hand.
 - Plots (`docs/_plots.py`): `<!-- plot: NAME -->` becomes an inline SVG drawn from the results JSON.
 - Math: the `pymdownx.arithmatex` spans (`$...$`, `$$...$$`) become MathML at build time (`latex2mathml`), which
   browsers render natively: the site needs no script and no network to show a formula.

@@ -203,8 +203,9 @@ def _generated_anchors(target: Path) -> bool:
 
 
 def _study_anchors(target: Path) -> set[str]:
-    """The anchors a Results study page gets when docs/hooks.py assembles it: its notes' headings and one per
-    results file of the study (`docs/_results.py` says which)."""
+    """The anchors a Results records page (`docs/results/records/<study>.md`, the one holding `<!-- study: -->`) gets
+    when docs/hooks.py assembles it: its notes' headings and one per results file of the study (`docs/_results.py`
+    says which)."""
     match = re.search(r"<!-- study: (\w+) -->", _text(target))
     if not match:
         return set()
