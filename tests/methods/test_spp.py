@@ -876,3 +876,68 @@ def test_one_search_whatever_the_calibration_slicing():
     with pytest.raises(ValueError, match="search_seq_len"):
         SPPConfig(search_seq_len=1)
     assert SPPConfig().search_seq_len == 128 and SPPRIAConfig().search_seq_len is None
+
+
+# ------------------------------------------------------------------------------------- thread counts (issue 67)
+def test_auto_nu_does_not_depend_on_the_thread_count():
+    """ν is the RMS of the mask gradients: a sum over a whole tensor of >= 32768 elements runs one partial sum per
+    thread (its rounding then follows the thread count); `auto_nu` sums fixed rows and adds them exactly instead."""
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(331_776, generator=g), torch.randn(1000, generator=g), torch.randn(128, 4097, generator=g)]
+    threads = torch.get_num_threads()
+    try:
+        nus = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            nus.append(auto_nu(grads, 1.0))
+    finally:
+        torch.set_num_threads(threads)
+    assert nus[0] == nus[1]
+    squares = math.fsum(x * x for t in grads for x in t.double().flatten().tolist())
+    assert nus[0] == 1.0 / math.sqrt(squares / sum(t.numel() for t in grads))  # the exactly rounded sum
+
+
+_THREADS_SEARCH = """
+import json, sys, torch
+sys.path.insert(0, {tests!r})
+from testing_utils import calibration_ids, tiny_model
+from optimum_prune import AutoPruner
+from optimum_prune.methods.spp import SPPConfig
+from optimum_prune.methods.spp.extract import extract_keep
+from optimum_prune.modeling.architectures import get_spec
+
+torch.set_num_threads({threads})
+model = tiny_model("llama_gqa")
+shape = {{"round_to": 1, "head_dim_multiple": 1}}
+path = AutoPruner(model).search_solution_path(SPPConfig(steps=60, **shape), calibration_ids(16, 61, seed=1))
+widths = {{}}
+for ratio in (0.1, 0.2, 0.3):
+    keep, _ = extract_keep(path, model, get_spec(model), SPPConfig(pruning_ratio=ratio, prune_attention=True, **shape))
+    widths[ratio] = {{f"{{i}}.{{k}}": len(v) for i, per in keep.items() for k, v in per.items()}}
+entry = {{f"{{i}}.{{k}}": st["entry"].tolist() for (i, k), st in path.stats.items()}}
+print(json.dumps({{"widths": widths, "entry": entry, "nu": path.meta["nu"]}}))
+"""
+
+
+def test_search_widths_do_not_depend_on_the_thread_count():
+    """The search on one and on two threads (separate processes: OpenMP's settings are process-wide) enters every
+    unit at the same step and gives the same widths at every ratio. The 61-token windows make the tiny model's
+    gradients themselves depend on the thread count (eager attention's softmax backward, rows of 61, rounds by
+    thread; measured ~1e-7 relative at the first step): the path must absorb that."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = str(Path(__file__).parents[1])
+    out = []
+    for threads in (1, 2):
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE", "TQDM_DISABLE": "1",
+               "PYTHONPATH": os.pathsep.join([str(Path(tests).parent), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+        code = _THREADS_SEARCH.format(tests=tests, threads=threads)
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert out[0]["entry"] == out[1]["entry"]
+    assert out[0]["widths"] == out[1]["widths"]
+    assert any(out[0]["widths"][r] for r in out[0]["widths"])  # something is cut

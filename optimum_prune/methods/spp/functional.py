@@ -102,12 +102,28 @@ def bregman_step_(
         state["record"] += entered.to(state["record"].dtype)
 
 
+# `_sum_squares`: the row length of its partial sums. A sum over a whole tensor of at least 32768 elements runs as one
+# partial sum per thread, so its rounding depends on the thread count (measured: a float64 `x.pow(2).sum()` of 331k
+# elements differs between 1 and 2 threads); a reduction along rows, one partial per row, is split over the rows and
+# sums each row in the same order whatever the thread count
+_ROW = 4096
+
+
+def _sum_squares(g: torch.Tensor) -> float:
+    """`Σ g²` in float64, the same to the last bit whatever the thread count: fixed rows of `_ROW` elements summed
+    each in one pass, then the row sums added exactly (`math.fsum`)."""
+    x = g.detach().flatten().double()
+    full = x.numel() - x.numel() % _ROW
+    rows = x[:full].view(-1, _ROW).pow(2).sum(1).tolist()
+    return math.fsum(rows + [float(x[full:].pow(2).sum())])  # the tail (< `_ROW` elements): summed in one pass
+
+
 def auto_nu(grads: Sequence[torch.Tensor], nu_scale: float) -> float:
     """ν from the measured gradient scale: `nu_scale / RMS(∇_M L)` over the masks `grads` of one unit kind (their
     gradients at `M = 1`, the first step's). The coupling's pull `(M − Γ)/ν` at `M = 1` then equals `1 / nu_scale`
     times the typical loss gradient, so a unit keeps its mask up only where the loss resists its removal at least
     that much, whatever the model's or the kind's gradient scale."""
-    sq = sum(float(g.double().pow(2).sum()) for g in grads)
+    sq = math.fsum(_sum_squares(g) for g in grads)
     n = sum(g.numel() for g in grads)
     rms = math.sqrt(sq / max(n, 1))
     if not math.isfinite(rms) or rms <= 0:
