@@ -1,4 +1,4 @@
-"""Issue 67 probe: does SPP's search on SmolLM2-135M depend on the thread count, and where does it first differ?
+"""Thread-count probe: does SPP's search on SmolLM2-135M depend on the thread count, and where does it first differ?
 
 Run one process per setting, the thread count in the ENVIRONMENT before torch is imported:
 
