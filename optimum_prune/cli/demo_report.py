@@ -36,7 +36,8 @@ def _verdict(result: dict[str, Any]) -> list[str]:
     if machine and machine.get("busy"):
         note = machine.get("note") or machine_note(machine)
         lines.append(f"UNRELIABLE speed: {note}; other processes disturbed the timings, re-run on an idle machine.")
-    speed = "; ".join(speed_verdicts(result["speed"])[-1:]) if "speed" in result else "speed not measured"
+    verdicts = speed_verdicts(result["speed"]) if "speed" in result else []
+    speed = "; ".join(v for v in verdicts if not v.startswith("UNRELIABLE")) or "speed not measured"
     lines.append(
         f"pruned: {1 - r['parameters']:.1%} fewer parameters, held-out perplexity {r['perplexity']:.3f}x "
         f"({result['dense']['perplexity']:.2f} -> {result['pruned']['perplexity']:.2f}); {speed} "

