@@ -204,21 +204,16 @@ def tiny_cases():
 def smollm2_cases(tokens: int):
     """NP's and FLAP's defaults at 20% on SmolLM2-135M, 16 x 128 BBC calibration windows, perplexity on held-out
     BBC documents."""
-    from optimum_prune.samples import smollm2_dir
+    from optimum_prune.samples import smollm2_gguf
 
-    path = smollm2_dir()
-    tok = transformers.AutoTokenizer.from_pretrained(path)
+    tok = AutoPruner.from_pretrained(smollm2_gguf()).tokenizer
     protocol = harness.Protocol(split="selection", seed=0, eval_texts=("bbc", "kjv"), eval_tokens=tokens)
     cal = protocol.calibration_ids(tok, 16, 128)
-
-    def make():
-        return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
     out = []
     for name, config in (("smollm2_np20", NumericalConfig(pruning_ratio=0.2)),
                          ("smollm2_flap20", FLAPConfig(pruning_ratio=0.2))):  # fmt: skip
-        model = make()
-        pruner = AutoPruner.from_pretrained(model)
+        pruner = AutoPruner.from_pretrained(smollm2_gguf())
         report = pruner.prune(config, calibration=cal)
         rec = {"hash": state_hash(pruner.model), "measured": report.measured, "config": report.config}
         rec["perplexity"] = protocol.evaluate(pruner.model, tok)[0]
