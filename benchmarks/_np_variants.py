@@ -23,7 +23,7 @@ from optimum_prune.methods.structured import layer_outlier_fraction
 from optimum_prune.modeling.architectures import get_layers, layer_view
 from optimum_prune.modeling.shapes import layer_params
 from optimum_prune.modeling.surgery import apply_layer_plan_
-from optimum_prune.runtime.blocks import Stage
+from optimum_prune.pipeline.stage import Stage
 
 __all__ = ["owl_norms", "prune_variant"]
 

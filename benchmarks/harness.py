@@ -68,7 +68,7 @@ from optimum_prune.calibration.data import (  # noqa: E402
     python_docs_dir,
 )
 from optimum_prune.evaluation import score_documents  # noqa: E402
-from optimum_prune.runtime.checkpoint import jsonable  # noqa: E402  (tensors, paths, numpy scalars)
+from optimum_prune.pipeline.checkpoint import jsonable  # noqa: E402  (tensors, paths, numpy scalars)
 from optimum_prune.samples import SMOLLM2_GGUF_FILE, smollm2_dir  # noqa: E402
 
 __all__ = [

@@ -136,7 +136,7 @@ def make_model(path: Path, name: str) -> Path:
     from accelerate import init_empty_weights
     from transformers import LlamaForCausalLM
 
-    from optimum_prune.runtime.streaming import write_safetensors
+    from optimum_prune.storage.streaming import write_safetensors
 
     shape, blocks, dtype = MODELS[name]
     config = llama_config(shape, blocks, dtype)
@@ -256,14 +256,14 @@ def _mark_phases(sampler: _Sampler, method: str) -> None:
     mod = importlib.import_module
     pruner = get_pruner_class(method)
     targets = [
-        ("optimum_prune.runtime.streaming", "LayerStore", "load", "load block"),
-        ("optimum_prune.runtime.streaming", "LayerStore", "offload", "release block"),
+        ("optimum_prune.storage.streaming", "LayerStore", "load", "load block"),
+        ("optimum_prune.storage.streaming", "LayerStore", "offload", "release block"),
         ("optimum_prune.calibration.sequential", "LayerwiseRunner", "run_layer", "forward"),
         ("optimum_prune.calibration.sequential", "LayerwiseRunner", "__init__", "embed calibration"),
-        ("optimum_prune.runtime.session", "PruneSession", "finish", "write block"),
-        ("optimum_prune.runtime.session", None, "zero_fraction", "measure"),
+        ("optimum_prune.pipeline.session", "PruneSession", "finish", "write block"),
+        ("optimum_prune.pipeline.session", None, "zero_fraction", "measure"),
         ("optimum_prune.prune", None, "target_sparsity", "measure"),
-        ("optimum_prune.runtime.sharded", None, "save_streamed_", "save"),
+        ("optimum_prune.storage.sharded", None, "save_streamed_", "save"),
     ]
     for module, owner, attr, label in targets:
         m = mod(module)
@@ -413,7 +413,7 @@ def _dir_bytes(path: Path) -> int:
 
 def _wait_for_memory(name: str, want: float, minutes: int) -> None:
     """Wait until `want` bytes are available (never risk the OOM killer on a shared machine)."""
-    from optimum_prune.runtime.memory import available_memory
+    from optimum_prune.storage.memory import available_memory
 
     for _ in range(minutes):
         free = available_memory()
@@ -486,7 +486,7 @@ def salvage(name: str, work: Path, args) -> dict:
     the logged ones where no sample falls between), and the largest sampled VmHWM, RssAnon, RssFile, VmSwap."""
     import re
 
-    progress = re.compile(r"^(\S+ \S+),\d+ optimum_prune\.runtime\.progress pass (\d+), block (\d+)/\d+: "
+    progress = re.compile(r"^(\S+ \S+),\d+ optimum_prune\.pipeline\.progress pass (\d+), block (\d+)/\d+: "
                           r"([\d.]+) (s|min|h) \(CPU ([\d.]+) (s|min|h)\)")  # fmt: skip
     memory = re.compile(r"memory ([\d.]+) GB \(anonymous ([\d.]+), file ([\d.]+)\), peak ([\d.]+) GB")
     unit = {"s": 1, "min": 60, "h": 3600}

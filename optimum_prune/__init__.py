@@ -35,11 +35,11 @@ if TYPE_CHECKING:  # what the names below resolve to (read by type checkers and 
     from .modeling.architectures import UnsupportedArchitectureError, supported_model_types
     from .modeling.auto_classes import register_pruned_architectures  # noqa: F401  (public, not in __all__)
     from .modeling.semi_structured import to_semi_structured_
+    from .pipeline.stats_cache import CalibrationStatsCache
     from .prune import prune_
     from .report import PruningReport
-    from .runtime.memory import InsufficientMemoryError
-    from .runtime.stats_cache import CalibrationStatsCache
     from .serialization import load_pruned_model, save_pruned_model
+    from .storage.memory import InsufficientMemoryError
 
 # public name -> the module that defines it
 _MODULES = {
@@ -69,8 +69,8 @@ _MODULES = {
     "to_semi_structured_": ".modeling.semi_structured",
     "prune_": ".prune",
     "PruningReport": ".report",
-    "InsufficientMemoryError": ".runtime.memory",
-    "CalibrationStatsCache": ".runtime.stats_cache",
+    "InsufficientMemoryError": ".storage.memory",
+    "CalibrationStatsCache": ".pipeline.stats_cache",
     **dict.fromkeys(["load_pruned_model", "save_pruned_model"], ".serialization"),
 }
 

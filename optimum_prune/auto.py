@@ -25,9 +25,9 @@ from .modeling.architectures import is_image_model, spec_for_config
 from .modeling.auto_classes import auto_class_for_config, register_pruned_architectures
 from .prune import prune_
 from .report import PruningReport
-from .runtime.safetensors_io import _gguf_error
-from .runtime.streaming import get_store, load_low_memory
 from .serialization import load_pruned_model, save_pruned_model, strip_gguf_quantizer_
+from .storage.safetensors_io import _gguf_error
+from .storage.streaming import get_store, load_low_memory
 
 __all__ = [
     "AutoPruner",
@@ -164,7 +164,7 @@ class AutoPruner:
             torch_dtype (`torch.dtype | str | None`): dtype to load in.
             low_memory (`bool`, defaults to `False`): keep the decoder blocks on disk (a safetensors checkpoint,
                 memory-mapped) and bring one at a time into memory while pruning; `save_pretrained` then writes the
-                result shard by shard. For models larger than memory (see `optimum_prune.runtime.streaming`).
+                result shard by shard. For models larger than memory (see `optimum_prune.storage.streaming`).
             offload_dir (`str | os.PathLike | None`): low-memory: where pruned blocks (and spilled activations) are
                 written until the save (default: the `checkpoint_dir` of `prune`, else the system temporary
                 directory; it needs about the size of the pruned model, on the same file system as the output

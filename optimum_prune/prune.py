@@ -17,12 +17,12 @@ from .calibration.sequential import runner_factory
 from .config import PruningConfig
 from .methods.base import BasePruner
 from .modeling.shapes import attention_mlp_params, layer_table
+from .pipeline.session import open_session
+from .pipeline.stage import Stage
+from .pipeline.stats_cache import CalibrationStatsCache
 from .plan import PruningPlan
 from .recipe import StageRecord, prepare_recipe, run_stages
 from .report import PruningReport, count_parameters, record_history, target_sparsity, zero_fraction, zero_or_removed
-from .runtime.blocks import Stage
-from .runtime.session import open_session
-from .runtime.stats_cache import CalibrationStatsCache
 from .utils.distributed import init_from_env
 
 __all__ = ["prune_", "RECIPE_METHOD"]
@@ -62,7 +62,7 @@ def prune_(
             a low-memory model, where each block is loaded while the rest stays on disk.
         checkpoint_dir (`str | os.PathLike | None`): record every finished block there, atomically; running the
             same call again after a crash continues at the first unfinished block and gives the same model (a
-            different model or config in the directory is an error). See `optimum_prune.runtime.checkpoint`.
+            different model or config in the directory is an error). See `optimum_prune.pipeline.checkpoint`.
         activation_memory (`int | str | None`): memory for the calibration activations between blocks (e.g.
             `"4GB"`); beyond it they go to disk. Default: half of the memory available when the run starts (low-memory:
             of what is left after a block and its statistics).

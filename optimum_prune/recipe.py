@@ -4,7 +4,7 @@
   - then every unstructured / N:M config runs in ONE layer-wise calibration pass (`methods.unstructured.layerwise_pass`):
     on each decoder layer every config prunes its own targets, in list order, and the layer's pruned output feeds
     the next layer.
-Each stage hands its pruner a `Stage` (`runtime.blocks`): the model, the calibration runner, the session (low-memory
+Each stage hands its pruner a `Stage` (`pipeline.stage`): the model, the calibration runner, the session (low-memory
 blocks, the run checkpoint) and the cache of calibration passes; the pruner decides, the runner applies the plan
 (`modeling.surgery`). Checked before any weight changes: an empty list, a non-config entry, two structured stages
 pruning the same part (attention / MLP), unstructured configs whose targets overlap, and each config's own validation.
@@ -27,8 +27,8 @@ from .methods.unstructured import layerwise_pass
 from .modeling.architectures import ArchitectureSpec, get_spec
 from .modeling.shapes import attention_mlp_params
 from .modeling.surgery import apply_plan_
+from .pipeline.stage import Stage
 from .plan import PruningPlan
-from .runtime.blocks import Stage
 
 __all__ = ["StageRecord", "check_recipe", "prepare_recipe", "run_stages"]
 

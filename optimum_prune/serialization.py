@@ -47,8 +47,8 @@ from .modeling.auto_classes import (
 from .modeling.decilm import DECI_MODEL_TYPE, DeciLMConfig, deci_config, deci_problems
 from .modeling.decilm import write_config_code as write_deci_code
 from .modeling.shapes import layer_table
-from .runtime.sharded import save_streamed_
-from .runtime.streaming import get_store
+from .storage.sharded import save_streamed_
+from .storage.streaming import get_store
 from .utils.distributed import is_main_process, rank
 from .utils.scratch import check_target, make_scratch_dir, publish_directory
 from .version import __version__

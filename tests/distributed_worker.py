@@ -18,7 +18,7 @@ from testing_utils import calibration_ids  # noqa: E402
 
 from optimum_prune import AutoPruner, PruningConfig  # noqa: E402
 from optimum_prune.cli import main as cli_main  # noqa: E402
-from optimum_prune.runtime.session import PruneSession  # noqa: E402
+from optimum_prune.pipeline.session import PruneSession  # noqa: E402
 from optimum_prune.utils.distributed import init_from_env, rank  # noqa: E402
 
 

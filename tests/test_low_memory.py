@@ -24,8 +24,8 @@ from optimum_prune import (
     SPPConfig,
     WandaConfig,
 )
-from optimum_prune.runtime.memory import InsufficientMemoryError
-from optimum_prune.runtime.streaming import LayerStore, get_store
+from optimum_prune.storage.memory import InsufficientMemoryError
+from optimum_prune.storage.streaming import LayerStore, get_store
 
 NP = {"pruning_ratio": 0.3, "round_to": 1}
 CASES = [
@@ -130,7 +130,7 @@ def test_gguf_and_bin_sources_are_refused_with_what_to_do(tmp_path):
 def test_a_model_too_large_even_for_low_memory_fails_before_any_work(tmp_path, monkeypatch):
     src = write_checkpoint(tmp_path / "src")
     pruner = AutoPruner.from_pretrained(src, low_memory=True)
-    monkeypatch.setattr("optimum_prune.runtime.memory.available_memory", lambda: 1000)
+    monkeypatch.setattr("optimum_prune.storage.memory.available_memory", lambda: 1000)
     with pytest.raises(InsufficientMemoryError, match=r"needs at least .* GB .* would fit"):
         pruner.prune(SparseGPTConfig(), calibration=calibration_ids(4, 8))
     with pytest.raises(RuntimeError, match="low_memory=True"):  # and it says why it cannot run a forward

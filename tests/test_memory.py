@@ -21,9 +21,9 @@ from optimum_prune import NumericalConfig, SparseGPTConfig, WandaConfig
 from optimum_prune.calibration.stats import GramStats
 from optimum_prune.functional import compensation as C
 from optimum_prune.methods.numerical import functional as F
-from optimum_prune.runtime import memory
-from optimum_prune.runtime.streaming import LayerStore, get_store, write_safetensors
-from optimum_prune.runtime.tensorfile import read_header, read_tensors, tensor_chunks, write_tensors
+from optimum_prune.storage import memory
+from optimum_prune.storage.streaming import LayerStore, get_store, write_safetensors
+from optimum_prune.storage.tensorfile import read_header, read_tensors, tensor_chunks, write_tensors
 
 HIDDEN, MLP = 72, 96  # llama_gqa's tiny shapes: (MLP, HIDDEN) weights exist only inside the blocks
 
@@ -309,7 +309,7 @@ def test_a_gram_normalised_in_place_is_held_once():
 # --------------------------------------------------------------------------------- progress and activations
 def test_a_low_memory_run_reports_each_block_with_eta_and_memory(tmp_path, caplog):
     src = write_checkpoint(tmp_path / "src")
-    with caplog.at_level(logging.INFO, logger="optimum_prune.runtime.progress"):
+    with caplog.at_level(logging.INFO, logger="optimum_prune.pipeline.progress"):
         report = prune_and_save(src, NumericalConfig(pruning_ratio=0.3, round_to=1), tmp_path / "out",
                                 low_memory=True, calibration=calibration_ids(8, 16), batch_size=4)  # fmt: skip
     progress = report.info["progress"]
@@ -323,7 +323,7 @@ def test_a_low_memory_run_reports_each_block_with_eta_and_memory(tmp_path, caplo
 
 _HEAP_PROBE = """
 import ctypes, sys, torch
-from optimum_prune.runtime.streaming import load_low_memory
+from optimum_prune.storage.streaming import load_low_memory
 
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
@@ -360,7 +360,7 @@ def test_activations_spill_by_default_when_memory_is_short(tmp_path, monkeypatch
     ids = calibration_ids(8, 16)
     prune_and_save(src, WandaConfig(sparsity=0.5), tmp_path / "ref", calibration=ids, batch_size=2)
     monkeypatch.setattr(memory, "available_memory", lambda: 20_000)
-    monkeypatch.setattr("optimum_prune.runtime.session.available_memory", lambda: 20_000)
+    monkeypatch.setattr("optimum_prune.pipeline.session.available_memory", lambda: 20_000)
     report = prune_and_save(src, WandaConfig(sparsity=0.5), tmp_path / "spilled", calibration=ids, batch_size=2)
     assert report.info["activations"]["activation_memory_limit"] == 10_000
     assert report.info["activations"]["spilled_chunks"] > 0

@@ -123,7 +123,7 @@ sys.path.insert(0, {tests!r})
 from testing_utils import calibration_ids
 from optimum_prune import AutoPruner, SparseGPTConfig
 from optimum_prune.methods.sparsegpt.pruner import SparseGPTPruner
-from optimum_prune.runtime.session import PruneSession
+from optimum_prune.pipeline.session import PruneSession
 
 finish = PruneSession.finish
 def killing_finish(self, i, *a, **k):
@@ -199,7 +199,7 @@ def test_a_save_that_fails_midway_leaves_nothing_where_the_model_is_expected(tmp
     pruner.prune(NumericalConfig(**NP), calibration=IDS)
     import safetensors.torch
 
-    from optimum_prune.runtime import tensorfile
+    from optimum_prune.storage import tensorfile
 
     calls = []
 
@@ -217,7 +217,7 @@ def test_a_save_that_fails_midway_leaves_nothing_where_the_model_is_expected(tmp
         "transformers.modeling_utils.safe_save_file", full(safetensors.torch.save_file, lambda a: a[1])
     )
     monkeypatch.setattr(
-        "optimum_prune.runtime.streaming.write_tensors", full(tensorfile.write_tensors, lambda a: a[0])
+        "optimum_prune.storage.streaming.write_tensors", full(tensorfile.write_tensors, lambda a: a[0])
     )
     with pytest.raises(OSError, match="No space left"):
         pruner.save_pretrained(tmp_path / "out")
@@ -233,7 +233,7 @@ def test_low_memory_save_checks_the_free_space_first(tmp_path, monkeypatch):
     pruner = AutoPruner.from_pretrained(src, low_memory=True)
     pruner.prune(WandaConfig(sparsity=0.5), calibration=IDS)
     usage = shutil._ntuple_diskusage(total=10**9, used=10**9 - 1000, free=1000)
-    monkeypatch.setattr("optimum_prune.runtime.sharded.shutil.disk_usage", lambda p: usage)
+    monkeypatch.setattr("optimum_prune.storage.sharded.shutil.disk_usage", lambda p: usage)
     with pytest.raises(OSError, match=r"Not enough disk space .* needs"):
         pruner.save_pretrained(tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -252,7 +252,7 @@ KILLED_SAVE = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})
 from testing_utils import calibration_ids
-import optimum_prune.runtime.sharded as sharded
+import optimum_prune.storage.sharded as sharded
 from optimum_prune import AutoPruner, WandaConfig
 
 pruner = AutoPruner.from_pretrained({src!r}, low_memory=True, offload_dir={scratch!r})

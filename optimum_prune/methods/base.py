@@ -3,7 +3,7 @@
 Lifecycle (driven by `optimum_prune.prune_`, the runner):
   1. `validate(model, spec)`: reject what cannot work, before any weight changes.
   2. `compute_plan(stage)`: decide (and, for sequential unstructured methods, write the new weights layer by layer,
-     since later layers must see the pruned outputs). The `Stage` (`runtime.blocks`) holds everything the pruner
+     since later layers must see the pruned outputs). The `Stage` (`pipeline.stage`) holds everything the pruner
      works with, as arguments: the model, its architecture entry, the calibration runner, the session and the cache
      of calibration passes; its passes over the blocks go through `stage.walk`.
   3. The runner applies the plan (`modeling.surgery`), measures and reports.
@@ -18,8 +18,8 @@ from torch import nn
 
 from ..config import PruningConfig
 from ..modeling.architectures import ArchitectureSpec, get_layers, layer_view, present_linear_paths, weight_oi
+from ..pipeline.stage import Stage
 from ..plan import PruningPlan
-from ..runtime.blocks import Stage
 
 __all__ = ["BasePruner", "refuse_pruned_head_dims"]
 

@@ -9,7 +9,7 @@ Lifecycle:
     each layer's outliers; a subclass may override it);
   - a second pass over the blocks: `finalize_layer` writes the compensated weights / biases of the kept units into a
     `LayerPlan`, and the session finishes the block (a low-memory or checkpointed run writes it at once).
-Both passes run through `Stage.walk` (`runtime.blocks`), the one block loop.
+Both passes run through `Stage.walk` (`pipeline.stage`), the one block loop.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from ..functional.allocation import (
 from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
 from ..modeling.decilm import FFN_MULTIPLE, servable_problems
 from ..modeling.shapes import attention_mlp_params, head_costs, layer_params, mlp_channel_cost
+from ..pipeline.stage import Stage
+from ..pipeline.stats_cache import tensor_digest
 from ..plan import LayerPlan, PruningPlan
-from ..runtime.blocks import Stage
-from ..runtime.stats_cache import tensor_digest
 from .base import BasePruner, refuse_pruned_head_dims
 
 __all__ = [

@@ -26,8 +26,8 @@ from ..functional.masks import check_pattern_fits
 from ..modeling.access import read_target, write_target
 from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, weight_oi
 from ..modeling.targets import Target, resolve_targets
+from ..pipeline.stage import Stage
 from ..plan import LayerPlan, PruningPlan
-from ..runtime.blocks import Stage
 from .base import BasePruner, refuse_pruned_head_dims
 
 __all__ = ["SequentialPruner", "input_groups", "layerwise_pass"]

@@ -210,7 +210,7 @@ def test_low_memory_equals_in_memory(kwargs, tmp_path, monkeypatch):
     """Blocks streamed from disk one at a time: routing is recorded in the same layer-wise pass, same model."""
     from scale_utils import assert_same_state, prune_and_save, saved_state
 
-    from optimum_prune.runtime.streaming import LayerStore
+    from optimum_prune.storage.streaming import LayerStore
 
     src = tmp_path / "src"
     save_pruned_model(tiny_moe("qwen3_moe", dtype=torch.float32, num_hidden_layers=3), src, model_card=False)

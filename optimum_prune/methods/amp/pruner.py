@@ -10,7 +10,7 @@ from torch import nn
 
 from ...modeling.access import qk_weights, write_target
 from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
-from ...runtime.blocks import Stage
+from ...pipeline.stage import Stage
 from ...utils.distributed import gather_chunks
 from ..base import refuse_pruned_head_dims
 from ..unstructured import SequentialPruner

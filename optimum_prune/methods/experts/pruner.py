@@ -11,8 +11,8 @@ from torch import nn
 from ...calibration.expert_stats import ExpertGramStats, RoutingStats
 from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view
 from ...modeling.experts import check_top_k, remove_experts_, routed_experts
+from ...pipeline.stage import Stage
 from ...plan import LayerPlan, PruningPlan
-from ...runtime.blocks import Stage
 from ..base import BasePruner
 from .config import ExpertConfig
 from .functional import expert_saliency, kept_experts, kept_experts_global, kept_width, prune_expert_channels

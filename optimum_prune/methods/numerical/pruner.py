@@ -14,8 +14,8 @@ from ...modeling.access import plus_bias
 from ...modeling.architectures import LayerView, weight_oi
 from ...modeling.shapes import head_costs, mlp_channel_cost
 from ...modeling.surgery import apply_layer_plan_, head_rows
+from ...pipeline.stage import Stage
 from ...plan import LayerPlan, PruningPlan
-from ...runtime.blocks import Stage
 from ..structured import StructuredPruner, resolve_gqa_mode
 from .config import NumericalConfig
 from .functional import numerical_scores, numerical_scores_newton, removal_losses

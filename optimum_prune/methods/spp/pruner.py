@@ -19,9 +19,9 @@ from ...functional.numerical import LIGHT_RATIOS, numerical_scores
 from ...modeling.access import plus_bias
 from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
 from ...modeling.surgery import dim_rows
+from ...pipeline.stage import Stage
 from ...plan import LayerPlan, PruningPlan
-from ...runtime.blocks import Stage
-from ...runtime.streaming import get_store
+from ...storage.streaming import get_store
 from ..base import BasePruner
 from .config import SPPConfig
 from .extract import extract_keep

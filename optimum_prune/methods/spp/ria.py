@@ -23,7 +23,7 @@ from ...calibration.stats import SquaredNormStats
 from ...functional.masks import keep_mask
 from ...functional.scores import ria_scores
 from ...modeling.architectures import ArchitectureSpec, LayerView, Target, get_layers, weight_oi
-from ...runtime.blocks import Stage
+from ...pipeline.stage import Stage
 from ..unstructured import SequentialPruner
 from .config import SPPRIAConfig
 from .functional import removal_order

@@ -5,7 +5,7 @@ loads only what calibration needs besides the blocks (embeddings, final norm, po
 memory-mapped safetensors checkpoint (only the rows the calibration tokens touch become resident); the output head
 (when not tied) stays on disk until the save. A `LayerStore` attached to the model knows where every version of every
 block lives: the source checkpoint, then the file written when a pruning stage finished the block. The pruning loops
-make a block resident through the prune session (`optimum_prune.runtime.session`), which loads it (the version they
+make a block resident through the prune session (`optimum_prune.pipeline.session`), which loads it (the version they
 ask for), and puts it back on the meta device afterwards. Blocks are read and written by plain file I/O
 (`tensorfile`): a block in memory is one copy of its tensors, and none of its file's pages stay mapped after it.
 """

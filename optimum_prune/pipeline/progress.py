@@ -1,6 +1,6 @@
 """What a user sees of a long low-memory or checkpointed run: one line per block, with time, ETA and memory.
 
-The prune session (`runtime.session`) reports every visit of a decoder block (`start` when the block becomes
+The prune session (`pipeline.session`) reports every visit of a decoder block (`start` when the block becomes
 resident, `stop` when it is put back). A pass over the blocks (a method's scoring pass, its pruning pass, the
 measurements after it) starts whenever a block at or before the previous one is visited. Each finished visit is
 logged at INFO level (the pass, the block, its wall and CPU seconds, the ETA of the pass from the mean time per block
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-from .memory import process_memory
+from ..storage.memory import process_memory
 
 __all__ = ["BlockProgress"]
 

@@ -36,7 +36,7 @@ class Stage:
         spec (`ArchitectureSpec`): its architecture entry.
         runner (`Callable[[], LayerwiseRunner] | None`): builds a calibration runner positioned at block 0 (each call
             captures the block-0 inputs again); `None` without calibration data.
-        session (`NullSession`): finished blocks, block residency and the run checkpoint (`runtime.session`).
+        session (`NullSession`): finished blocks, block residency and the run checkpoint (`pipeline.session`).
         stats_cache (`CalibrationStatsCache | None`): stored calibration passes of structured methods (`None`: off).
     """
 

@@ -1,6 +1,6 @@
 """The prune session: how the passes over the decoder blocks find them, finish them, and resume.
 
-Every pass visits the blocks through `Stage.walk` (`runtime.blocks`), which asks the stage's session:
+Every pass visits the blocks through `Stage.walk` (`pipeline.stage`), which asks the stage's session:
 
     if sess.done(i):                              # finished by an earlier, interrupted run
         run.advance(sess.forward(run, i, "input"))
@@ -33,12 +33,12 @@ from ..modeling.architectures import ArchitectureSpec, get_layers, layer_view
 from ..modeling.shapes import layer_row
 from ..modeling.surgery import apply_layer_plan_
 from ..plan import LayerPlan, PruningPlan
+from ..storage.memory import available_memory, check_device, check_memory
+from ..storage.streaming import get_store, layer_prefix, load_block_, write_safetensors
+from ..storage.tensorfile import FileTensor, tensor_chunks
 from ..utils.distributed import broadcast_object, world_size
 from .checkpoint import RunCheckpoint, run_fingerprint
-from .memory import available_memory, check_device, check_memory
 from .progress import BlockProgress
-from .streaming import get_store, layer_prefix, load_block_, write_safetensors
-from .tensorfile import FileTensor, tensor_chunks
 
 __all__ = ["NullSession", "PruneSession", "open_session"]
 

@@ -30,10 +30,10 @@ from torch import nn
 from ..calibration.sequential import input_embedding_weight
 from ..modeling.architectures import get_layers
 from ..modeling.shapes import layer_table
+from ..storage.streaming import get_store, read_tensors, write_safetensors
 from ..utils.distributed import barrier, is_main_process, world_size
 from ..utils.scratch import write_text_atomic
 from ..version import __version__
-from .streaming import get_store, read_tensors, write_safetensors
 
 __all__ = ["RunCheckpoint", "fingerprint_model", "jsonable", "run_fingerprint"]
 
