@@ -1,7 +1,7 @@
 """Allocation variants of the NP study (`benchmarks/np_allocation.py`): the library's pruners run on statistics
 collected once, with the allocation swapped where a variant asks for it (separate attention / MLP pools, per-layer
 budgets copied from another method's plan); OWL budgets are the library's `allocation="owl"`. Each variant is a
-subclass of the library's pruner overriding its public hooks: `collect_scores` (score the cached statistics instead of
+subclass of the library's pruner overriding its public hooks: `given_scores` (score the cached statistics instead of
 running a calibration pass), `allocate` (the allocation strategy), `score_layer` / `channel_scores` (the scores)."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from optimum_prune.methods.structured import layer_outlier_fraction
 from optimum_prune.modeling.architectures import get_layers, layer_view
 from optimum_prune.modeling.shapes import layer_params
 from optimum_prune.modeling.surgery import apply_layer_plan_
+from optimum_prune.pipeline.passes import run_pass
 from optimum_prune.pipeline.stage import Stage
 
 __all__ = ["owl_norms", "prune_variant"]
@@ -179,7 +180,7 @@ class _Variant:
     def own(self, i: int) -> dict[str, Any]:
         return {k: getattr(self.stats[i][k], self.key) for k in ("attn", "mlp")}
 
-    def collect_scores(self, stage, views):  # the dense statistics, already collected: score them, keep them
+    def given_scores(self, views):  # the dense statistics, already collected: score them, keep them
         scores = {v.index: self.score_layer(v, self.own(v.index)) for v in views}
         outliers = {}
         if self.config.allocation == "owl":
@@ -258,7 +259,7 @@ def prune_variant(variants, dense, spec, name, ratio, round_to, stats, calib_ids
     runner = None
     if getattr(pruner.config, "compensation_inputs", "dense") == "sequential":
         runner = lambda: LayerwiseRunner(model, spec, calib_ids, batch_size=8)  # noqa: E731
-    plan = pruner.compute_plan(Stage(model, spec, runner))
+    plan = run_pass([pruner], Stage(model, spec, runner))
     info.update({k: plan.info[k] for k in ("layer_ratios", "outlier_fractions") if k in plan.info})
     layers = get_layers(model, spec)
     for idx, lp in plan.layers.items():

@@ -178,20 +178,36 @@ def tiny_cases():
         ("fista", llama, FISTAConfig(sparsity=0.5, K=3, max_outer=2), cal, "memory"),
         ("amp_recipe", llama, [amp, rest], cal, "memory"),
         ("amp_model", llama, amp_model, cal, "memory"),
-        ("np_wanda_recipe", llama, [NumericalConfig(pruning_ratio=0.2, round_to=1), WandaConfig(sparsity=0.5)],
-         cal, "memory"),  # fmt: skip
+        (
+            "np_wanda_recipe",
+            llama,
+            [NumericalConfig(pruning_ratio=0.2, round_to=1), WandaConfig(sparsity=0.5)],
+            cal,
+            "memory",
+        ),  # fmt: skip
         ("experts", moe, ExpertConfig(expert_ratio=0.5), moe_cal, "memory"),
         ("experts_channels", moe, ExpertConfig(expert_ratio=0.34, channel_ratio=0.34, round_to=4), moe_cal, "memory"),
         ("experts_global", moe, ExpertConfig(expert_ratio=0.5, allocation="global"), moe_cal, "memory"),
         ("spp", llama, SPPConfig(pruning_ratio=0.3, round_to=1, head_dim_multiple=1, **SPP_FAST), cal, "memory"),
         ("spp_ria", llama, SPPRIAConfig(sparsity=0.5, **SPP_FAST), cal, "memory"),
         ("np_low_memory", llama, NumericalConfig(**NP), cal, "low_memory"),
-        ("np_sequential_low_memory", llama, NumericalConfig(**NP, compensation_inputs="sequential"), cal,
-         "low_memory"),  # fmt: skip
+        (
+            "np_sequential_low_memory",
+            llama,
+            NumericalConfig(**NP, compensation_inputs="sequential"),
+            cal,
+            "low_memory",
+        ),  # fmt: skip
         ("flap_low_memory", llama, FLAPConfig(**NP), cal, "low_memory"),
         ("sparsegpt_low_memory", llama, SparseGPTConfig(sparsity=0.5), cal, "low_memory"),
         ("amp_model_low_memory", llama, amp_model, cal, "low_memory"),
-        ("experts_low_memory", moe, ExpertConfig(expert_ratio=0.34, channel_ratio=0.34, round_to=4), moe_cal, "low_memory"),
+        (
+            "experts_low_memory",
+            moe,
+            ExpertConfig(expert_ratio=0.34, channel_ratio=0.34, round_to=4),
+            moe_cal,
+            "low_memory",
+        ),
         ("np_resume", llama, NumericalConfig(**NP), cal, "resume"),
         ("np_sequential_resume", llama, NumericalConfig(**NP, compensation_inputs="sequential"), cal, "resume"),
         ("wanda_resume", llama, WandaConfig(sparsity=0.5), cal, "resume"),

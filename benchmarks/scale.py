@@ -233,44 +233,17 @@ class _Sampler(threading.Thread):
             time.sleep(0.02)
 
 
-def _mark_phases(sampler: _Sampler, method: str) -> None:
-    """Label what the process is doing (the innermost labelled call), for the sample at the peak."""
-    import importlib
+def _phase_observer(sampler: _Sampler):
+    """Label what the process is doing (the innermost phase the library marks, `optimum_prune.utils.phases`), for
+    the sample at the peak."""
 
-    from optimum_prune.methods.registry import get_pruner_class
+    def observe(event: str, name: str, block: int | None) -> None:
+        if event == "start":
+            sampler.phase.append(name)
+        else:
+            sampler.phase.pop()
 
-    def wrap(owner, attr: str, label: str) -> None:
-        fn = getattr(owner, attr, None)
-        if fn is None:
-            return
-
-        def marked(*args, **kwargs):
-            sampler.phase.append(label)
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                sampler.phase.pop()
-
-        setattr(owner, attr, marked)
-
-    mod = importlib.import_module
-    pruner = get_pruner_class(method)
-    targets = [
-        ("optimum_prune.storage.streaming", "LayerStore", "load", "load block"),
-        ("optimum_prune.storage.streaming", "LayerStore", "offload", "release block"),
-        ("optimum_prune.calibration.sequential", "LayerwiseRunner", "run_layer", "forward"),
-        ("optimum_prune.calibration.sequential", "LayerwiseRunner", "__init__", "embed calibration"),
-        ("optimum_prune.pipeline.session", "PruneSession", "finish", "write block"),
-        ("optimum_prune.pipeline.session", None, "zero_fraction", "measure"),
-        ("optimum_prune.prune", None, "target_sparsity", "measure"),
-        ("optimum_prune.storage.sharded", None, "save_streamed_", "save"),
-    ]
-    for module, owner, attr, label in targets:
-        m = mod(module)
-        wrap(getattr(m, owner) if owner else m, attr, label)
-    for attr in ("prune_target", "prune_layer", "score_layer", "finalize_layer"):
-        if attr in {a for klass in pruner.__mro__ for a in vars(klass)}:
-            wrap(pruner, attr, "decide" if attr != "finalize_layer" else "refit")
+    return observe
 
 
 def _io() -> dict[str, int]:
@@ -306,6 +279,13 @@ def child(spec: dict) -> None:
     sampler = _Sampler()
     sampler.start()
     io0, t0 = _io(), time.perf_counter()
+    from optimum_prune.utils.phases import observe_phases
+
+    with observe_phases(_phase_observer(sampler)):
+        _child(spec, sampler, io0, t0)
+
+
+def _child(spec: dict, sampler: _Sampler, io0: dict[str, int], t0: float) -> None:
     import logging
 
     import torch
@@ -315,7 +295,6 @@ def child(spec: dict) -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     torch.set_num_threads(spec["threads"])
-    _mark_phases(sampler, spec["config"]["method"])
     imported = _status()
     library_commit = _commit_of(__import__("optimum_prune").__file__)
     sampler.phase.append("load model")

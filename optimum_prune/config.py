@@ -3,6 +3,7 @@ unstructured bases, and `CalibrationConfig`."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -93,6 +94,30 @@ class PruningConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"`seed` must be an int, got {self.seed!r}.")
+
+    # ------------------------------------------------------------------------------------------------ a run
+    def frozen(self) -> PruningConfig:
+        """A copy that refuses every assignment: the config as a run uses it (`prune_` resolves each config for the
+        model, freezes it, and records it in the report and the saved `pruning_config.json`; the config passed in
+        is never changed). `dataclasses.replace` of a frozen config gives an unfrozen one."""
+        out = copy.copy(self)
+        object.__setattr__(out, "_frozen", True)
+        return out
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_frozen", False):
+            raise dataclasses.FrozenInstanceError(
+                f"{type(self).__name__} is frozen while it runs: cannot set {name!r}. Change the config you passed "
+                "(or a `dataclasses.replace` copy of this one) and prune again."
+            )
+        super().__setattr__(name, value)
+
+    def __deepcopy__(self, memo: dict) -> PruningConfig:  # a copy to change: not frozen
+        out = copy.copy(self)
+        out.__dict__.pop("_frozen", None)
+        for k, v in out.__dict__.items():
+            object.__setattr__(out, k, copy.deepcopy(v, memo))
+        return out
 
     # ----------------------------------------------------------------------------------------- serialization
     def to_dict(self) -> dict[str, Any]:
@@ -259,6 +284,35 @@ class StructuredPruningConfig(PruningConfig):
         if not (self.prune_attention or self.prune_mlp):
             raise ValueError("At least one of `prune_attention` and `prune_mlp` must be True.")
         self.skip_layers = tuple(int(i) for i in self.skip_layers)
+
+    # read only after the calibration pass (allocation, rounding): prunes that differ only in these share one pass
+    # (`allocation` counts as "OWL or not": OWL's pass also measures outliers)
+    after_calibration_fields: ClassVar[tuple[str, ...]] = ("pruning_ratio", "allocation", "round_to", "owl_lambda")
+    # settings derived from the fields, the pruning ratio included, that the calibration pass depends on
+    resolved_settings: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def allocation_mode(self) -> str:
+        """The allocation that runs: `allocation`, unless the method's config sets its own (`own_allocation`)."""
+        return self.allocation
+
+    @property
+    def own_allocation(self) -> str | None:
+        """Why the config sets its own allocation in place of `allocation` (`None`: it does not)."""
+        return None
+
+    @property
+    def adds_biases(self) -> bool:
+        """Whether the method gives the pruned projections a bias (its compensation). Default: no."""
+        return False
+
+    def calibration_key(self) -> dict[str, Any]:
+        """What this config's calibration pass depends on (the key of a `CalibrationStatsCache` entry): every field
+        but `after_calibration_fields`, whether the allocation is OWL, and the `resolved_settings`."""
+        key = {k: v for k, v in self.to_dict().items() if k not in self.after_calibration_fields}
+        key["owl"] = self.allocation == "owl"
+        key.update({name: getattr(self, name) for name in self.resolved_settings})
+        return key
 
     def cuts_attention(self, modality: str = "text", pairs: bool = True) -> bool:
         """Whether this config removes attention structure from a model of `modality` (`prune_attention`; a method

@@ -1,5 +1,5 @@
-"""`prune_`: the one functional entry point. It validates, opens the session, runs the stages (`recipe.run_stages`)
-and measures the result into a `PruningReport`."""
+"""`prune_`: the one functional entry point. It validates, opens the session, runs the stages
+(`pipeline.runner.run_stages`) and measures the result into a `PruningReport`."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from .calibration.sequential import runner_factory
 from .config import PruningConfig
 from .methods.base import BasePruner
 from .modeling.shapes import attention_mlp_params, layer_table
+from .pipeline.runner import StageRecord, prepare_recipe, run_stages
 from .pipeline.session import open_session
 from .pipeline.stage import Stage
-from .pipeline.stats_cache import CalibrationStatsCache
+from .pipeline.stats_cache import CalibrationStatsCache, calibration_digest
 from .plan import PruningPlan
-from .recipe import StageRecord, prepare_recipe, run_stages
 from .report import PruningReport, count_parameters, record_history, target_sparsity, zero_fraction, zero_or_removed
 from .utils.distributed import init_from_env
 
@@ -51,7 +51,7 @@ def prune_(
             classifier or backbone; see `supported_model_types()`), in memory or loaded with
             `AutoPruner.from_pretrained(path, low_memory=True)` (blocks on disk, one in memory at a time).
         config (`PruningConfig | list[PruningConfig]`): e.g. `NumericalConfig(pruning_ratio=0.2)`, or a
-            recipe: a list of configs (see `optimum_prune.recipe`), e.g. AMP on q/k and Wanda on the rest, run in
+            recipe: a list of configs (see `optimum_prune.pipeline.runner`), e.g. AMP on q/k and Wanda on the rest, run in
             one layer-wise calibration pass.
         calibration (`CalibrationConfig | torch.LongTensor | None`): calibration text (or token ids); required by
             data-driven methods. Image models take images instead: a `datasets.Dataset` with `pixel_values`, a list
@@ -111,7 +111,8 @@ def _staged(model: nn.Module, configs: list[PruningConfig], calibration: Any, to
     session = {"ids": ids, "batch_size": bs, "device": device, "checkpoint_dir": checkpoint_dir}
     with open_session(model, spec, configs=configs, activation_memory=activation_memory, **session) as sess:
         runner = runner_factory(model, spec, ids, bs, device, sess.activations)
-        yield Stage(model, spec, runner, sess, stats_cache), pruners, calib_desc, params_before
+        stage = Stage(model, spec, runner, sess, stats_cache, calibration_digest(ids))
+        yield stage, pruners, calib_desc, params_before
 
 
 def _single_report(stage: Stage, pruner: BasePruner, rec: StageRecord, params_before: int, t0: float):

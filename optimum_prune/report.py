@@ -19,6 +19,7 @@ from torch import nn
 from .constants import HISTORY_ATTR
 from .modeling.access import read_target
 from .modeling.architectures import ArchitectureSpec, Target, get_layers, layer_view, present_linear_paths, weight_oi
+from .utils.phases import phased
 from .version import __version__
 
 __all__ = [
@@ -39,6 +40,7 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
+@phased("measure")
 def target_sparsity(model: nn.Module, spec: ArchitectureSpec, targets: Sequence[Target], blocks: Blocks) -> dict:
     """`layers.<i>.<key>` → (fraction of zeros, numel) of every target of every block."""
     out = {}
@@ -62,6 +64,7 @@ def zero_or_removed(spec: ArchitectureSpec, prunable_before: int, blocks: Blocks
     return 1 - nonzero / max(prunable_before, 1)
 
 
+@phased("measure")
 def zero_fraction(
     model: nn.Module,
     spec: ArchitectureSpec,

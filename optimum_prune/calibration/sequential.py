@@ -19,6 +19,7 @@ from torch import nn
 
 from ..modeling.architectures import ArchitectureSpec, get_layers
 from ..utils.distributed import local_samples
+from ..utils.phases import phased
 from ..utils.tensors import move_to
 from .hooks import capture_inputs
 from .offload import ActivationBudget, ChunkList
@@ -42,6 +43,7 @@ class LayerwiseRunner:
         activations (`ActivationBudget | None`): in-memory budget of those activations (beyond it: on disk).
     """
 
+    @phased("embed calibration")
     def __init__(
         self,
         model: nn.Module,
@@ -119,6 +121,7 @@ class LayerwiseRunner:
         return hidden
 
     @torch.no_grad()
+    @phased("forward", block_arg=1)
     def run_layer(
         self,
         index: int,

@@ -1,20 +1,17 @@
-"""`StructuredPruner`: template shared by the head / KV-group / MLP-channel methods (NP, FLAP, magnitude).
+"""`StructuredPruner`: the hooks shared by the head / KV-group / MLP-channel methods (NP, FLAP, magnitude), which
+plug into the pipeline's score → allocate → apply pass kind (`pipeline.passes.structured`):
 
-Lifecycle:
-  - one dense calibration pass, layer by layer: `layer_stats` says which module inputs to observe, the runner feeds
-    them, `score_layer` turns them into per-query-head and per-channel scores (lower = removed first);
-  - heads become units (whole KV groups, or query-head ranks inside groups) with parameter costs, and `allocate`,
-    the allocation strategy, picks the units to remove (`functional.allocation`: global cost-weighted ranking,
-    uniform, or per-layer budgets weighted by each layer's activation outliers, OWL: the same pass then also measures
-    each layer's outliers; a subclass may override it);
-  - a second pass over the blocks: `finalize_layer` writes the compensated weights / biases of the kept units into a
-    `LayerPlan`, and the session finishes the block (a low-memory or checkpointed run writes it at once).
-Both passes run through `Stage.walk` (`pipeline.stage`), the one block loop.
+  - score: `block_stats(view)` names the module inputs to observe (`layer_stats`, and OWL's per-channel input norms
+    where the allocation is OWL); `score_block` turns what the pipeline fed them into per-query-head and per-channel
+    scores (lower = removed first) and OWL's outlier fraction;
+  - allocate: `decide` groups heads into units (whole KV groups, or query-head ranks inside groups) with parameter
+    costs, and the allocation strategy (`allocate`: global cost-weighted ranking, uniform, OWL's per-layer budgets,
+    the servable MLP blocks; `functional.allocation`) picks the units to remove: one `LayerPlan` per block;
+  - apply: `finalize_layer` writes the compensated weights / biases of the kept units into the block's plan.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from dataclasses import replace
@@ -23,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..calibration.stats import SquaredNormStats, feed
+from ..calibration.stats import SquaredNormStats
 from ..config import StructuredPruningConfig
 from ..functional.allocation import (
     LayerUnits,
@@ -37,9 +34,7 @@ from ..functional.allocation import (
 from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
 from ..modeling.decilm import FFN_MULTIPLE, servable_problems
 from ..modeling.shapes import attention_mlp_params, head_costs, layer_params, mlp_channel_cost
-from ..pipeline.stage import Stage
-from ..pipeline.stats_cache import tensor_digest
-from ..plan import LayerPlan, PruningPlan
+from ..plan import LayerPlan
 from .base import BasePruner, refuse_pruned_head_dims
 
 __all__ = [
@@ -108,19 +103,8 @@ class StructuredPruner(BasePruner):
         """Whether `finalize_layer` needs the statistics (else they are freed after scoring)."""
         return False
 
-    def adds_biases(self) -> bool:
-        """Whether `finalize_layer` gives the pruned projections a bias. Default: no."""
-        return False
-
-    # ---------------------------------------------------------------------------------------------- framework
-    calibration_digest: str | None = None
-
-    def attach_calibration(self, data, description: dict | None = None, source=None) -> None:
-        """Records a digest of the calibration ids (part of the key of a `CalibrationStatsCache`)."""
-        if isinstance(data, torch.Tensor):
-            h = hashlib.sha256()
-            tensor_digest(h, data)
-            self.calibration_digest = h.hexdigest()
+    # ---------------------------------------------------------------------------------------------- pipeline
+    pass_kind = "structured"
 
     def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
         super().validate(model, spec)
@@ -146,11 +130,9 @@ class StructuredPruner(BasePruner):
             )
         if self.config.prune_attention:
             refuse_pruned_head_dims(model, spec, "removing attention heads")
-        if self.config.allocation == "auto":
-            self.config = replace(self.config, allocation=self._auto_allocation(model, spec))
         if self.config.allocation == "servable":
             problems = servable_problems(model, spec, self.config.skip_layers)
-            if self.adds_biases():
+            if self.config.adds_biases:
                 problems.append(f"{type(self.config).__name__} is set to add biases (turn its bias refit off)")
             if problems:
                 raise ValueError(
@@ -163,20 +145,25 @@ class StructuredPruner(BasePruner):
             if mode == "query" and spec.fused_qkv:
                 raise ValueError("gqa_mode='query' needs separate q/k/v projections.")
 
-    def _auto_allocation(self, model: nn.Module, spec: ArchitectureSpec) -> str:
+    def resolve_config(self, model: nn.Module, spec: ArchitectureSpec) -> StructuredPruningConfig:
+        """`allocation="auto"` resolved for `model` (`_auto_allocation`)."""
+        cfg = self.config
+        if cfg.allocation == "auto":
+            cfg = replace(cfg, allocation=self._auto_allocation(cfg, model, spec))
+        return cfg
+
+    def _auto_allocation(self, cfg: StructuredPruningConfig, model: nn.Module, spec: ArchitectureSpec) -> str:
         """`allocation="auto"` resolved for `model`: `"servable"` where the DeciLM format can hold the result (a
         llama / mistral model whose MLP widths are multiples of 256, no bias asked for, the ratio reachable by MLP
-        blocks alone, the cost-weighted ranking), else `"global"`; the reason is logged."""
-        cfg = self.config
+        blocks alone, an allocation the method leaves to the config), else `"global"`; the reason is logged."""
         why = servable_problems(model, spec, cfg.skip_layers)
-        if getattr(cfg, "ranking", "cost_weighted") == "literal":
-            why.append("ranking='literal' sets its own allocation")
+        servable = replace(cfg, allocation="servable")
+        if servable.allocation_mode != "servable":
+            why.append(servable.own_allocation)
         if not cfg.prune_mlp:
             why.append("prune_mlp=False (the format's allocation removes MLP channels only)")
-        self.config = replace(cfg, allocation="servable")
-        if self.adds_biases():
+        if servable.adds_biases:
             why.append(f"{type(cfg).__name__} is set to add biases")
-        self.config = cfg
         if not why:
             block = math.lcm(cfg.round_to, FFN_MULTIPLE)
             views = [layer_view(layer, i, spec, model.config) for i, layer in enumerate(get_layers(model, spec))]
@@ -190,73 +177,40 @@ class StructuredPruner(BasePruner):
         logger.info("allocation='auto': shapes the DeciLM format holds ('servable'; vLLM, SGLang, llama.cpp, MLX)")
         return "servable"
 
-    def refits_after_plan(self) -> bool:
-        """Whether `compute_plan` revisits every block after the allocation pass to refit it (then that pass, not
-        the allocation pass, finishes the blocks of a low-memory or checkpointed run)."""
-        return False
+    @property
+    def refit_inputs(self) -> str:
+        """On which inputs the kept weights are refitted: `"dense"` (the dense model's, in the apply pass) or
+        `"sequential"` (the pruned network's, in the pipeline's sequential refit pass, whose hooks the pruner then
+        implements: `refit_targets`, `refit_stats`, `refit_projection`)."""
+        return "dense"
 
-    def _observe(self, run, view: LayerView, owl: bool = False) -> tuple[dict[str, Any], Any]:
-        """Run block `view.index` once, feeding `layer_stats` (and, with `owl`, the per-channel input norms of every
-        projection, as `"owl:<input>"`); returns the accumulators and the block's outputs."""
-        layer_stats = self.layer_stats(view)
-        if owl:
+    def given_scores(self, views: list[LayerView]) -> tuple[dict, dict, dict] | None:
+        """`(statistics per block, (head scores, channel scores) per block, OWL outlier fraction per block)` to use
+        instead of the pipeline's scoring pass, e.g. scored from statistics gathered elsewhere. Default: `None` (the
+        pass runs)."""
+        return None
+
+    def block_stats(self, view: LayerView, scoring: bool = True) -> dict[str, tuple[nn.Module, Any]]:
+        """`{name: (module, accumulator)}` the pipeline feeds with the module's inputs on one block: `layer_stats`,
+        and (`scoring`, OWL allocation) the per-channel input norms of every projection, as `"owl:<input>"`."""
+        stats = self.layer_stats(view)
+        if scoring and self.config.allocation == "owl":
             for name, (mod, _) in owl_inputs(view).items():
-                layer_stats["owl:" + name] = (mod, SquaredNormStats(weight_oi(mod).shape[1]))
-        outputs = None
-        accumulators = {name: a for name, (_, a) in layer_stats.items()}
-        if run is not None:
-            observe = {name: mod for name, (mod, _) in layer_stats.items()}
-            outputs = run.run_layer(view.index, observe=observe, callback=feed(accumulators))
-        return accumulators, outputs
+                stats["owl:" + name] = (mod, SquaredNormStats(weight_oi(mod).shape[1]))
+        return stats
 
-    def collect_scores(self, stage: Stage, views: list[LayerView]) -> tuple[dict, dict, dict]:
-        """The first pass: `(statistics kept per block, (head scores, channel scores) per block, OWL outlier fraction
-        per block)`, from one dense calibration pass over the blocks or from the stage's `stats_cache` (never in an
-        active session). Override it to score from statistics gathered elsewhere."""
-        cache = stage.stats_cache
-        key = None if (cache is None or stage.session.active) else cache.key(self, views)
-        if key is None:
-            return self._collect_pass(stage, views)
-        hit = cache.get(key)
-        if hit is not None:
-            logger.info("%s: calibration pass reused (%d stored)", self.config.method, len(cache))
-            return hit
-        result = self._collect_pass(stage, views)
-        cache.put(key, result)
-        return result
-
-    def _collect_pass(self, stage: Stage, views: list[LayerView]):
-        """One dense pass: every block's scores (and its statistics where `keep_stats`) and, for OWL, its outlier
-        fraction, on the dense model's inputs. A resumed run reads the finished blocks' scores from the checkpoint."""
-        sess = stage.session
-        stats, scores, outliers = {}, {}, {}
-        owl = self.config.allocation == "owl"
-        for v in views:
-            cached = sess.cached_scores(v.index)
-            if cached is not None:
-                scores[v.index] = cached[:2]
-                if cached[2] is not None:
-                    outliers[v.index] = cached[2]
-        todo = [v.index for v in views if v.index not in scores and v.index not in self.config.skip_layers]
-        run = stage.runner() if (stage.runner is not None and self.requires_calibration and todo) else None
-
-        def visit(view: LayerView):
-            i = view.index
-            acc, outputs = self._observe(run, view, owl)
-            if owl:
-                norms = {}
-                for name in owl_inputs(view):
-                    a = acc.pop("owl:" + name)
-                    norms[name] = (a.sumsq / max(a.count, 1)).sqrt()
-                outliers[i] = layer_outlier_fraction(view, norms, self.config.owl_threshold)
-            scores[i] = self.score_layer(view, acc)
-            sess.save_scores(i, *scores[i], outlier=outliers.get(i))
-            if self.keep_stats() and sess.keep_stats(acc):
-                stats[i] = {k: (a.to("cpu") if hasattr(a, "to") else a) for k, a in acc.items()}
-            return outputs
-
-        stage.walk(todo, visit, run=run, desc=f"{self.config.method}: scoring layers")
-        return stats, scores, outliers
+    def score_block(self, view: LayerView, acc: dict[str, Any]):
+        """`(head scores, channel scores, OWL outlier fraction or None)` of one block from its fed accumulators
+        (`block_stats`); the OWL accumulators are removed from `acc`."""
+        outlier = None
+        if self.config.allocation == "owl":
+            norms = {}
+            for name in owl_inputs(view):
+                a = acc.pop("owl:" + name)
+                norms[name] = (a.sumsq / max(a.count, 1)).sqrt()
+            outlier = layer_outlier_fraction(view, norms, self.config.owl_threshold)
+        head, chan = self.score_layer(view, acc)
+        return head, chan, outlier
 
     def _head_units(self, view: LayerView, head_scores: torch.Tensor):
         """Group per-query-head scores into removable units; returns (unit scores, unit cost, members, max units)."""
@@ -307,10 +261,11 @@ class StructuredPruner(BasePruner):
                  info: dict) -> tuple[list[list[int]], list[int]]:  # fmt: skip
         """The allocation strategy: which units of every layer go, as `(removed head units per layer, removed channel
         count per layer)` (`functional.allocation`). Default: the config's `allocation` (global cost-weighted
-        ranking, uniform, or OWL's per-layer budgets), the `ranking="literal"` threshold of NP's paper. Override it
-        in a subclass for another strategy; `info` goes to the report."""
+        ranking, uniform, or OWL's per-layer budgets, or the config's own, `allocation_mode`: e.g. the
+        `ranking="literal"` threshold of NP's paper). Override it in a subclass for another strategy; `info` goes to
+        the report."""
         cfg = self.config
-        mode = getattr(cfg, "ranking", "cost_weighted") == "literal" and "literal" or cfg.allocation
+        mode = cfg.allocation_mode
         info["allocation"] = mode
         if mode == "owl":
             return self._owl_allocate(views, units, outliers, total, info)
@@ -353,47 +308,12 @@ class StructuredPruner(BasePruner):
             lp.keep_channels = [c for c in range(view.intermediate_size) if c not in drop]
         return lp
 
-    def compute_plan(self, stage: Stage) -> PruningPlan:
-        """Score every block (one dense pass), allocate, then finish every block: its compensation, written at once by
-        a low-memory or checkpointed run."""
-        views = stage.views()
-        stats, scores, outliers = self.collect_scores(stage, views)
+    def decide(self, views: list[LayerView], scores: dict, outliers: dict, total: float, info: dict):
+        """Allocate: `{block index: LayerPlan}` of every block from the scores of the first pass (no weight read);
+        `info` goes to the report."""
         units, members = self._units(views, scores)
-        info: dict[str, Any] = {}
-        removed_heads, removed_channels = self.allocate(
-            views, units, outliers, attention_mlp_params(stage.model, stage.spec), info
-        )
-        plan = PruningPlan(info=info)
-        sess = stage.session
-        deferred = sess.active and self.refits_after_plan()  # the refit pass decides the weights and finishes
-        decided = {
+        removed_heads, removed_channels = self.allocate(views, units, outliers, total, info)
+        return {
             v.index: self._layer_plan(v, units[v.index], members.get(v.index), removed_heads, removed_channels)
             for v in views
-            if not sess.done(v.index)
         }
-        for v in views:
-            lp = decided.get(v.index) or sess.restored_plan(v.index)
-            if lp.structured:
-                plan.layers[v.index] = lp
-        recompute = set()  # statistics not kept after the first pass (low-memory Grams, a resumed first pass)
-        if self.keep_stats() and not deferred:
-            recompute = {i for i, lp in decided.items() if lp.structured and i not in stats}
-        run = stage.runner() if (stage.runner is not None and recompute) else None
-        last = max(recompute, default=-1)
-
-        def visit(view: LayerView):
-            i, lp = view.index, decided[view.index]
-            layer_stats, outputs = stats.pop(i, {}), None
-            if run is not None and i <= last:
-                if i in recompute:
-                    layer_stats, outputs = self._observe(run, view)
-                else:
-                    outputs = run.run_layer(i)
-            if lp.structured:
-                self.finalize_layer(view, layer_stats, lp)
-            sess.finish(i, lp)
-            return outputs
-
-        todo = [] if deferred else sorted(decided)
-        stage.walk(todo, visit, run=run, until=last, desc=f"{self.config.method}: compensating")
-        return plan

@@ -1,20 +1,17 @@
-"""Shared pieces of the unstructured / N:M methods (same shapes, weights zeroed and possibly updated).
+"""Shared pieces of the unstructured / N:M methods (same shapes, weights zeroed and possibly updated), which plug
+into the pipeline's sequential-prune pass kind (`pipeline.passes.layerwise`).
 
-Lifecycle of `SequentialPruner` (Wanda, SparseGPT, RIA, magnitude in unstructured mode), per decoder layer:
+Lifecycle of `SequentialPruner` (Wanda, SparseGPT, RIA, magnitude in unstructured mode), per decoder layer, in
+`prune_layer` (the pipeline calls it on each block in order; several pruners of a recipe in list order):
   - one forward over the calibration chunks feeds `make_stats` accumulators with the inputs of every targeted
     projection (q/k/v share one input, so do gate/up: one accumulator per input group);
   - `prune_weight` returns the new weight of each targeted projection (or row slice of a fused q|k|v), written in
     place;
-  - the layer is run again and its *pruned* outputs feed the next layer (the Wanda/SparseGPT convention).
-
-`layerwise_pass` drives several such pruners at once (a recipe): on each layer every pruner prunes its own targets,
-in list order, then the layer's pruned output feeds the next layer. One calibration pass for all of them.
+  - the pipeline runs the layer again and its *pruned* outputs feed the next layer (the Wanda/SparseGPT convention).
 """
 
 from __future__ import annotations
 
-import copy
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,11 +23,9 @@ from ..functional.masks import check_pattern_fits
 from ..modeling.access import read_target, write_target
 from ..modeling.architectures import ArchitectureSpec, LayerView, get_layers, weight_oi
 from ..modeling.targets import Target, resolve_targets
-from ..pipeline.stage import Stage
-from ..plan import LayerPlan, PruningPlan
 from .base import BasePruner, refuse_pruned_head_dims
 
-__all__ = ["SequentialPruner", "input_groups", "layerwise_pass"]
+__all__ = ["SequentialPruner", "input_groups"]
 
 
 def input_groups(spec: ArchitectureSpec) -> dict[str, tuple[str, ...]]:
@@ -46,17 +41,23 @@ def input_groups(spec: ArchitectureSpec) -> dict[str, tuple[str, ...]]:
 class SequentialPruner(BasePruner):
     """Base of the unstructured methods; see the module docstring for the lifecycle.
 
-    Per-layer hooks for the driver `layerwise_pass`:
-        needs_dense_layer (`bool`): the driver hands `prune_layer` an unpruned copy of the layer.
+    Flags and hooks the pipeline's layer-wise pass reads:
+        needs_dense_layer (`bool`): the pass hands `prune_layer` an unpruned copy of the layer.
+        needs_dense_stream (`bool`): the pass hands `prune_layer` a fourth argument, the dense model's hidden states
+            at the layer's input (`dense_inputs`), carried alongside the pruned ones; `prune_layer` then runs the dense copy on them
+            and hands its outputs back (`take_dense_stream_outputs`).
         dense_inter_layer (`bool`): the next layer should see the *dense* outputs (honoured when every pruner of the
             pass asks for it).
-        take_dense_outputs(): the dense layer's outputs over every chunk when `prune_layer` already ran it (the driver
+        take_dense_outputs(): the dense layer's outputs over every chunk when `prune_layer` already ran it (the pass
             then does not run it again).
     """
 
     structured = False
+    pass_kind = "layerwise"
     needs_dense_layer = False
+    needs_dense_stream = False
     _dense_outputs: Sequence[torch.Tensor] | None = None
+    _dense_stream_outputs: Sequence[torch.Tensor] | None = None
 
     @property
     def dense_inter_layer(self) -> bool:
@@ -67,9 +68,14 @@ class SequentialPruner(BasePruner):
         outputs, self._dense_outputs = self._dense_outputs, None
         return outputs
 
+    def take_dense_stream_outputs(self) -> Sequence[torch.Tensor] | None:
+        """(`needs_dense_stream`) the dense copy's outputs on the `dense_inputs` of the last `prune_layer`, once."""
+        outputs, self._dense_stream_outputs = self._dense_stream_outputs, None
+        return outputs
+
     def pass_info(self) -> dict:
         """What the pruner reports about the whole pass, e.g. its own timings (FISTA: the seconds of its solves in
-        this process); `layerwise_pass` puts it into `plan.info` (under `"pruners"`, by position, in a recipe)."""
+        this process); the pipeline puts it into `plan.info` (under `"pruners"`, by position, in a recipe)."""
         return {}
 
     def make_stats(self, dim: int) -> Any:
@@ -109,12 +115,13 @@ class SequentialPruner(BasePruner):
         with torch.no_grad():
             weight_oi(view.module(path)).copy_(W.to(view.module(path).weight.dtype))
 
-    def begin(self, stage: Stage) -> None:
+    def begin(self, model: nn.Module, spec: ArchitectureSpec) -> None:
         """Called once before the first layer."""
-        self.targets = self.resolve(stage.model, stage.spec)
+        self.targets = self.resolve(model, spec)
 
     def prune_layer(self, run: Any, view: LayerView, dense: nn.Module | None) -> dict:
-        """Prune this config's targets in layer `view.index`; returns the layer's report entries."""
+        """Prune this config's targets in layer `view.index` (`run`: the calibration runner, at the layer's inputs;
+        `dense`: see the flags); returns the layer's report entries."""
         by_group: dict[str, list[Target]] = {}
         for g, paths in input_groups(view.spec).items():
             ts = [t for t in self.targets if t.path in paths]
@@ -130,75 +137,3 @@ class SequentialPruner(BasePruner):
             for t in ts:
                 write_target(view, t, self.prune_target(view, t, read_target(view, t), stats.get(g)))
         return {}
-
-    def compute_plan(self, stage: Stage) -> PruningPlan:
-        return layerwise_pass([self], stage)
-
-
-def layerwise_pass(pruners: Sequence[SequentialPruner], stage: Stage) -> PruningPlan:
-    """One layer-by-layer calibration pass in which every pruner prunes its targets of each layer, in list order.
-
-    The next layer receives the pruned outputs, unless every pruner asks for the dense ones (FISTA's default).
-    If anything fails (e.g. AMP's loss becomes NaN), every weight written so far is restored before the error
-    propagates: the model is left unchanged (this keeps a copy of the targeted weights while the pass runs).
-    `plan.layers[i].info` holds each pruner's per-layer entries (keyed by its position when there are several);
-    `plan.info["seconds"]` the time each pruner spent.
-    """
-    sess = stage.session
-    needs_data = any(p.requires_calibration for p in pruners)
-    todo = [i for i in range(len(stage.layers())) if not sess.done(i)]
-    run = stage.runner() if (stage.runner is not None and needs_data and todo) else None
-    for p in pruners:
-        p.begin(stage)
-    dense_next = all(p.dense_inter_layer for p in pruners)
-    want_copy = dense_next or any(p.needs_dense_layer for p in pruners)
-    seconds = [0.0] * len(pruners)
-    plan = PruningPlan()
-    for i in range(len(stage.layers())):
-        if sess.done(i):  # finished by an earlier run: only its outputs are needed
-            plan.layers[i] = sess.restored_plan(i)
-    backup: list[tuple[nn.Module, torch.Tensor]] = []  # original weights of what was written, to undo a failure
-
-    def visit(view: LayerView):
-        paths = {t.path for p in pruners for t in p.targets}
-        if not sess.streaming:  # a low-memory block is written elsewhere: its source needs no undo
-            backup.extend((view.module(path), view.module(path).weight.detach().clone()) for path in sorted(paths))
-        dense = copy.deepcopy(view.layer) if (want_copy and run is not None) else None
-        info: dict = {}
-        for k, p in enumerate(pruners):
-            t0 = time.perf_counter()
-            entry = p.prune_layer(run, view, dense)
-            seconds[k] += time.perf_counter() - t0
-            if len(pruners) == 1:
-                info = entry
-            elif entry:
-                info[str(k)] = entry
-        plan.layers[view.index] = LayerPlan(info=info)
-        kept = [o for p in pruners if (o := p.take_dense_outputs()) is not None]
-        outputs = None
-        if run is not None:  # the outputs feed the next layer
-            if dense_next and kept:  # a pruner already ran the dense copy over every chunk
-                outputs = kept[0]
-            else:
-                outputs = run.run_layer(view.index, layer=dense if dense_next else None)
-        del dense
-        sess.finish(view.index, info=info)
-        return outputs
-
-    desc = "+".join(p.config.method for p in pruners)
-    try:
-        stage.walk(todo, visit, run=run, skip_as="input" if dense_next else "current", desc=f"{desc}: layers")
-    except BaseException:
-        with torch.no_grad():
-            for module, weight in backup:
-                module.weight.copy_(weight)
-        raise
-    plan.layers = dict(sorted(plan.layers.items()))
-    plan.info["seconds"] = seconds
-    for k, p in enumerate(pruners):
-        extra = p.pass_info()
-        if extra and len(pruners) == 1:
-            plan.info.update(extra)
-        elif extra:
-            plan.info.setdefault("pruners", {})[str(k)] = extra
-    return plan

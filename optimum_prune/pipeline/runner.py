@@ -1,13 +1,14 @@
 """The staged runner behind `prune_`: every call is a recipe, a list of configs (one config is a recipe of one).
 
   - structured configs (heads / channels removed) run first, each as its own stage, in list order;
-  - then every unstructured / N:M config runs in ONE layer-wise calibration pass (`methods.unstructured.layerwise_pass`):
-    on each decoder layer every config prunes its own targets, in list order, and the layer's pruned output feeds
-    the next layer.
-Each stage hands its pruner a `Stage` (`pipeline.stage`): the model, the calibration runner, the session (low-memory
-blocks, the run checkpoint) and the cache of calibration passes; the pruner decides, the runner applies the plan
-(`modeling.surgery`). Checked before any weight changes: an empty list, a non-config entry, two structured stages
-pruning the same part (attention / MLP), unstructured configs whose targets overlap, and each config's own validation.
+  - then every unstructured / N:M config runs in ONE layer-wise calibration pass (`passes.layerwise`): on each
+    decoder layer every config prunes its own targets, in list order, and the layer's pruned output feeds the next
+    layer.
+Each stage runs the pass kind of its pruner (`passes`) on a `Stage` (`stage`: the model, the calibration runner, the
+session of low-memory blocks and the run checkpoint, the cache of calibration passes); the pruner's hooks decide, and
+the session applies the plan (`session.apply`, the one place plans are executed). Checked before any weight changes: an empty
+list, a non-config entry, two structured stages pruning the same part (attention / MLP), unstructured configs whose
+targets overlap, a method that cannot run on a low-memory model, and each config's own validation.
 """
 
 from __future__ import annotations
@@ -19,16 +20,16 @@ from typing import Any
 
 from torch import nn
 
-from .calibration.inputs import calibration_inputs
-from .config import PruningConfig
-from .methods.base import BasePruner
-from .methods.registry import get_pruner_class
-from .methods.unstructured import layerwise_pass
-from .modeling.architectures import ArchitectureSpec, get_spec
-from .modeling.shapes import attention_mlp_params
-from .modeling.surgery import apply_plan_
-from .pipeline.stage import Stage
-from .plan import PruningPlan
+from ..calibration.inputs import calibration_inputs
+from ..config import PruningConfig
+from ..methods.base import BasePruner
+from ..methods.registry import get_pruner_class
+from ..modeling.architectures import ArchitectureSpec, get_spec
+from ..modeling.shapes import attention_mlp_params
+from ..plan import PruningPlan
+from ..storage.streaming import get_store
+from .passes import run_pass
+from .stage import Stage
 
 __all__ = ["StageRecord", "check_recipe", "prepare_recipe", "run_stages"]
 
@@ -85,7 +86,11 @@ def check_recipe(configs: Any, model: nn.Module, spec: ArchitectureSpec | None =
                     "['q_proj', 'k_proj'] and Wanda on ['v_proj', 'o_proj', 'mlp'])."
                 )
             owner[role] = k
+    low_memory = get_store(model) is not None
     for p in pruners:
+        if low_memory and p.low_memory_refusal:
+            raise ValueError(p.low_memory_refusal)
+        p.config = p.resolve_config(model, spec).frozen()  # as it runs: resolved once, never changed
         p.validate(model, spec)
     return pruners
 
@@ -140,11 +145,10 @@ def run_stages(stage: Stage, pruners: Sequence[BasePruner], apply: bool = True) 
         with sess.stage(index):
             plan = sess.completed_plan()
             if plan is None:
-                ps = [pruners[k] for k in members]
-                plan = ps[0].compute_plan(stage) if len(ps) == 1 else layerwise_pass(ps, stage)
+                plan = run_pass([pruners[k] for k in members], stage)
             decided = time.perf_counter()
             if apply:
-                apply_plan_(model, spec, plan)
+                sess.apply(model, spec, plan)
         finished = time.perf_counter()
         sess.mark_complete(index, plan)
         after = attention_mlp_params(model, spec)

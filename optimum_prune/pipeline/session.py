@@ -31,12 +31,13 @@ from torch import nn
 from ..calibration.offload import ActivationBudget, parse_bytes
 from ..modeling.architectures import ArchitectureSpec, get_layers, layer_view
 from ..modeling.shapes import layer_row
-from ..modeling.surgery import apply_layer_plan_
+from ..modeling.surgery import apply_layer_plan_, apply_plan_
 from ..plan import LayerPlan, PruningPlan
 from ..storage.memory import available_memory, check_device, check_memory
 from ..storage.streaming import get_store, layer_prefix, load_block_, write_safetensors
 from ..storage.tensorfile import FileTensor, tensor_chunks
 from ..utils.distributed import broadcast_object, world_size
+from ..utils.phases import phased
 from .checkpoint import RunCheckpoint, run_fingerprint
 from .progress import BlockProgress
 
@@ -79,6 +80,12 @@ class NullSession:
 
     def finish(self, i: int, plan: LayerPlan | None = None, info: dict | None = None) -> None:
         return None
+
+    def apply(self, model: nn.Module, spec: ArchitectureSpec, plan: PruningPlan) -> None:
+        """Execute a stage's plan on the model: every block decision not executed yet (a low-memory or checkpointed
+        run executes each block's in `finish`, as soon as it is decided; a resumed one restores it). The one place
+        the pipeline applies plans."""
+        apply_plan_(model, spec, plan)
 
     def cached_scores(self, i: int) -> tuple | None:
         return None
@@ -230,6 +237,7 @@ class PruneSession(NullSession):
         path = self.checkpoint.block_file(self.stage_index, i)
         load_block_(layer, i, self.spec, self.model.config, path, self.records[i]["shapes"], device)
 
+    @phased("write block", block_arg=1)
     def finish(self, i: int, plan: LayerPlan | None = None, info: dict | None = None) -> None:
         """Block `i` is final for this stage: with a structured `plan`, apply it (low-memory: to the resident block,
         whose plan tensors are then dropped; in memory: to a copy, the model itself is changed by `prune_` as

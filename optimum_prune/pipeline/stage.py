@@ -1,8 +1,9 @@
-"""The block loop: what a pruning stage hands its pruner, and the one loop every pass over the decoder blocks runs.
+"""The stage context and the block loop: what one pruning stage runs on, and the one loop every pass over the decoder
+blocks runs.
 
-The runner (`optimum_prune.prune_`) opens a session and gives each stage's pruner a `Stage`: the model, its
-architecture entry, the calibration runner, the session and the cache of calibration passes, as arguments. A pruner
-decides; `Stage.walk` runs its passes: it visits the blocks a pass works on, each resident at the version the stage
+The runner (`pipeline.runner`) opens a session and runs each stage's pass kind (`pipeline.passes`) on a `Stage`: the
+model, its architecture entry, the calibration runner, the session and the cache of calibration passes. `Stage.walk`
+runs every pass: it visits the blocks a pass works on, each resident at the version the stage
 received, and carries the calibration hidden states through the blocks in between (finished by an earlier run, or
 skipped), so that every pass of every method works the same with an in-memory, low-memory or resumed model.
 """
@@ -38,6 +39,8 @@ class Stage:
             captures the block-0 inputs again); `None` without calibration data.
         session (`NullSession`): finished blocks, block residency and the run checkpoint (`pipeline.session`).
         stats_cache (`CalibrationStatsCache | None`): stored calibration passes of structured methods (`None`: off).
+        calibration_digest (`str | None`): sha256 of the calibration inputs (part of a stats-cache key; `None`:
+            none, or not a tensor).
     """
 
     model: nn.Module
@@ -45,6 +48,7 @@ class Stage:
     runner: RunnerFactory | None = None
     session: NullSession = field(default_factory=NullSession)
     stats_cache: CalibrationStatsCache | None = None
+    calibration_digest: str | None = None
 
     def layers(self) -> nn.ModuleList:
         return get_layers(self.model, self.spec)

@@ -18,12 +18,7 @@ import torch
 if TYPE_CHECKING:
     from ..modeling.architectures import LayerView
 
-__all__ = ["CalibrationStatsCache", "tensor_digest"]
-
-
-# Config fields read only after the calibration pass (allocation, rounding): runs that differ only in these can share
-# one pass. `allocation` counts as "owl or not" (OWL's pass also measures outliers).
-_AFTER_CALIBRATION = ("pruning_ratio", "allocation", "round_to", "owl_lambda")
+__all__ = ["CalibrationStatsCache", "calibration_digest", "tensor_digest"]
 
 
 def tensor_digest(h: Any, t: torch.Tensor) -> None:
@@ -31,6 +26,15 @@ def tensor_digest(h: Any, t: torch.Tensor) -> None:
     t = t.detach()
     h.update(f"{t.dtype}{tuple(t.shape)}".encode())
     h.update(t.cpu().contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
+def calibration_digest(ids: Any) -> str | None:
+    """sha256 of calibration inputs (`None` unless a tensor)."""
+    if not isinstance(ids, torch.Tensor):
+        return None
+    h = hashlib.sha256()
+    tensor_digest(h, ids)
+    return h.hexdigest()
 
 
 class CalibrationStatsCache:
@@ -64,14 +68,11 @@ class CalibrationStatsCache:
         self._entries.clear()
 
     @staticmethod
-    def key(pruner: Any, views: list[LayerView]) -> str | None:
-        """The cache key of `pruner`'s calibration pass over the blocks `views`, or `None` when it cannot be
-        identified (calibration data not attached)."""
-        cfg = {k: v for k, v in pruner.config.to_dict().items() if k not in _AFTER_CALIBRATION}
-        cfg["owl"] = pruner.config.allocation == "owl"
-        # settings a config derives from the fields above, `pruning_ratio` included (NP's scores="auto")
-        cfg.update({name: getattr(pruner.config, name) for name in getattr(pruner.config, "resolved_settings", ())})
-        calib = pruner.calibration_digest if pruner.requires_calibration else "data-free"
+    def key(pruner: Any, calibration_digest: str | None, views: list[LayerView]) -> str | None:
+        """The cache key of `pruner`'s calibration pass over the blocks `views` on the calibration data whose digest
+        is `calibration_digest`, or `None` when it cannot be identified (no digest)."""
+        cfg = pruner.config.calibration_key()
+        calib = calibration_digest if pruner.requires_calibration else "data-free"
         if calib is None:
             return None
         h = hashlib.sha256()

@@ -22,6 +22,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..modeling.architectures import ArchitectureSpec, get_layers
+from ..utils.phases import phased
 from .streaming import get_store, layer_prefix, write_safetensors
 from .tensorfile import FileTensor, read_header, read_tensors
 
@@ -72,6 +73,7 @@ def _check_space(directory: Path, needed: int) -> None:
         )
 
 
+@phased("save")
 def save_streamed_(model: nn.Module, spec: ArchitectureSpec, directory: Path, extra: dict[str, torch.Tensor]) -> None:
     """Write the weights of low-memory `model` into `directory` (see the module docstring); `extra` holds zero
     tensors a stock config requires (biases)."""

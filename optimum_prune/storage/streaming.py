@@ -29,6 +29,7 @@ from ..modeling.architectures import ArchitectureSpec, get_layers, get_spec, lay
 from ..modeling.auto_classes import register_pruned_architectures
 from ..modeling.shapes import layer_row
 from ..modeling.surgery import reshape_layer_
+from ..utils.phases import phased
 from ..utils.scratch import make_scratch_dir
 from .safetensors_io import SafetensorsSource
 from .tensorfile import FileTensor, write_tensors
@@ -186,6 +187,7 @@ class LayerStore:
         if layer_row(layer, i, self.spec, self.model.config) != shapes:
             reshape_layer_(layer_view(layer, i, self.spec, self.model.config), shapes)
 
+    @phased("load block", block_arg=1)
     def load(self, i: int, stage: int | None = None) -> None:
         """Make version `latest(i, stage)` of block `i` resident on `self.device`."""
         version = self.latest(i, stage)
@@ -208,6 +210,7 @@ class LayerStore:
             _check_finite(layer, i, self.spec)
             self.checked.add(i)
 
+    @phased("release block", block_arg=1)
     def offload(self, i: int) -> None:
         """Put block `i` back on the meta device (its weights are on disk)."""
         if self.loaded.pop(i, None) is None:

@@ -6,8 +6,8 @@ import copy
 import pytest
 import torch
 
+import optimum_prune.pipeline.passes.structured as structured_pass
 from optimum_prune import CalibrationStatsCache, FLAPConfig, NumericalConfig, prune_
-from optimum_prune.methods.structured import StructuredPruner
 
 
 def _ids(seed: int, vocab: int) -> torch.Tensor:
@@ -41,18 +41,18 @@ def test_reuse_gives_the_weights_of_a_fresh_pass(tiny_llama, configs):
     ids = _ids(0, tiny_llama.config.vocab_size)
     fresh = [_prune(tiny_llama, c, ids) for c in configs]
     calls = []
-    original = StructuredPruner._collect_pass
+    original = structured_pass._score_blocks
 
-    def counting(self, stage, views):
-        calls.append(self.config.pruning_ratio)
-        return original(self, stage, views)
+    def counting(pruner, stage, views):
+        calls.append(pruner.config.pruning_ratio)
+        return original(pruner, stage, views)
 
-    StructuredPruner._collect_pass = counting  # test-only spy on the real pass
+    structured_pass._score_blocks = counting  # test-only spy on the real pass
     try:
         cache = CalibrationStatsCache()
         reused = [_prune(tiny_llama, c, ids, cache) for c in configs]
     finally:
-        StructuredPruner._collect_pass = original
+        structured_pass._score_blocks = original
     assert len(calls) == 1, "one calibration pass for runs that differ only after it"
     assert (cache.hits, cache.misses, len(cache)) == (len(configs) - 1, 1, 1)
     for a, b in zip(fresh, reused):

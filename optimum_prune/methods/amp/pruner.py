@@ -10,7 +10,6 @@ from torch import nn
 
 from ...modeling.access import qk_weights, write_target
 from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view, weight_oi
-from ...pipeline.stage import Stage
 from ...utils.distributed import gather_chunks
 from ..base import refuse_pruned_head_dims
 from ..unstructured import SequentialPruner
@@ -44,15 +43,14 @@ class AMPPruner(SequentialPruner):
 
     config_cls = AMPConfig
     config: AMPConfig
-    _stream: tuple[int, list] | None = None  # (layer index, the dense model's hidden states at its input)
 
     @property
     def needs_dense_layer(self) -> bool:
         return self.config.refit_target == "model" and self.config.refit_steps > 0
 
-    def begin(self, stage: Stage) -> None:
-        super().begin(stage)
-        self._stream, self._session = None, stage.session
+    @property
+    def needs_dense_stream(self) -> bool:  # the refit reproduces the dense model's attention
+        return self.needs_dense_layer
 
     def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
         super().validate(model, spec)
@@ -89,17 +87,10 @@ class AMPPruner(SequentialPruner):
         inp = AttentionInputs.from_module(attn, xs, rope, view.num_heads, view.num_kv_heads, view.head_dim)
         return inp, out
 
-    def _dense_model_inputs(self, run, view: LayerView, dense: nn.Module) -> AttentionInputs:
-        """The attention inputs of layer `view.index` in the dense model: its hidden states are carried from the
-        embeddings through each layer's dense copy. A resumed run first carries them through the layers an earlier
-        run finished, in the version this stage received (the session keeps it)."""
-        index, hidden = self._stream if self._stream is not None else (0, None)
-        if hidden is None:
-            hidden = run.hidden if view.index == 0 else run.embeddings()
-        for k in range(index, view.index):
-            hidden = self._session.forward(run, k, "input", inputs=hidden)
-        inp, out = self.capture(run, view, layer=dense, inputs=hidden)
-        self._stream = (view.index + 1, out)
+    def _dense_model_inputs(self, run, view: LayerView, dense: nn.Module, hidden) -> AttentionInputs:
+        """The attention inputs of layer `view.index` in the dense model (`hidden`: the dense model's hidden states
+        at the layer's input, carried by the pipeline); the dense copy's outputs go back to the pipeline."""
+        inp, self._dense_stream_outputs = self.capture(run, view, layer=dense, inputs=hidden)
         return inp
 
     def masks(self, inp: AttentionInputs, Wq, Wk, bq=None, bk=None, roles=("q_proj", "k_proj"), desc="amp"):
@@ -189,12 +180,12 @@ class AMPPruner(SequentialPruner):
             )
         return new["q_proj"], new["k_proj"], entry
 
-    def prune_layer(self, run, view: LayerView, dense: nn.Module | None) -> dict:
+    def prune_layer(self, run, view: LayerView, dense: nn.Module | None, dense_inputs=None) -> dict:
         cfg = self.config
         if run is None:
             raise ValueError("AMP needs calibration data: pass `calibration=`.")
         inp = self.capture(run, view)[0]
-        target = self._dense_model_inputs(run, view, dense) if self.needs_dense_layer else None
+        target = self._dense_model_inputs(run, view, dense, dense_inputs) if self.needs_dense_stream else None
         # the descent runs where the layer's inputs were captured (a `device=` run streams the layer there and back)
         device = inp.xs[0].device if inp.xs else None
         Wq, bq, Wk, bk = (None if w is None else w.to(device) for w in qk_weights(view))

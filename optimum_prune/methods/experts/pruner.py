@@ -11,8 +11,7 @@ from torch import nn
 from ...calibration.expert_stats import ExpertGramStats, RoutingStats
 from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, layer_view
 from ...modeling.experts import check_top_k, remove_experts_, routed_experts
-from ...pipeline.stage import Stage
-from ...plan import LayerPlan, PruningPlan
+from ...plan import LayerPlan
 from ..base import BasePruner
 from .config import ExpertConfig
 from .functional import expert_saliency, kept_experts, kept_experts_global, kept_width, prune_expert_channels
@@ -45,7 +44,7 @@ class ExpertPruner(BasePruner):
         return self.config.criterion != "random" or self.config.channel_ratio > 0
 
     # ----------------------------------------------------------------------------------------------- validation
-    def _moe_views(self, model: nn.Module, spec: ArchitectureSpec) -> list[LayerView]:
+    def moe_views(self, model: nn.Module, spec: ArchitectureSpec) -> list[LayerView]:
         views = [layer_view(layer, i, spec, model.config) for i, layer in enumerate(get_layers(model, spec))]
         return [v for v in views if v.is_moe and v.index not in self.config.skip_layers]
 
@@ -66,7 +65,7 @@ class ExpertPruner(BasePruner):
         bad = [i for i in cfg.skip_layers if not 0 <= i < n]
         if bad:
             raise ValueError(f"skip_layers {bad} out of range: the model has {n} layers (0..{n - 1}).")
-        views = self._moe_views(model, spec)
+        views = self.moe_views(model, spec)
         if not views:
             raise ValueError("No mixture-of-experts layer is left to prune (every one is in skip_layers).")
         for view in views:
@@ -94,7 +93,7 @@ class ExpertPruner(BasePruner):
             )
 
     # ----------------------------------------------------------------------------------------------- decisions
-    def _observe(self, run, view: LayerView, layer: nn.Module | None = None, grams: bool = False):
+    def observe(self, run, view: LayerView, layer: nn.Module | None = None, grams: bool = False):
         """Run block `view.index` (or `layer`, a copy with experts removed) over the calibration chunks, recording
         routing (or, with `grams`, each expert's Gram); returns `(stats, outputs)`."""
         if grams:
@@ -117,19 +116,19 @@ class ExpertPruner(BasePruner):
                                 keep_outputs=layer is None)  # fmt: skip
         return stats, outputs
 
-    def _saliency(self, view: LayerView, stats: RoutingStats | None) -> torch.Tensor:
+    def saliency(self, view: LayerView, stats: RoutingStats | None) -> torch.Tensor:
         sums = stats.sums() if stats is not None else {"routed": torch.zeros(view.num_experts)}
         seed = self.config.seed * 100_003 + view.index
         return expert_saliency(sums, self.config.criterion, self.config.gate, seed)
 
-    def _channels(self, run, view: LayerView, plan: LayerPlan, config) -> None:
+    def channels(self, run, view: LayerView, plan: LayerPlan, config) -> None:
         """Channels of the kept experts: run the layer with its experts removed, rank and refit per expert."""
         cfg = self.config
         layer = copy.deepcopy(view.layer)
         pruned = layer_view(layer, view.index, view.spec, config)
         if plan.keep_experts is not None:
             remove_experts_(pruned, plan.keep_experts)
-        grams, _ = self._observe(run, pruned, layer=layer, grams=True)
+        grams, _ = self.observe(run, pruned, layer=layer, grams=True)
         moe = view.spec.moe
         down = view.experts.down_proj.detach()
         new_down = down.clone()
@@ -148,62 +147,32 @@ class ExpertPruner(BasePruner):
             plan.weights[view.spec.moe_path(f"{moe.experts}.down_proj")] = new_down
         plan.info["channel_residuals"] = residuals
 
-    def compute_plan(self, stage: Stage) -> PruningPlan:
-        cfg, sess = self.config, stage.session
-        views = self._moe_views(stage.model, stage.spec)
-        data = stage.runner is not None and self.requires_calibration
-        saliency: dict[int, torch.Tensor] = {}
-        keep: dict[int, list[int]] = {}
+    # ------------------------------------------------------------------------------- hooks of the experts pass
+    pass_kind = "experts"
 
-        def score(view: LayerView, run) -> torch.Tensor | None:
-            """Rank the experts of `view`; returns the block's outputs when it ran."""
-            cached = sess.cached_scores(view.index)
-            stats = outputs = None
-            if cached is not None:
-                saliency[view.index] = cached[1]
-                return None
-            if run is not None and cfg.criterion != "random":
-                stats, outputs = self._observe(run, view)
-            saliency[view.index] = self._saliency(view, stats)
-            sess.save_scores(view.index, None, saliency[view.index])
-            return outputs
+    @property
+    def scores_experts(self) -> bool:
+        return self.config.expert_ratio > 0
 
-        if cfg.allocation == "global" and cfg.expert_ratio > 0:
-            run = stage.runner() if data and cfg.criterion != "random" else None
+    @property
+    def observes_routing(self) -> bool:
+        return self.config.criterion != "random"
 
-            def visit(view: LayerView):  # a block scored by an earlier (resumed) run still feeds the next one
-                out = score(view, run)
-                return out if out is not None or run is None else run.run_layer(view.index)
+    @property
+    def allocates_globally(self) -> bool:
+        return self.config.allocation == "global" and self.config.expert_ratio > 0
 
-            stage.walk([v.index for v in views], visit, run=run, desc="experts: scoring")
-            min_keep = cfg.min_experts_per_layer or max(int(v.router.top_k) for v in views)
-            keep = kept_experts_global(saliency, sum(self._removed(v) for v in views), min_keep)
-        plan = PruningPlan(info={"criterion": cfg.criterion, "allocation": cfg.allocation})
-        todo = [v.index for v in views if not sess.done(v.index)]
-        scoring = cfg.expert_ratio > 0 and not keep and cfg.criterion != "random"
-        run = stage.runner() if data and todo and (scoring or cfg.channel_ratio > 0) else None
+    @property
+    def prunes_channels(self) -> bool:
+        return self.config.channel_ratio > 0
 
-        def finish(view: LayerView):
-            lp, outputs = LayerPlan(), None
-            if cfg.expert_ratio > 0:
-                if view.index not in keep:
-                    outputs = score(view, run)
-                    keep[view.index] = kept_experts(saliency[view.index], self._removed(view))
-                if len(keep[view.index]) < view.num_experts:
-                    lp.keep_experts = keep[view.index]
-                lp.info["expert_saliency"] = [float(s) for s in saliency[view.index]]
-            if cfg.channel_ratio > 0:
-                self._channels(run, view, lp, stage.model.config)
-            if outputs is None and run is not None and view.index < todo[-1]:
-                outputs = run.run_layer(view.index)
-            sess.finish(view.index, lp)
-            if lp.structured:
-                plan.layers[view.index] = lp
-            return outputs
+    def plan_info(self) -> dict:
+        return {"criterion": self.config.criterion, "allocation": self.config.allocation}
 
-        stage.walk(todo, finish, run=run, desc="experts: pruning")
-        for i in (v.index for v in views if v.index not in todo):
-            lp = sess.restored_plan(i)
-            if lp.structured:
-                plan.layers[i] = lp
-        return plan
+    def global_keep(self, views: list[LayerView], saliency: dict[int, torch.Tensor]) -> dict[int, list[int]]:
+        """The experts every block keeps, ranked across all blocks at once."""
+        min_keep = self.config.min_experts_per_layer or max(int(v.router.top_k) for v in views)
+        return kept_experts_global(saliency, sum(self._removed(v) for v in views), min_keep)
+
+    def layer_keep(self, view: LayerView, saliency: torch.Tensor) -> list[int]:
+        return kept_experts(saliency, self._removed(view))

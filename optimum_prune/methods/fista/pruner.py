@@ -155,8 +155,8 @@ class FISTAPruner(SequentialPruner):
     def dense_inter_layer(self) -> bool:
         return self.config.inter_layer == "dense"
 
-    def begin(self, stage) -> None:
-        super().begin(stage)
+    def begin(self, model: nn.Module, spec) -> None:
+        super().begin(model, spec)
         self.solve_seconds = 0.0
 
     def pass_info(self) -> dict:

@@ -43,6 +43,10 @@ class FLAPConfig(StructuredPruningConfig):
         return replace(self, bias_compensation=spec.output_bias and self.compensates_bias)
 
     @property
+    def adds_biases(self) -> bool:
+        return self.compensates_bias
+
+    @property
     def compensates_bias(self) -> bool:
         """`bias_compensation`, with `None` resolved (on unless `allocation="servable"`)."""
         if self.bias_compensation is not None:

@@ -29,12 +29,8 @@ class FLAPPruner(StructuredPruner):
     requires_calibration = True
     config: FLAPConfig
 
-    def validate(self, model, spec) -> None:
-        super().validate(model, spec)
-        self.config = self.config.for_architecture(spec)
-
-    def adds_biases(self) -> bool:
-        return self.config.compensates_bias
+    def resolve_config(self, model, spec) -> FLAPConfig:
+        return super().resolve_config(model, spec).for_architecture(spec)
 
     def keep_stats(self) -> bool:
         return self.config.compensates_bias

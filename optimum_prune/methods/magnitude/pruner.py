@@ -67,10 +67,9 @@ class MagnitudePruner(StructuredPruner, SequentialPruner):
             return super().validate(model, spec)
         SequentialPruner.validate(self, model, spec)
 
-    def compute_plan(self, stage):
-        if self.structured:
-            return super().compute_plan(stage)
-        return SequentialPruner.compute_plan(self, stage)
+    @property
+    def pass_kind(self) -> str:
+        return "structured" if self.structured else "layerwise"
 
     def make_stats(self, dim: int):
         return None

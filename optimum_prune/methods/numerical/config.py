@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from ...config import StructuredPruningConfig, choice
 from ...functional.numerical import LIGHT_RATIOS  # (where the grids put them; re-exported)
@@ -134,7 +135,12 @@ class NumericalConfig(StructuredPruningConfig):
     scores: str = "auto"
 
     # derived from the fields, the pruning ratio included: what the calibration pass's cache key must also hold
-    resolved_settings = ("resolved_scores", "refit_bias", "refit_strength", "resolved_standardize")
+    resolved_settings: ClassVar[tuple[str, ...]] = (
+        "resolved_scores",
+        "refit_bias",
+        "refit_strength",
+        "resolved_standardize",
+    )
 
     @property
     def light_ratio(self) -> float:
@@ -180,6 +186,18 @@ class NumericalConfig(StructuredPruningConfig):
         if self.compensation_strength is not None:
             return float(self.compensation_strength)
         return LIGHT_STRENGTH if self.resolved_scores == "fluctuation" and self.allocation != "servable" else 1.0
+
+    @property
+    def adds_biases(self) -> bool:
+        return self.refit_bias
+
+    @property
+    def allocation_mode(self) -> str:
+        return "literal" if self.ranking == "literal" else self.allocation
+
+    @property
+    def own_allocation(self) -> str | None:
+        return "ranking='literal' sets its own allocation" if self.ranking == "literal" else None
 
     def for_architecture(self, spec) -> NumericalConfig:
         """This config with `compensation_bias=None` resolved for an architecture (its `ArchitectureSpec`): the

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import copy
-
 import torch
-from torch import nn
 
 from ...calibration.stats import CrossGramStats, GramStats
 from ...functional.compensation import compensate, compensate_with_bias, damped_cholesky_solve
@@ -13,9 +10,8 @@ from ...functional.fluctuation import fluctuation_scores
 from ...modeling.access import plus_bias
 from ...modeling.architectures import LayerView, weight_oi
 from ...modeling.shapes import head_costs, mlp_channel_cost
-from ...modeling.surgery import apply_layer_plan_, head_rows
-from ...pipeline.stage import Stage
-from ...plan import LayerPlan, PruningPlan
+from ...modeling.surgery import head_rows
+from ...plan import LayerPlan
 from ..structured import StructuredPruner, resolve_gqa_mode
 from .config import NumericalConfig
 from .functional import numerical_scores, numerical_scores_newton, removal_losses
@@ -55,15 +51,11 @@ class NumericalPruner(StructuredPruner):
     requires_calibration = True
     config: NumericalConfig
 
-    def validate(self, model, spec) -> None:
-        super().validate(model, spec)
-        self.config = self.config.for_architecture(spec)
+    def resolve_config(self, model, spec) -> NumericalConfig:
+        return super().resolve_config(model, spec).for_architecture(spec)
 
     def keep_stats(self) -> bool:
         return self.config.compensate
-
-    def adds_biases(self) -> bool:
-        return self.config.refit_bias
 
     def layer_stats(self, view: LayerView):
         out = {}  # the Grams are only read normalised: held once
@@ -181,79 +173,33 @@ class NumericalPruner(StructuredPruner):
             plan.info[f"{name}_residual"] = res
 
     # ------------------------------------------------------------------ compensation_inputs="sequential"
-    def compute_plan(self, stage: Stage) -> PruningPlan:
-        plan = super().compute_plan(stage)
-        if self.config.compensate and self.config.compensation_inputs == "sequential":
-            self._sequential_refit(stage, plan)
-        return plan
+    @property
+    def refit_inputs(self) -> str:
+        sequential = self.config.compensate and self.config.compensation_inputs == "sequential"
+        return "sequential" if sequential else "dense"
 
-    def refits_after_plan(self) -> bool:
-        return self.config.compensate and self.config.compensation_inputs == "sequential"
+    def refit_targets(self, view: LayerView, plan: LayerPlan) -> list[tuple[str, torch.Tensor]]:
+        """`(projection path, kept input columns)` to refit on the pruned network's inputs, attention first (the MLP's
+        refit then sees the refitted attention)."""
+        targets = []
+        if plan.keep_heads:
+            targets.append((view.spec.o_path, head_rows(plan.keep_heads, view.head_dim)))
+        if plan.keep_channels:
+            targets.append((view.spec.mlp_out_path, torch.as_tensor(plan.keep_channels)))
+        return targets
 
-    def _sequential_refit(self, stage: Stage, plan: PruningPlan) -> None:
-        """Refit o_proj / down_proj layer by layer on the pruned network's inputs; the model is restored after (a
-        low-memory or checkpointed run finishes each block here instead: see `session`)."""
-        run, sess = stage.runner(), stage.session
-        streams = [run.hidden, run.hidden]  # the dense and the pruned network's inputs of the next block
+    def refit_stats(self, dim: int) -> PairedGramStats:
+        """The accumulator of `(dense input, pruned input)` pairs of one projection with `dim` inputs."""
+        return PairedGramStats(dim)
 
-        def skip(i: int) -> None:  # finished by an earlier run: both streams through its recorded versions
-            streams[:] = sess.forward(run, i, "input", streams[0]), sess.forward(run, i, "current", streams[1])
-
-        def visit(view: LayerView) -> None:
-            i = view.index
-            streams[:] = self._refit_layer(run, view, plan, *streams)
-            sess.finish(i, plan.layers.get(i) or LayerPlan())
-
-        todo = [i for i in range(len(stage.layers())) if not sess.done(i)]
-        stage.walk(todo, visit, skip=skip)
-
-    def _refit_layer(self, run, view: LayerView, plan: PruningPlan, dense_h, pruned_h):
-        """`_sequential_refit` of block `view.index`: its plan gets the refitted weights; returns the next inputs."""
-        i, layer, spec = view.index, view.layer, view.spec
-        dense = copy.deepcopy(layer)
-        lp = plan.layers.get(i)
-        if lp is not None:
-            removal = LayerPlan(
-                keep_heads=lp.keep_heads, keep_kv_heads=lp.keep_kv_heads, keep_channels=lp.keep_channels
-            )
-            apply_layer_plan_(view, removal, mode="zero")
-            targets = []
-            if lp.keep_heads:
-                targets.append((spec.o_path, head_rows(lp.keep_heads, view.head_dim)))
-            if lp.keep_channels:
-                targets.append((spec.mlp_out_path, torch.as_tensor(lp.keep_channels)))
-            for path, keep in targets:  # attention first: the MLP refit sees the refitted attention
-                W_new, b = self._refit(run, i, dense, layer, path, keep, dense_h, pruned_h)
-                lp.weights[path] = W_new
-                mod = layer.get_submodule(path)
-                with torch.no_grad():
-                    weight_oi(mod).copy_(W_new)
-                    if b is not None:
-                        lp.biases[path] = plus_bias(b, dense.get_submodule(path))
-                        if getattr(mod, "bias", None) is None:
-                            mod.bias = nn.Parameter(torch.zeros_like(b))
-                        mod.bias.copy_(lp.biases[path])
-        dense_h = run.run_layer(i, inputs=dense_h, layer=dense)
-        pruned_h = run.run_layer(i, inputs=pruned_h)
-        for path in spec.linear_paths:  # deciding changes nothing: prune_ applies the plan
-            if getattr(dense.get_submodule(path), "bias", None) is None:
-                layer.get_submodule(path).bias = None
-        layer.load_state_dict(dense.state_dict())
-        return dense_h, pruned_h
-
-    def _refit(self, run, i, dense, layer, path, keep, dense_h, pruned_h) -> tuple[torch.Tensor, torch.Tensor | None]:
-        W = weight_oi(dense.get_submodule(path)).detach()  # (d_out, D) dense weight
-        D = W.shape[1]
-        C, Gs = CrossGramStats(D, torch.float64), GramStats(D, torch.float64)
-        for x, xs in run.paired_inputs(i, path, dense, layer, dense_h, pruned_h):
-            C.update(x, xs)
-            Gs.update(xs)
-        keep = keep.to(W.device)
+    def refit_projection(self, view: LayerView, path: str, W: torch.Tensor, stats: PairedGramStats, keep):
+        """The refitted `(d_out, D)` weight of projection `path` (dense weight `W`, kept input columns `keep`) that
+        maps the pruned network's inputs to the dense outputs, and its bias (`refit_bias`) or `None`."""
         Wd = W.double()
-        Cg, Gg = C.gram.to(W.device), Gs.gram.to(W.device)  # (D, D) each
+        Cg, Gg = stats.cross.gram.to(W.device), stats.pruned.gram.to(W.device)  # (D, D) each
         b = None
         if self.config.refit_bias:  # intercept: centre both sides (see `compensate_with_bias`)
-            mx, mxs = (m.to(W.device) for m in C.means)
+            mx, mxs = (m.to(W.device) for m in stats.cross.means)
             Cg, Gg = Cg - torch.outer(mx, mxs), Gg - torch.outer(mxs, mxs)
         G_kk = Gg[keep][:, keep]  # (k, k)
         # Ridge around the current weights, W'_K = W_K + Δ: identical to the dense refit when X* = X (damping too)
@@ -264,3 +210,15 @@ class NumericalPruner(StructuredPruner):
         if self.config.refit_bias:
             b = (Wd @ mx - W_new @ mxs).to(W.dtype)  # (d_out,) mean dense output minus mean refitted output
         return W_new.to(W.dtype), b
+
+
+class PairedGramStats:
+    """The statistics of NP's sequential refit of one projection: the cross-Gram of (dense, pruned) inputs and the
+    Gram of the pruned ones, in float64."""
+
+    def __init__(self, dim: int) -> None:
+        self.cross, self.pruned = CrossGramStats(dim, torch.float64), GramStats(dim, torch.float64)
+
+    def update(self, x: torch.Tensor, xs: torch.Tensor) -> None:
+        self.cross.update(x, xs)
+        self.pruned.update(xs)

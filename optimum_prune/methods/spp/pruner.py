@@ -12,16 +12,14 @@ import torch
 from torch import nn
 
 from ...calibration.images import require_classifier
-from ...calibration.stats import GramStats, feed
+from ...calibration.stats import GramStats
 from ...functional.compensation import compensate, compensate_with_bias
 from ...functional.fluctuation import fluctuation_scores
 from ...functional.numerical import LIGHT_RATIOS, numerical_scores
 from ...modeling.access import plus_bias
 from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
 from ...modeling.surgery import dim_rows
-from ...pipeline.stage import Stage
 from ...plan import LayerPlan, PruningPlan
-from ...storage.streaming import get_store
 from ..base import BasePruner
 from .config import SPPConfig
 from .extract import extract_keep
@@ -73,15 +71,23 @@ class SPPPruner(BasePruner):
 
     Lifecycle:
       - validate: the architecture has the pairs; a given `solution_path` loads and belongs to this model / config;
-      - compute_plan: search (unless a path is given: `run_search`, a Trainer loop on the masks), then cut the path at
-        `pruning_ratio` (`extract_keep`) into per-layer kept q/k, v/o dimensions and MLP channels; with `compensate`,
-        one calibration pass refits o_proj / down_proj on the kept inputs (`_compensate`).
+      - decide_model (the pipeline's whole-model pass kind): search (unless a path is given: `run_search`, a Trainer
+        loop on the masks), then cut the path at `pruning_ratio` (`extract_keep`) into per-layer kept q/k, v/o
+        dimensions and MLP channels;
+      - with `compensate`, the pipeline's dense refit pass: `refit_block_stats` / `refit_layer` refit o_proj /
+        down_proj of each block on the Grams of its kept inputs.
     The path of the last search or load is `self.solution_path`.
     """
 
     config_cls = SPPConfig
     structured = True
+    pass_kind = "whole_model"
     config: SPPConfig
+    low_memory_refusal = (
+        "SPP reads every block's weights at once (its search trains through the whole model; cutting a saved "
+        "path checks the weights and folds masks into them), so it does not run on a model loaded with "
+        "low_memory=True. Load the model in memory, or use a layer-wise method (NumericalConfig, FLAPConfig)."
+    )
 
     def __init__(self, config: SPPConfig) -> None:
         super().__init__(config)
@@ -89,7 +95,7 @@ class SPPPruner(BasePruner):
         self._data: Any = None
         self._source: Any = None
         self._calibration: dict | None = None
-        self.given = config  # as passed: `validate` resolves `self.config`'s per-modality defaults from it
+        self.given = config  # as passed: `resolve` gives `self.config`, its per-modality defaults resolved
         self.search_attention = bool(config.prune_attention)  # (`validate`: per architecture)
 
     @property
@@ -99,23 +105,20 @@ class SPPPruner(BasePruner):
     def attach_calibration(self, data: Any, description: dict | None = None, source: Any = None) -> None:
         self._data, self._calibration, self._source = data, description, source
 
+    def resolve_config(self, model: nn.Module, spec: ArchitectureSpec) -> SPPConfig:
+        """The per-modality defaults, as it runs."""
+        return self.given.for_architecture(spec, pair_support_error(model, spec) is None)
+
     def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
         super().validate(model, spec)
         cfg = self.given
-        if get_store(model) is not None:
-            raise ValueError(
-                "SPP reads every block's weights at once (its search trains through the whole model; cutting a saved "
-                "path checks the weights and folds masks into them), so it does not run on a model loaded with "
-                "low_memory=True. Load the model in memory, or use a layer-wise method (NumericalConfig, FLAPConfig)."
-            )
         n = len(get_layers(model, spec))
         bad = [i for i in cfg.skip_layers if not 0 <= i < n]
         if bad:
             raise ValueError(f"skip_layers {bad} out of range: the model has {n} layers (0..{n - 1}).")
         check_pair_support(model, spec, cfg.prune_attention is True, search=cfg.solution_path is None)
-        pairs = pair_support_error(model, spec) is None
-        self.search_attention = cfg.searches_attention(pairs)
-        self.config = cfg = cfg.for_architecture(spec, pairs)  # the per-modality defaults, as it runs
+        self.search_attention = cfg.searches_attention(pair_support_error(model, spec) is None)
+        cfg = self.config
         if cfg.solution_path is not None:
             path = SolutionPath.from_pretrained(cfg.solution_path)
             path.check_config(cfg)
@@ -135,8 +138,9 @@ class SPPPruner(BasePruner):
         self.solution_path.meta.update(targets)  # the windows and their labels, before the loop
         return self.solution_path
 
-    def compute_plan(self, stage: Stage) -> PruningPlan:
-        cfg, model, spec = self.config, stage.model, stage.spec
+    def decide_model(self, model: nn.Module, spec: ArchitectureSpec) -> PruningPlan:
+        """Search (unless a path is given) and cut the path at `pruning_ratio`: the plan, before the refit."""
+        cfg, self._modality = self.config, spec.modality
         t0 = time.perf_counter()
         if self.solution_path is None:
             self.search(model, spec)
@@ -163,52 +167,58 @@ class SPPPruner(BasePruner):
                     lp.scaling = float(view.attn.scaling) * math.sqrt(view.qk_head_dim / len(lp.keep_qk))
             plan.layers[i] = lp
         plan.info["extract_s"] = time.perf_counter() - t1
-        if cfg.compensate:
-            t2 = time.perf_counter()
-            self._compensate(stage, keep, plan)
-            plan.info["compensate_s"] = time.perf_counter() - t2
         plan.artifacts["solution_path"] = self.solution_path
         return plan
 
-    def _compensate(self, stage: Stage, keep, plan) -> None:
-        """Refit o_proj (its kept v/o inputs) and down_proj / fc2 (its kept channels) of every layer that lost any,
-        by Numerical Pruning's closed-form least squares (`functional.compensation.compensate`, or
-        `compensate_with_bias` with `compensation_bias`) on the Grams of the dense model's inputs, one layer-by-layer
-        calibration pass, the change applied at `compensation_strength`. The residuals go to `plan.info`."""
-        run, spec = stage.runner(), stage.spec
-        cfg, residuals = self.config, {}
+    # ------------------------------------------------------------------------ hooks of the dense refit pass
+    @property
+    def refits(self) -> bool:
+        return self.config.compensate
 
-        def visit(view):
-            i, per = view.index, keep.get(view.index, {})
-            targets = {}
-            if "vo" in per:
-                targets["attn"] = (spec.o_path, dim_rows(view.num_heads, view.vo_head_dim, per["vo"]))
-            if "mlp" in per:
-                targets["mlp"] = (spec.mlp_out_path, torch.as_tensor(per["mlp"], dtype=torch.long))
-            stats = {name: GramStats(weight_oi(view.module(path)).shape[1]) for name, (path, _) in targets.items()}
-            outputs = run.run_layer(
-                i, observe={name: view.module(path) for name, (path, _) in targets.items()},
-                callback=feed(stats),
-            )  # fmt: skip
-            if "mlp" in targets and cfg.channel_order == "np":  # the path's width, NP's channels
-                path = targets["mlp"][0]
-                cols = np_channel_keep(weight_oi(view.module(path)), stats["mlp"], len(per["mlp"]), cfg.pruning_ratio)
-                targets["mlp"] = (path, cols)
-                plan.layers[i].keep_channels = cols.tolist()
-            for name, (path, cols) in targets.items():
-                mod = view.module(path)
-                W, lp = weight_oi(mod).detach(), plan.layers[i]
-                H, cols = stats[name].gram.to(W.device), cols.to(W.device)
-                damping, strength = cfg.compensation_damping, cfg.refit_strength(spec.modality)
-                if cfg.compensation_bias:
-                    lp.weights[path], b, residuals[f"{i}.{name}"] = compensate_with_bias(
-                        W, H, stats[name].mean, cols, damping, strength
-                    )
-                    lp.biases[path] = plus_bias(b, mod)
-                else:
-                    lp.weights[path], residuals[f"{i}.{name}"] = compensate(W, H, cols, damping, strength)
-            return outputs
+    def _refit_targets(self, view, plan: LayerPlan | None) -> dict[str, tuple[str, torch.Tensor]]:
+        """`{name: (projection path, kept input columns)}` of one block: o_proj on its kept v/o dimensions, the
+        MLP's output projection on its kept channels."""
+        targets = {}
+        if plan is not None and plan.keep_vo is not None:
+            targets["attn"] = (view.spec.o_path, dim_rows(view.num_heads, view.vo_head_dim, plan.keep_vo))
+        if plan is not None and plan.keep_channels is not None:
+            targets["mlp"] = (view.spec.mlp_out_path, torch.as_tensor(plan.keep_channels, dtype=torch.long))
+        return targets
 
-        stage.walk(range(len(stage.layers())), visit, run=run, desc="spp: compensation")
+    def refit_block_stats(self, view, plan: LayerPlan | None) -> dict[str, tuple[nn.Module, GramStats]]:
+        """The Grams of the dense inputs of the projections `_refit_targets` names."""
+        return {
+            name: (view.module(path), GramStats(weight_oi(view.module(path)).shape[1]))
+            for name, (path, _) in self._refit_targets(view, plan).items()
+        }
+
+    def refit_layer(self, view, stats: dict[str, GramStats], plan: LayerPlan | None) -> dict:
+        """Refit o_proj (its kept v/o inputs) and down_proj / fc2 (its kept channels) of one block by Numerical
+        Pruning's closed-form least squares (`functional.compensation.compensate`, or `compensate_with_bias` with
+        `compensation_bias`) on the Grams of the dense model's inputs, the change applied at
+        `compensation_strength`; returns the residuals."""
+        cfg, spec, i, residuals = self.config, view.spec, view.index, {}
+        targets = self._refit_targets(view, plan)
+        if "mlp" in targets and cfg.channel_order == "np":  # the path's width, NP's channels
+            path, width = targets["mlp"][0], len(plan.keep_channels)
+            cols = np_channel_keep(weight_oi(view.module(path)), stats["mlp"], width, cfg.pruning_ratio)
+            targets["mlp"] = (path, cols)
+            plan.keep_channels = cols.tolist()
+        for name, (path, cols) in targets.items():
+            mod = view.module(path)
+            W = weight_oi(mod).detach()
+            H, cols = stats[name].gram.to(W.device), cols.to(W.device)
+            damping, strength = cfg.compensation_damping, cfg.refit_strength(spec.modality)
+            if cfg.compensation_bias:
+                plan.weights[path], b, residuals[f"{i}.{name}"] = compensate_with_bias(
+                    W, H, stats[name].mean, cols, damping, strength
+                )
+                plan.biases[path] = plus_bias(b, mod)
+            else:
+                plan.weights[path], residuals[f"{i}.{name}"] = compensate(W, H, cols, damping, strength)
+        return residuals
+
+    def refit_done(self, plan: PruningPlan, residuals: dict, seconds: float) -> None:
         plan.info["compensation_residuals"] = residuals
-        plan.info["compensation_strength"] = cfg.refit_strength(spec.modality)
+        plan.info["compensation_strength"] = self.config.refit_strength(self._modality)
+        plan.info["compensate_s"] = seconds

@@ -23,7 +23,6 @@ from ...calibration.stats import SquaredNormStats
 from ...functional.masks import keep_mask
 from ...functional.scores import ria_scores
 from ...modeling.architectures import ArchitectureSpec, LayerView, Target, get_layers, weight_oi
-from ...pipeline.stage import Stage
 from ..unstructured import SequentialPruner
 from .config import SPPRIAConfig
 from .functional import removal_order
@@ -96,9 +95,8 @@ class SPPRIAPruner(SequentialPruner):
         super().validate(model, spec)
         check_pair_support(model, spec, prune_attention=False)
 
-    def begin(self, stage: Stage) -> None:
-        super().begin(stage)
-        model, spec = stage.model, stage.spec
+    def begin(self, model: nn.Module, spec: ArchitectureSpec) -> None:
+        super().begin(model, spec)
         if self._data is None:
             raise ValueError("SPP + RIA searches on calibration data: pass `calibration=CalibrationConfig(...)`.")
         modules = {}
@@ -142,7 +140,5 @@ class SPPRIAPruner(SequentialPruner):
                 scores = scores / scores.max().clamp_min(1e-30) + (order >= cfg.sparsity).to(scores)
         return W * keep_mask(scores, cfg.sparsity, cfg.nm, per=cfg.per)
 
-    def compute_plan(self, stage: Stage):
-        plan = super().compute_plan(stage)
-        plan.info["search"] = self.search_info
-        return plan
+    def pass_info(self) -> dict:
+        return {"search": self.search_info}
