@@ -7,7 +7,7 @@ pass kind in memory, low-memory (blocks on disk) and resumed after a crash (a ch
 interrupted inside its calibration pass, then run again):
 
     PYTHONPATH=. python benchmarks/_pipeline_spot_check.py --output /tmp/after.json
-    PYTHONPATH=. python benchmarks/_pipeline_spot_check.py --compare benchmarks/results/pipeline_spot_check.json /tmp/after.json
+    PYTHONPATH=. python benchmarks/_pipeline_spot_check.py --compare benchmarks/spot_checks/pipeline.json /tmp/after.json
 
 `--compare` lists every case whose hash or numbers differ (and exits 1 if any does). The committed file is the
 reference of the code before the change (its commit in `environment`).
@@ -273,7 +273,7 @@ def compare(a_path: str, b_path: str) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--output", default=str(harness.RESULTS_DIR / "pipeline_spot_check.json"))
+    p.add_argument("--output", default=str(Path(__file__).parent / "spot_checks" / "pipeline.json"))
     p.add_argument("--compare", nargs=2, default=None, metavar=("A", "B"))
     p.add_argument("--only", nargs="*", default=None, help="run these cases only")
     p.add_argument("--no-smollm2", action="store_true")

@@ -306,6 +306,12 @@ class StructuredPruningConfig(PruningConfig):
         """Whether the method gives the pruned projections a bias (its compensation). Default: no."""
         return False
 
+    def components(self) -> dict[str, Any]:
+        """What runs, as three named choices: what ranks the units (`scores`), which units of which layer go
+        (`allocation`), and how the kept weights are refitted (`refit`: `"none"` or its kind, with its settings).
+        Read on the config as it runs (the report records it: `PruningReport.info["components"]`)."""
+        return {"scores": self.method, "allocation": self.allocation_mode, "refit": "none"}
+
     def calibration_key(self) -> dict[str, Any]:
         """What this config's calibration pass depends on (the key of a `CalibrationStatsCache` entry): every field
         but `after_calibration_fields`, whether the allocation is OWL, and the `resolved_settings`."""

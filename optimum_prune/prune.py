@@ -141,9 +141,14 @@ def _single_report(stage: Stage, pruner: BasePruner, rec: StageRecord, params_be
         layers=layer_table(model, spec),
         sparsity=sparsity,
         timings={"decide_s": rec.decided - t0, "apply_s": rec.finished - rec.decided, "total_s": rec.finished - t0},
-        info={**plan.info, **stage.session.summary(), "layers": _layer_info(plan)},
+        info={**plan.info, **stage.session.summary(), **_components(config), "layers": _layer_info(plan)},
         artifacts=plan.artifacts,
     )
+
+
+def _components(config: PruningConfig) -> dict:
+    """`{"components": ...}` of a structured config (what runs: scores, allocation, refit), else nothing."""
+    return {"components": config.components()} if hasattr(config, "components") else {}
 
 
 def _layer_info(plan: PruningPlan, key: str | None = None) -> dict:

@@ -113,3 +113,12 @@ def test_phase_observer_sees_each_block_of_each_pass(tmp_path):
     n = len(events)
     prune_(tiny_model("llama_gqa"), WandaConfig(sparsity=0.5), calibration=IDS)  # no observer: nothing recorded
     assert len(events) == n
+
+
+def test_the_report_names_the_components_that_ran():
+    report = prune_(tiny_model("llama_gqa"), NumericalConfig(pruning_ratio=0.3, round_to=1), calibration=IDS)
+    c = report.info["components"]
+    assert c == {"scores": "numerical", "standardized": True, "allocation": "global", "refit": "dense",
+                 "refit_bias": False, "refit_strength": 1.0}, c  # fmt: skip
+    light = prune_(tiny_model("llama_gqa"), FLAPConfig(pruning_ratio=0.2, round_to=1), calibration=IDS)
+    assert light.info["components"]["refit"] == "bias" and light.info["components"]["allocation"] == "global"

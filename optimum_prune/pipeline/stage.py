@@ -70,33 +70,33 @@ class Stage:
 
     def walk(
         self,
-        todo: Collection[int],
+        visited: Collection[int],
         visit: Visit,
         *,
         run: LayerwiseRunner | None = None,
-        until: int | None = None,
-        skip_as: str = "input",
-        skip: Callable[[int], None] | None = None,
+        carry_until: int | None = None,
+        carry_version: str = "input",
+        carry: Callable[[int], None] | None = None,
         desc: str | None = None,
     ) -> None:
-        """One pass over the decoder blocks: `visit(view)` on each block of `todo`, in order, with the block resident
+        """One pass over the decoder blocks: `visit(view)` on each block of `visited`, in order, with the block resident
         at the version this stage received.
 
         `visit` returns the block's outputs (they become `run`'s hidden states, the next block's inputs) or `None`.
-        Between the visited blocks, up to block `until` (default: the last of `todo`), `run`'s hidden states are
-        carried through the others by their recorded version (`skip_as`: `"input"`, as this stage received them, or
-        `"current"`, as it left them); `skip(i)` replaces that for a pass that carries its own streams.
+        Past the blocks not visited, up to block `carry_until` (default: the last visited one), `run`'s hidden states
+        are carried by the blocks' recorded version (`carry_version`: `"input"`, as this stage received them, or
+        `"current"`, as it left them); `carry(i)` replaces that for a pass that carries streams of its own.
         """
         sess = self.session
-        last = max(todo, default=-1) if until is None else until
+        last = max(visited, default=-1) if carry_until is None else carry_until
         layers = self.layers()
         indices = range(len(layers)) if desc is None else tqdm(range(len(layers)), desc=desc, leave=False)
         for i in indices:
-            if i not in todo:
-                if skip is not None:
-                    skip(i)
+            if i not in visited:
+                if carry is not None:
+                    carry(i)
                 elif run is not None and i < last:
-                    run.advance(sess.forward(run, i, skip_as))
+                    run.advance(sess.forward(run, i, carry_version))
                 continue
             with sess.resident(i, "input"):
                 outputs = visit(layer_view(layers[i], i, self.spec, self.model.config))

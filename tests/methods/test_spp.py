@@ -561,12 +561,23 @@ def test_compensation_is_the_least_squares_refit_of_the_kept_inputs(tmp_path):
         SPPConfig(compensate=True, fold_masks=True)
 
 
+def test_np_channel_order_switches_where_nps_servable_default_does():
+    """SPP's `channel_order="np"` owns its switch ratio (no method imports another); it is NP's servable one."""
+    from optimum_prune.methods.numerical.config import LIGHT_RATIOS
+    from optimum_prune.methods.spp.config import NP_ORDER_FLUCTUATION_BELOW
+
+    assert NP_ORDER_FLUCTUATION_BELOW == LIGHT_RATIOS["servable"]
+    for ratio in (NP_ORDER_FLUCTUATION_BELOW - 0.01, NP_ORDER_FLUCTUATION_BELOW):
+        light = NumericalConfig(pruning_ratio=ratio, allocation="servable").resolved_scores == "fluctuation"
+        assert light == (ratio < NP_ORDER_FLUCTUATION_BELOW)
+
+
 @pytest.mark.parametrize("ratio", [0.2, 0.4])  # FLAP's fluctuation metric below NP's light ratio, the scores above
 def test_np_channel_order_keeps_the_paths_widths_and_nps_channels(ratio, tmp_path):
     """channel_order="np": every layer keeps as many MLP channels as the path's cut, chosen by NP's scores of
     down_proj's inputs (float64 reference from the dense inputs), then refitted; it reloads exactly, and without
     the refit's Gram it is refused before anything changes."""
-    from optimum_prune.functional.numerical import numerical_scores
+    from optimum_prune.functional.gram_scores import numerical_scores
 
     model, ids, where, inputs = _searched_model_and_refit_inputs(tmp_path)
     cfg = {**FAST, "pruning_ratio": ratio, "solution_path": where, "prune_attention": False}
@@ -703,7 +714,7 @@ def test_defaults_follow_the_modality(arch, tmp_path):
 def test_sampled_labels_follow_the_model_and_rank_planted_units_on_any_text():
     """search_labels="sampled": next tokens drawn from the dense model's own predictions (the empirical frequencies
     match its softmax), so a search on arbitrary text (random ids here) still puts the dead units first."""
-    from optimum_prune.methods.spp.targets import sampled_labels
+    from optimum_prune.methods.spp.search_data import sampled_labels
 
     model, planted = _planted()
     context = calibration_ids(1, 5, seed=3).expand(3000, 5)
@@ -730,7 +741,7 @@ def test_sampled_labels_follow_the_model_and_rank_planted_units_on_any_text():
 def test_teacher_kl_matches_a_float64_reference_and_vanishes_at_the_teacher():
     """search_labels="dense": the KL divergence from the teacher's top k outputs plus one bucket for the rest equals
     its direct float64 computation, and is 0 with a zero gradient when the model gives the teacher's logits."""
-    from optimum_prune.methods.spp.targets import teacher_kl
+    from optimum_prune.methods.spp.search_data import teacher_kl
 
     torch.manual_seed(0)
     teacher, student = torch.randn(3, 5, 40, dtype=torch.float64), torch.randn(3, 5, 40, dtype=torch.float64)
@@ -784,7 +795,7 @@ def test_layerwise_loss_matches_a_float64_reference_and_vanishes_at_the_dense_mo
     """search_labels="layers": the loss equals its direct float64 computation (each layer masked alone, the others
     at 1, so its input is the dense one, against the dense model's output of that layer, per token, relative to the
     token's own update floored at the median token's), is 0 with a zero gradient at `M = 1`, and leaves the masks as they were."""
-    from optimum_prune.methods.spp.targets import LayerwiseLoss
+    from optimum_prune.methods.spp.search_data import LayerwiseLoss
 
     model = tiny_model(arch).double().eval()
     spec = get_spec(model)
@@ -842,7 +853,7 @@ def test_search_windows_do_not_depend_on_how_the_calibration_was_sliced():
     """Every calibration window is cut into windows of about `search_seq_len` tokens: a (32, 512) tensor and its
     (64, 256) and (128, 128) reshapes give the same windows (the same tokens in the same order); a leading BOS is
     given to every piece; `None` and windows no longer than the search's are left as they are."""
-    from optimum_prune.methods.spp.targets import search_windows
+    from optimum_prune.methods.spp.search_data import search_windows
 
     x = torch.arange(32 * 512).view(32, 512)
     for shape in ((32, 512), (64, 256), (128, 128)):

@@ -11,7 +11,7 @@ import torch
 
 from ...functional.compensation import compensate
 from ...functional.fluctuation import fluctuation_metric
-from ...functional.numerical import numerical_scores
+from ...functional.gram_scores import numerical_scores
 
 __all__ = [
     "kept_width",

@@ -42,6 +42,11 @@ class FLAPConfig(StructuredPruningConfig):
             return self
         return replace(self, bias_compensation=spec.output_bias and self.compensates_bias)
 
+    def components(self) -> dict:
+        """What runs: the fluctuation `metric`, the allocation, and the bias compensation (`"bias"`) or none."""
+        return {"scores": self.metric, "standardized": self.standardize, "allocation": self.allocation_mode,
+                "refit": "bias" if self.compensates_bias else "none"}  # fmt: skip
+
     @property
     def adds_biases(self) -> bool:
         return self.compensates_bias

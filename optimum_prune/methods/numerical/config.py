@@ -7,7 +7,13 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ...config import StructuredPruningConfig, choice
-from ...functional.numerical import LIGHT_RATIOS  # (where the grids put them; re-exported)
+
+# Below these pruning ratios `NumericalConfig(scores="auto")` ranks units by FLAP's fluctuation metric (with a bias
+# refit where the architecture takes one), from them by the numerical scores: per allocation, each the first ratio of
+# a selection-split grid (0.1-0.35) at which the numerical scores won (why: docs/methods/numerical.md, "The paper's
+# setting and our defaults"; SPP's `channel_order="np"` follows the servable one). "global" also serves "uniform"
+# and "owl", and an unresolved "auto" (the pruner resolves it first).
+LIGHT_RATIOS = {"servable": 0.25, "global": 0.275}
 
 __all__ = ["NumericalConfig"]
 
@@ -198,6 +204,17 @@ class NumericalConfig(StructuredPruningConfig):
     @property
     def own_allocation(self) -> str | None:
         return "ranking='literal' sets its own allocation" if self.ranking == "literal" else None
+
+    def components(self) -> dict:
+        """What runs (`StructuredPruningConfig.components`): the scores (`"numerical"`, FLAP's `"fluctuation"`
+        metric, or the removal `"loss"`) and whether they are standardised per module, the allocation, and the refit:
+        least squares on the `"dense"` or `"sequential"` inputs with its bias and strength, or `"none"`."""
+        refit = {"refit": self.compensation_inputs if self.compensate else "none"}
+        if self.compensate:
+            refit.update(refit_bias=self.refit_bias, refit_strength=self.refit_strength)
+        scores = "loss" if self.ranking == "loss" else self.resolved_scores
+        return {"scores": scores, "standardized": self.resolved_standardize, "allocation": self.allocation_mode,
+                **refit}  # fmt: skip
 
     def for_architecture(self, spec) -> NumericalConfig:
         """This config with `compensation_bias=None` resolved for an architecture (its `ArchitectureSpec`): the

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ...functional.compensation import damped_cholesky_solve
-from ...functional.numerical import numerical_scores, score_matrix, unit_score_matrix
+from ...functional.gram_scores import numerical_scores, score_matrix, unit_score_matrix
 
 __all__ = [
     "score_matrix",

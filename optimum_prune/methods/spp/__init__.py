@@ -11,7 +11,7 @@ from .config import SPPConfig, SPPRIAConfig
 from .path import SolutionPath, SolutionPathError
 from .pruner import SPPPruner
 from .ria import SPPRIAPruner
-from .targets import SPPSearchError
+from .search_data import SPPSearchError
 
 __all__ = [
     "SPPConfig",

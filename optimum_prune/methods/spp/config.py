@@ -19,6 +19,10 @@ __all__ = ["SPPConfig", "SPPRIAConfig", "SEARCH_FIELDS"]
 # intercept. `compensation_strength=None`: the full refit, but half of it with an intercept on a language model (the
 # better of the two there, measured when the intercept was the default)
 TEXT_BIAS_STRENGTH = 0.5
+# `channel_order="np"` ranks a layer's channels by FLAP's fluctuation metric below this pruning ratio and by the
+# numerical scores from it: the ratio at which `NumericalConfig(allocation="servable")` switches (a test keeps the two
+# equal), since SPP's language-model cut, like the servable allocation, keeps every head and cuts MLP channels.
+NP_ORDER_FLUCTUATION_BELOW = 0.25
 
 
 @dataclass
@@ -93,8 +97,8 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
         channel_order (`str | None`, defaults to `None`): which MLP channels a layer keeps. `"path"` (the paper):
             those that entered the path first. `"np"` (an extension, not in the paper): the cut of the path still
             sets how many channels every layer keeps, and Numerical Pruning's scores of down_proj's (fc2's) inputs,
-            from the refit's Gram, choose which (FLAP's fluctuation metric or the numerical scores, as
-            `NumericalConfig`'s default resolves them at this ratio): the path's allocation across the layers, NP's
+            from the refit's Gram, choose which (FLAP's fluctuation metric below `NP_ORDER_FLUCTUATION_BELOW`, the
+            numerical scores from it, as `NumericalConfig`'s servable default does): the path's allocation across the layers, NP's
             order within them. Needs `compensate=True`. `None`: `"np"` on language models with the refit, `"path"`
             otherwise. Why: docs/methods/spp.md.
         faithful_to (`str`, defaults to `"coupled"`): the dynamics (docs/methods/spp.md). `"coupled"`: AdamW on the
@@ -138,7 +142,7 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
             model's most likely outputs. `"layers"`: the dense model's hidden states, layer by layer: each searched
             layer runs with the masks on the dense model's own input to it, and the loss is its squared error
             against the dense layer's output relative to the layer's own update, averaged over the layers
-            (`targets.LayerwiseLoss`; no output head, so any architecture in the table); zero with a zero gradient at
+            (`search_data.LayerwiseLoss`; no output head, so any architecture in the table); zero with a zero gradient at
             `M = 1`, so `nu="auto"` takes the scale of its gradient at masks moved by ±0.1, times 4
             (`search.NU_PROBE_FACTOR`: why there). An option for study, not a recommendation: it measured worse
             than `"sampled"` (docs/methods/spp.md).
@@ -220,6 +224,15 @@ class SPPConfig(StructuredPruningConfig, _SearchFields):
         if self.channel_order is not None:
             return self.channel_order
         return "np" if modality != "image" and self.compensate else "path"
+
+    def components(self) -> dict:
+        """What runs (on the resolved config): the units ranked by their entry into the solution path, the widths per
+        layer from the path's cut, the MLP channels kept in the path's order or NP's (`channel_order`), and the
+        least-squares refit (with its bias and strength) or none."""
+        refit = {"refit": "dense" if self.compensate else "none"}
+        if self.compensate:
+            refit.update(refit_bias=bool(self.compensation_bias), refit_strength=self.compensation_strength)
+        return {"scores": "solution_path", "allocation": "solution_path", "channels": self.channel_order, **refit}
 
     def for_architecture(self, spec, pairs: bool = True) -> SPPConfig:
         """This config with every per-modality default (`None`) of the extraction resolved for an architecture (its

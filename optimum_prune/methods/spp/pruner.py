@@ -1,5 +1,5 @@
 """SPP pruner: orchestration only (dynamics in `functional.py`, search loop in `search.py`, what it trains on in
-`targets.py`, the path and its cut in `path.py` / `extract.py`, shapes in `modeling.surgery` /
+`search_data.py`, the path and its cut in `path.py` / `extract.py`, shapes in `modeling.surgery` /
 `modeling.pair_attention`)."""
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ from ...calibration.images import require_classifier
 from ...calibration.stats import GramStats
 from ...functional.compensation import compensate, compensate_with_bias
 from ...functional.fluctuation import fluctuation_scores
-from ...functional.numerical import LIGHT_RATIOS, numerical_scores
+from ...functional.gram_scores import numerical_scores
 from ...modeling.access import plus_bias
 from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
 from ...modeling.surgery import dim_rows
 from ...plan import LayerPlan, PruningPlan
 from ..base import BasePruner
-from .config import SPPConfig
+from .config import NP_ORDER_FLUCTUATION_BELOW, SPPConfig
 from .extract import extract_keep
 from .masks import folded_weights
 from .path import SolutionPath
 from .search import run_search
-from .targets import search_dataset
+from .search_data import search_dataset
 
 __all__ = ["SPPPruner", "check_pair_support"]
 
@@ -56,9 +56,9 @@ def check_pair_support(model: nn.Module, spec: ArchitectureSpec, prune_attention
 
 def np_channel_keep(W: torch.Tensor, stats: GramStats, width: int, ratio: float) -> torch.Tensor:
     """The `width` input channels of `W` (o_proj / down_proj layout) that Numerical Pruning's scores keep: FLAP's
-    fluctuation metric below the servable light ratio, the numerical scores from it (as `NumericalConfig`'s default
-    resolves them with every head kept), from the Gram and mean in `stats`. Sorted indices."""
-    if ratio < LIGHT_RATIOS["servable"]:
+    fluctuation metric below `NP_ORDER_FLUCTUATION_BELOW`, the numerical scores from it (as `NumericalConfig`'s
+    servable default ranks, every head kept), from the Gram and mean in `stats`. Sorted indices."""
+    if ratio < NP_ORDER_FLUCTUATION_BELOW:
         scores = fluctuation_scores(W.detach().cpu(), *stats.moments(), standardized=False)
     else:
         scores = numerical_scores(W.detach(), stats.gram.to(W.device), ratio)

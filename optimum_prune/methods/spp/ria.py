@@ -29,7 +29,7 @@ from .functional import removal_order
 from .masks import MaskSet
 from .pruner import check_pair_support
 from .search import train_masks
-from .targets import search_dataset
+from .search_data import search_dataset
 
 __all__ = ["SPPRIAPruner", "path_scores"]
 

@@ -24,7 +24,7 @@ from ...utils.training import build_training_arguments, quiet
 from .functional import auto_nu, bregman_step_, init_state
 from .masks import MaskSet, SearchMasks, attach_masks, layer_units
 from .path import SolutionPath, model_identity
-from .targets import LayerwiseLoss, SPPSearchError, restored, search_dataset, teacher_kl
+from .search_data import LayerwiseLoss, SPPSearchError, restored, search_dataset, teacher_kl
 
 __all__ = ["BregmanOptimizer", "run_search", "search_views", "train_masks"]
 

@@ -104,7 +104,7 @@ def layerwise_pass(pruners: Sequence, stage: Stage) -> PruningPlan:
 
     desc = "+".join(p.config.method for p in pruners)
     try:
-        stage.walk(todo, visit, run=run, skip_as="input" if dense_next else "current", desc=f"{desc}: layers")
+        stage.walk(todo, visit, run=run, carry_version="input" if dense_next else "current", desc=f"{desc}: layers")
     except BaseException:
         with torch.no_grad():
             for module, weight in backup:

@@ -35,7 +35,7 @@ def sequential_refit_pass(pruner, stage: Stage, plan: PruningPlan) -> None:
     run, sess = stage.runner(), stage.session
     streams = [run.hidden, run.hidden]  # the dense and the pruned network's inputs of the next block
 
-    def skip(i: int) -> None:  # finished by an earlier run: both streams through its recorded versions
+    def carry(i: int) -> None:  # finished by an earlier run: both streams through its recorded versions
         streams[:] = sess.forward(run, i, "input", streams[0]), sess.forward(run, i, "current", streams[1])
 
     def visit(view: LayerView) -> None:
@@ -44,7 +44,7 @@ def sequential_refit_pass(pruner, stage: Stage, plan: PruningPlan) -> None:
         sess.finish(i, plan.layers.get(i) or LayerPlan())
 
     todo = [i for i in range(len(stage.layers())) if not sess.done(i)]
-    stage.walk(todo, visit, skip=skip, desc=f"{pruner.config.method}: sequential refit")
+    stage.walk(todo, visit, carry=carry, desc=f"{pruner.config.method}: sequential refit")
 
 
 def _refit_block(pruner, run, view: LayerView, lp: LayerPlan | None, dense_h, pruned_h):

@@ -119,5 +119,5 @@ def structured_pass(pruner, stage: Stage) -> PruningPlan:
         sess.finish(i, lp)
         return outputs
 
-    stage.walk(todo, visit, run=run, until=last, desc=f"{pruner.config.method}: compensating")
+    stage.walk(todo, visit, run=run, carry_until=last, desc=f"{pruner.config.method}: compensating")
     return plan

@@ -1,5 +1,6 @@
-"""Numerical Pruning's closed-form channel scores (docs/methods/numerical.md), shared by the methods that rank
-channels with them (`numerical`, `experts`). PyTorch layout: `W` is `(d_out, D)`, the module computes `y = x Wᵀ`;
+"""Closed-form removal scores of a projection's input channels from the Gram of its inputs: the numerical scores
+of Numerical Pruning (docs/methods/numerical.md), which the methods that rank channels this way share (NP, the
+experts' channels, SPP's `channel_order="np"`). PyTorch layout: `W` is `(d_out, D)`, the module computes `y = x Wᵀ`;
 `H = XᵀX / N` is the `(D, D)` Gram of the module's inputs. The solves run in float64 on `(D, D)` matrices, built in
 place and factored in their own memory (`compensation.damped_cholesky_solve` with `rebuild`).
 """
@@ -10,14 +11,7 @@ import torch
 
 from .compensation import damped_cholesky_solve
 
-__all__ = ["score_matrix", "unit_score_matrix", "numerical_scores", "LIGHT_RATIOS"]
-
-# Below these pruning ratios `NumericalConfig(scores="auto")` ranks units by FLAP's fluctuation metric (with a bias
-# refit where the architecture takes one), from them by the numerical scores: per allocation, each the first ratio of
-# a selection-split grid (0.1-0.35) at which the numerical scores won (why: docs/methods/numerical.md, "The paper's
-# setting and our defaults"; SPP's `channel_order="np"` follows the servable one). "global" also serves "uniform"
-# and "owl", and an unresolved "auto" (the pruner resolves it first).
-LIGHT_RATIOS = {"servable": 0.25, "global": 0.275}
+__all__ = ["score_matrix", "unit_score_matrix", "numerical_scores"]
 
 
 def score_matrix(W: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
