@@ -50,6 +50,7 @@ def _corpora():
 
 NOT_PROTOCOL = (
     "amp_synthetic",
+    "cost_model",
     "semi_structured",
     "structured_gpu",
     "scale",
@@ -681,3 +682,12 @@ def test_moe_testbed_load_balancing_spreads_the_routing():
         fit = bed.train_router(W, x, f, y, 2, {**settings, "balance": balance})
         shares.append(fit["max_expert_share"])
     assert shares[0] > 0.95 and shares[1] < shares[0] - 0.1, shares
+
+
+def test_cost_model(tmp_path):
+    argv = ["--tiny", "--workloads", "decode:2:32", "--rounds", "2", "--warmup", "0", "--layers", "2",
+            "--tables", str(tmp_path / "tables")]  # fmt: skip
+    result = _run("cost_model", argv, tmp_path / "cost.json")
+    rec = result["workloads"]["decode:2:32"]
+    assert set(rec["checked"]) >= {"dense", "mixed"} and all(c["measured_s"] > 0 for c in rec["checked"].values())
+    assert (tmp_path / "tables" / "cost_table_decode_2_32.json").is_file()

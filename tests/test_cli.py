@@ -378,3 +378,18 @@ def test_every_option_says_what_it_does_and_its_default():
             assert action.help, f"`{name} {flag}` has no help text"
             if action.default not in (None, False, []) and action.option_strings:
                 assert f"(default: {action.default})" in " ".join(text.split()), f"`{name} {flag}` hides its default"
+
+
+def test_cost_model_writes_a_table_per_workload(model_dir, tmp_path, capsys):
+    from optimum_prune.evaluation.cost_model import CostTable
+
+    out = tmp_path / "tables"
+    argv = ["cost-model", str(model_dir), "--workload", "decode:2:16", "--workload", "prefill:1:16", "-o", str(out)]
+    assert main([*argv, "--rounds", "1", "--warmup", "0", "--layers", "2", "--check"]) == 0
+    decode = CostTable.load(out / "cost_table_decode_2_16.json")
+    assert decode.source == "measured" and decode.workload.batch == 2 and "error" in decode.info["check_dense"]
+    assert CostTable.load(out / "cost_table_prefill_1_16.json").workload.phase == "prefill"
+    assert main(["cost-model", str(model_dir), "--analytic", "20", "0.2", "-o", str(out)]) == 0
+    assert CostTable.load(out / "cost_table_decode_1_2048.json").source == "analytic"
+    assert main(["cost-model", str(model_dir), "--workload", "decode:16", "-o", str(out)]) == 2
+    assert "phase:batch:context" in capsys.readouterr().err

@@ -197,6 +197,28 @@ def _add_tools(sub: Any) -> None:
 
     p = _command(
         sub,
+        "cost-model",
+        "cost:cmd_cost_model",
+        help="time of each attention / MLP variant at a serving workload (a reusable JSON table)",
+        description="Measure on this machine (transformers, a static KV cache) the step time of every sublayer variant "
+        "of the model's decoder (attention: each KV-head count, no_op; MLP: each width in steps of 256, no_op) at each "
+        "workload, or compute the analytic bytes / FLOP model; one cost table per workload (JSON) in --output. Only "
+        "the model's configuration is read (the timed models have random weights of the variants' shapes).",
+    )
+    _model_args(p)
+    p.add_argument("--workload", action="append", default=None,
+                   help="phase:batch:context, e.g. decode:16:2048 or prefill:1:512 (repeat for several; default "
+                   "decode:1:2048)")  # fmt: skip
+    p.add_argument("--layers", type=int, default=4, help="layers of each variant's timing model")
+    p.add_argument("--rounds", type=int, default=7, help="timed interleaved rounds")
+    p.add_argument("--warmup", type=int, default=2, help="untimed runs per timing model first")
+    p.add_argument("--analytic", type=float, nargs=2, metavar=("GBS", "TFLOPS"),
+                   help="the analytic model for a machine of this memory bandwidth and compute, instead of timing")  # fmt: skip
+    p.add_argument("--check", action="store_true", help="also time the dense model and report the table's error on it")
+    p.add_argument("--output", "-o", required=True, help="directory of the cost tables (one JSON per workload)")
+
+    p = _command(
+        sub,
         "export-gguf",
         "tools:cmd_export_gguf",
         help="write a saved model as a GGUF file for llama.cpp / Ollama",

@@ -1,0 +1,138 @@
+"""The cost model on this machine: a measured `CostTable` per workload for SmolLM2-135M's decoder (transformers, a
+static KV cache, fp32), and its predictions against the measured step time of assembled models (random weights in
+the shapes each assembly has: dense, MLP widths cut, fewer KV heads, attention removed in some layers, mixed).
+
+    python benchmarks/cost_model.py --output benchmarks/results/cost_model_smollm2.json
+    python benchmarks/cost_model.py --workloads decode:16:2048 --rounds 11     # one workload, more rounds
+
+The tables are written beside the results (`--tables DIR`) for reuse. Timings need a quiet machine: run it alone,
+under the timing lock (`harness.timing_lock`); the machine's load is recorded with every workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import harness  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from optimum_prune.evaluation.cost_model import (  # noqa: E402
+    NO_OP,
+    CostTable,
+    Workload,
+    assembled_model,
+    attention_variants,
+    check_cost_table,
+    layer_row_of,
+    measure_cost_table,
+)
+
+logger = logging.getLogger("cost_model")
+WORKLOADS = ("prefill:1:512", "decode:1:2048", "decode:16:2048")
+
+
+def smollm2_config() -> transformers.PretrainedConfig:
+    from optimum_prune.samples import SMOLLM2_GGUF_FILE, smollm2_dir
+
+    return transformers.AutoConfig.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF_FILE)
+
+
+def assemblies(config) -> dict[str, list[dict[str, Any]]]:
+    """Per-layer shapes of the assemblies checked: each a list of rows (one per layer)."""
+    n, full = config.num_hidden_layers, config.intermediate_size
+    kv = config.num_key_value_heads
+    fewer = [a for a in attention_variants(config) if a != NO_OP][-1]  # the fewest KV heads
+    row = lambda a, m: layer_row_of(config, a, m)  # noqa: E731
+    return {
+        "dense": [row(kv, full) for _ in range(n)],
+        "mlp 1280 (servable-like 20%)": [row(kv, 1280 if i % 2 else 1024) for i in range(n)],
+        "mlp 768 (50% of the MLP)": [row(kv, 768) for _ in range(n)],
+        f"kv {fewer} everywhere": [row(fewer, full) for _ in range(n)],
+        "attention removed in 10 layers": [row(NO_OP if i % 3 == 1 else kv, full) for i in range(n)],
+        "mixed": [row((NO_OP, fewer, kv)[i % 3], (512, 1536, 1024, 768)[i % 4]) for i in range(n)],
+    }
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), help="phase:batch:context")
+    p.add_argument("--layers", type=int, default=4, help="layers of each variant's timing model")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--tables", default=None, help="also save each CostTable here (JSON)")
+    p.add_argument("--output", default=str(harness.RESULTS_DIR / "cost_model_smollm2.json"))
+    p.add_argument("--tiny", action="store_true", help="a tiny random Llama instead of SmolLM2 (smoke test)")
+    return p.parse_args(argv)
+
+
+def tiny_config() -> transformers.PretrainedConfig:
+    return transformers.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=1536, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=32, num_hidden_layers=3)  # fmt: skip
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    harness.setup_logging()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = tiny_config() if args.tiny else smollm2_config()
+    result: dict[str, Any] = {**harness.environment(argv), "model": "tiny" if args.tiny else "SmolLM2-135M",
+                              "settings": vars(args), "workloads": {}}  # fmt: skip
+    shapes = assemblies(config)
+    with harness.timing_lock():
+        for name in args.workloads:
+            workload = Workload.parse(name)
+            load0 = harness.loadavg()
+            table = measure_cost_table(config, workload, layers=args.layers, rounds=args.rounds, warmup=args.warmup)
+            if args.tables:
+                Path(args.tables).mkdir(parents=True, exist_ok=True)
+                table.save(Path(args.tables) / f"cost_table_{name.replace(':', '_')}.json")
+            models = {k: assembled_model(config, rows) for k, rows in shapes.items()}
+            checked = check_cost_table(table, models, rounds=args.rounds, warmup=args.warmup)
+            result["workloads"][name] = {"table": table.to_dict(), "checked": checked,
+                                         "load_average": [load0, harness.loadavg()]}  # fmt: skip
+            logger.info("%s: %s", name, {k: round(v["error"], 3) for k, v in checked.items()})
+            harness.write_results(result, Path(args.output), renderer="cost_model")
+    return 0
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [f"# Cost model: {result['model']}, transformers static cache, fp32", ""]
+    lines += [
+        "A `CostTable` per workload (seconds per sublayer variant, measured as the difference between a model of "
+        f"{result['settings']['layers']} identical layers of the variant and the empty model of that depth), and its "
+        "prediction of whole assembled models against their measured step time (medians of interleaved rounds; "
+        "`error` = predicted / measured − 1).",
+        "",
+    ]
+    for name, rec in result["workloads"].items():
+        table = CostTable.from_dict(rec["table"])
+        ms = lambda s: f"{1e3 * s:.2f}"  # noqa: E731
+        lines += [f"## {name}", "", f"Load average before / after: {rec['load_average']}.", ""]
+        lines += ["| attention variant | ms |", "|---|---|"]
+        for k, v in table.attention.items():
+            lines.append(f"| {k + ' KV heads' if k != NO_OP else 'no_op'} | {ms(v)} |")
+        lines += ["", "| MLP variant | ms |", "|---|---|"]
+        for k, v in table.mlp.items():
+            lines.append(f"| {k if k == NO_OP else 'width ' + k} | {ms(v)} |")
+        lines += ["", f"Fixed part {ms(table.fixed_s)} ms, per layer {ms(table.per_layer_s)} ms.", ""]
+        lines += ["| assembly | predicted ms | measured ms (median) | error |", "|---|---|---|---|"]
+        for k, c in rec["checked"].items():
+            lines.append(f"| {k} | {ms(c['predicted_s'])} | {ms(c['measured_s'])} | {100 * c['error']:+.1f}% |")
+        errors = [abs(c["error"]) for c in rec["checked"].values()]
+        lines += ["", f"Largest |error| {100 * max(errors):.1f}%, median {100 * statistics.median(errors):.1f}%.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

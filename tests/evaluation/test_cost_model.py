@@ -1,0 +1,116 @@
+"""The cost model: workloads, sublayer variants, the analytic bytes / FLOP table against a hand computation, the
+measured table's structure (no timing is asserted: timings belong in benchmarks/), prediction and JSON."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import transformers
+
+from optimum_prune.evaluation.cost_model import (
+    NO_OP,
+    CostTable,
+    Workload,
+    analytic_cost_table,
+    assembled_model,
+    attention_variants,
+    check_cost_table,
+    layer_row_of,
+    measure_cost_table,
+    mlp_variants,
+)
+from optimum_prune.modeling.architectures import get_spec
+from optimum_prune.modeling.shapes import layer_table
+
+
+def smollm2_like(**kw):
+    base = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,
+            "num_key_value_heads": 3, "head_dim": 64, "num_hidden_layers": 30}  # fmt: skip
+    return transformers.LlamaConfig(**{**base, **kw})
+
+
+def tiny(**kw):
+    base = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 512, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 3}  # fmt: skip
+    return transformers.LlamaConfig(**{**base, **kw})
+
+
+def test_workloads_parse_and_refuse_nonsense():
+    assert Workload.parse("decode:16:2048") == Workload("decode", 16, 2048)
+    assert Workload("prefill", 2, 512).tokens == 1024 and Workload("decode", 16, 2048).tokens == 16
+    for bad in ("decode:16", "train:1:1", "decode:x:1"):
+        with pytest.raises(ValueError, match="phase"):
+            Workload.parse(bad)
+    with pytest.raises(ValueError, match=">= 1"):
+        Workload("decode", 0, 10)
+
+
+def test_variants_of_a_gqa_decoder():
+    c = smollm2_like()
+    assert attention_variants(c) == [3, 1, NO_OP]  # KV-head counts dividing the 9 query heads, at most 3
+    assert mlp_variants(c) == [1536, 1280, 1024, 768, 512, 256, NO_OP]
+    assert mlp_variants(smollm2_like(intermediate_size=1000)) == [1000, 768, 512, 256, NO_OP]
+    assert attention_variants(tiny(num_key_value_heads=4)) == [4, 2, 1, NO_OP]
+
+
+def test_analytic_table_is_the_bytes_and_flops_of_each_sublayer():
+    c = smollm2_like()
+    w = Workload("decode", 16, 2048)
+    bw, tf = 50.0, 1.0
+    t = analytic_cost_table(c, w, bandwidth_gbs=bw, tflops=tf, dtype_bytes=4)
+    d, h, hd = 576, 9, 64
+    for kv in (3, 1):
+        params = d * h * hd * 2 + d * kv * hd * 2
+        cache = 16 * 2048 * kv * hd * 2 * 4
+        flops = 2 * params * 16 + 4 * 16 * h * hd * 2048
+        want = max((params * 4 + cache) / (bw * 1e9), flops / (tf * 1e12))
+        assert math.isclose(t.attention_s(kv), want, rel_tol=1e-12)
+    assert math.isclose(t.mlp_s(768), max(3 * d * 768 * 4 / (bw * 1e9), 2 * 3 * d * 768 * 16 / 1e12), rel_tol=1e-12)
+    assert t.attention_s(NO_OP) == 0 and t.mlp_s(NO_OP) == 0
+    assert t.attention_s(1) < t.attention_s(3)  # fewer KV heads: a smaller cache to read
+    prefill = analytic_cost_table(c, Workload("prefill", 1, 512), bandwidth_gbs=bw, tflops=tf)
+    assert prefill.mlp_s(1536) == pytest.approx(2 * 3 * d * 1536 * 512 / 1e12)  # compute-bound
+
+
+def test_prediction_sums_the_layers_and_interpolates_widths(tmp_path):
+    w = Workload("decode", 1, 64)
+    table = CostTable(w, {"2": 2.0, "1": 1.0, NO_OP: 0.0}, {"512": 5.0, "256": 3.0, NO_OP: 0.0}, fixed_s=10.0,
+                      per_layer_s=0.5)  # fmt: skip
+    c = tiny()
+    rows = [layer_row_of(c, 2, 512), layer_row_of(c, NO_OP, 256), layer_row_of(c, 1, NO_OP)]
+    assert table.predict(rows) == 10 + 3 * 0.5 + (2 + 5) + (0 + 3) + (1 + 0)
+    assert table.mlp_s(384) == 4.0  # between 256 and 512
+    with pytest.raises(KeyError, match="no attention variant 3"):
+        table.attention_s(3)
+    table.save(tmp_path / "t.json")
+    again = CostTable.load(tmp_path / "t.json")
+    assert again == table and again.predict(rows) == table.predict(rows)
+
+
+def test_assembled_models_have_the_shapes_asked_for():
+    c = tiny()
+    rows = [layer_row_of(c, 2, 512), layer_row_of(c, NO_OP, 256), layer_row_of(c, 1, NO_OP)]
+    model = assembled_model(c, rows)
+    got = layer_table(model, get_spec(model))
+    for want, have in zip(rows, got):
+        for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+            assert have[k] == want[k], (k, have, want)
+    with torch.inference_mode():
+        out = model(torch.randint(0, 256, (2, 8))).logits
+    assert torch.isfinite(out).all()
+
+
+def test_a_measured_table_covers_every_variant_and_predicts_assemblies():
+    c = tiny()
+    w = Workload("decode", 2, 32)
+    table = measure_cost_table(c, w, layers=2, rounds=2, warmup=0, mlp=[512, 256, NO_OP])
+    assert set(table.attention) == {"2", "1", NO_OP} and set(table.mlp) == {"512", "256", NO_OP}
+    assert all(v >= 0 for v in [*table.attention.values(), *table.mlp.values()]) and table.source == "measured"
+    assert table.info["median_s"]["empty"] > 0 and table.info["layers"] == 2
+    models = {"dense": assembled_model(c, [layer_row_of(c, 2, 512)] * 3)}
+    checked = check_cost_table(table, models, rounds=2, warmup=0)
+    assert checked["dense"]["measured_s"] > 0 and math.isfinite(checked["dense"]["error"])
+    with pytest.raises(ValueError, match="cost model"):
+        measure_cost_table(transformers.BertConfig(), w)
