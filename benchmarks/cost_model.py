@@ -68,7 +68,8 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=4, help="layers of each variant's timing model")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch.set_num_threads (1: on this 2-core machine a 16-row GEMM on 2 threads ran 30x slower)")  # fmt: skip
     p.add_argument("--tables", default=None, help="also save each CostTable here (JSON)")
     p.add_argument("--output", default=str(harness.RESULTS_DIR / "cost_model_smollm2.json"))
     p.add_argument("--tiny", action="store_true", help="a tiny random Llama instead of SmolLM2 (smoke test)")
@@ -110,7 +111,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [f"# Cost model: {result['model']}, transformers static cache, fp32", ""]
     lines += [
         "A `CostTable` per workload (seconds per sublayer variant, measured as the difference between a model of "
-        f"{result['settings']['layers']} identical layers of the variant and the empty model of that depth), and its "
+        f"{result['settings']['layers']} identical layers of the variant, the other sublayer at the model's own "
+        f"shape, and the model lacking the sublayer; {result['settings'].get('threads') or 'torch default'} thread(s)), and its "
         "prediction of whole assembled models against their measured step time (medians of interleaved rounds; "
         "`error` = predicted / measured − 1).",
         "",
