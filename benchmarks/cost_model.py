@@ -65,7 +65,7 @@ def assemblies(config) -> dict[str, list[dict[str, Any]]]:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), help="phase:batch:context")
-    p.add_argument("--layers", type=int, default=4, help="layers of each variant's timing model")
+    p.add_argument("--layers", type=int, default=8, help="layers of each variant's timing model")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=1,
@@ -111,8 +111,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [f"# Cost model: {result['model']}, transformers static cache, fp32", ""]
     lines += [
         "A `CostTable` per workload (seconds per sublayer variant, measured as the difference between a model of "
-        f"{result['settings']['layers']} identical layers of the variant, the other sublayer at the model's own "
-        f"shape, and the model lacking the sublayer; {result['settings'].get('threads') or 'torch default'} thread(s)), and its "
+        f"{result['settings']['layers']} identical layers of the variant and the empty model of that depth; {result['settings'].get('threads') or 'torch default'} thread(s)), and its "
         "prediction of whole assembled models against their measured step time (medians of interleaved rounds; "
         "`error` = predicted / measured − 1).",
         "",

@@ -9,10 +9,9 @@ one term per sublayer, and each term depends only on that sublayer's variant:
 - MLP: its width (a multiple of the format's 256) or `"no_op"`.
 
 `measure_cost_table` measures those terms on this machine with `transformers` and a static KV cache (the cache a
-server keeps): for each variant a model of `layers` identical layers is timed (the other sublayer at the model's own
-shape), interleaved with the model of the same depth that lacks the sublayer, and the difference per layer is the
-variant's cost (medians over rounds). The fixed part is what remains of the model without attention once its MLPs'
-cost is taken away. `analytic_cost_table` is the bytes / FLOP model where nothing
+server keeps): for each variant a model of `layers` identical layers is timed, interleaved with the model of the same
+depth whose layers are empty, and the difference per layer is the variant's cost (medians over rounds). The fixed part
+is the empty model's time less its layers' residual adds. `analytic_cost_table` is the bytes / FLOP model where nothing
 can be measured: each term is the larger of its bytes over the memory bandwidth (weights, plus the KV cache a decode
 step reads) and its FLOPs over the compute rate, plus a launch overhead per sublayer.
 
@@ -345,32 +344,36 @@ def measure_cost_table(
     device: str | torch.device = "cpu",
 ) -> CostTable:
     """Measure a `CostTable` for the decoder of `config` (a Llama-style `transformers` config) at `workload` on
-    `device` (see the module docstring): one random model of `layers` identical layers per variant, its other
-    sublayer at the model's own shape, timed interleaved with the models whose layers lack that sublayer; a variant's
-    cost is the difference per layer, and the rest of a step (embeddings, norms, the output head) what is left of
-    the model without attention once its MLPs' cost is taken away. On a CPU, time with one thread unless the
-    runtime serves with more (small GEMMs on several threads can be far slower on shared cores)."""
+    `device` (see the module docstring): one random model of `layers` identical layers per variant, timed
+    interleaved with the empty model of the same depth and with the empty model of one layer (which gives the part
+    of a step outside the layers). On a CPU, time with one thread unless the runtime serves with more (small GEMMs
+    on several threads can be far slower on shared cores)."""
     if spec_for_config(config) is None:
         raise ValueError(f"No cost model for {config.model_type!r}: it needs a decoder of the architecture table.")
     device = torch.device(device)
     attention = list(attention_variants(config) if attention is None else attention)
     mlp = list(mlp_variants(config) if mlp is None else mlp)
-    full_a, full_m = config.num_key_value_heads, config.intermediate_size
-    shapes: dict[tuple[str, str], list[dict[str, Any]]] = {}  # (attention, MLP) of every layer -> rows
-    for a in {str(full_a), NO_OP, *(str(x) for x in attention)}:
-        shapes[a, str(full_m)] = _dense_rows(config, a if a == NO_OP else int(a), full_m, layers)
-    for m in {NO_OP, *(str(x) for x in mlp)}:
-        shapes[str(full_a), m] = _dense_rows(config, full_a, m if m == NO_OP else int(m), layers)
-    steps = {k: _Step(assembled_model(config, rows, dtype), workload, device) for k, rows in shapes.items()}
+    models: dict[Any, Any] = {
+        "empty": assembled_model(config, _dense_rows(config, NO_OP, NO_OP, layers), dtype),
+        "empty1": assembled_model(config, _dense_rows(config, NO_OP, NO_OP, 1), dtype),
+    }
+    for a in attention:
+        if a != NO_OP:
+            models["attention", str(a)] = assembled_model(config, _dense_rows(config, a, NO_OP, layers), dtype)
+    for m in mlp:
+        if m != NO_OP:
+            models["mlp", str(m)] = assembled_model(config, _dense_rows(config, NO_OP, m, layers), dtype)
+    steps = {k: _Step(model, workload, device) for k, model in models.items()}
     t0 = time.perf_counter()
     times = _interleaved(steps, rounds, warmup, desc=f"cost table {workload.name}")
     med = {k: statistics.median(t) for k, t in times.items()}
-    fa, fm = str(full_a), str(full_m)
-    # each sublayer in context: its layers keep the other sublayer at the model's own shape
-    table_a = {str(a): max((med[str(a), fm] - med[NO_OP, fm]) / layers, 0.0) for a in attention}
-    table_m = {str(m): max((med[fa, str(m)] - med[fa, NO_OP]) / layers, 0.0) for m in mlp}
-    fixed = med[NO_OP, fm] - (med[fa, fm] - med[fa, NO_OP])  # the model without attention, less its MLPs
-    spread = {"/".join(k): _iqr(t) for k, t in times.items()}
+    empty = med["empty"]
+    per_layer = max((med["empty"] - med["empty1"]) / max(layers - 1, 1), 0.0)
+    fixed = med["empty1"] - per_layer
+    table_a = {str(a): (max((med["attention", str(a)] - empty) / layers, 0.0) if a != NO_OP else 0.0)
+               for a in attention}  # fmt: skip
+    table_m = {str(m): (max((med["mlp", str(m)] - empty) / layers, 0.0) if m != NO_OP else 0.0) for m in mlp}
+    spread = {(k if isinstance(k, str) else ":".join(k)): _iqr(t) for k, t in times.items()}
     info = {
         "runtime": f"transformers {transformers.__version__}, static cache, eager, sdpa",
         "device": str(device),
@@ -380,13 +383,13 @@ def measure_cost_table(
         "rounds": rounds,
         "warmup": warmup,
         "seconds": time.perf_counter() - t0,
-        "median_s": {"/".join(k): v for k, v in med.items()},
+        "median_s": {(k if isinstance(k, str) else ":".join(k)): v for k, v in med.items()},
         "iqr_s": spread,
         "model_type": config.model_type,
         "hidden_size": config.hidden_size,
         "num_hidden_layers": config.num_hidden_layers,
     }
-    return CostTable(workload, table_a, table_m, fixed, 0.0, "measured", info)
+    return CostTable(workload, table_a, table_m, fixed, per_layer, "measured", info)
 
 
 def _iqr(samples: Sequence[float]) -> list[float]:

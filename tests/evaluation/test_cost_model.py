@@ -108,7 +108,7 @@ def test_a_measured_table_covers_every_variant_and_predicts_assemblies():
     table = measure_cost_table(c, w, layers=2, rounds=2, warmup=0, mlp=[512, 256, NO_OP])
     assert set(table.attention) == {"2", "1", NO_OP} and set(table.mlp) == {"512", "256", NO_OP}
     assert all(v >= 0 for v in [*table.attention.values(), *table.mlp.values()]) and table.source == "measured"
-    assert table.info["median_s"]["no_op/512"] > 0 and table.info["layers"] == 2 and table.info["threads"] >= 1
+    assert table.info["median_s"]["empty"] > 0 and table.info["layers"] == 2
     models = {"dense": assembled_model(c, [layer_row_of(c, 2, 512)] * 3)}
     checked = check_cost_table(table, models, rounds=2, warmup=0)
     assert checked["dense"]["measured_s"] > 0 and math.isfinite(checked["dense"]["error"])
