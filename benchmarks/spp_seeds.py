@@ -289,6 +289,12 @@ def summary(res: dict) -> dict[str, Any]:
     return out
 
 
+def _verdicts(ds) -> str:
+    """`3 better` / `2 better, 1 tie`: the verdicts of the paired comparisons of the draws."""
+    counts = {v: sum(1 for d in ds if d is not None and d[3] == v) for v in ("better", "tie", "worse")}
+    return ", ".join(f"{n} {v}" for v, n in counts.items() if n) or "–"
+
+
 def _delta(d) -> str:
     return "–" if d is None else f"{100 * d[0]:+.1f}% [{100 * d[1]:+.1f}, {100 * d[2]:+.1f}] {d[3]}"
 
@@ -336,13 +342,20 @@ def markdown(res: dict) -> str:
     summ = summary(res)
     head = " | ".join(text_label(t) for t in texts)
     lines += ["Over the draws: mean (min–max, sd) of the perplexity per text and of their geometric mean; spread = "
-              "max / min − 1 of the geometric mean:", "",
-              f"| ratio | method | {head} | geometric mean | spread |", "|---:|---|" + "---|" * (len(texts) + 2)]  # fmt: skip
+              "max / min − 1 of the geometric mean; Δ vs NP: the paired Δ of the geometric mean against NP on the same "
+              "draw, mean (min–max) over the draws, and the verdicts (better / tie / worse) per text and of the "
+              "geometric mean:", "",
+              f"| ratio | method | {head} | geometric mean | spread | Δ vs NP | verdicts {' / '.join(text_label(t) for t in texts)} / "
+              "geometric mean |", "|---:|---|" + "---|" * (len(texts) + 4)]  # fmt: skip
     for ratio in sorted(summ, key=float):
         for method, cell in summ[ratio].items():
+            deltas = [100 * d["gm"][0] for d in cell["vs_np"]]
+            vs = f"{statistics.mean(deltas):+.1f}% ({min(deltas):+.1f} to {max(deltas):+.1f})" if deltas else ""
+            verdicts = " / ".join(_verdicts([d["texts"][t] for d in cell["vs_np"]]) for t in texts)
+            verdicts = f"{verdicts} / {_verdicts([d['gm'] for d in cell['vs_np']])}" if deltas else ""
             lines.append(f"| {ratio} | {labels.get(method, method)} | "
                          + " | ".join(_mean_range(cell["ppl"][t]) for t in texts)
-                         + f" | {_mean_range(cell['gm'])} | {100 * _rel_spread(cell['gm']):.1f}% |")  # fmt: skip
+                         + f" | {_mean_range(cell['gm'])} | {100 * _rel_spread(cell['gm']):.1f}% | {vs} | {verdicts} |")  # fmt: skip
     lines += ["", "Paired against NP on the same draw (document-level bootstrap 95%; better / worse only when the "
               "interval excludes 0):", "",
               f"| ratio | method | seed | {' | '.join('Δ ' + text_label(t) for t in texts)} | Δ geometric mean |",
