@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
         path = SolutionPath.from_pretrained(path_dir)
         record = {"dir": str(path_dir), "sha256": path_digest(path_dir), "nu": path.meta.get("nu"),
                   "search": path.meta.get("search"), "threads": path_threads.get(str(path_dir)),
-                  "searched_here_s": searched_s, "calibration_sha256": hashlib.sha256(calib.numpy().tobytes()).hexdigest(),
+                  "searched_here_s": searched_s, "read_at_commit": env["versions"]["git_commit"], "calibration_sha256": hashlib.sha256(calib.numpy().tobytes()).hexdigest(),
                   "mlp_widths": {str(r): mlp_widths(path, dense, r, **shape_kw(args)) for r in args.ratios}}  # fmt: skip
         threads = None
         if str(seed) in thread_paths:
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
                 widths = [x.get("intermediate_size", n) for x in report.layers] if report.layers else None
                 row = {"method": method, "ratio": ratio, "seed": seed, "measured": report.measured,
                        "params": report.params_after, "prune_s": report.timings["total_s"], "config": report.config,
-                       "mlp_widths": widths}  # fmt: skip
+                       "mlp_widths": widths, "commit": env["versions"]["git_commit"]}  # fmt: skip
                 for split, proto in protocols.items():
                     t0 = time.perf_counter()
                     ppl, docs = proto.evaluate(model, tokenizer)
