@@ -259,6 +259,10 @@ def _rel_spread(xs: list[float]) -> float:
     return max(xs) / min(xs) - 1
 
 
+def _spread_cell(xs: list[float]) -> str:
+    return f"{100 * _rel_spread(xs):.1f}%" if len(xs) > 1 else "(1 draw)"
+
+
 def summary(res: dict) -> dict[str, Any]:
     """Per ratio and method: each text's and the geometric mean's values over the seeds, their relative spread
     (max / min − 1), and per seed the paired Δ of the geometric mean against NP."""
@@ -351,11 +355,13 @@ def markdown(res: dict) -> str:
         for method, cell in summ[ratio].items():
             deltas = [100 * d["gm"][0] for d in cell["vs_np"]]
             vs = f"{statistics.mean(deltas):+.1f}% ({min(deltas):+.1f} to {max(deltas):+.1f})" if deltas else ""
+            if len(deltas) == 1:
+                vs = f"{deltas[0]:+.1f}%"
             verdicts = " / ".join(_verdicts([d["texts"][t] for d in cell["vs_np"]]) for t in texts)
             verdicts = f"{verdicts} / {_verdicts([d['gm'] for d in cell['vs_np']])}" if deltas else ""
             lines.append(f"| {ratio} | {labels.get(method, method)} | "
                          + " | ".join(_mean_range(cell["ppl"][t]) for t in texts)
-                         + f" | {_mean_range(cell['gm'])} | {100 * _rel_spread(cell['gm']):.1f}% | {vs} | {verdicts} |")  # fmt: skip
+                         + f" | {_mean_range(cell['gm'])} | {_spread_cell(cell['gm'])} | {vs} | {verdicts} |")  # fmt: skip
     lines += ["", "Paired against NP on the same draw (document-level bootstrap 95%; better / worse only when the "
               "interval excludes 0):", "",
               f"| ratio | method | seed | {' | '.join('Δ ' + text_label(t) for t in texts)} | Δ geometric mean |",
