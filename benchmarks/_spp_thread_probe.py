@@ -8,7 +8,7 @@ Run one process per setting, the thread count in the ENVIRONMENT before torch is
     python benchmarks/_spp_thread_probe.py --compare /tmp/p1.pt /tmp/p2.pt
 
 The search is the default `SPPConfig(steps=120)` on the protocol's calibration split (seed 0), 32 x 512 BBC windows
-(the issue's), stopped after `--steps`. Recorded: the drawn labels, ν, every step's loss, mask gradients, masks and
+(the issue's; `--calib-seed` draws other windows of the same documents), stopped after `--steps`. Recorded: the drawn labels, ν, every step's loss, mask gradients, masks and
 Z; at step 1 (`--trace`) every decoder layer's output and its gradient, the logits and their gradient, and layer
 0's Linear inputs / outputs; the per-layer MLP widths at 20 / 30 / 40%, and seconds per step.
 """
@@ -30,6 +30,8 @@ def parse_args(argv=None):
     p.add_argument("--trace", action="store_true", help="record step 1's intermediate tensors")
     p.add_argument("--samples", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--calib-seed", type=int, default=0,
+                   help="seed of the calibration-window draw (the document split stays seed 0)")  # fmt: skip
     p.add_argument("--ratios", nargs="+", type=float, default=[0.2, 0.3, 0.4])
     p.add_argument("--save-path", default=None, help="save the solution path in this directory")
     p.add_argument("--extract", default=None, help="a saved path: prune at --ratios with the default refit instead")
@@ -133,7 +135,7 @@ def probe(args) -> None:
         f"model loaded in {time.perf_counter() - t0:.1f} s; attention {model.config._attn_implementation}", flush=True
     )
     protocol = harness.Protocol(split="test", seed=0)
-    ids = protocol.calibration_ids(tokenizer, args.samples, args.seq_len)
+    ids = protocol.calibration_ids(tokenizer, args.samples, args.seq_len, seed=args.calib_seed)
     rec: dict = {"env": env, "ids": ids.clone(), "steps": [], "trace": {}, "step_seconds": []}
 
     orig_labels = T.sampled_labels
@@ -258,7 +260,7 @@ def extract(args) -> None:
     protocol = harness.Protocol(split="test", seed=0)
     for r in args.ratios:
         pruner = AutoPruner.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF_FILE, torch_dtype="float32")
-        ids = protocol.calibration_ids(pruner.tokenizer, args.samples, args.seq_len)
+        ids = protocol.calibration_ids(pruner.tokenizer, args.samples, args.seq_len, seed=args.calib_seed)
         t0 = time.perf_counter()
         pruner.prune(SPPConfig(pruning_ratio=r, solution_path=args.extract), calibration=ids)
         seconds = time.perf_counter() - t0

@@ -576,6 +576,32 @@ def test_vision(tiny_vision, tmp_path):
     assert set(timed["timing"]["speedup"]) == {"dense", "magnitude_0.3", "flap_0.3", "spp_0.3", "spp_norefit_0.3"}
 
 
+def test_spp_seeds(tiny_dir, tmp_path):
+    """Two draws: one searched here, one from a saved path, compared with a copy of itself (the thread check); both
+    splits written, every row paired with NP's on the same draw."""
+    _corpora()
+    argv = ["--model", str(tiny_dir), "--ratios", "0.3", "--num-samples", "4", "--seq-len", "32", *TINY_EVAL,
+            "--search-steps", "10", "--search-lr", "0.08", "--search-lambda", "0.7", "--search-batch-size", "2",
+            "--spp-round-to", "1", "--head-dim-multiple", "1", "--splits", "selection", "test",
+            "--workdir", str(tmp_path / "work")]  # fmt: skip
+    first = _run("spp_seeds", [*argv, "--calib-seeds", "0"], tmp_path / "seeds.json")
+    saved = tmp_path / "work" / "path_seed0"
+    shutil.copytree(saved, tmp_path / "copy")
+    result = _run("spp_seeds", [*argv, "--calib-seeds", "0", "1", "--paths", f"0={saved}", "--thread-paths",
+                                f"0={tmp_path / 'copy'}"], tmp_path / "seeds.json")  # fmt: skip
+    _check_protocol(result)
+    assert set(result["rows"]) == {f"{m}@0.3@seed{s}" for m in ("spp", "np") for s in (0, 1)}
+    assert first["rows"]["spp@0.3@seed0"]["ppl"] == result["rows"]["spp@0.3@seed0"]["ppl"]  # resumed, not redone
+    assert result["paths"]["0"]["calibration_sha256"] != result["paths"]["1"]["calibration_sha256"]
+    t = result["threads"]["0"]
+    assert t["tensors_differ"] == [] and t["entry_steps_differ"] == 0 and all(t["widths_identical"].values())
+    selection = json.loads((tmp_path / "seeds_selection.json").read_text(encoding="utf-8"))
+    _check_protocol(selection, split="selection")
+    assert set(selection["rows"]) == set(result["rows"])
+    report = (tmp_path / "seeds.md").read_text(encoding="utf-8")
+    assert "| 0.3 | SPP (default) | 1 |" in report and "Δ geometric mean" in report
+
+
 def test_every_script_has_a_smoke_test():
     scripts = {p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_")} - {"harness", "render"}
     missing = sorted(s for s in scripts if f"test_{s}" not in globals())
