@@ -25,6 +25,16 @@ __all__ = ["cmd_cost_model"]
 
 
 def cmd_cost_model(args: argparse.Namespace) -> int:
+    threads = torch.get_num_threads()
+    if args.threads is not None and not args.analytic:
+        torch.set_num_threads(args.threads)
+    try:
+        return _cost_model(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _cost_model(args: argparse.Namespace) -> int:
     try:
         workloads = [Workload.parse(w) for w in (args.workload or ["decode:1:2048"])]
     except ValueError as e:

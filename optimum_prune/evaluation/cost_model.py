@@ -256,8 +256,7 @@ class CostTable:
         attention (`dict[str, float]`): seconds per attention sublayer, keyed by KV-head count (as a string) or
             `"no_op"`.
         mlp (`dict[str, float]`): seconds per MLP sublayer, keyed by width or `"no_op"`.
-        fixed_s (`float`): the rest of a step (embeddings, final norm, output head, a layer's residual adds times
-            the layers are counted in `per_layer_s`).
+        fixed_s (`float`): the rest of a step (embeddings, final norm, output head), once per step.
         per_layer_s (`float`): the part of each layer no sublayer variant removes (its residual adds).
         source (`str`): `"measured"` or `"analytic"`.
         info (`dict`): how it was made (machine, runtime, dtype, rounds, spreads).
@@ -335,7 +334,7 @@ def measure_cost_table(
     config,
     workload: Workload,
     *,
-    layers: int = 4,
+    layers: int = 8,
     attention: Iterable[int | str] | None = None,
     mlp: Iterable[int | str] | None = None,
     rounds: int = 7,
