@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # what the names below resolve to (read by type checkers and 
     from .methods.numerical import NumericalConfig
     from .methods.registry import available_methods, register_pruning_method
     from .methods.ria import RIAConfig
+    from .methods.serving import ServingConfig
     from .methods.sparsegpt import SparseGPTConfig
     from .methods.spp import SolutionPath, SolutionPathError, SPPConfig, SPPRIAConfig, SPPSearchError
     from .methods.wanda import WandaConfig
@@ -59,6 +60,7 @@ _MODULES = {
     "NumericalConfig": ".methods.numerical",
     **dict.fromkeys(["available_methods", "register_pruning_method"], ".methods.registry"),
     "RIAConfig": ".methods.ria",
+    "ServingConfig": ".methods.serving",
     "SparseGPTConfig": ".methods.sparsegpt",
     **dict.fromkeys(
         ["SolutionPath", "SolutionPathError", "SPPConfig", "SPPRIAConfig", "SPPSearchError"], ".methods.spp"
@@ -98,6 +100,7 @@ __all__ = [
     "SPPConfig",
     "SPPRIAConfig",
     "SPPSearchError",
+    "ServingConfig",
     "SolutionPath",
     "SolutionPathError",
     "SparseGPTConfig",

@@ -16,6 +16,12 @@ class LayerPlan:
     Args:
         keep_heads (`list[int] | None`): query heads kept (`None`: attention untouched).
         keep_kv_heads (`list[int] | None`): KV heads kept (`None`: all).
+        merge_kv (`list[list[int]] | None`): KV heads merged: each entry lists the KV heads that become one (in
+            order; the new KV head takes the first one's place), every query head kept and regrouped so that the
+            query heads of an entry's KV heads share the new one. The merged key / value weights are given in
+            `weights`, written into the rows of every member (so that the zeroed form, every member holding the
+            merged weights, computes what the removed form does); `None`: no merge. Not combined with `keep_heads`
+            or `keep_kv_heads`.
         keep_channels (`list[int] | None`): MLP channels kept (`None`: MLP untouched).
         keep_qk (`list[int] | None`): q/k head dimensions kept in every head (SPP's QK pairs; indices into the
             current per-head q/k width; on rotary models both dimensions of a `rotate_half` pair, listed as
@@ -36,6 +42,7 @@ class LayerPlan:
 
     keep_heads: list[int] | None = None
     keep_kv_heads: list[int] | None = None
+    merge_kv: list[list[int]] | None = None
     keep_channels: list[int] | None = None
     keep_qk: list[int] | None = None
     keep_vo: list[int] | None = None
@@ -51,7 +58,14 @@ class LayerPlan:
     def structured(self) -> bool:
         return any(
             x is not None
-            for x in (self.keep_heads, self.keep_channels, self.keep_qk, self.keep_vo, *self.expert_decision.values())
+            for x in (
+                self.keep_heads,
+                self.merge_kv,
+                self.keep_channels,
+                self.keep_qk,
+                self.keep_vo,
+                *self.expert_decision.values(),
+            )
         )
 
     @property
@@ -75,6 +89,7 @@ class PruningPlan:
                 "keep_kv_heads": p.keep_kv_heads,
                 "keep_channels": p.keep_channels,
                 **({"keep_qk": p.keep_qk, "keep_vo": p.keep_vo} if p.keep_qk or p.keep_vo else {}),
+                **({"merge_kv": p.merge_kv} if p.merge_kv else {}),
                 **{k: v for k, v in p.expert_decision.items() if v is not None},
             }
             for i, p in sorted(self.layers.items())

@@ -27,6 +27,8 @@ __all__ = [
     "set_attention_geometry_",
     "reshape_layer_",
     "dim_rows",
+    "check_kv_merge",
+    "merged_query_order",
 ]
 
 
@@ -222,6 +224,8 @@ def apply_layer_plan_(view: LayerView, plan: LayerPlan, mode: str = "remove") ->
         if plan.keep_heads is not None:
             raise ValueError("A layer plan removes either heads or head dimensions, not both.")
         _apply_pair_plan_(view, plan, mode)
+    if plan.merge_kv is not None:
+        _apply_kv_merge_(view, plan.merge_kv, mode)
     if plan.keep_heads is not None:
         keep_kv = plan.keep_kv_heads if plan.keep_kv_heads is not None else list(range(view.num_kv_heads))
         if mode == "remove" and not plan.keep_heads:  # the whole attention sublayer goes
@@ -258,6 +262,43 @@ def apply_layer_plan_(view: LayerView, plan: LayerPlan, mode: str = "remove") ->
                 _zero_rows_(view.module(path), drop)
             _zero_cols_(view.mlp_out, drop)
     _apply_expert_plan_(view, plan, mode)
+
+
+def merged_query_order(merge_kv: Sequence[Sequence[int]], group_size: int) -> list[int]:
+    """The query heads in their new order after the KV heads of each entry of `merge_kv` became one: the query heads
+    of the first entry's KV heads, then of the second's, and so on (`group_size` query heads per old KV head)."""
+    return [kv * group_size + r for group in merge_kv for kv in group for r in range(group_size)]
+
+
+def check_kv_merge(merge_kv: Sequence[Sequence[int]], num_kv_heads: int) -> None:
+    """Raise unless `merge_kv` partitions the `num_kv_heads` KV heads into entries of one size."""
+    flat = sorted(int(k) for group in merge_kv for k in group)
+    sizes = {len(group) for group in merge_kv}
+    if flat != list(range(num_kv_heads)) or len(sizes) != 1:
+        raise ValueError(
+            f"merge_kv must split the {num_kv_heads} KV heads into groups of one size, each head once; got "
+            f"{[list(g) for g in merge_kv]}."
+        )
+
+
+def _apply_kv_merge_(view: LayerView, merge_kv: Sequence[Sequence[int]], mode: str) -> None:
+    """KV heads merged (`LayerPlan.merge_kv`; the merged weights are already written into every member's rows).
+    `"remove"` keeps the first member of each entry and regroups the query heads (q_proj rows and o_proj columns
+    permuted); `"zero"` leaves the members' identical rows in place, which computes the same attention."""
+    check_kv_merge(merge_kv, view.num_kv_heads)
+    if mode == "zero":
+        return
+    if view.spec.fused_qkv:
+        raise ValueError("Merging KV heads needs separate q/k/v projections.")
+    d, keep_kv = view.head_dim, [int(group[0]) for group in merge_kv]
+    order = merged_query_order(merge_kv, view.group_size)
+    q, k, v = view.spec.qkv_paths
+    set_submodule(view.layer, q, slice_projection(view.module(q), out_idx=head_rows(order, d)))
+    for path in (k, v):
+        set_submodule(view.layer, path, slice_projection(view.module(path), out_idx=head_rows(keep_kv, d)))
+    o = view.spec.o_path
+    set_submodule(view.layer, o, slice_projection(view.module(o), in_idx=head_rows(order, d)))
+    set_attention_geometry_(view, view.num_heads, len(keep_kv))
 
 
 def _apply_expert_plan_(view: LayerView, plan: LayerPlan, mode: str) -> None:

@@ -263,6 +263,8 @@ class PruneSession(NullSession):
             record = {"shapes": shapes, "info": info if info is not None else (plan.info if plan else {})}
             if plan is not None:
                 record["plan"] = {k: getattr(plan, k) for k in ("keep_heads", "keep_kv_heads", "keep_channels")}
+                if plan.merge_kv:
+                    record["plan"]["merge_kv"] = plan.merge_kv
                 record["plan"].update({k: v for k, v in plan.expert_decision.items() if v is not None})
             path = self.checkpoint.write_block(self.stage_index, i, tensors, record)
             if not self.checkpoint.writer:

@@ -5,7 +5,9 @@
 - `"experts"`: the same three steps for the experts of MoE layers (`experts`);
 - `"layerwise"`: sequential prune, every block pruned in order on the outputs of the pruned ones (`layerwise`; the
   unstructured / N:M methods, several configs of a recipe in one pass);
-- `"whole_model"`: decide on the whole model, then a dense refit pass (`whole_model`; SPP).
+- `"whole_model"`: decide on the whole model, then a dense refit pass (`whole_model`; SPP);
+- `"variants"`: score every sublayer variant, assemble one per layer under a target, then the sequential refit
+  (`variants`; the serving-shape search).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from ..stage import Stage
 from .experts import experts_pass
 from .layerwise import layerwise_pass
 from .structured import structured_pass
+from .variants import variants_pass
 from .whole_model import whole_model_pass
 
 __all__ = ["PASSES", "run_pass"]
@@ -26,6 +29,7 @@ PASSES = {
     "experts": experts_pass,
     "layerwise": lambda pruner, stage: layerwise_pass([pruner], stage),
     "whole_model": whole_model_pass,
+    "variants": variants_pass,
 }
 
 

@@ -5,7 +5,7 @@ weights needs and hand it over, block by block.
   network pruned so far: two streams of hidden states are carried (the dense model's, the pruned one's), the
   block's removal is applied as zeros, and for each projection to refit (attention first, so the MLP's refit sees the
   refitted attention) the pairs of dense / pruned inputs feed `pruner.refit_stats`, from which
-  `pruner.refit_projection` gives the new weight. The model is restored after each block (deciding changes nothing:
+  `pruner.refit_projection` gives the new weight (weights the decision wrote, e.g. merged keys / values, stay). The model is restored after each block (deciding changes nothing:
   the runner applies the plan).
 - `dense_refit_pass` (SPP's compensation): one pass over the dense model; each block's accumulators
   (`pruner.refit_block_stats`) observe the inputs of the projections to refit, and `pruner.refit_layer` writes the
@@ -52,7 +52,13 @@ def _refit_block(pruner, run, view: LayerView, lp: LayerPlan | None, dense_h, pr
     i, layer = view.index, view.layer
     dense = copy.deepcopy(layer)
     if lp is not None:
-        removal = LayerPlan(keep_heads=lp.keep_heads, keep_kv_heads=lp.keep_kv_heads, keep_channels=lp.keep_channels)
+        removal = LayerPlan(
+            keep_heads=lp.keep_heads,
+            keep_kv_heads=lp.keep_kv_heads,
+            merge_kv=lp.merge_kv,
+            keep_channels=lp.keep_channels,
+            weights=dict(lp.weights),
+        )  # (e.g. merged keys / values)
         apply_layer_plan_(view, removal, mode="zero")
         for path, keep in pruner.refit_targets(view, lp):
             W = weight_oi(dense.get_submodule(path)).detach()  # (d_out, D) dense weight

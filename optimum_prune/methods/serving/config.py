@@ -1,0 +1,138 @@
+"""Configuration of the serving-shape search: one variant per sublayer of the DeciLM format, chosen under a target."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ...config import choice
+from ...evaluation.cost_model import CostTable, Workload
+from ..numerical.config import NumericalConfig
+
+__all__ = ["ServingConfig"]
+
+
+@dataclass
+class ServingConfig(NumericalConfig):
+    """The shapes a serving engine loads, chosen for a target at a workload: per layer, the attention's KV-head count
+    (the KV heads of query heads that will share one merged: their key / value weights averaged, `o_proj` refitted)
+    or no attention, and the MLP's width in the format's steps of 256 or no MLP. Every variant of every sublayer is
+    scored on the calibration data by its layer-wise error after its closed-form refit, relative to the residual
+    stream's energy at the layer; one variant per layer is then chosen to minimise the summed error under the target
+    (an exact multiple-choice knapsack on a cost grid, its optimality gap bounded by the Lagrangian dual and reported),
+    and the chosen model is refitted layer by layer on the pruned network's inputs (NP's sequential refit).
+
+    Exactly one target: `speedup` (the step time of `workload` divided by this, predicted by `cost_table`),
+    `memory_gb` (weights plus the KV cache of `workload`'s batch and context), or else `pruning_ratio` (the share of
+    attention + MLP parameters removed). The MLP channels of a layer are ranked by NP's scores (`NumericalConfig`'s
+    fields, at `pruning_ratio`). Every output is written in the DeciLM format (`save_pretrained(format="decilm")`).
+
+    Args:
+        workload (`str`, defaults to `"decode:16:2048"`): `phase:batch:context` (`Workload.parse`), the step the
+            speed target and the memory budget are about.
+        speedup (`float | None`, defaults to `None`): the target: the dense model's predicted step time at
+            `workload` over the pruned model's is at least this (> 1). Needs `cost_table`.
+        memory_gb (`float | None`, defaults to `None`): the target: weights plus the KV cache at `workload`'s batch
+            and context, in GB (1e9 bytes), at `memory_dtype_bytes` per value, at most this.
+        cost_table (`str | dict | None`, defaults to `None`): the `CostTable` (a JSON path, or its dict) measured for
+            this model's decoder at `workload` (`optimum-prune cost-model`); needed by `speedup`.
+        memory_dtype_bytes (`int`, defaults to `2`): bytes per weight and per KV-cache value where served (bf16).
+        kv_merge (`bool`, defaults to `True`): consider fewer KV heads per layer.
+        remove_sublayers (`bool`, defaults to `True`): consider layers without attention (never layer 0: vLLM and
+            SGLang start the residual stream there) and, in a layer without attention, without MLP.
+        reader (`str`, defaults to `"all"`): the readers the assembly stays loadable by. `"all"` (vLLM, SGLang,
+            TensorRT-LLM, MLX, llama.cpp): one KV-head count for every layer with attention (vLLM sizes its KV
+            cache from the first such layer); `"llama.cpp"`: a KV-head count per layer (its converter reads one per
+            layer).
+        error_scale (`str`, defaults to `"residual"`): how the layer-wise errors of different layers compare:
+            `"residual"` divides each by the energy `E‖h‖²` of the residual stream leaving the layer; `"absolute"`
+            adds them as they are.
+        resolution (`int`, defaults to `4000`): cells of the knapsack's cost grid (costs round up to whole cells).
+    """
+
+    method = "serving"
+    config_version: ClassVar[int] = 1
+    migrations: ClassVar[dict[int, dict[str, Any]]] = {}
+
+    allocation: str = "servable"
+    compensation_inputs: str = "sequential"
+    workload: str = "decode:16:2048"
+    speedup: float | None = None
+    memory_gb: float | None = None
+    cost_table: str | dict | None = None
+    memory_dtype_bytes: int = 2
+    kv_merge: bool = True
+    remove_sublayers: bool = True
+    reader: str = "all"
+    error_scale: str = "residual"
+    resolution: int = 4000
+
+    after_calibration_fields: ClassVar[tuple[str, ...]] = (
+        *NumericalConfig.after_calibration_fields,
+        "speedup",
+        "memory_gb",
+        "cost_table",
+        "memory_dtype_bytes",
+        "reader",
+        "error_scale",
+        "resolution",
+    )
+
+    @property
+    def target(self) -> str:
+        """`"speed"`, `"memory"` or `"params"`: what the assembly is constrained by."""
+        return "speed" if self.speedup is not None else "memory" if self.memory_gb is not None else "params"
+
+    @property
+    def parsed_workload(self) -> Workload:
+        return Workload.parse(self.workload)
+
+    def load_cost_table(self) -> CostTable:
+        """The `cost_table` (raises with how to make one where it is missing)."""
+        if self.cost_table is None:
+            raise ValueError(
+                "ServingConfig(speedup=...) needs the cost of each variant where the model will be served: measure a "
+                f"table with `optimum-prune cost-model MODEL --workload {self.workload} -o DIR` (or "
+                "`evaluation.cost_model.measure_cost_table`) and pass `cost_table=DIR/<file>.json`."
+            )
+        if isinstance(self.cost_table, dict):
+            return CostTable.from_dict(self.cost_table)
+        return CostTable.load(self.cost_table)
+
+    @property
+    def allocation_mode(self) -> str:
+        return "variants"
+
+    @property
+    def own_allocation(self) -> str | None:
+        return "ServingConfig chooses one variant per sublayer under its target"
+
+    def components(self) -> dict:
+        out = super().components()
+        out.update(allocation=f"variants ({self.target})", variants={"kv_merge": self.kv_merge,
+                   "remove_sublayers": self.remove_sublayers, "reader": self.reader})  # fmt: skip
+        return out
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        choice("allocation", self.allocation, ("servable",))
+        choice("compensation_inputs", self.compensation_inputs, ("sequential",))
+        choice("reader", self.reader, ("all", "llama.cpp"))
+        choice("error_scale", self.error_scale, ("residual", "absolute"))
+        Workload.parse(self.workload)
+        if self.speedup is not None and self.memory_gb is not None:
+            raise ValueError("ServingConfig takes one target: `speedup` or `memory_gb` (or neither: pruning_ratio).")
+        for name in ("speedup", "memory_gb"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value <= 0):  # fmt: skip
+                raise ValueError(f"`{name}` must be a positive number or None, got {value!r}.")
+        if self.speedup is not None and self.speedup <= 1:
+            raise ValueError(f"`speedup` is dense time over pruned time: it must exceed 1, got {self.speedup}.")
+        if not isinstance(self.memory_dtype_bytes, int) or self.memory_dtype_bytes < 1:
+            raise ValueError(f"`memory_dtype_bytes` must be an int >= 1, got {self.memory_dtype_bytes!r}.")
+        if not isinstance(self.resolution, int) or self.resolution < 10:
+            raise ValueError(f"`resolution` must be an int >= 10, got {self.resolution!r}.")
+        if self.cost_table is not None and not isinstance(self.cost_table, (str, dict)):
+            raise ValueError("`cost_table` is a path to a cost-table JSON file or its dict (CostTable.to_dict()).")

@@ -1,0 +1,265 @@
+"""The serving-shape search: hooks of the pipeline's variant pass kind (`pipeline.passes.variants`).
+
+- score: NP's statistics and channel scores of every block (`block_stats`, `score_block`), and per attention
+  variant with fewer KV heads the zeroed form of its merge (`attention_variants`), whose `o_proj` inputs the pass
+  pairs with the dense ones; `variant_losses` turns them into each variant's layer-wise loss after its refit
+  (`functional.variants`);
+- decide: `decide_variants` builds every layer's options (attention × MLP variants the readers load), their costs
+  under the target (`costs`) and chooses one per layer (`functional.assembly`): one `LayerPlan` per block;
+- refit: NP's sequential refit (`refit_targets` adds the merged attention's `o_proj`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...evaluation.cost_model import NO_OP, CostTable, layer_row_of
+from ...functional.assembly import choose_options
+from ...functional.variants import adjacent_merges, merge_kv_weights, output_energy, refit_loss, width_losses
+from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, get_spec, layer_view, weight_oi
+from ...modeling.decilm import FFN_MULTIPLE
+from ...modeling.shapes import attention_mlp_params
+from ...modeling.surgery import head_rows
+from ...plan import LayerPlan
+from ..numerical.pruner import NumericalPruner
+from .config import ServingConfig
+
+__all__ = ["ServingPruner", "channel_order", "layer_options"]
+
+logger = logging.getLogger(__name__)
+
+
+def channel_order(scores: torch.Tensor) -> torch.Tensor:
+    """MLP channels in the order they go (lowest score first; ties by index)."""
+    return torch.sort(scores.detach().double().cpu(), stable=True).indices
+
+
+def _kv_counts(view: LayerView) -> list[int]:
+    """The KV-head counts a layer can be merged to: divisors of its own count (largest first)."""
+    return [k for k in range(view.num_kv_heads, 0, -1) if view.num_kv_heads % k == 0]
+
+
+def layer_options(view: LayerView, cfg: ServingConfig, kv: int | None = None) -> list[tuple[int | str, int | str]]:
+    """The `(attention, mlp)` variants layer `view` may take (`kv`: the one KV-head count every layer with attention
+    shares under `reader="all"`; `None`: any)."""
+    if view.index in cfg.skip_layers:
+        return [(view.num_kv_heads, view.intermediate_size)]
+    attention: list[int | str] = _kv_counts(view) if cfg.kv_merge else [view.num_kv_heads]
+    if kv is not None:
+        attention = [a for a in attention if a == kv]
+    if cfg.remove_sublayers and view.index > 0:
+        attention.append(NO_OP)
+    full = view.intermediate_size
+    widths: list[int | str] = sorted({full, *range(FFN_MULTIPLE, full, FFN_MULTIPLE)}, reverse=True)
+    options = []
+    for a in attention:
+        for m in [*widths, NO_OP]:
+            if m == NO_OP and (a != NO_OP or not cfg.remove_sublayers):
+                continue  # llama.cpp skips a whole layer whose MLP is absent
+            options.append((a, m))
+    return options
+
+
+class ServingPruner(NumericalPruner):
+    """See the module docstring and `ServingConfig`."""
+
+    config_cls = ServingConfig
+    config: ServingConfig
+    pass_kind = "variants"
+    low_memory_refusal = (
+        "ServingConfig scores every variant of every sublayer on the model in memory; load the model without "
+        "low_memory=True (or prune with NumericalConfig, which streams)."
+    )
+
+    # ------------------------------------------------------------------------------------------------ checks
+    def validate(self, model: nn.Module, spec: ArchitectureSpec) -> None:
+        super().validate(model, spec)
+        cfg = self.config
+        if not (cfg.prune_attention and cfg.prune_mlp):
+            raise ValueError("ServingConfig chooses attention and MLP variants together: keep prune_attention and "
+                             "prune_mlp True (skip_layers leaves whole layers as they are).")  # fmt: skip
+        if spec.fused_qkv:
+            raise ValueError("ServingConfig merges KV heads, which needs separate q/k/v projections.")
+        if cfg.target == "speed":
+            self._check_table(model, cfg.load_cost_table())
+        views = [layer_view(layer, i, spec, model.config) for i, layer in enumerate(get_layers(model, spec))]
+        options = [self._options(v) for v in views]
+        cheapest = sum(min(self.costs(v, a, m) for a, m in opts) for v, opts in zip(views, options))
+        budget = self.budget(model, views)
+        if cheapest > budget:
+            raise ValueError(
+                f"ServingConfig's {cfg.target} target cannot be met: even the smallest assembly the variants allow "
+                f"costs {cheapest:.4g} against a budget of {budget:.4g} ({self._units()}). Relax the target, allow "
+                "more variants (kv_merge, remove_sublayers, fewer skip_layers) or, for speed, check the cost table's "
+                "workload. Nothing was changed."
+            )
+
+    def _check_table(self, model: nn.Module, table: CostTable) -> None:
+        cfg, config = self.config, model.config
+        if table.workload != cfg.parsed_workload:
+            raise ValueError(
+                f"The cost table was measured at {table.workload.name}, the config's workload is {cfg.workload}: "
+                "measure a table at the config's workload (optimum-prune cost-model --workload ...)."
+            )
+        info = table.info
+        hidden = info.get("hidden_size")
+        if hidden is not None and hidden != config.hidden_size:
+            raise ValueError(
+                f"The cost table is for a decoder of hidden size {hidden}, this model's is {config.hidden_size}: "
+                "measure one for this model (optimum-prune cost-model MODEL ...)."
+            )
+
+    # ------------------------------------------------------------------------------------------- variants
+    def _options(self, view: LayerView, kv: int | None = None) -> list[tuple[Any, Any]]:
+        return layer_options(view, self.config, kv)
+
+    def attention_variants(self, view: LayerView) -> dict[int, LayerPlan]:
+        """`{KV-head count: the zeroed-form plan of that merge}` for every count below the layer's own."""
+        if not self.config.kv_merge or view.index in self.config.skip_layers:
+            return {}
+        return {k: self.merge_plan(view, k) for k in _kv_counts(view) if k < view.num_kv_heads}
+
+    def merge_plan(self, view: LayerView, kv: int) -> LayerPlan:
+        """The plan merging the layer's KV heads into `kv` (adjacent heads together: no query head moves)."""
+        groups = adjacent_merges(view.num_kv_heads, kv)
+        k_path, v_path = view.spec.qkv_paths[1:]
+        weights = {
+            p: merge_kv_weights(weight_oi(view.module(p)).detach(), groups, view.head_dim) for p in (k_path, v_path)
+        }
+        return LayerPlan(merge_kv=groups, weights=weights)
+
+    def variant_losses(
+        self, view: LayerView, acc: dict, channel_scores: torch.Tensor, merged: dict[int, Any], energy: float
+    ) -> dict[str, dict]:
+        """`{"attention": {variant: loss}, "mlp": {variant: loss}}` of one block (see the module docstring): `acc`
+        NP's fed statistics, `channel_scores` NP's MLP channel scores (lower: removed first), `merged[kv]` the
+        paired statistics of the `o_proj` inputs under each merge, `energy` the residual stream's `E‖h‖²` leaving
+        the block."""
+        cfg = self.config
+        scale = 1.0 / max(energy, 1e-30) if cfg.error_scale == "residual" else 1.0
+        damp, s = cfg.compensation_damping, cfg.refit_strength
+        W_o = weight_oi(view.o_proj).detach()
+        H_x = acc["attn"].gram
+        attention: dict[Any, float] = {view.num_kv_heads: 0.0, NO_OP: output_energy(W_o, H_x) * scale}
+        for kv, st in merged.items():
+            attention[kv] = refit_loss(W_o, H_x, st.cross.gram, st.pruned.gram, damp, s) * scale
+        W_d = weight_oi(view.mlp_out).detach()
+        widths = [m for _, m in self._options(view) if m != NO_OP]
+        order = channel_order(channel_scores)
+        mlp = width_losses(W_d, acc["mlp"].gram, order, sorted(set(widths)), damp)
+        mlp = {m: v * scale for m, v in mlp.items()}
+        mlp[NO_OP] = output_energy(W_d, acc["mlp"].gram) * scale
+        return {"attention": attention, "mlp": mlp}
+
+    # ---------------------------------------------------------------------------------------------- costs
+    def _units(self) -> str:
+        return {"speed": "seconds per step", "memory": "bytes", "params": "parameters"}[self.config.target]
+
+    def costs(self, view: LayerView, attention, mlp) -> float:
+        """The cost of layer `view` with these variants under the target (seconds, bytes or parameters)."""
+        cfg = self.config
+        if cfg.target == "speed":
+            table = self._table()
+            return table.per_layer_s + table.attention_s(attention) + table.mlp_s(mlp)
+        d, h, hd = weight_oi(view.o_proj).shape[0], view.num_heads, view.head_dim
+        attn = 0 if attention == NO_OP else 2 * d * h * hd + 2 * d * int(attention) * hd
+        ffn = 0 if mlp == NO_OP else 3 * d * int(mlp)
+        if cfg.target == "params":
+            return float(attn + ffn)
+        w = cfg.parsed_workload
+        cache = 0 if attention == NO_OP else 2 * int(attention) * hd * w.batch * w.context
+        return float((attn + ffn + cache) * cfg.memory_dtype_bytes)
+
+    def _table(self) -> CostTable:
+        if getattr(self, "_cost_table", None) is None:
+            self._cost_table = self.config.load_cost_table()
+        return self._cost_table
+
+    def budget(self, model: nn.Module, views: list[LayerView]) -> float:
+        """The summed layer cost the target allows."""
+        cfg = self.config
+        dense = sum(self.costs(v, v.num_kv_heads, v.intermediate_size) for v in views)
+        if cfg.target == "params":
+            return (1 - cfg.pruning_ratio) * dense
+        if cfg.target == "speed":
+            total = self._table().fixed_s + dense
+            return total / cfg.speedup - self._table().fixed_s
+        outside = sum(p.numel() for p in model.parameters()) - attention_mlp_params(model, self._spec(model))
+        return cfg.memory_gb * 1e9 - outside * cfg.memory_dtype_bytes
+
+    @staticmethod
+    def _spec(model: nn.Module) -> ArchitectureSpec:
+        return get_spec(model)
+
+    # --------------------------------------------------------------------------------------------- decide
+    def decide_variants(
+        self, model: nn.Module, views: list[LayerView], scores: dict[int, tuple], losses: dict[int, dict], info: dict
+    ) -> dict[int, LayerPlan]:
+        """`{block index: LayerPlan}`: one variant per layer under the target (see the module docstring), from each
+        block's `(head scores, channel scores)` and `variant_losses`."""
+        cfg = self.config
+        budget = self.budget(model, views)
+        shared = (
+            [None] if cfg.reader == "llama.cpp" else sorted({k for v in views for k in _kv_counts(v)}, reverse=True)
+        )
+        best = None
+        tried = {}
+        for kv in shared:
+            options = [self._options(v, kv) for v in views]
+            if any(not o for o in options):
+                continue
+            pairs = [
+                [(self.costs(v, a, m), losses[v.index]["attention"][a] + losses[v.index]["mlp"][m]) for a, m in opts]
+                for v, opts in zip(views, options)
+            ]
+            try:
+                choice, res = choose_options(pairs, budget, cfg.resolution)
+            except ValueError:
+                continue
+            tried["any" if kv is None else str(kv)] = {k: res[k] for k in ("error", "cost", "gap")}
+            if best is None or res["error"] < best[2]["error"]:
+                best = (options, choice, res, kv)
+        if best is None:
+            raise ValueError(f"No assembly meets the {cfg.target} target (budget {budget:.4g} {self._units()}).")
+        options, choice, res, kv = best
+        chosen = [opts[k] for opts, k in zip(options, choice)]
+        info.update(
+            allocation="variants",
+            assembly={
+                "target": cfg.target, "budget": budget, "units": self._units(), "cost": res["cost"],
+                "error": res["error"], "lower_bound": res["bound"], "gap": res["gap"], "resolution": cfg.resolution,
+                "kv_heads": "per layer" if kv is None else kv, "by_kv_heads": tried,
+                "variants": [{"attention": a, "mlp": m} for a, m in chosen],
+            },
+        )  # fmt: skip
+        if cfg.target == "speed":
+            table = self._table()
+            rows = [layer_row_of(model.config, a, m) for a, m in chosen]
+            dense_rows = [layer_row_of(model.config, v.num_kv_heads, v.intermediate_size) for v in views]
+            info["assembly"]["predicted_speedup"] = table.predict(dense_rows) / table.predict(rows)
+        logger.info("serving: %s target, chosen (KV heads, MLP width) per layer: %s (gap %.2g)", cfg.target,
+                    [(a, m) for a, m in chosen], res["gap"])  # fmt: skip
+        return {v.index: self._plan(v, a, m, scores.get(v.index)) for v, (a, m) in zip(views, chosen)}
+
+    def _plan(self, view: LayerView, attention, mlp, scores) -> LayerPlan:
+        lp = self.merge_plan(view, attention) if attention not in (NO_OP, view.num_kv_heads) else LayerPlan()
+        if attention == NO_OP:
+            lp.keep_heads = []
+        if mlp == NO_OP:
+            lp.keep_channels = []
+        elif int(mlp) < view.intermediate_size:
+            order = channel_order(scores[1])
+            lp.keep_channels = sorted(int(c) for c in order[view.intermediate_size - int(mlp) :])
+        lp.info["variant"] = {"attention": attention, "mlp": mlp}
+        return lp
+
+    # ---------------------------------------------------------------------------------------------- refit
+    def refit_targets(self, view: LayerView, plan: LayerPlan) -> list[tuple[str, torch.Tensor]]:
+        targets = super().refit_targets(view, plan)
+        if plan.merge_kv:
+            targets.insert(0, (view.spec.o_path, head_rows(range(view.num_heads), view.head_dim)))
+        return targets

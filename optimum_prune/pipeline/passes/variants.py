@@ -1,0 +1,87 @@
+"""Score every variant → assemble under a target → refit: the pass kind of the serving-shape search
+(`ServingConfig`).
+
+1. **Score.** One pass over the dense model's blocks: each block runs once on the calibration hidden states while
+   the accumulators of `pruner.block_stats(view)` observe their module inputs (`pruner.score_block` ranks the MLP
+   channels); for each attention variant of `pruner.attention_variants(view)` (the zeroed form of a KV-head merge)
+   a copy of the block carrying it runs on the same hidden states, and the pairs of dense / merged `o_proj` inputs
+   feed `pruner.refit_stats`. `pruner.variant_losses` turns all of it, with the energy of the block's outputs, into
+   the loss of every variant.
+2. **Assemble.** `pruner.decide_variants(...)` chooses one variant per block: `LayerPlan`s, no weight changed.
+3. **Refit.** The sequential refit pass (`passes.refit`), on the pruned network's inputs.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import torch
+
+from ...modeling.architectures import LayerView, layer_view, weight_oi
+from ...modeling.surgery import apply_layer_plan_
+from ...plan import PruningPlan
+from ...utils.phases import phase
+from ..stage import Stage
+from .observe import observe_block
+from .refit import sequential_refit_pass
+
+__all__ = ["variants_pass"]
+
+logger = logging.getLogger(__name__)
+
+
+def _energy(outputs) -> float:
+    """`E‖h‖²` per token of a block's outputs (one tensor per calibration chunk)."""
+    total, count = 0.0, 0
+    for h in outputs:
+        h = h.detach().double()
+        total += float((h * h).sum())
+        count += h.numel() // h.shape[-1]
+    return total / max(count, 1)
+
+
+def _merged_stats(pruner, run, config, view: LayerView, variants: dict) -> dict[Any, Any]:
+    """Per variant: its `o_proj` inputs paired with the dense block's, fed to `pruner.refit_stats`."""
+    out = {}
+    path = view.spec.o_path
+    dim = weight_oi(view.o_proj).shape[1]
+    for key, lp in variants.items():
+        layer = copy.deepcopy(view.layer)
+        apply_layer_plan_(layer_view(layer, view.index, view.spec, config), lp, mode="zero")
+        stats = pruner.refit_stats(dim)
+        for x, xs in run.paired_inputs(view.index, path, view.layer, layer):
+            stats.update(x, xs)
+        out[key] = stats
+        del layer
+    return out
+
+
+def variants_pass(pruner, stage: Stage) -> PruningPlan:
+    """See the module docstring; returns the plan (refitted)."""
+    views = stage.views()
+    run = stage.runner()
+    scores: dict[int, tuple] = {}
+    losses: dict[int, dict] = {}
+
+    def visit(view: LayerView):
+        i = view.index
+        acc, outputs = observe_block(run, view, pruner.block_stats(view))
+        with phase("decide", i):
+            head, chan, _ = pruner.score_block(view, acc)
+        scores[i] = (head, chan)
+        merged = _merged_stats(pruner, run, stage.model.config, view, pruner.attention_variants(view))
+        with phase("decide", i), torch.no_grad():
+            losses[i] = pruner.variant_losses(view, acc, chan, merged, _energy(outputs))
+        return outputs
+
+    stage.walk(range(len(views)), visit, run=run, desc=f"{pruner.config.method}: scoring variants")
+    info: dict[str, Any] = {}
+    with phase("decide"):
+        decided = pruner.decide_variants(stage.model, views, scores, losses, info)
+    plan = PruningPlan(info=info)
+    plan.layers = {i: lp for i, lp in decided.items() if lp.structured}
+    if pruner.config.compensate:
+        sequential_refit_pass(pruner, stage, plan)
+    return plan
