@@ -26,10 +26,9 @@ if TYPE_CHECKING:  # what the names below resolve to (read by type checkers and 
     from .methods.fista import FISTAConfig
     from .methods.flap import FLAPConfig
     from .methods.magnitude import MagnitudeConfig
-    from .methods.numerical import NumericalConfig
+    from .methods.numerical import NumericalConfig, ServingConfig
     from .methods.registry import available_methods, register_pruning_method
     from .methods.ria import RIAConfig
-    from .methods.serving import ServingConfig
     from .methods.sparsegpt import SparseGPTConfig
     from .methods.spp import SolutionPath, SolutionPathError, SPPConfig, SPPRIAConfig, SPPSearchError
     from .methods.wanda import WandaConfig
@@ -60,7 +59,7 @@ _MODULES = {
     "NumericalConfig": ".methods.numerical",
     **dict.fromkeys(["available_methods", "register_pruning_method"], ".methods.registry"),
     "RIAConfig": ".methods.ria",
-    "ServingConfig": ".methods.serving",
+    "ServingConfig": ".methods.numerical",
     "SparseGPTConfig": ".methods.sparsegpt",
     **dict.fromkeys(
         ["SolutionPath", "SolutionPathError", "SPPConfig", "SPPRIAConfig", "SPPSearchError"], ".methods.spp"

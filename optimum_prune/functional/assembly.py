@@ -34,7 +34,7 @@ def lagrangian_bound(options: Sequence[Sequence[tuple[float, float]]], budget: f
 
     value0, used0 = dual(0.0)
     if used0 <= budget:
-        return value0  # the unconstrained optimum fits
+        return float(value0)  # the unconstrained optimum fits
     lo, hi = 0.0, 1.0
     while dual(hi)[1] > budget and hi < 1e30:
         lo, hi = hi, hi * 4
@@ -47,7 +47,7 @@ def lagrangian_bound(options: Sequence[Sequence[tuple[float, float]]], budget: f
             lo = mid
         else:
             hi = mid
-    return best
+    return float(best)
 
 
 def choose_options(
@@ -102,4 +102,5 @@ def choose_options(
     error = sum(options[g][k][1] for g, k in enumerate(choice))
     bound = lagrangian_bound(options, budget)
     gap = 0.0 if error <= 0 else max(error - bound, 0.0) / error
-    return choice, {"cost": cost, "error": error, "bound": bound, "gap": gap, "resolution": resolution}
+    info = {"cost": float(cost), "error": float(error), "bound": float(bound), "gap": float(gap)}
+    return choice, {**info, "resolution": resolution}

@@ -1,3 +1,3 @@
 """Built-in pruning methods; importing a subpackage registers it."""
 
-from . import amp, experts, fista, flap, magnitude, numerical, ria, serving, sparsegpt, spp, wanda  # noqa: F401
+from . import amp, experts, fista, flap, magnitude, numerical, ria, sparsegpt, spp, wanda  # noqa: F401

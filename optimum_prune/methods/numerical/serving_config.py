@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from ...config import choice
 from ...evaluation.cost_model import CostTable, Workload
-from ..numerical.config import NumericalConfig
+from .config import NumericalConfig
 
 __all__ = ["ServingConfig"]
 

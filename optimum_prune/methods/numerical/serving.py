@@ -25,8 +25,8 @@ from ...modeling.decilm import FFN_MULTIPLE
 from ...modeling.shapes import attention_mlp_params
 from ...modeling.surgery import head_rows
 from ...plan import LayerPlan
-from ..numerical.pruner import NumericalPruner
-from .config import ServingConfig
+from .pruner import NumericalPruner
+from .serving_config import ServingConfig
 
 __all__ = ["ServingPruner", "channel_order", "layer_options"]
 
@@ -236,6 +236,14 @@ class ServingPruner(NumericalPruner):
                 "variants": [{"attention": a, "mlp": m} for a, m in chosen],
             },
         )  # fmt: skip
+        info["variant_losses"] = [
+            {kind: {str(k): float(v) for k, v in losses[v.index][kind].items()} for kind in ("attention", "mlp")}
+            for v in views
+        ]
+        info["variant_losses"] = [
+            {kind: {str(k): float(v) for k, v in losses[v.index][kind].items()} for kind in ("attention", "mlp")}
+            for v in views
+        ]
         if cfg.target == "speed":
             table = self._table()
             rows = [layer_row_of(model.config, a, m) for a, m in chosen]

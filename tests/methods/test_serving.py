@@ -1,0 +1,253 @@
+"""The serving-shape search (`ServingConfig`): each variant's loss against float64 references, the knapsack against
+brute force, KV-head merges removed ≡ zeroed, and whole prunes under each target that save, reload and meet it."""
+
+import copy
+import itertools
+import json
+
+import pytest
+import torch
+from testing_utils import calibration_ids, logits, tiny_model
+
+from optimum_prune import AutoPrunedModelForCausalLM, ServingConfig, prune_, save_pruned_model
+from optimum_prune.evaluation.cost_model import NO_OP, Workload, analytic_cost_table
+from optimum_prune.functional.assembly import choose_options, lagrangian_bound
+from optimum_prune.functional.variants import adjacent_merges, merge_kv_weights, refit_loss, width_losses
+from optimum_prune.methods.numerical.serving import layer_options
+from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view, weight_oi
+from optimum_prune.modeling.surgery import apply_layer_plan_
+from optimum_prune.plan import LayerPlan
+
+
+def _wide(layers=4, seed=0, **kw):
+    return tiny_model("llama_gqa", seed=seed, intermediate_size=768, num_hidden_layers=layers, **kw)
+
+
+def _gram(a, b=None):
+    b = a if b is None else b
+    return a.T @ b / a.shape[0]
+
+
+# ------------------------------------------------------------------------------------------------ the math
+def test_refit_loss_is_the_least_squares_residual():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(400, 12, generator=g, dtype=torch.float64)
+    Z = X @ torch.randn(12, 12, generator=g, dtype=torch.float64) * 0.3 + 0.1 * torch.randn(
+        400, 12, generator=g, dtype=torch.float64
+    )
+    W = torch.randn(5, 12, generator=g, dtype=torch.float64)
+    Y = X @ W.T
+    sol = torch.linalg.lstsq(Z, Y).solution  # (12, 5)
+    direct = ((Y - Z @ sol) ** 2).sum(1).mean()
+    got = refit_loss(W, _gram(X), _gram(X, Z), _gram(Z), damping=0.0)
+    assert got == pytest.approx(float(direct), rel=1e-8)
+    # damped: the loss of the ridge around W that it describes
+    gamma = 0.1 * _gram(Z).diagonal().mean()
+    Wn = (
+        W
+        + torch.linalg.solve(
+            _gram(Z) + gamma * torch.eye(12, dtype=torch.float64), (W @ _gram(X, Z) - W @ _gram(Z)).T
+        ).T
+    )
+    assert refit_loss(W, _gram(X), _gram(X, Z), _gram(Z), damping=0.1) == pytest.approx(
+        float(((Y - Z @ Wn.T) ** 2).sum(1).mean()), rel=1e-8
+    )
+
+
+def test_width_losses_are_the_refitted_removal_residuals():
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(300, 10, generator=g, dtype=torch.float64) @ torch.randn(10, 10, generator=g, dtype=torch.float64)
+    W = torch.randn(4, 10, generator=g, dtype=torch.float64)
+    order = torch.randperm(10, generator=g)
+    got = width_losses(W, _gram(X), order, [10, 7, 3, 0], damping=0.0)
+    Y = X @ W.T
+    assert got[10] == 0.0 and got[0] == pytest.approx(float((Y**2).sum(1).mean()), rel=1e-10)
+    for w in (7, 3):
+        keep = order[10 - w :]
+        sol = torch.linalg.lstsq(X[:, keep], Y).solution
+        assert got[w] == pytest.approx(float(((Y - X[:, keep] @ sol) ** 2).sum(1).mean()), rel=1e-7)
+
+
+def test_merged_kv_weights_average_the_members():
+    W = torch.arange(4 * 3 * 2, dtype=torch.float64).view(4 * 3, 2)  # 4 KV heads of 3 rows
+    merged = merge_kv_weights(W, [[0, 2], [1, 3]], head_dim=3).view(4, 3, 2)
+    heads = W.view(4, 3, 2)
+    for a, b in ((0, 2), (1, 3)):
+        torch.testing.assert_close(merged[a], (heads[a] + heads[b]) / 2)
+        torch.testing.assert_close(merged[b], merged[a])
+    assert adjacent_merges(4, 2) == [[0, 1], [2, 3]]
+    with pytest.raises(ValueError, match="cannot be merged"):
+        adjacent_merges(3, 2)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_knapsack_matches_brute_force(seed):
+    g = torch.Generator().manual_seed(seed)
+    groups = [[(float(c), float(e)) for c, e in torch.rand(int(torch.randint(1, 5, (1,), generator=g)), 2,
+                                                          generator=g)] for _ in range(5)]  # fmt: skip
+    budget = sum(min(c for c, _ in opts) for opts in groups) + 0.8
+    best = min(
+        (sum(groups[i][k][1] for i, k in enumerate(ch)), ch)
+        for ch in itertools.product(*[range(len(o)) for o in groups])
+        if sum(groups[i][k][0] for i, k in enumerate(ch)) <= budget
+    )
+    choice, info = choose_options(groups, budget, resolution=20000)
+    assert info["cost"] <= budget + 1e-12
+    assert info["error"] == pytest.approx(best[0], abs=2e-3 * max(best[0], 1))  # exact up to the cost grid
+    assert lagrangian_bound(groups, budget) <= best[0] + 1e-9 and 0 <= info["gap"] < 1
+
+
+def test_knapsack_refuses_a_budget_below_the_cheapest_assembly():
+    with pytest.raises(ValueError, match="below the cheapest"):
+        choose_options([[(2.0, 0.0), (1.0, 1.0)]], 0.5)
+
+
+# ---------------------------------------------------------------------------------------- merges in models
+def test_kv_merge_removed_equals_zeroed_with_regrouped_query_heads():
+    model = tiny_model("llama", seed=3)  # MHA: 4 KV heads, one query head each
+    spec = get_spec(model)
+    merge = [[2, 0], [1, 3]]  # not adjacent: the query heads move
+    zeroed, removed = copy.deepcopy(model), copy.deepcopy(model)
+    for m, mode in ((zeroed, "zero"), (removed, "remove")):
+        view = layer_view(get_layers(m, spec)[1], 1, spec, m.config)
+        weights = {p: merge_kv_weights(weight_oi(view.module(p)).detach(), merge, view.head_dim)
+                   for p in spec.qkv_paths[1:]}  # fmt: skip
+        apply_layer_plan_(view, LayerPlan(merge_kv=merge, weights=weights), mode=mode)
+    assert get_layers(removed, spec)[1].self_attn.k_proj.weight.shape[0] == 2 * view.head_dim
+    assert get_layers(removed, spec)[1].self_attn.num_key_value_groups == 2
+    torch.testing.assert_close(logits(removed), logits(zeroed), rtol=1e-5, atol=1e-5)
+    assert (logits(removed) - logits(model)).abs().max() > 1e-4  # the merge changed something
+
+
+def test_a_kv_merge_must_partition_the_kv_heads():
+    model = tiny_model("llama", seed=3)
+    spec = get_spec(model)
+    view = layer_view(get_layers(model, spec)[0], 0, spec, model.config)
+    with pytest.raises(ValueError, match="groups of one size"):
+        apply_layer_plan_(view, LayerPlan(merge_kv=[[0, 1], [2]]), mode="remove")
+
+
+def test_layer_options_stay_inside_what_the_readers_load():
+    model = _wide()
+    spec = get_spec(model)
+    views = [layer_view(layer, i, spec, model.config) for i, layer in enumerate(get_layers(model, spec))]
+    first = layer_options(views[0], ServingConfig())
+    assert all(a != NO_OP for a, _ in first)  # layer 0 keeps its attention (vLLM, SGLang)
+    later = layer_options(views[2], ServingConfig())
+    assert (NO_OP, NO_OP) in later and all(a == NO_OP for a, m in later if m == NO_OP)  # no MLP only without attention
+    assert {m for _, m in later if m != NO_OP} == {768, 512, 256}
+    assert {a for a, _ in layer_options(views[2], ServingConfig(), kv=1)} == {1, NO_OP}
+    assert layer_options(views[1], ServingConfig(skip_layers=(1,))) == [(2, 768)]
+    assert {a for a, _ in layer_options(views[2], ServingConfig(kv_merge=False, remove_sublayers=False))} == {2}
+
+
+# ------------------------------------------------------------------------------------------- whole prunes
+def _memory(rows, cfg, model):
+    w = cfg.parsed_workload
+    d = model.config.hidden_size
+    total = 0
+    for r in rows:
+        h, kv, hd, m = r["num_attention_heads"], r["num_key_value_heads"], r["head_dim"], r["intermediate_size"]
+        total += 2 * d * h * hd + 2 * d * kv * hd + 3 * d * m + 2 * kv * hd * w.batch * w.context
+    return total * cfg.memory_dtype_bytes
+
+
+def _layer0_attention(model, ids):
+    out = {}
+    attn = get_layers(model, get_spec(model))[0].self_attn
+
+    def hook(module, args, output):
+        out["y"] = output[0].detach().double()
+
+    handle = attn.register_forward_hook(hook)
+    with torch.no_grad():
+        model(input_ids=ids)
+    handle.remove()
+    return out["y"]
+
+
+def test_memory_target_merges_kv_heads_the_loss_it_predicts_is_measured_and_the_model_reloads(tmp_path):
+    model = _wide(seed=2)
+    dense = copy.deepcopy(model)
+    ids = calibration_ids(8, 16)
+    # decode at batch 64 and 4k context: the KV cache dominates; 0.06 GB leaves room for one KV head per layer only
+    cfg = ServingConfig(memory_gb=0.06, workload="decode:64:4096", reader="llama.cpp", remove_sublayers=False,
+                        error_scale="absolute")  # fmt: skip
+    report = prune_(model, cfg, ids)
+    assert [r["num_key_value_heads"] for r in report.layers] == [1, 1, 1, 1]
+    assert _memory(report.layers, cfg, model) + 0 <= 0.06e9
+    assembly = report.info["assembly"]
+    assert assembly["target"] == "memory" and assembly["cost"] <= assembly["budget"] and 0 <= assembly["gap"] < 1
+    # layer 0 sees the same inputs dense and pruned: the loss its merge was scored with is what its refit leaves
+    predicted = report.info["variant_losses"][0]["attention"]["1"]
+    measured = float(((_layer0_attention(dense, ids) - _layer0_attention(model, ids)) ** 2).sum(-1).mean())
+    assert predicted == pytest.approx(measured, rel=2e-3)
+    assert predicted < report.info["variant_losses"][0]["attention"]["no_op"]
+    out = save_pruned_model(model, tmp_path / "out", format="deci")
+    cfg_json = json.loads((out / "config.json").read_text())
+    assert [b["attention"]["n_heads_in_group"] for b in cfg_json["block_configs"]] == [6, 6, 6, 6]
+    reloaded = AutoPrunedModelForCausalLM.from_pretrained(out, attn_implementation="eager")
+    torch.testing.assert_close(logits(reloaded), logits(model), rtol=0, atol=0)
+
+
+def test_speed_target_on_an_analytic_table_is_met_by_the_prediction():
+    model = _wide(layers=5)
+    workload = Workload("decode", 16, 2048)
+    table = analytic_cost_table(model.config, workload, bandwidth_gbs=20, tflops=0.5, sublayer_overhead_s=2e-6)
+    dense_rows = [dict(r) for r in _rows(model)]
+    cfg = ServingConfig(speedup=1.6, workload=workload.name, cost_table=table.to_dict())
+    report = prune_(model, cfg, calibration_ids(8, 16))
+    speedup = table.predict(dense_rows) / table.predict(report.layers)
+    assert speedup >= 1.6 - 1e-9
+    assert report.info["assembly"]["predicted_speedup"] == pytest.approx(speedup)
+    assert len({r["num_key_value_heads"] for r in report.layers if r["num_attention_heads"]}) == 1  # reader="all"
+    assert report.layers[0]["num_attention_heads"] > 0
+
+
+def _rows(model):
+    from optimum_prune.modeling.shapes import layer_table
+
+    return layer_table(model, get_spec(model))
+
+
+def test_parameter_target_removes_the_ratio():
+    model = _wide()
+    report = prune_(model, ServingConfig(pruning_ratio=0.3), calibration_ids(8, 16))
+    assert 0.3 - 1e-9 <= report.measured <= 0.45
+    assert report.info["components"]["allocation"] == "variants (params)"
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        (ServingConfig(speedup=1.3), "cost-model"),
+        (ServingConfig(memory_gb=1e-6), "cannot be met"),
+        (ServingConfig(speedup=1.3, workload="decode:1:2048", cost_table="TABLE"), "measured at decode:16:2048"),
+    ],
+    ids=["no-table", "unreachable", "other-workload"],
+)
+def test_bad_targets_are_refused_before_any_weight_changes(config, match, tmp_path):
+    model = _wide()
+    if config.cost_table == "TABLE":
+        path = tmp_path / "table.json"
+        analytic_cost_table(model.config, Workload("decode", 16, 2048), bandwidth_gbs=20, tflops=1).save(path)
+        config = ServingConfig(speedup=1.3, workload="decode:1:2048", cost_table=str(path))
+    before = logits(model)
+    with pytest.raises(ValueError, match=match):
+        prune_(model, config, calibration_ids(8, 16))
+    torch.testing.assert_close(logits(model), before, rtol=0, atol=0)
+
+
+def test_config_validates_and_round_trips():
+    from optimum_prune import PruningConfig
+
+    cfg = ServingConfig(speedup=1.4, cost_table="t.json", workload="prefill:1:512", reader="llama.cpp")
+    assert PruningConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    for bad, match in [
+        ({"speedup": 1.2, "memory_gb": 3}, "one target"),
+        ({"speedup": 0.9}, "must exceed 1"),
+        ({"workload": "decode:16"}, "phase:batch:context"),
+        ({"reader": "vllm-only"}, "reader"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            ServingConfig(**bad)
