@@ -394,3 +394,32 @@ def test_cost_model_writes_a_table_per_workload(model_dir, tmp_path, capsys):
     assert CostTable.load(out / "cost_table_decode_1_2048.json").source == "analytic"
     assert main(["cost-model", str(model_dir), "--workload", "decode:16", "-o", str(out)]) == 2
     assert "phase:batch:context" in capsys.readouterr().err
+
+
+def test_prune_serving_meets_a_speed_target_from_a_cost_table(model_dir, smollm2_tokenizer, calib_file, tmp_path,
+                                                              capsys):  # fmt: skip
+    from transformers import AutoModelForCausalLM
+
+    wide = tmp_path / "wide"
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model.config.intermediate_size = 512
+    AutoModelForCausalLM.from_config(model.config).save_pretrained(wide)
+    smollm2_tokenizer.save_pretrained(wide)
+    tables = tmp_path / "tables"
+    assert (
+        main(["cost-model", str(wide), "--analytic", "20", "0.2", "--workload", "decode:4:512", "-o", str(tables)])
+        == 0
+    )
+    argv = ["prune", str(wide), "--method", "serving", "--workload", "decode:4:512", "--speedup", "1.1",
+            *_calib_args(calib_file)]  # fmt: skip
+    assert main([*argv, "--output", str(tmp_path / "never")]) == 2  # no cost table
+    err = capsys.readouterr().err
+    assert "cost-model" in err and not (tmp_path / "never").exists()
+    table = tables / "cost_table_decode_4_512.json"
+    report = tmp_path / "report.json"
+    argv += ["--cost-table", str(table), "--report", str(report), "--output", str(tmp_path / "out")]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "nemotron-nas"
+    assembly = json.loads(report.read_text())["info"]["assembly"]
+    assert assembly["target"] == "speed" and assembly["predicted_speedup"] >= 1.1

@@ -282,3 +282,38 @@ def test_the_command_line_reads_the_deci_directory_without_asking_for_remote_cod
                             timeout=300)  # fmt: skip
     assert result.returncode == 0 and "custom code" not in result.stderr, result.stderr[-2000:]
     assert json.loads(result.stdout)["perplexity"] > 1
+
+
+def test_merged_kv_heads_match_the_formats_float64_reference_and_llama_cpp_reads_them(tmp_path):
+    """A KV-head merge (the serving search's variant: keys / values of KV heads averaged, query heads regrouped)
+    written as `n_heads_in_group`: the float64 reference of the format computes what the zeroed form (every member
+    holding the merged weights, the original grouping) computes, and llama.cpp's converter reads the KV-head counts."""
+    from optimum_prune.functional.variants import merge_kv_weights
+    from optimum_prune.modeling.architectures import weight_oi
+
+    tokenizer = _byte_fallback_tokenizer()
+    zeroed = _deci_model(vocab_size=len(tokenizer))
+    spec = get_spec(zeroed)
+    plans = {}
+    for i in (0, 1):  # layer 1: merged in the other order, so its query heads move
+        view = layer_view(get_layers(zeroed, spec)[i], i, spec, zeroed.config)
+        merge = [[0, 1]] if i == 0 else [[1, 0]]
+        weights = {p: merge_kv_weights(weight_oi(view.module(p)).detach(), merge, view.head_dim)
+                   for p in spec.qkv_paths[1:]}  # fmt: skip
+        plans[i] = LayerPlan(merge_kv=merge, weights=weights)
+    removed = _deci_model(vocab_size=len(tokenizer))
+    for model, mode in ((zeroed, "zero"), (removed, "remove")):
+        for i, lp in plans.items():
+            apply_layer_plan_(layer_view(get_layers(model, spec)[i], i, spec, model.config), lp, mode=mode)
+    out = save_pruned_model(removed, tmp_path / "out", tokenizer)
+    cfg = json.loads((out / "config.json").read_text())
+    assert [b["attention"]["n_heads_in_group"] for b in cfg["block_configs"]][:2] == [4, 4]
+    ids = calibration_ids(2, 24, seed=7)
+    with torch.no_grad():
+        expected = zeroed.double()(input_ids=ids).logits
+    torch.testing.assert_close(_reference_logits(out, ids), expected, rtol=0, atol=2e-5)  # (float32 rotary tables)
+    convert(out, tmp_path / "model.gguf")
+    import gguf
+
+    fields = {k: f.contents() for k, f in gguf.GGUFReader(tmp_path / "model.gguf").fields.items()}
+    assert fields["deci.attention.head_count_kv"] == [1, 1, 0, 0, 1]

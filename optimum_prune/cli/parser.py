@@ -93,6 +93,12 @@ def add_prune_arguments(p: argparse.ArgumentParser) -> None:
         help="structured: keep MLP widths in multiples of this many channels (default: the method's)",
     )
     p.add_argument("--pattern", help="unstructured / N:M methods: 'unstructured' or e.g. '2:4'")
+    target = p.add_argument_group("serving: the shapes chosen for a target at a workload (--method serving)")
+    target.add_argument("--workload", help="phase:batch:context the target is about, e.g. decode:16:2048")
+    target.add_argument("--speedup", type=float, help="predicted step time of the dense model over the pruned one")
+    target.add_argument("--memory-gb", dest="memory_gb", type=float,
+                        help="weights + KV cache at the workload's batch and context, in GB")  # fmt: skip
+    target.add_argument("--cost-table", dest="cost_table", help="a cost table JSON (`optimum-prune cost-model`)")
     p.add_argument("--solution-path", help="spp: extract from a path saved by `search` (no calibration needed)")
     _set_arg(p, "PruningConfig")
     p.add_argument("--calib", help=f"calibration text: {TEXT_SOURCE}")

@@ -18,14 +18,18 @@ from .inputs import _load, _texts
 __all__ = ["cmd_prune"]
 
 
+# flags that set the config field of their name
+_FLAGS = ("allocation", "gqa_mode", "round_to", "pattern", "workload", "speedup", "memory_gb", "cost_table")
+
+
 def _build_config(args: argparse.Namespace):
     if args.config:
         if not Path(args.config).is_file():
             raise UserError(f"--config {args.config!r} is not a file.")
         loaded = PruningConfig.from_json_file(args.config)
         if isinstance(loaded, list):  # a recipe: the file says everything
-            used = [f"--{k.replace('_', '-')}" for k in ("ratio", "allocation", "gqa_mode", "round_to", "pattern")
-                    if getattr(args, k) is not None] + (["--set"] if args.set else [])  # fmt: skip
+            used = [f"--{k.replace('_', '-')}" for k in ("ratio", *_FLAGS) if getattr(args, k, None) is not None]
+            used += ["--set"] if args.set else []
             if used:
                 raise UserError(f"{', '.join(used)} cannot change a recipe (a list of configs); edit {args.config}.")
             return loaded
@@ -34,8 +38,8 @@ def _build_config(args: argparse.Namespace):
         data = {"method": args.method}
     names = {f.name for f in dataclasses.fields(get_config_class(data["method"]))}
     flags = _overrides(args.set)
-    for key in ("allocation", "gqa_mode", "round_to", "pattern"):
-        if getattr(args, key) is not None:
+    for key in _FLAGS:
+        if getattr(args, key, None) is not None:
             flags[key] = getattr(args, key)
     if getattr(args, "solution_path", None) is not None:
         flags["solution_path"] = args.solution_path

@@ -91,11 +91,16 @@ class ServingPruner(NumericalPruner):
         cheapest = sum(min(self.costs(v, a, m) for a, m in opts) for v, opts in zip(views, options))
         budget = self.budget(model, views)
         if cheapest > budget:
+            reach = ""
+            if cfg.target == "speed":
+                fixed = self._table().fixed_s
+                dense = sum(self.costs(v, v.num_kv_heads, v.intermediate_size) for v in views)
+                reach = f" The most this table predicts is {(fixed + dense) / (fixed + cheapest):.3f}x."
             raise ValueError(
                 f"ServingConfig's {cfg.target} target cannot be met: even the smallest assembly the variants allow "
                 f"costs {cheapest:.4g} against a budget of {budget:.4g} ({self._units()}). Relax the target, allow "
                 "more variants (kv_merge, remove_sublayers, fewer skip_layers) or, for speed, check the cost table's "
-                "workload. Nothing was changed."
+                f"workload.{reach} Nothing was changed."
             )
 
     def _check_table(self, model: nn.Module, table: CostTable) -> None:
