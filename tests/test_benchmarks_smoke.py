@@ -3,6 +3,7 @@ results JSON that records the evaluation protocol and renders to its markdown: a
 benchmark fails `make test`. Scripts needing an optional dependency (llama.cpp, a GPU) skip, naming it, only when it
 is absent."""
 
+import copy
 import importlib
 import importlib.util
 import itertools
@@ -717,3 +718,31 @@ def test_cost_model(tmp_path):
     rec = result["workloads"]["decode:2:32"]
     assert set(rec["checked"]) >= {"dense", "mixed"} and all(c["measured_s"] > 0 for c in rec["checked"].values())
     assert (tmp_path / "tables" / "cost_table_decode_2_32.json").is_file()
+
+
+def test_serving(tiny_llama, smollm2_tokenizer, tmp_path):
+    """A speed-targeted model and two baselines on a tiny wide Llama (MLP widths in the format's steps of 256):
+    pruned, scored, timed against dense; a rerun resumes; the table prints every timed model."""
+    from transformers import LlamaForCausalLM
+
+    _corpora()
+    config = copy.deepcopy(tiny_llama.config)
+    config.intermediate_size, config.num_hidden_layers = 512, 3
+    wide = tmp_path / "wide"
+    LlamaForCausalLM(config).save_pretrained(wide)
+    smollm2_tokenizer.save_pretrained(wide)
+    argv = ["--model", str(wide), "--workloads", "decode:2:32", "--targets", "decode:2:32=1.05",
+            "--ratios", "0.3", "--allocations", "servable", "global", "--num-samples", "4", "--seq-len", "32",
+            *TINY_EVAL, "--rounds", "2", "--warmup", "0", "--table-layers", "2", "--tables", str(tmp_path / "t"),
+            "--workdir", str(tmp_path / "work")]  # fmt: skip
+    result = _run("serving", argv, tmp_path / "serving.json")
+    _check_protocol(result)
+    names = {"dense", "serving@decode:2:32@1.05", "np_servable@0.3", "np_global@0.3"}
+    assert set(result["models"]) == names
+    assert set(result["speed"]["decode:2:32"]) == names - {"dense"}
+    assert all(s["speedup"] > 0 for s in result["speed"]["decode:2:32"].values())
+    assert result["models"]["serving@decode:2:32@1.05"]["assembly"]["predicted_speedup"] >= 1.05
+    again = _run("serving", argv, tmp_path / "serving.json")
+    assert again["models"]["np_global@0.3"]["ppl"] == result["models"]["np_global@0.3"]["ppl"]  # resumed
+    report = (tmp_path / "serving.md").read_text(encoding="utf-8")
+    assert "## decode:2:32" in report and "serving, 1.05x at decode:2:32" in report
