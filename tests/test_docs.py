@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 METHODS = DOCS / "methods"
 # Methods documented on another method's page.
-PAGE_OF = {"spp_ria": "spp"}
+PAGE_OF = {"spp_ria": "spp", "serving": "numerical"}
 # The base classes whose fields methods/index.md documents once: Wanda's base is the unstructured one.
 SHARED_BASES = (PruningConfig, StructuredPruningConfig, WandaConfig.__bases__[0])
 
