@@ -33,7 +33,10 @@ STUDIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "spp": ("Solution Path Pruning", ("spp_",)),
     "recovery": ("Recovery fine-tuning", ("recovery_",)),
     "vision": ("Vision transformers", ("vision_",)),
-    "deployment": ("Aligned shapes and llama.cpp", ("alignment_", "deploy_", "servable_", "cost_model_", "serving_")),
+    "deployment": (
+        "Aligned shapes and llama.cpp",
+        ("alignment_", "deploy_", "servable_", "cost_model_", "serving_", "vllm_reader_"),
+    ),
     "gpu": ("GPU speed", ("semi_structured_", "structured_gpu_")),
     "moe": ("Mixture-of-experts", ("moe_",)),
     "scale": ("Large models: memory and time", ("scale",)),

@@ -746,3 +746,24 @@ def test_serving(tiny_llama, smollm2_tokenizer, tmp_path):
     assert again["models"]["np_global@0.3"]["ppl"] == result["models"]["np_global@0.3"]["ppl"]  # resumed
     report = (tmp_path / "serving.md").read_text(encoding="utf-8")
     assert "## decode:2:32" in report and "serving, 1.05x at decode:2:32" in report
+
+
+def test_vllm_reader(tiny_dir, tmp_path):
+    """Without vLLM (this environment's python as `--vllm-python`) every folder is recorded as refused, with why;
+    transformers' side and the table run."""
+    from optimum_prune import save_pruned_model
+    from optimum_prune.modeling.auto_classes import register_pruned_architectures  # noqa: F401
+
+    _corpora()
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    config = AutoModelForCausalLM.from_pretrained(tiny_dir).config
+    config.intermediate_size = 256  # (the format's MLP widths are multiples of 256)
+    folder = save_pruned_model(LlamaForCausalLM(config), tmp_path / "deci", AutoTokenizer.from_pretrained(tiny_dir),
+                               format="deci")  # fmt: skip
+    argv = ["--model", str(tiny_dir), "--vllm-python", sys.executable, "--models", f"tiny={folder}",
+            "--prompts", "1", "--prompt-tokens", "16", "--workdir", str(tmp_path / "work")]  # fmt: skip
+    result = _run("vllm_reader", argv, tmp_path / "vllm.json")
+    row = result["rows"]["tiny"]
+    assert row["ok"] is False and "vllm" in row["error"].lower() and row["shapes"]["kv_counts"] == [2]
+    assert "| tiny | 2 | 0 | fails:" in (tmp_path / "vllm.md").read_text(encoding="utf-8")

@@ -193,12 +193,8 @@ class ServingPruner(NumericalPruner):
         if cfg.target == "speed":
             total = self._table().fixed_s + dense
             return total / cfg.speedup - self._table().fixed_s
-        outside = sum(p.numel() for p in model.parameters()) - attention_mlp_params(model, self._spec(model))
+        outside = sum(p.numel() for p in model.parameters()) - attention_mlp_params(model, get_spec(model))
         return cfg.memory_gb * 1e9 - outside * cfg.memory_dtype_bytes
-
-    @staticmethod
-    def _spec(model: nn.Module) -> ArchitectureSpec:
-        return get_spec(model)
 
     # --------------------------------------------------------------------------------------------- decide
     def decide_variants(
