@@ -138,6 +138,7 @@ def test_layer_options_stay_inside_what_the_readers_load():
     assert {m for _, m in later if m != NO_OP} == {768, 512, 256}
     assert {a for a, _ in layer_options(views[2], ServingConfig(), kv=1)} == {1, NO_OP}
     assert layer_options(views[1], ServingConfig(skip_layers=(1,))) == [(2, 768)]
+    assert layer_options(views[1], ServingConfig(skip_layers=(1,)), kv=1) == []  # a skipped layer keeps its 2
     assert {a for a, _ in layer_options(views[2], ServingConfig(kv_merge=False, remove_sublayers=False))} == {2}
 
 
@@ -251,3 +252,37 @@ def test_config_validates_and_round_trips():
     ]:
         with pytest.raises(ValueError, match=match):
             ServingConfig(**bad)
+
+
+def test_a_run_stopped_in_the_refit_resumes_to_the_same_model(tmp_path, monkeypatch):
+    from scale_utils import assert_same_state, prune_and_save, saved_state, write_checkpoint
+
+    from optimum_prune import AutoPruner
+    from optimum_prune.methods.numerical.serving import ServingPruner
+
+    src = write_checkpoint(tmp_path / "src", intermediate_size=768, num_hidden_layers=5)
+    # a memory target at a long context: KV merges and removed attention in the mix
+    cfg = ServingConfig(memory_gb=0.04, workload="decode:32:4096", reader="llama.cpp")
+    ids = calibration_ids(8, 16)
+    report = prune_and_save(src, cfg, tmp_path / "ref", calibration=ids)
+    kinds = {(r["num_attention_heads"] > 0, r["num_key_value_heads"]) for r in report.layers}
+    assert len(kinds) > 1, kinds  # several variants
+    calls, original = [], ServingPruner.refit_projection
+
+    def crash(self, view, *args, **kwargs):
+        calls.append(view.index)
+        if view.index == 3:
+            raise RuntimeError("stopped")
+        return original(self, view, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(ServingPruner, "refit_projection", crash)
+        with pytest.raises(RuntimeError, match="stopped"):
+            AutoPruner.from_pretrained(src).prune(cfg, calibration=ids, checkpoint_dir=tmp_path / "ckpt")
+    calls.clear()
+    with monkeypatch.context() as m:
+        m.setattr(ServingPruner, "refit_projection", lambda self, view, *a, **k: (calls.append(view.index),
+                  original(self, view, *a, **k))[1])  # fmt: skip
+        prune_and_save(src, cfg, tmp_path / "resumed", calibration=ids, checkpoint_dir=tmp_path / "ckpt")
+    assert calls and min(calls) == 3  # the finished blocks were not refitted again
+    assert_same_state(saved_state(tmp_path / "ref"), saved_state(tmp_path / "resumed"), atol=1e-5)

@@ -46,8 +46,8 @@ def _kv_counts(view: LayerView) -> list[int]:
 def layer_options(view: LayerView, cfg: ServingConfig, kv: int | None = None) -> list[tuple[int | str, int | str]]:
     """The `(attention, mlp)` variants layer `view` may take (`kv`: the one KV-head count every layer with attention
     shares under `reader="all"`; `None`: any)."""
-    if view.index in cfg.skip_layers:
-        return [(view.num_kv_heads, view.intermediate_size)]
+    if view.index in cfg.skip_layers:  # (none where the shared count is another: that count is not possible)
+        return [(view.num_kv_heads, view.intermediate_size)] if kv in (None, view.num_kv_heads) else []
     attention: list[int | str] = _kv_counts(view) if cfg.kv_merge else [view.num_kv_heads]
     if kv is not None:
         attention = [a for a in attention if a == kv]
