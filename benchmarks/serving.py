@@ -65,6 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def library_tree() -> str | None:
+    """The git tree hash of `optimum_prune/` at HEAD (a rerun resumes the models pruned by the same code)."""
+    return harness._git("rev-parse", "HEAD:optimum_prune")
+
+
 def table_for(args, config, workload: Workload) -> tuple[CostTable, str]:
     path = Path(args.tables) / f"cost_table_{workload.phase}_{workload.batch}_{workload.context}.json"
     if not path.is_file():
@@ -101,8 +106,10 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.output)
     res = json.loads(out.read_text()) if out.is_file() else {}
     env = harness.environment(argv, "serving.py")
-    if res.get("versions", {}).get("git_commit") != env["versions"]["git_commit"]:
+    library = library_tree()
+    if res.get("library_tree") != library:  # resumed only where the library's code is the same
         res = {}
+    res["library_tree"] = library
     res.update(env, model=model_desc, args=vars(args), torch_threads=torch.get_num_threads())
     res.setdefault("models", {})
     res.setdefault("speed", {})
@@ -130,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
         res["models"][name] = {
             "kind": kind, "config": cfg.to_dict(), "ppl": ppl, "docs": docs, "layers": report.layers,
             "measured_ratio": report.measured, "prune_s": seconds, "assembly": report.info.get("assembly"),
-            "folder": str(folder),
+            "folder": str(folder), "commit": env["versions"]["git_commit"],
         }  # fmt: skip
         logger.info("%s: %s (%.0f s)", name, {k: round(v, 2) for k, v in ppl.items()}, seconds)
         res["protocol"] = proto.record()
