@@ -28,7 +28,8 @@ def main() -> None:
         llm = LLM(model=request["model"], trust_remote_code=True, dtype=request.get("dtype", "float32"),
                   max_model_len=request.get("max_model_len", 1024), enforce_eager=True)  # fmt: skip
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-        results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in request["prompts"]], params)
+        prompts = [TokensPrompt(prompt_token_ids=p) for p in request["prompts"]]
+        results = llm.generate(prompts, params, use_tqdm=False)
         logprobs = []
         for prompt, res in zip(request["prompts"], results):
             row = []

@@ -91,7 +91,7 @@ def vllm_logprobs(args, folder: str, prompts: list[list[int]], work: Path) -> di
     request.write_text(json.dumps({"model": folder, "prompts": prompts, "dtype": "float32",
                                    "max_model_len": max(len(p) for p in prompts) + 8}))  # fmt: skip
     response.unlink(missing_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") and k != "TQDM_DISABLE"}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     t0 = time.perf_counter()
     proc = subprocess.run([args.vllm_python, str(WORKER), str(request), str(response)], env=env,
