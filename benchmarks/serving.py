@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="ServingConfig speedups per workload")  # fmt: skip
     p.add_argument("--ratios", nargs="*", type=float, default=[0.2, 0.35, 0.5], help="baseline pruning ratios")
     p.add_argument("--allocations", nargs="*", default=["servable", "global", "uniform"], choices=sorted(LABELS))
-    p.add_argument("--reader", default="all", choices=["all", "llama.cpp"], help="ServingConfig.reader")
+    p.add_argument("--reader", default="all", choices=["all", "vllm", "llama.cpp"], help="ServingConfig.reader")
     p.add_argument("--num-samples", type=int, default=16, help="calibration windows (every model)")
     p.add_argument("--seq-len", type=int, default=512, help="their length in tokens")
     p.add_argument("--tables", default="/tmp/serving_tables", help="cost tables cost_table_<phase>_<b>_<ctx>.json")

@@ -59,7 +59,7 @@ def make_models(args, dense, tokenizer, work: Path) -> dict[str, str]:
     ids = proto.calibration_ids(tokenizer, args.num_samples, args.seq_len)
     configs = {
         "serving_kv_shared": ServingConfig(memory_gb=0.45, workload="decode:16:2048"),
-        "serving_kv_per_layer": ServingConfig(memory_gb=0.45, workload="decode:16:2048", reader="llama.cpp"),
+        "serving_kv_per_layer": ServingConfig(memory_gb=0.45, workload="decode:16:2048", reader="vllm"),
         "np_servable_0.2": NumericalConfig(pruning_ratio=0.2, allocation="servable"),
     }
     folders = {"dense": work / "dense"}

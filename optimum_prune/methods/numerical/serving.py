@@ -204,9 +204,7 @@ class ServingPruner(NumericalPruner):
         block's `(head scores, channel scores)` and `variant_losses`."""
         cfg = self.config
         budget = self.budget(model, views)
-        shared = (
-            [None] if cfg.reader == "llama.cpp" else sorted({k for v in views for k in _kv_counts(v)}, reverse=True)
-        )
+        shared = [None] if cfg.reader != "all" else sorted({k for v in views for k in _kv_counts(v)}, reverse=True)
         best = None
         tried = {}
         for kv in shared:

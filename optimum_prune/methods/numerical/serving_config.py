@@ -42,9 +42,10 @@ class ServingConfig(NumericalConfig):
         remove_sublayers (`bool`, defaults to `True`): consider layers without attention (never layer 0: vLLM and
             SGLang start the residual stream there) and, in a layer without attention, without MLP.
         reader (`str`, defaults to `"all"`): the readers the assembly stays loadable by. `"all"` (vLLM, SGLang,
-            TensorRT-LLM, MLX, llama.cpp): one KV-head count for every layer with attention (vLLM sizes its KV
-            cache from the first such layer); `"llama.cpp"`: a KV-head count per layer (its converter reads one per
-            layer).
+            TensorRT-LLM, MLX, llama.cpp): one KV-head count for every layer with attention (a count per layer is
+            not verified in SGLang, TensorRT-LLM and MLX); `"vllm"` or `"llama.cpp"`: a KV-head count per layer
+            (vLLM 0.32's `DeciLMForCausalLM` computes such a model's log-probabilities as transformers does,
+            `benchmarks/vllm_reader.py`; llama.cpp's converter reads one count per layer).
         error_scale (`str`, defaults to `"residual"`): how the layer-wise errors of different layers compare:
             `"residual"` divides each by the energy `E‖h‖²` of the residual stream leaving the layer; `"absolute"`
             adds them as they are.
@@ -118,7 +119,7 @@ class ServingConfig(NumericalConfig):
         super().__post_init__()
         choice("allocation", self.allocation, ("servable",))
         choice("compensation_inputs", self.compensation_inputs, ("sequential",))
-        choice("reader", self.reader, ("all", "llama.cpp"))
+        choice("reader", self.reader, ("all", "vllm", "llama.cpp"))
         choice("error_scale", self.error_scale, ("residual", "absolute"))
         Workload.parse(self.workload)
         if self.speedup is not None and self.memory_gb is not None:
