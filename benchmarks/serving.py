@@ -57,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds per pair")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--skip-timing", action="store_true", help="prune and score only (time in a later run)")
+    p.add_argument("--keep-pruned", action="store_true",
+                   help="keep the models a run of other library code pruned (each records its commit)")  # fmt: skip
     p.add_argument("--workdir", default="/tmp/serving_models", help="pruned models saved here (resume)")
     harness.add_protocol_args(p)
     harness.add_model_args(p)
@@ -107,8 +109,12 @@ def main(argv: list[str] | None = None) -> dict:
     res = json.loads(out.read_text()) if out.is_file() else {}
     env = harness.environment(argv, "serving.py")
     library = library_tree()
-    if res.get("library_tree") != library:  # resumed only where the library's code is the same
-        res = {}
+    for name, entry in list(res.get("models", {}).items()):  # resumed where the library's code is the same
+        entry.setdefault("library_tree", res.get("library_tree"))
+        if entry["library_tree"] != library and not args.keep_pruned:
+            del res["models"][name]
+            for by_model in res.get("speed", {}).values():
+                by_model.pop(name, None)
     res["library_tree"] = library
     res.update(env, model=model_desc, args=vars(args), torch_threads=torch.get_num_threads())
     res.setdefault("models", {})
@@ -137,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
         res["models"][name] = {
             "kind": kind, "config": cfg.to_dict(), "ppl": ppl, "docs": docs, "layers": report.layers,
             "measured_ratio": report.measured, "prune_s": seconds, "assembly": report.info.get("assembly"),
-            "folder": str(folder), "commit": env["versions"]["git_commit"],
+            "folder": str(folder), "commit": env["versions"]["git_commit"], "library_tree": library,
         }  # fmt: skip
         logger.info("%s: %s (%.0f s)", name, {k: round(v, 2) for k, v in ppl.items()}, seconds)
         res["protocol"] = proto.record()
@@ -192,6 +198,9 @@ def markdown(res: dict[str, Any]) -> str:
         f"{str(res['versions']['git_commit'])[:7]}).",
         "",
         f"- {harness.protocol_line(res)}",
+        "- Models pruned at commit(s) "
+        + ", ".join(sorted({str(e.get("commit") or "?")[:7] for n, e in models.items() if n != "dense"}))
+        + "; timed at the commit above.",
         f"- Calibration: {res['args']['num_samples']} × {res['args']['seq_len']} BBC windows, the same for every "
         "model. Speed: one prefill of the context or one decode step with the context cached (transformers, static "
         "cache, fp32), each model timed interleaved with the dense model; speedup = dense / pruned (medians of "
