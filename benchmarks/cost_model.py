@@ -32,8 +32,11 @@ from optimum_prune.evaluation.cost_model import (  # noqa: E402
     assembled_model,
     attention_variants,
     check_cost_table,
+    fit_cost_table,
     layer_row_of,
+    measure_assemblies,
     measure_cost_table,
+    random_assemblies,
 )
 
 logger = logging.getLogger("cost_model")
@@ -70,7 +73,16 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=1,
                    help="torch.set_num_threads (1: on this 2-core machine a 16-row GEMM on 2 threads ran 30x slower)")  # fmt: skip
-    p.add_argument("--tables", default=None, help="also save each CostTable here (JSON)")
+    p.add_argument("--tables", default=None, help="also save each CostTable here (JSON; a fitted one as *_fit.json)")
+    p.add_argument("--reuse-tables", action="store_true", help="take the per-variant tables saved in --tables")
+    p.add_argument(
+        "--fit",
+        type=int,
+        default=12,
+        help="random full-depth assemblies the table is refitted to (0: none); the named ones are held out",
+    )
+    p.add_argument("--fit-batch", type=int, default=4, help="assemblies timed interleaved at a time")
+    p.add_argument("--fit-prior", type=float, default=0.1, help="fit_cost_table's ridge towards the table")
     p.add_argument("--output", default=str(harness.RESULTS_DIR / "cost_model_smollm2.json"))
     p.add_argument("--tiny", action="store_true", help="a tiny random Llama instead of SmolLM2 (smoke test)")
     return p.parse_args(argv)
@@ -94,14 +106,31 @@ def main(argv=None) -> int:
         for name in args.workloads:
             workload = Workload.parse(name)
             load0 = harness.loadavg()
-            table = measure_cost_table(config, workload, layers=args.layers, rounds=args.rounds, warmup=args.warmup)
-            if args.tables:
-                Path(args.tables).mkdir(parents=True, exist_ok=True)
-                table.save(Path(args.tables) / f"cost_table_{name.replace(':', '_')}.json")
+            path = Path(args.tables or ".") / f"cost_table_{name.replace(':', '_')}.json"
+            if args.reuse_tables and path.is_file():
+                table = CostTable.load(path)
+            else:
+                table = measure_cost_table(config, workload, layers=args.layers, rounds=args.rounds,
+                                           warmup=args.warmup)  # fmt: skip
+                if args.tables:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    table.save(path)
             models = {k: assembled_model(config, rows) for k, rows in shapes.items()}
             checked = check_cost_table(table, models, rounds=args.rounds, warmup=args.warmup)
-            result["workloads"][name] = {"table": table.to_dict(), "checked": checked,
-                                         "load_average": [load0, harness.loadavg()]}  # fmt: skip
+            rec = {"table": table.to_dict(), "checked": checked}
+            if args.fit:
+                fit_rows = random_assemblies(config, args.fit, seed=0)
+                measured = measure_assemblies(config, fit_rows, workload, batch=args.fit_batch, rounds=args.rounds,
+                                              warmup=args.warmup)  # fmt: skip
+                fitted = fit_cost_table(table, fit_rows, measured, prior=args.fit_prior)
+                if args.tables:
+                    fitted.save(path.with_name(path.stem + "_fit.json"))
+                rec["fitted"] = {"table": fitted.to_dict(), "fit_measured_s": measured,
+                                 "checked": {k: {**c, "predicted_s": fitted.predict(shapes[k]),
+                                                 "error": fitted.predict(shapes[k]) / c["measured_s"] - 1}
+                                             for k, c in checked.items()}}  # fmt: skip
+            rec["load_average"] = [load0, harness.loadavg()]
+            result["workloads"][name] = rec
             logger.info("%s: %s", name, {k: round(v["error"], 3) for k, v in checked.items()})
             harness.write_results(result, Path(args.output), renderer="cost_model")
     return 0
@@ -132,6 +161,18 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {k} | {ms(c['predicted_s'])} | {ms(c['measured_s'])} | {100 * c['error']:+.1f}% |")
         errors = [abs(c["error"]) for c in rec["checked"].values()]
         lines += ["", f"Largest |error| {100 * max(errors):.1f}%, median {100 * statistics.median(errors):.1f}%.", ""]
+        if "fitted" in rec:
+            fit = rec["fitted"]
+            info = fit["table"]["info"]["fit"]
+            lines += [f"Refitted to the measured step times of {info['assemblies']} random full-depth assemblies "
+                      f"(`fit_cost_table`, prior {info['prior']}; largest residual on them "
+                      f"{100 * max(abs(r) for r in info['relative_residuals']):.1f}%); the assemblies above, held out:",
+                      "", "| assembly | predicted ms (fitted) | measured ms | error |", "|---|---|---|---|"]  # fmt: skip
+            for k, c in fit["checked"].items():
+                lines.append(f"| {k} | {ms(c['predicted_s'])} | {ms(c['measured_s'])} | {100 * c['error']:+.1f}% |")
+            errors = [abs(c["error"]) for c in fit["checked"].values()]
+            lines += ["", f"Largest |error| {100 * max(errors):.1f}%, median {100 * statistics.median(errors):.1f}%.",
+                      ""]  # fmt: skip
     return "\n".join(lines)
 
 

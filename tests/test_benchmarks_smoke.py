@@ -712,12 +712,14 @@ def test_moe_testbed_load_balancing_spreads_the_routing():
 
 
 def test_cost_model(tmp_path):
-    argv = ["--tiny", "--workloads", "decode:2:32", "--rounds", "2", "--warmup", "0", "--layers", "2",
+    argv = ["--tiny", "--workloads", "decode:2:32", "--rounds", "2", "--warmup", "0", "--layers", "2", "--fit", "3",
             "--tables", str(tmp_path / "tables")]  # fmt: skip
     result = _run("cost_model", argv, tmp_path / "cost.json")
     rec = result["workloads"]["decode:2:32"]
     assert set(rec["checked"]) >= {"dense", "mixed"} and all(c["measured_s"] > 0 for c in rec["checked"].values())
     assert (tmp_path / "tables" / "cost_table_decode_2_32.json").is_file()
+    assert (tmp_path / "tables" / "cost_table_decode_2_32_fit.json").is_file()
+    assert set(rec["fitted"]["checked"]) == set(rec["checked"]) and len(rec["fitted"]["fit_measured_s"]) == 3
 
 
 def test_serving(tiny_llama, smollm2_tokenizer, tmp_path):

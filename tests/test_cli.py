@@ -390,6 +390,9 @@ def test_cost_model_writes_a_table_per_workload(model_dir, tmp_path, capsys):
     assert decode.source == "measured" and decode.workload.batch == 2 and "error" in decode.info["check_dense"]
     assert decode.info["threads"] == 1 and decode.info["layers"] == 2
     assert CostTable.load(out / "cost_table_prefill_1_16.json").workload.phase == "prefill"
+    assert main(["cost-model", str(model_dir), "--workload", "decode:2:16", "--rounds", "1", "--warmup", "0",
+                 "--layers", "2", "--fit", "3", "-o", str(out)]) == 0  # fmt: skip
+    assert CostTable.load(out / "cost_table_decode_2_16.json").info["fit"]["assemblies"] == 3
     assert main(["cost-model", str(model_dir), "--analytic", "20", "0.2", "-o", str(out)]) == 0
     assert CostTable.load(out / "cost_table_decode_1_2048.json").source == "analytic"
     assert main(["cost-model", str(model_dir), "--workload", "decode:16", "-o", str(out)]) == 2

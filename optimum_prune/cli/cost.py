@@ -16,8 +16,11 @@ from ..evaluation.cost_model import (
     analytic_cost_table,
     assembled_model,
     check_cost_table,
+    fit_cost_table,
     layer_row_of,
+    measure_assemblies,
     measure_cost_table,
+    random_assemblies,
 )
 from .common import UserError, _model_location, _rounded
 
@@ -60,6 +63,10 @@ def _cost_model(args: argparse.Namespace) -> int:
                                            dtype=dtype)  # fmt: skip
             except ValueError as e:
                 raise UserError(str(e)) from e
+        if args.fit and not args.analytic:
+            rows = random_assemblies(config, args.fit)
+            measured = measure_assemblies(config, rows, w, rounds=args.rounds, warmup=args.warmup, dtype=dtype)
+            table = fit_cost_table(table, rows, measured)
         summary = {"workload": w.name, "source": table.source, "fixed_ms": 1e3 * table.fixed_s,
                    "attention_ms": {k: 1e3 * v for k, v in table.attention.items()},
                    "mlp_ms": {k: 1e3 * v for k, v in table.mlp.items()}}  # fmt: skip

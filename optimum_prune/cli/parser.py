@@ -224,6 +224,8 @@ def _add_tools(sub: Any) -> None:
     p.add_argument("--analytic", type=float, nargs=2, metavar=("GBS", "TFLOPS"),
                    help="the analytic model for a machine of this memory bandwidth and compute, instead of timing")  # fmt: skip
     p.add_argument("--check", action="store_true", help="also time the dense model and report the table's error on it")
+    p.add_argument("--fit", type=int, default=0, metavar="N",
+                   help="refit the table to N random full-depth assemblies timed whole (fit_cost_table; 0: no fit)")  # fmt: skip
     p.add_argument("--output", "-o", required=True, help="directory of the cost tables (one JSON per workload)")
 
     p = _command(

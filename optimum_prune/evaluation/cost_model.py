@@ -17,7 +17,9 @@ step reads) and its FLOPs over the compute rate, plus a launch overhead per subl
 
 A `CostTable` saves as JSON and predicts the step time of any assembly of variants (`predict`, from a model's
 per-layer shapes, `modeling.shapes.layer_table`); `check_cost_table` compares its predictions with the measured times
-of assembled models.
+of assembled models. Timed in isolation, a variant's cost can differ from what it costs inside a full-depth model
+(caches, the other layers' traffic): `fit_cost_table` refits the table by least squares to the measured step times of
+whole assemblies (`random_assemblies`), its own values as the prior.
 """
 
 from __future__ import annotations
@@ -54,7 +56,10 @@ __all__ = [
     "analytic_cost_table",
     "attention_variants",
     "check_cost_table",
+    "fit_cost_table",
+    "random_assemblies",
     "layer_row_of",
+    "measure_assemblies",
     "measure_cost_table",
     "mlp_variants",
     "step_seconds",
@@ -464,3 +469,91 @@ def check_cost_table(
         out[name] = {"predicted_s": predicted, "measured_s": got, "error": predicted / got - 1 if got else math.nan,
                      "samples_s": measured[name]["samples_s"]}  # fmt: skip
     return out
+
+
+def random_assemblies(config, count: int, seed: int = 0) -> list[list[dict[str, Any]]]:
+    """`count` assemblies of `config`'s full depth, each layer's attention and MLP variant drawn uniformly (layer 0
+    keeps its attention; an MLP is removed only with its layer's attention), for `fit_cost_table`."""
+    gen = torch.Generator().manual_seed(seed)
+    attention, mlp = attention_variants(config), mlp_variants(config)
+    out = []
+    for _ in range(count):
+        rows = []
+        for i in range(config.num_hidden_layers):
+            a = attention[int(torch.randint(len(attention) - (1 if i == 0 else 0), (1,), generator=gen))]
+            widths = mlp if a == NO_OP else [m for m in mlp if m != NO_OP]
+            rows.append(layer_row_of(config, a, widths[int(torch.randint(len(widths), (1,), generator=gen))]))
+        out.append(rows)
+    return out
+
+
+def measure_assemblies(
+    config,
+    assemblies: Sequence[Sequence[dict[str, Any]]],
+    workload: Workload,
+    *,
+    batch: int = 4,
+    rounds: int = 7,
+    warmup: int = 2,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> list[float]:
+    """The measured step time (median) of a random model of each assembly at `workload`, `batch` of them timed
+    interleaved at a time (each holds its own KV cache)."""
+    out: list[float] = []
+    for start in range(0, len(assemblies), batch):
+        chunk = assemblies[start : start + batch]
+        models = {str(j): assembled_model(config, rows, dtype) for j, rows in enumerate(chunk)}
+        got = step_seconds(models, workload, rounds=rounds, warmup=warmup, device=device)
+        out += [got[str(j)]["median_s"] for j in range(len(chunk))]
+        del models
+    return out
+
+
+def fit_cost_table(
+    table: CostTable, assemblies: Sequence[Sequence[dict[str, Any]]], measured_s: Sequence[float], prior: float = 0.1
+) -> CostTable:
+    """`table` refitted to the measured step times of whole assemblies (per-layer shapes, `layer_table`'s rows):
+    the fixed part and every variant's cost (a `"no_op"` stays 0) minimise
+    `Σ_k ((predicted_k − measured_k) / measured_k)² + prior · Σ_v ((c_v − c⁰_v) / s)²`, the relative error of each
+    assembly plus a ridge towards the table's own values `c⁰` (`s`: the mean measured time over the layer count),
+    costs kept ≥ 0. The assemblies must all have one depth. Returns a new table (`info["fit"]` says how)."""
+    if len(assemblies) != len(measured_s) or not assemblies:
+        raise ValueError("fit_cost_table needs one measured time per assembly, and at least one.")
+    depth = {len(rows) for rows in assemblies}
+    if len(depth) != 1:
+        raise ValueError(f"The assemblies have depths {sorted(depth)}: fit on assemblies of one depth.")
+    n = depth.pop()
+    keys = [("attention", k) for k in table.attention if k != NO_OP] + [("mlp", k) for k in table.mlp if k != NO_OP]
+    index = {key: j + 1 for j, key in enumerate(keys)}  # column 0: the fixed part (with the layers' residual adds)
+    A = torch.zeros(len(assemblies), len(keys) + 1, dtype=torch.float64)
+    for k, rows in enumerate(assemblies):
+        A[k, 0] = 1.0
+        for row in rows:
+            attention, mlp = _variant_of(row)
+            for kind, v in (("attention", attention), ("mlp", mlp)):
+                if v == NO_OP:
+                    continue
+                if (kind, str(v)) not in index:
+                    raise KeyError(f"The table has no {kind} variant {v!r}: fit on assemblies of its variants.")
+                A[k, index[kind, str(v)]] += 1.0
+    t = torch.as_tensor(list(measured_s), dtype=torch.float64)
+    c0 = torch.tensor([table.fixed_s + n * table.per_layer_s]
+                      + [getattr(table, kind)[v] for kind, v in keys], dtype=torch.float64)  # fmt: skip
+    scale = float(t.mean()) / max(n, 1)
+    rows = torch.cat([A / t[:, None], (prior**0.5 / scale) * torch.eye(len(c0), dtype=torch.float64)])
+    rhs = torch.cat([torch.ones_like(t), (prior**0.5 / scale) * c0])
+    c = torch.linalg.lstsq(rows, rhs[:, None]).solution[:, 0].clamp_min(0.0)
+    fitted = CostTable(
+        table.workload,
+        {k: (0.0 if k == NO_OP else float(c[index["attention", k]])) for k in table.attention},
+        {k: (0.0 if k == NO_OP else float(c[index["mlp", k]])) for k in table.mlp},
+        float(c[0]) - n * table.per_layer_s,
+        table.per_layer_s,
+        table.source,
+        dict(table.info),
+    )
+    residual = (A @ c - t) / t
+    fitted.info["fit"] = {"assemblies": len(assemblies), "depth": n, "prior": prior,
+                          "relative_residuals": [float(r) for r in residual]}  # fmt: skip
+    return fitted

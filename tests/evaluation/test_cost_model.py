@@ -17,9 +17,11 @@ from optimum_prune.evaluation.cost_model import (
     assembled_model,
     attention_variants,
     check_cost_table,
+    fit_cost_table,
     layer_row_of,
     measure_cost_table,
     mlp_variants,
+    random_assemblies,
 )
 from optimum_prune.modeling.architectures import get_spec
 from optimum_prune.modeling.shapes import layer_table
@@ -114,3 +116,25 @@ def test_a_measured_table_covers_every_variant_and_predicts_assemblies():
     assert checked["dense"]["measured_s"] > 0 and math.isfinite(checked["dense"]["error"])
     with pytest.raises(ValueError, match="cost model"):
         measure_cost_table(transformers.BertConfig(), w)
+
+
+def test_the_fit_recovers_costs_from_whole_assemblies_and_keeps_them_in_the_variants():
+    """Step times that are exactly a sum of per-variant costs (another table's): the fit, from a wrong prior and a
+    weak ridge, recovers those costs and predicts held-out assemblies (float64 least squares)."""
+    config = smollm2_like(num_hidden_layers=6)
+    w = Workload("decode", 16, 2048)
+    truth = analytic_cost_table(config, w, bandwidth_gbs=20, tflops=0.5, sublayer_overhead_s=1e-4)
+    prior = analytic_cost_table(config, w, bandwidth_gbs=60, tflops=2.0)  # off by ~3x
+    fit_on, held_out = random_assemblies(config, 40, seed=0), random_assemblies(config, 5, seed=1)
+    assert all(r["num_attention_heads"] > 0 for rows in fit_on for r in rows[:1])  # layer 0 keeps its attention
+    assert all(r["intermediate_size"] > 0 or r["num_attention_heads"] == 0 for rows in fit_on for r in rows)
+    fitted = fit_cost_table(prior, fit_on, [truth.predict(rows) for rows in fit_on], prior=1e-8)
+    for rows in held_out:
+        assert fitted.predict(rows) == pytest.approx(truth.predict(rows), rel=1e-4)
+    assert max(abs(r) for r in fitted.info["fit"]["relative_residuals"]) < 1e-4
+    assert fitted.attention[NO_OP] == 0.0 and fitted.mlp[NO_OP] == 0.0
+    # a strong prior keeps the table's own values
+    kept = fit_cost_table(prior, fit_on[:3], [truth.predict(rows) for rows in fit_on[:3]], prior=1e6)
+    assert kept.mlp["1536"] == pytest.approx(prior.mlp["1536"], rel=1e-3)
+    with pytest.raises(ValueError, match="one depth"):
+        fit_cost_table(prior, [fit_on[0], fit_on[1][:3]], [1.0, 1.0])
