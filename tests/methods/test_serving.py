@@ -286,3 +286,24 @@ def test_a_run_stopped_in_the_refit_resumes_to_the_same_model(tmp_path, monkeypa
         prune_and_save(src, cfg, tmp_path / "resumed", calibration=ids, checkpoint_dir=tmp_path / "ckpt")
     assert calls and min(calls) == 3  # the finished blocks were not refitted again
     assert_same_state(saved_state(tmp_path / "ref"), saved_state(tmp_path / "resumed"), atol=1e-5)
+
+
+def test_end_to_end_scale_makes_a_sublayers_removal_cost_its_measured_kl():
+    model = _wide(seed=4)
+    ids = calibration_ids(8, 16)
+    report = prune_(copy.deepcopy(model), ServingConfig(pruning_ratio=0.3, error_scale="end_to_end",
+                                                          probe_tokens=32), ids)  # fmt: skip
+    spec = get_spec(model)
+    probe = ids[:2]  # 32 tokens: the first two sequences
+    with torch.no_grad():
+        dense = torch.log_softmax(model(input_ids=probe).logits.double(), -1)
+    for i in (1, 2):
+        for kind, lp in (("attention", LayerPlan(keep_heads=[])), ("mlp", LayerPlan(keep_channels=[]))):
+            cut = copy.deepcopy(model)
+            apply_layer_plan_(layer_view(get_layers(cut, spec)[i], i, spec, cut.config), lp, mode="zero")
+            with torch.no_grad():
+                logp = torch.log_softmax(cut(input_ids=probe).logits.double(), -1)
+            kl = float((dense.exp() * (dense - logp)).sum(-1).mean())
+            assert report.info["variant_losses"][i][kind]["no_op"] == pytest.approx(kl, rel=1e-3), (i, kind)
+    losses = report.info["variant_losses"][2]["mlp"]
+    assert 0 < losses["512"] < losses["256"] < losses["no_op"]  # smaller cuts scaled alike

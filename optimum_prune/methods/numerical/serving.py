@@ -118,6 +118,23 @@ class ServingPruner(NumericalPruner):
                 "measure one for this model (optimum-prune cost-model MODEL ...)."
             )
 
+    def attach_calibration(self, data, description: dict | None = None, source=None) -> None:
+        self._calibration = data  # the end-to-end probes run on its first sequences
+
+    def probe_ids(self) -> torch.Tensor | None:
+        """The calibration sequences the end-to-end probes run on (`error_scale="end_to_end"`), else `None`."""
+        data = getattr(self, "_calibration", None)
+        if self.config.error_scale != "end_to_end" or not isinstance(data, torch.Tensor):
+            return None
+        rows = max(1, min(len(data), -(-self.config.probe_tokens // data.shape[1])))
+        return data[:rows]
+
+    def probe_plans(self, view: LayerView) -> dict[str, LayerPlan]:
+        """`{"attention" | "mlp": the zeroed-form plan removing that sublayer}`: what the end-to-end probes run."""
+        if self.probe_ids() is None or view.index in self.config.skip_layers:
+            return {}
+        return {"attention": LayerPlan(keep_heads=[]), "mlp": LayerPlan(keep_channels=[])}
+
     # ------------------------------------------------------------------------------------------- variants
     def _options(self, view: LayerView, kv: int | None = None) -> list[tuple[Any, Any]]:
         return layer_options(view, self.config, kv)
@@ -138,26 +155,41 @@ class ServingPruner(NumericalPruner):
         return LayerPlan(merge_kv=groups, weights=weights)
 
     def variant_losses(
-        self, view: LayerView, acc: dict, channel_scores: torch.Tensor, merged: dict[int, Any], energy: float
+        self,
+        view: LayerView,
+        acc: dict,
+        channel_scores: torch.Tensor,
+        merged: dict[int, Any],
+        energy: float,
+        probes: dict[str, float] | None = None,
     ) -> dict[str, dict]:
         """`{"attention": {variant: loss}, "mlp": {variant: loss}}` of one block (see the module docstring): `acc`
         NP's fed statistics, `channel_scores` NP's MLP channel scores (lower: removed first), `merged[kv]` the
         paired statistics of the `o_proj` inputs under each merge, `energy` the residual stream's `E‖h‖²` leaving
-        the block."""
+        the block, `probes` the whole model's KL divergence with each sublayer of `probe_plans` removed."""
         cfg = self.config
-        scale = 1.0 / max(energy, 1e-30) if cfg.error_scale == "residual" else 1.0
-        damp, s = cfg.compensation_damping, cfg.refit_strength
+        out = self._layer_losses(view, acc, channel_scores, merged)
+        if cfg.error_scale == "end_to_end" and probes:
+            for kind in ("attention", "mlp"):
+                removed = out[kind][NO_OP]
+                factor = probes[kind] / removed if removed > 0 else 0.0
+                out[kind] = {v: loss * factor for v, loss in out[kind].items()}
+        elif cfg.error_scale == "residual":
+            out = {kind: {v: loss / max(energy, 1e-30) for v, loss in d.items()} for kind, d in out.items()}
+        return out
+
+    def _layer_losses(self, view: LayerView, acc: dict, channel_scores: torch.Tensor, merged: dict[int, Any]):
+        """Every variant's layer-wise loss per token after its refit, in the units of the sublayer's output."""
+        damp, s = self.config.compensation_damping, self.config.refit_strength
         W_o = weight_oi(view.o_proj).detach()
         H_x = acc["attn"].gram
-        attention: dict[Any, float] = {view.num_kv_heads: 0.0, NO_OP: output_energy(W_o, H_x) * scale}
+        attention: dict[Any, float] = {view.num_kv_heads: 0.0, NO_OP: output_energy(W_o, H_x)}
         for kv, st in merged.items():
-            attention[kv] = refit_loss(W_o, H_x, st.cross.gram, st.pruned.gram, damp, s) * scale
+            attention[kv] = refit_loss(W_o, H_x, st.cross.gram, st.pruned.gram, damp, s)
         W_d = weight_oi(view.mlp_out).detach()
-        widths = [m for _, m in self._options(view) if m != NO_OP]
-        order = channel_order(channel_scores)
-        mlp = width_losses(W_d, acc["mlp"].gram, order, sorted(set(widths)), damp)
-        mlp = {m: v * scale for m, v in mlp.items()}
-        mlp[NO_OP] = output_energy(W_d, acc["mlp"].gram) * scale
+        widths = sorted({m for _, m in self._options(view) if m != NO_OP})
+        mlp: dict[Any, float] = dict(width_losses(W_d, acc["mlp"].gram, channel_order(channel_scores), widths, damp))
+        mlp[NO_OP] = output_energy(W_d, acc["mlp"].gram)
         return {"attention": attention, "mlp": mlp}
 
     # ---------------------------------------------------------------------------------------------- costs

@@ -46,9 +46,14 @@ class ServingConfig(NumericalConfig):
             not verified in SGLang, TensorRT-LLM and MLX); `"vllm"` or `"llama.cpp"`: a KV-head count per layer
             (vLLM 0.32's `DeciLMForCausalLM` computes such a model's log-probabilities as transformers does,
             `benchmarks/vllm_reader.py`; llama.cpp's converter reads one count per layer).
-        error_scale (`str`, defaults to `"residual"`): how the layer-wise errors of different layers compare:
-            `"residual"` divides each by the energy `E‖h‖²` of the residual stream leaving the layer; `"absolute"`
-            adds them as they are.
+        error_scale (`str`, defaults to `"residual"`): how the layer-wise errors of different layers and sublayers
+            compare. `"end_to_end"`: each sublayer's errors are scaled so that its removal's error equals what its
+            removal alone costs the whole model, the KL divergence of its next-token distribution from the dense
+            model's on `probe_tokens` calibration tokens (one probe per sublayer; the layer-wise error of a smaller
+            change is taken as proportional); `"residual"` divides each by the energy `E‖h‖²` of the residual stream
+            leaving the layer; `"absolute"` adds them as they are.
+        probe_tokens (`int`, defaults to `1024`): calibration tokens (whole sequences, the first ones) the
+            `"end_to_end"` probes run on.
         resolution (`int`, defaults to `4000`): cells of the knapsack's cost grid (costs round up to whole cells).
     """
 
@@ -67,6 +72,7 @@ class ServingConfig(NumericalConfig):
     remove_sublayers: bool = True
     reader: str = "all"
     error_scale: str = "residual"
+    probe_tokens: int = 1024
     resolution: int = 4000
 
     after_calibration_fields: ClassVar[tuple[str, ...]] = (
@@ -77,6 +83,7 @@ class ServingConfig(NumericalConfig):
         "memory_dtype_bytes",
         "reader",
         "error_scale",
+        "probe_tokens",
         "resolution",
     )
 
@@ -120,7 +127,9 @@ class ServingConfig(NumericalConfig):
         choice("allocation", self.allocation, ("servable",))
         choice("compensation_inputs", self.compensation_inputs, ("sequential",))
         choice("reader", self.reader, ("all", "vllm", "llama.cpp"))
-        choice("error_scale", self.error_scale, ("residual", "absolute"))
+        choice("error_scale", self.error_scale, ("end_to_end", "residual", "absolute"))
+        if not isinstance(self.probe_tokens, int) or self.probe_tokens < 1:
+            raise ValueError(f"`probe_tokens` must be an int >= 1, got {self.probe_tokens!r}.")
         Workload.parse(self.workload)
         if self.speedup is not None and self.memory_gb is not None:
             raise ValueError("ServingConfig takes one target: `speedup` or `memory_gb` (or neither: pruning_ratio).")

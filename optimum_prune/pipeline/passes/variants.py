@@ -5,8 +5,10 @@
    the accumulators of `pruner.block_stats(view)` observe their module inputs (`pruner.score_block` ranks the MLP
    channels); for each attention variant of `pruner.attention_variants(view)` (the zeroed form of a KV-head merge)
    a copy of the block carrying it runs on the same hidden states, and the pairs of dense / merged `o_proj` inputs
-   feed `pruner.refit_stats`. `pruner.variant_losses` turns all of it, with the energy of the block's outputs, into
-   the loss of every variant.
+   feed `pruner.refit_stats`; for each plan of `pruner.probe_plans(view)` (a sublayer removed, zeroed form) the whole
+   model runs on `pruner.probe_ids()` with the block carrying it, and its next-token KL divergence from the dense
+   model's is measured. `pruner.variant_losses` turns all of it, with the energy of the block's outputs, into the
+   loss of every variant.
 2. **Assemble.** `pruner.decide_variants(...)` chooses one variant per block: `LayerPlan`s, no weight changed.
 3. **Refit.** The sequential refit pass (`passes.refit`), on the pruned network's inputs.
 """
@@ -58,12 +60,40 @@ def _merged_stats(pruner, run, config, view: LayerView, variants: dict) -> dict[
     return out
 
 
+def _log_probs(model, ids: torch.Tensor) -> list[torch.Tensor]:
+    """Next-token log-probabilities of every sequence of `ids` (one forward each, float32)."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        return [torch.log_softmax(model(input_ids=row[None].to(device), use_cache=False).logits[0].float(), -1)
+                for row in ids]  # fmt: skip
+
+
+def _probe_kl(model, view: LayerView, config, plans: dict, ids: torch.Tensor, dense: list[torch.Tensor]) -> dict:
+    """Per plan: the KL divergence (per token) of the whole model's next-token distribution from the dense one's with
+    block `view.index` carrying that plan (zeroed form), restored afterwards."""
+    out = {}
+    for key, lp in plans.items():
+        saved = {k: v.detach().clone() for k, v in view.layer.state_dict().items()}
+        apply_layer_plan_(layer_view(view.layer, view.index, view.spec, config), lp, mode="zero")
+        try:
+            total, count = 0.0, 0
+            for logp_dense, logp in zip(dense, _log_probs(model, ids)):
+                total += float((logp_dense.exp() * (logp_dense - logp)).sum())
+                count += logp.shape[0]
+            out[key] = max(total / max(count, 1), 0.0)
+        finally:
+            view.layer.load_state_dict(saved)
+    return out
+
+
 def variants_pass(pruner, stage: Stage) -> PruningPlan:
     """See the module docstring; returns the plan (refitted)."""
     views = stage.views()
     run = stage.runner()
     scores: dict[int, tuple] = {}
     losses: dict[int, dict] = {}
+    probe_ids = pruner.probe_ids()
+    dense_logp = _log_probs(stage.model, probe_ids) if probe_ids is not None else None
 
     def visit(view: LayerView):
         i = view.index
@@ -72,8 +102,10 @@ def variants_pass(pruner, stage: Stage) -> PruningPlan:
             head, chan, _ = pruner.score_block(view, acc)
         scores[i] = (head, chan)
         merged = _merged_stats(pruner, run, stage.model.config, view, pruner.attention_variants(view))
+        plans = pruner.probe_plans(view)
+        probes = _probe_kl(stage.model, view, stage.model.config, plans, probe_ids, dense_logp) if plans else None
         with phase("decide", i), torch.no_grad():
-            losses[i] = pruner.variant_losses(view, acc, chan, merged, _energy(outputs))
+            losses[i] = pruner.variant_losses(view, acc, chan, merged, _energy(outputs), probes)
         return outputs
 
     stage.walk(range(len(views)), visit, run=run, desc=f"{pruner.config.method}: scoring variants")
