@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ratios", nargs="*", type=float, default=[0.2, 0.35, 0.5], help="baseline pruning ratios")
     p.add_argument("--allocations", nargs="*", default=["servable", "global", "uniform"], choices=sorted(LABELS))
     p.add_argument("--reader", default="all", choices=["all", "vllm", "llama.cpp"], help="ServingConfig.reader")
+    p.add_argument("--error-scales", nargs="+", default=[None], choices=[None, "end_to_end", "residual", "absolute"],
+                   help="ServingConfig.error_scale values (default: its default; several: one model each)")  # fmt: skip
     p.add_argument("--num-samples", type=int, default=16, help="calibration windows (every model)")
     p.add_argument("--seq-len", type=int, default=512, help="their length in tokens")
     p.add_argument("--tables", default="/tmp/serving_tables", help="cost tables cost_table_<phase>_<b>_<ctx>.json")
@@ -89,8 +91,11 @@ def configs(args, tables: dict[str, tuple[CostTable, str]]) -> dict[str, tuple[s
         if w not in tables:
             continue
         for s in (float(x) for x in speedups.split(",")):
-            out[f"serving@{w}@{s:g}"] = ("serving", ServingConfig(speedup=s, workload=w, cost_table=tables[w][1],
-                                                                   reader=args.reader))  # fmt: skip
+            for scale in args.error_scales:
+                kw = {} if scale is None else {"error_scale": scale}
+                name = f"serving@{w}@{s:g}" + (f"@{scale}" if len(args.error_scales) > 1 else "")
+                out[name] = ("serving", ServingConfig(speedup=s, workload=w, cost_table=tables[w][1],
+                                                      reader=args.reader, **kw))  # fmt: skip
     for a in args.allocations:
         for r in args.ratios:
             out[f"np_{a}@{r:g}"] = (a, NumericalConfig(pruning_ratio=r, allocation=a))
@@ -172,7 +177,8 @@ def main(argv: list[str] | None = None) -> dict:
 def _label(name: str, entry: dict[str, Any]) -> str:
     if entry["kind"] == "serving":
         cfg = entry["config"]
-        return f"serving, {cfg['speedup']:g}x at {cfg['workload']}"
+        scale = f", {cfg['error_scale']}" if name.count("@") > 2 else ""
+        return f"serving, {cfg['speedup']:g}x at {cfg['workload']}{scale}"
     ratio = name.split("@", 1)[1]
     return f"{LABELS.get(entry['kind'], entry['kind'])} {float(ratio):.0%}"
 
@@ -229,9 +235,14 @@ def markdown(res: dict[str, Any]) -> str:
             lines.append(f"| {_label(name, e)} | {_shape(e)} | {s['speedup']:.2f}x | {pred} | " + " | ".join(cells)
                          + f" | {geomean_delta_cell(e, dense, texts)} | {vs} |")  # fmt: skip
         lines.append("")
-    lines += ["## Dense", "", "| " + " | ".join(harness.text_label(t) for t in texts) + " |",
-              "|" + "---|" * len(texts),
-              "| " + " | ".join(ppl_cell(dense["ppl"][t], dense["docs"].get(t)) for t in texts) + " |", ""]  # fmt: skip
+    lines += ["## Every model", "", "| model | shapes | " + " | ".join(harness.text_label(t) for t in texts)
+              + " | Δ geometric mean vs dense |", "|---|---|" + "---|" * len(texts) + "---|"]  # fmt: skip
+    for name, e in models.items():
+        cells = [ppl_cell(e["ppl"].get(t), (e.get("docs") or {}).get(t)) for t in texts]
+        label = "dense" if name == "dense" else _label(name, e)
+        delta = "–" if name == "dense" else geomean_delta_cell(e, dense, texts)
+        lines.append(f"| {label} | {_shape(e)} | " + " | ".join(cells) + f" | {delta} |")
+    lines.append("")
     unused = [n for n in models if n != "dense" and not any(n in v for v in speed.values())]
     if unused:
         lines += [f"Not timed yet: {', '.join(unused)}.", ""]
