@@ -307,3 +307,44 @@ def test_end_to_end_scale_makes_a_sublayers_removal_cost_its_measured_kl():
             assert report.info["variant_losses"][i][kind]["no_op"] == pytest.approx(kl, rel=1e-3), (i, kind)
     losses = report.info["variant_losses"][2]["mlp"]
     assert 0 < losses["512"] < losses["256"] < losses["no_op"]  # smaller cuts scaled alike
+
+
+@pytest.mark.parametrize("arch", ["llama_gqa", "mistral"])
+def test_contract_on_models_the_format_holds(arch, tmp_path):
+    """The contract suite's checks (tests/test_common.py) on models ServingConfig takes: removed = zeroed and a
+    deterministic plan; the pruned model decodes with its cache, saves, reloads with both loaders to identical logits;
+    the config round-trips and the saved one is the config as it ran."""
+    from testing_utils import assert_cached_decoding_matches
+    from transformers import AutoModelForCausalLM
+
+    from optimum_prune import PruningConfig
+    from optimum_prune.prune import _compute_plan
+
+    def make():
+        return tiny_model(arch, seed=5, intermediate_size=768, num_hidden_layers=4)
+
+    cfg = ServingConfig(memory_gb=0.05, workload="decode:32:4096", reader="llama.cpp")  # merges and removals
+    ids = calibration_ids(8, 16)
+    spec, plan = _compute_plan(make(), cfg, ids)
+    assert plan.summary() == _compute_plan(make(), cfg, ids)[1].summary()
+    assert any(lp.merge_kv for lp in plan.layers.values())
+    zeroed, removed = make(), make()
+    for m, mode in ((zeroed, "zero"), (removed, "remove")):
+        for i, lp in plan.layers.items():
+            apply_layer_plan_(layer_view(get_layers(m, spec)[i], i, spec, m.config), lp, mode=mode)
+    assert sum(p.numel() for p in removed.parameters()) < sum(p.numel() for p in zeroed.parameters())
+    torch.testing.assert_close(logits(removed), logits(zeroed), rtol=1e-5, atol=1e-5)
+    model = make()
+    report = prune_(model, cfg, ids)
+    assert report.params_after < report.params_before
+    assert_cached_decoding_matches(model)
+    out = save_pruned_model(model, tmp_path / "out")  # format="auto": the DeciLM format
+    assert json.loads((out / "config.json").read_text())["model_type"] == "nemotron-nas"
+    for loader in (AutoPrunedModelForCausalLM, AutoModelForCausalLM):
+        reloaded = loader.from_pretrained(out, attn_implementation="eager")
+        torch.testing.assert_close(logits(reloaded), logits(model), rtol=0, atol=0)
+    assert_cached_decoding_matches(reloaded)
+    assert PruningConfig.from_dict(cfg.to_dict()) == cfg
+    cfg.save_pretrained(tmp_path / "cfg")
+    assert PruningConfig.from_pretrained(tmp_path / "cfg") == cfg
+    assert PruningConfig.from_pretrained(out) == cfg.for_architecture(get_spec(model))
