@@ -46,7 +46,7 @@ class ServingConfig(NumericalConfig):
             not verified in SGLang, TensorRT-LLM and MLX); `"vllm"` or `"llama.cpp"`: a KV-head count per layer
             (vLLM 0.32's `DeciLMForCausalLM` computes such a model's log-probabilities as transformers does,
             `benchmarks/vllm_reader.py`; llama.cpp's converter reads one count per layer).
-        error_scale (`str`, defaults to `"residual"`): how the layer-wise errors of different layers and sublayers
+        error_scale (`str`, defaults to `"end_to_end"`, chosen on the selection split: docs/guides/deployment.md): how the layer-wise errors of different layers and sublayers
             compare. `"end_to_end"`: each sublayer's errors are scaled so that its removal's error equals what its
             removal alone costs the whole model, the KL divergence of its next-token distribution from the dense
             model's on `probe_tokens` calibration tokens (one probe per sublayer; the layer-wise error of a smaller
@@ -71,7 +71,7 @@ class ServingConfig(NumericalConfig):
     kv_merge: bool = True
     remove_sublayers: bool = True
     reader: str = "all"
-    error_scale: str = "residual"
+    error_scale: str = "end_to_end"
     probe_tokens: int = 1024
     resolution: int = 4000
 
