@@ -177,8 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
 def _label(name: str, entry: dict[str, Any]) -> str:
     if entry["kind"] == "serving":
         cfg = entry["config"]
-        scale = f", {cfg['error_scale']}" if name.count("@") > 2 else ""
-        return f"serving, {cfg['speedup']:g}x at {cfg['workload']}{scale}"
+        return f"serving, {cfg['speedup']:g}x at {cfg['workload']}, {cfg['error_scale']}"
     ratio = name.split("@", 1)[1]
     return f"{LABELS.get(entry['kind'], entry['kind'])} {float(ratio):.0%}"
 

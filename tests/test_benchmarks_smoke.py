@@ -747,7 +747,7 @@ def test_serving(tiny_llama, smollm2_tokenizer, tmp_path):
     again = _run("serving", argv, tmp_path / "serving.json")
     assert again["models"]["np_global@0.3"]["ppl"] == result["models"]["np_global@0.3"]["ppl"]  # resumed
     report = (tmp_path / "serving.md").read_text(encoding="utf-8")
-    assert "## decode:2:32" in report and "serving, 1.05x at decode:2:32" in report
+    assert "## decode:2:32" in report and "serving, 1.05x at decode:2:32, end_to_end" in report
 
 
 def test_vllm_reader(tiny_dir, tmp_path):
