@@ -90,6 +90,21 @@ def test_finetune_cli_with_distillation(pruned_dir, learnable_texts, tmp_path, c
     assert (out / "README.md").is_file()
 
 
+def test_recover_cli_takes_a_token_budget_and_streams(pruned_dir, learnable_texts, tmp_path, capsys):
+    out, report = tmp_path / "rec", tmp_path / "report.json"
+    argv = ["recover", str(pruned_dir / "pruned"), "--data", str(learnable_texts), *FT[2:], "--tokens", "500",
+            "--eval-at", "128", "--stream", "--lr", "1e-2", "--output", str(out), "--report", str(report)]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["config"]["token_budget"] == 500 and summary["config"]["max_steps"] == 8  # ceil(500 / (2 x 32))
+    assert summary["tokens_seen"] == 512 and summary["config"]["streaming"] and summary["train_tokens"] is None
+    curve = json.loads(report.read_text())["curve"]
+    assert [p["tokens"] for p in curve] == [128, 512] and curve[-1]["perplexity"] < curve[0]["perplexity"]
+    with pytest.raises(SystemExit):  # --steps or --tokens, not both
+        main([*argv[:-4], "--steps", "3", "--output", str(tmp_path / "x")])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "extra, match",
     [

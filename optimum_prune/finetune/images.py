@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..calibration.data import split_documents
+from ..calibration.corpora import split_indices
 from ..calibration.images import (
     LabelledImages,
     check_images_fit,
@@ -58,6 +58,12 @@ def _prepare(model, config, dataset, teacher):
         raise ValueError("Pass `dataset=`: labelled images (a Dataset with `pixel_values` and `labels`, or examples).")
     pixels, labels = load_image_examples(dataset)
     check_labels(model, labels, "fine-tuning")
+    text_only = [n for n in ("token_budget", "eval_at_tokens") if getattr(config, n) is not None]
+    if text_only or config.streaming:
+        raise ValueError(
+            f"FinetuneConfig.{', '.join(text_only or ['streaming'])} applies to text (causal LM) fine-tuning; an image "
+            "classifier trains for max_steps steps on the labelled images it is given."
+        )
     num_labels = model.config.num_labels
     if len(labels) < 2:
         raise ValueError(f"Fine-tuning needs at least 2 labelled images (some are held out), got {len(labels)}.")
@@ -71,9 +77,7 @@ def _prepare(model, config, dataset, teacher):
                 f"{num_labels}: distillation compares their logits class by class (use the unpruned source model)."
             )
     targets = lora_target_modules(model, config.target_modules) if config.method == "lora" else None
-    train_idx, eval_idx = split_documents(
-        list(range(len(labels))), config.eval_fraction, config.seed, shuffle_held_out=False
-    )
+    train_idx, eval_idx = split_indices(len(labels), config.eval_fraction, config.seed)
     train_idx, eval_idx = torch.as_tensor(train_idx), torch.as_tensor(eval_idx)
     args = training_arguments(config, config.output_dir or tempfile.gettempdir())
     return targets, (pixels[train_idx], labels[train_idx]), (pixels[eval_idx], labels[eval_idx]), args

@@ -12,13 +12,16 @@ import datasets
 import torch
 from torch import nn
 
+from ..calibration.corpora import split_indices
 from ..calibration.data import DOCUMENT_SEPARATOR, load_texts, split_documents
 from ..evaluation.perplexity import perplexity
 from ..modeling.architectures import get_spec, is_image_model
 from .config import FINETUNE_ATTR, FinetuneConfig, FinetuneReport
 from .engine import check_teacher, lora_target_modules, record_finetune_, train_model, training_arguments
 from .images import finetune_images_
+from .progress import TokenCheckpoints, TokenProgress
 from .sparsity import sparsity_masks
+from .stream import DocumentIndex, TokenWindows, first_window
 
 __all__ = ["finetune_", "training_windows"]
 
@@ -56,16 +59,20 @@ def _prepare(model, config, dataset, tokenizer, teacher):
         )
     get_spec(model)  # raises UnsupportedArchitectureError with the supported list
     targets = lora_target_modules(model, config.target_modules) if config.method == "lora" else None
-    docs = load_texts(dataset)
-    if len(docs) < 2:
-        raise ValueError(
-            f"Fine-tuning needs at least 2 documents (some are held out for evaluation), got {len(docs)}. "
-            "Split the text into several documents (e.g. a directory of .txt files or a list of strings)."
-        )
-    train_docs, eval_docs = split_documents(docs, config.eval_fraction, config.seed, shuffle_held_out=False)
-    windows = training_windows(train_docs, tokenizer, config.seq_len)
+    if config.streaming:
+        train_docs, eval_docs, windows, first, held_out = _streamed(config, dataset, tokenizer)
+    else:
+        docs = load_texts(dataset)
+        if len(docs) < 2:
+            raise ValueError(
+                f"Fine-tuning needs at least 2 documents (some are held out for evaluation), got {len(docs)}. "
+                "Split the text into several documents (e.g. a directory of .txt files or a list of strings)."
+            )
+        train_docs, eval_docs = split_documents(docs, config.eval_fraction, config.seed, shuffle_held_out=False)
+        windows = first = training_windows(train_docs, tokenizer, config.seq_len)
+        held_out = len(eval_docs)
     vocab = model.get_input_embeddings().weight.shape[0]
-    if int(windows.max()) >= vocab:
+    if int(first.max()) >= vocab:
         raise ValueError(f"Token ids exceed the model's vocabulary ({vocab}); is this the model's tokenizer?")
     eval_ids = tokenizer(DOCUMENT_SEPARATOR.join(eval_docs), return_tensors="pt")["input_ids"][0]
     if eval_ids.numel() < config.seq_len:
@@ -81,7 +88,35 @@ def _prepare(model, config, dataset, tokenizer, teacher):
             )
         check_teacher(model, teacher)
     args = training_arguments(config, config.output_dir or tempfile.gettempdir())
-    return targets, train_docs, eval_docs, windows, args
+    return targets, train_docs, eval_docs, windows, args, held_out
+
+
+def _streamed(config: FinetuneConfig, dataset: Any, tokenizer: Any):
+    """`(train_indices, eval_docs, windows, first_window, held_out)` of a streamed source: of its `held_out` held-out
+    documents those read (enough for `eval_max_tokens`), the training ones left in the source."""
+    docs = DocumentIndex(dataset)
+    if len(docs) < 2:
+        raise ValueError(
+            f"Fine-tuning needs at least 2 documents (some are held out for evaluation), got {len(docs)}. "
+            "Split the text into several documents (e.g. a directory of .txt files or a jsonl file)."
+        )
+    train_idx, eval_idx = split_indices(len(docs), config.eval_fraction, config.seed)
+    eval_docs, tokens = [], 0
+    for i in eval_idx:
+        text = docs[i]
+        if text.strip():
+            eval_docs.append(text)
+            tokens += len(tokenizer(text, add_special_tokens=False)["input_ids"])
+            if config.eval_max_tokens is not None and tokens >= config.eval_max_tokens + config.seq_len:
+                break
+    windows = TokenWindows(docs, train_idx, tokenizer, config.seq_len, seed=config.seed)
+    first = first_window(windows)
+    if first is None:
+        raise ValueError(
+            f"Training text too short: the {len(train_idx)} training documents do not fill one sequence of "
+            f"seq_len={config.seq_len} tokens. Provide more text or lower FinetuneConfig.seq_len."
+        )
+    return train_idx, eval_docs, windows, first, len(eval_idx)
 
 
 def _ppl(model, tokenizer, docs, config) -> float:
@@ -117,26 +152,37 @@ def finetune_(
     """
     if is_image_model(model):
         return finetune_images_(model, config, dataset, teacher=teacher, callbacks=callbacks)
-    targets, train_docs, eval_docs, windows, args = _prepare(model, config, dataset, tokenizer, teacher)
+    targets, train_docs, eval_docs, windows, args, held_out = _prepare(model, config, dataset, tokenizer, teacher)
     masks = sparsity_masks(model) if config.keep_sparsity else {}
     ppl_before = _ppl(model, tokenizer, eval_docs, config)
     logger.info("Held-out perplexity before fine-tuning: %.3f (%d masked projections)", ppl_before, len(masks))
-    train_ds = datasets.Dataset.from_dict({"input_ids": windows.tolist(), "labels": windows.tolist()})
-    train_ds.set_format("torch")
+    if config.streaming:
+        train_ds = windows
+    else:
+        train_ds = datasets.Dataset.from_dict({"input_ids": windows.tolist(), "labels": windows.tolist()})
+        train_ds.set_format("torch")
     history = list(getattr(model, FINETUNE_ATTR, []))
-    model, run = train_model(model, config, train_ds, args, targets, masks, teacher, callbacks, "CAUSAL_LM")
+    cbs = [*(callbacks or []), TokenProgress(config.tokens_per_step)]
+    curve = None
+    if config.eval_at_tokens:
+        curve = TokenCheckpoints(
+            config.eval_at_tokens, config.tokens_per_step, lambda m: {"perplexity": _ppl(m, tokenizer, eval_docs, config)}
+        )  # fmt: skip
+        cbs.append(curve)
+    model, run = train_model(model, config, train_ds, args, targets, masks, teacher, cbs, "CAUSAL_LM")
     ppl_after = _ppl(model, tokenizer, eval_docs, config)
     report = FinetuneReport(
         config=config.to_dict(),
         perplexity_before=ppl_before,
         perplexity_after=ppl_after,
         train_documents=len(train_docs),
-        eval_documents=len(eval_docs),
-        train_tokens=windows.numel(),
+        eval_documents=held_out,
+        train_tokens=None if config.streaming else windows.numel(),
         tokens_seen=run["steps"] * config.batch_size * config.gradient_accumulation_steps * config.seq_len,
         **run["report"],
         eval_tokens=min(config.eval_max_tokens or 1 << 62, _count_tokens(tokenizer, eval_docs)),
-        data={"documents": len(train_docs) + len(eval_docs)},
+        data={"documents": len(train_docs) + held_out, "streaming": config.streaming},
+        curve=curve.points if curve is not None else [],
     )
     record_finetune_(model, config, history, report)
     return model, report
