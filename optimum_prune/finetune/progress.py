@@ -22,14 +22,15 @@ class TokenProgress(TrainerCallback):
     def __init__(self, tokens_per_step: int) -> None:
         self.tokens_per_step = tokens_per_step
         self._t0: float | None = None
-        self._step0 = 0
+        self._step0 = self._logged = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._t0, self._step0 = time.perf_counter(), state.global_step  # a resumed run starts at its checkpoint
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self._t0 is None or state.global_step <= self._step0:
+        if self._t0 is None or state.global_step <= self._step0 or state.global_step == self._logged:
             return
+        self._logged = state.global_step
         elapsed = time.perf_counter() - self._t0
         per_step = elapsed / (state.global_step - self._step0)
         left = (state.max_steps - state.global_step) * per_step
