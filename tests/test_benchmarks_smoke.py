@@ -769,3 +769,30 @@ def test_vllm_reader(tiny_dir, tmp_path):
     row = result["rows"]["tiny"]
     assert row["ok"] is False and "vllm" in row["error"].lower() and row["shapes"]["kv_counts"] == [2]
     assert "| tiny | 2 | 0 | fails:" in (tmp_path / "vllm.md").read_text(encoding="utf-8")
+
+
+def test_recovery_curves(tiny_dir, tmp_path):
+    """Throughput of every recipe, then curves: each recipe's checkpoints scored on the three texts, the gap share,
+    the learning-rate screen and a rerun that skips what it has."""
+    _corpora()
+    import recovery_curves
+
+    base = ["--model", str(tiny_dir), "--batch-size", "1", "--seq-len", "16", "--workdir", str(tmp_path / "w")]
+    result = _run("recovery_curves", [*base, "--throughput", "--throughput-steps", "1", "--recipes", "lora", "kd"],
+                  tmp_path / "tp.json")  # fmt: skip
+    assert set(result["throughput"]) == {"lora", "lora_bf16", "kd", "kd_bf16"}
+    assert all(r["tokens_per_s"] > 0 and len(r["step_s"]) == 2 for r in result["throughput"].values())
+    argv = [*base, "--methods", "np20", "--recipes", "lora", "full", "--budgets", "16", "48", "--lr", "lora=1e-3,1e-2",
+            "--num-samples", "2", "--calib-seq-len", "32", *TINY_EVAL]  # fmt: skip
+    result = _run("recovery_curves", argv, tmp_path / "rc.json")
+    _check_protocol(result)
+    runs = result["rows"]["np20"]["runs"]
+    assert set(runs) == {"lora@0.001", "lora@0.01", "full@3e-05"}
+    assert all([p["tokens"] for p in r["points"]] == [16, 48] for r in runs.values())
+    assert set(runs["full@3e-05"]["points"][0]["ppl"]) == {"bbc", "python_docs", "kjv"}
+    report = (tmp_path / "rc.md").read_text(encoding="utf-8")
+    assert "gap recovered" in report and "-> best lr" in report
+    again = _run("recovery_curves", argv, tmp_path / "rc.json")
+    assert again["rows"]["np20"]["runs"]["lora@0.01"]["points"] == runs["lora@0.01"]["points"]  # kept, not re-run
+    assert recovery_curves.gap_recovered(10.0, 30.0, 15.0) == 0.75
+    assert recovery_curves.gap_recovered(10.0, 30.0, 40.0) == -0.5
