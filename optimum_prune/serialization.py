@@ -44,7 +44,7 @@ from .modeling.auto_classes import (
     pruned_classes,
     register_pruned_architectures,
 )
-from .modeling.decilm import DECI_MODEL_TYPE, DeciLMConfig, deci_config, deci_problems
+from .modeling.decilm import DECI_MODEL_TYPE, DeciLMConfig, deci_export, deci_problems
 from .modeling.decilm import write_config_code as write_deci_code
 from .modeling.shapes import layer_table
 from .storage.sharded import save_streamed_
@@ -152,7 +152,7 @@ def export_config(
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}.")
     spec = spec or get_spec(model)
     if format == "deci":
-        return deci_config(model, spec), {}
+        return deci_export(model, spec)
     shapes = layer_table(model, spec)
     base_type = _base_type(model.config.model_type)
     data = model.config.to_dict()
@@ -191,7 +191,7 @@ def export_config(
                 config.architectures = [model_cls.__name__]
                 return config, zeros
     if spec.modality == "text" and not deci_problems(model, spec):
-        return deci_config(model, spec), {}
+        return deci_export(model, spec)
     config_cls, model_cls = pruned_classes(base_type, model_task(model))
     config = config_cls.from_dict({**data, "model_type": config_cls.model_type, "pruned_layers": shapes})
     config.architectures = [model_cls.__name__]

@@ -14,7 +14,7 @@ import torch
 from llamacpp_converter import convert
 from safetensors.torch import load_file
 from testing_utils import assert_cached_decoding_matches, calibration_ids, logits, tiny_model
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from optimum_prune import AutoPrunedModelForCausalLM, load_pruned_model, save_pruned_model
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view
@@ -47,15 +47,16 @@ def _byte_fallback_tokenizer():
     return LlamaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 
-def _deci_model(vocab_size: int = 128, tie: bool = False) -> LlamaForCausalLM:
-    config = LlamaConfig(
+def _deci_model(vocab_size: int = 128, tie: bool = False, base: str = "llama") -> LlamaForCausalLM:
+    config_cls, model_cls = (LlamaConfig, LlamaForCausalLM) if base == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    config = config_cls(
         vocab_size=vocab_size, hidden_size=64, intermediate_size=768, num_hidden_layers=len(LAYERS),
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rope_theta=50000.0,
         tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2,
     )  # fmt: skip
     config._attn_implementation = "eager"
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
+    model = model_cls(config).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(1.0 if p.dim() == 1 else 0.0, 0.2 if p.dim() == 2 else 0.1)
@@ -99,13 +100,17 @@ def _reference_logits(directory, ids: torch.Tensor) -> torch.Tensor:
         if not block["attention"]["no_op"]:
             kv = heads // block["attention"]["n_heads_in_group"]
             h = rms(x, w[p + "input_layernorm.weight"])
-            q = (h @ w[p + "self_attn.q_proj.weight"].T).view(B, T, heads, d).transpose(1, 2)
-            k = (h @ w[p + "self_attn.k_proj.weight"].T).view(B, T, kv, d).transpose(1, 2)
-            v = (h @ w[p + "self_attn.v_proj.weight"].T).view(B, T, kv, d).transpose(1, 2)
+            q, k, v = (h @ w[p + f"self_attn.{n}_proj.weight"].T for n in "qkv")
+            if cfg["attention_bias"]:  # all four projections (o_proj's are zeros in a Qwen2 folder)
+                q, k, v = (t + w[p + f"self_attn.{n}_proj.bias"] for t, n in zip((q, k, v), "qkv"))
+            q = q.view(B, T, heads, d).transpose(1, 2)
+            k, v = (t.view(B, T, kv, d).transpose(1, 2) for t in (k, v))
             q, k = rope(q), rope(k)
             k, v = (t.repeat_interleave(heads // kv, dim=1) for t in (k, v))
             a = ((q @ k.transpose(-1, -2)) / math.sqrt(d)).masked_fill(~causal, float("-inf")).softmax(-1)
             x = x + (a @ v).transpose(1, 2).reshape(B, T, hidden) @ w[p + "self_attn.o_proj.weight"].T
+            if cfg["attention_bias"]:
+                x = x + w[p + "self_attn.o_proj.bias"]
         if not block["ffn"]["no_op"]:
             width = int(2 * block["ffn"]["ffn_mult"] * hidden / 3)
             width += -width % 256
@@ -149,6 +154,38 @@ def test_deci_directory_matches_the_formats_float64_reference_and_reloads_exactl
     assert_cached_decoding_matches(reloaded)
 
 
+def test_qwen2_is_written_with_its_qkv_biases_and_a_zero_o_bias(tmp_path, caplog):
+    model = _deci_model(base="qwen2")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.5)  # biases that matter
+    with caplog.at_level("WARNING", logger="optimum_prune"):
+        out = save_pruned_model(model, tmp_path / "out")
+    assert "TensorRT-LLM" in caplog.text and "llama.cpp" in caplog.text
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "nemotron-nas" and cfg["attention_bias"] and not cfg["mlp_bias"]
+    assert cfg["optimum_prune_base_model_type"] == "qwen2"
+    w = load_file(out / "model.safetensors")
+    attention = [i for i, b in enumerate(cfg["block_configs"]) if not b["attention"]["no_op"]]
+    assert sorted(k for k in w if k.endswith(".bias")) == sorted(
+        f"model.layers.{i}.self_attn.{n}_proj.bias" for i in attention for n in "qkvo"
+    )
+    assert all(not w[f"model.layers.{i}.self_attn.o_proj.bias"].any() for i in attention)
+    ids = calibration_ids(2, 24, seed=7)
+    ours = load_pruned_model(out, dtype=torch.float64, attn_implementation="eager")
+    torch.testing.assert_close(ours(input_ids=ids).logits, _reference_logits(out, ids), rtol=0, atol=2e-5)
+    for loader in (AutoPrunedModelForCausalLM, AutoModelForCausalLM):
+        reloaded = loader.from_pretrained(out, attn_implementation="eager")
+        torch.testing.assert_close(logits(reloaded), logits(model), rtol=0, atol=0)
+    again = save_pruned_model(reloaded, tmp_path / "again")  # its o_proj biases are parameters now
+    assert load_file(again / "model.safetensors").keys() == w.keys()
+    without = _deci_model(base="qwen2")
+    without.model.layers[1].mlp.down_proj.bias = torch.nn.Parameter(torch.zeros(64))
+    (tmp_path / "refused").mkdir()
+    _refused(without, tmp_path / "refused", "biases other than qwen2's q/k/v ones")
+
+
 def test_llama_cpp_converter_reads_the_deci_directory(tmp_path):
     """llama.cpp's own convert_hf_to_gguf.py (from the llama-cpp-python sdist, not our exporter) converts the saved
     directory; the file's per-layer shapes and every tensor are ours."""
@@ -181,12 +218,17 @@ def test_llama_cpp_converter_reads_the_deci_directory(tmp_path):
         torch.testing.assert_close(found[name], tensor, rtol=0, atol=0, msg=name)
 
 
-def test_mlx_lm_runs_the_deci_directory(tmp_path):
-    """MLX's own DeciLM model (mlx-lm's `nemotron-nas`, its CPU build) loads the directory and computes our logits."""
+@pytest.mark.parametrize("base", ["llama", "qwen2"])
+def test_mlx_lm_runs_the_deci_directory(tmp_path, base):
+    """MLX's own DeciLM model (mlx-lm's `nemotron-nas`, its CPU build) loads the directory and computes our logits
+    (Qwen2's with its q/k/v biases and the zero o_proj bias)."""
     mx = pytest.importorskip("mlx.core", reason="mlx-lm has builds for Linux x86-64 and macOS only (the dev extra)")
     from mlx_lm.utils import load_model
 
-    model = _deci_model()
+    model = _deci_model(base=base)
+    if base == "qwen2":
+        with torch.no_grad():
+            model.model.layers[0].self_attn.k_proj.bias.normal_(0.0, 0.5)
     out = save_pruned_model(model, tmp_path / "out")
     mlx_model, _ = load_model(out)
     ids = calibration_ids(2, 24, seed=7)

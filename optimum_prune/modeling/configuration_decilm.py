@@ -26,6 +26,10 @@ from transformers import PretrainedConfig
 __all__ = ["BlockConfig", "DeciLMConfig", "ffn_width"]
 
 
+QKV_PATHS = ("self_attn.k_proj", "self_attn.q_proj", "self_attn.v_proj")
+ATTENTION_BIAS_PATHS = ("self_attn.k_proj", "self_attn.o_proj", "self_attn.q_proj", "self_attn.v_proj")
+
+
 def ffn_width(ffn_mult: float, hidden_size: int) -> int:
     """The MLP width a DeciLM reader builds for `ffn_mult`: `int(2·mult·hidden/3)` rounded up to a multiple of 256."""
     width = int(2 * ffn_mult * hidden_size / 3)
@@ -91,7 +95,7 @@ class DeciLMConfig(PretrainedConfig):
 
     def layer_shapes(self) -> list[dict[str, Any]]:
         """Per layer: `num_attention_heads`, `num_key_value_heads`, `head_dim`, `intermediate_size` (0 for a `no_op`
-        sublayer) and `biases` (none)."""
+        sublayer) and `biases` (the four attention projections with `attention_bias`, as every reader builds them)."""
         heads, hidden = self.num_attention_heads, self.hidden_size
         rows = []
         for i, block in enumerate(self.block_configs):
@@ -109,7 +113,7 @@ class DeciLMConfig(PretrainedConfig):
                     "num_key_value_heads": 0 if attn_noop else heads // attn.n_heads_in_group,
                     "head_dim": hidden // heads,
                     "intermediate_size": int(width),
-                    "biases": [],
+                    "biases": [] if attn_noop or not self.attention_bias else list(ATTENTION_BIAS_PATHS),
                 }
             )
         return rows

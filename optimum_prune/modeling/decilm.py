@@ -4,14 +4,16 @@ with their own model code (vLLM, SGLang, TensorRT-LLM, MLX, llama.cpp's `convert
 What every one of those readers accepts, and so what this module writes (`configuration_decilm.py` describes the
 semantics):
 
-- a Llama decoder (llama / mistral bases: SwiGLU `silu` MLP, RMSNorm, rotary attention, no q/k norms);
+- a Llama decoder (llama / mistral / qwen2 bases: SwiGLU `silu` MLP, RMSNorm, rotary attention, no q/k norms);
 - per layer, attention with all `num_attention_heads` query heads of `hidden_size / num_attention_heads` dimensions
   and `num_attention_heads / n_heads_in_group` KV heads, or none (`no_op`);
 - per layer, an MLP whose width is a multiple of 256 (`ffn_mult`: the readers round `int(2·mult·hidden/3)` up to a
   multiple of 256), or none (`no_op`) where the layer has no attention either (llama.cpp's graph skips the whole layer
   when its MLP is absent);
-- no biases (SGLang and TensorRT-LLM build the projections without them), the first layer's attention kept (vLLM
-  and SGLang start the residual stream there).
+- no biases, except Qwen2's q/k/v biases: `attention_bias: true` builds biases on all four attention projections in
+  vLLM, SGLang and MLX, so a zero `o_proj.bias` is written beside them (TensorRT-LLM builds the projections without
+  biases and drops them silently; llama.cpp's converter cannot read Qwen2's vocabulary: a warning says so at save);
+- the first layer's attention kept (vLLM and SGLang start the residual stream there).
 
 Only `ffn_mult` is written (MLX rejects unknown keys in a block; only vLLM reads `intermediate_size`).
 """
@@ -24,12 +26,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..constants import DECI_BASE_KEY
 from . import configuration_decilm
 from .architectures import ArchitectureSpec, get_spec
-from .configuration_decilm import DeciLMConfig, ffn_width
+from .configuration_decilm import ATTENTION_BIAS_PATHS, QKV_PATHS, DeciLMConfig, ffn_width
 from .shapes import layer_table
 
 __all__ = [
@@ -38,6 +41,7 @@ __all__ = [
     "DeciLMConfig",
     "deci_blocks",
     "deci_config",
+    "deci_export",
     "deci_problems",
     "ffn_mult",
     "servable_problems",
@@ -48,7 +52,9 @@ logger = logging.getLogger(__name__)
 
 DECI_MODEL_TYPE = DeciLMConfig.model_type
 FFN_MULTIPLE = 256  # the readers round every MLP width up to a multiple of this
-BASES = ("llama", "mistral")  # model types whose decoder is the DeciLM block
+BASES = ("llama", "mistral", "qwen2")  # model types whose decoder is the DeciLM block
+# the biases a base may have: Qwen2's q/k/v, on every attention sublayer (written with `attention_bias: true`)
+QKV_BIASES = {"qwen2": QKV_PATHS}
 CODE_FILE = "configuration_decilm.py"
 # config keys copied from the base model's config (the rest of config.json is written here)
 _COPIED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "hidden_act", "rms_norm_eps",
@@ -74,12 +80,13 @@ def deci_problems(model: nn.Module, spec: ArchitectureSpec | None = None) -> lis
     base = _base(config)
     if base not in BASES:
         return [
-            f"its base is {base!r}: the DeciLM block is Llama's ({', '.join(BASES)} bases; Qwen 2 has q/k/v biases, "
-            "Qwen 3 and Gemma 3 q/k norms, Gemma 3 its own norms and activation)"
+            f"its base is {base!r}: the DeciLM block is Llama's ({', '.join(BASES)} bases; "
+            "Qwen 3 and Gemma 3 have q/k norms, Gemma 3 its own norms and activation)"
         ]
     spec = spec or get_spec(model)
     rows = layer_table(model, spec)
     heads, hidden = config.num_attention_heads, config.hidden_size
+    allowed = QKV_BIASES.get(base, ())
     problems = []
     if hidden % heads or rows[0]["head_dim"] != hidden // heads:
         problems.append(f"its head_dim {rows[0]['head_dim']} is not hidden_size / num_attention_heads")
@@ -102,7 +109,14 @@ def deci_problems(model: nn.Module, spec: ArchitectureSpec | None = None) -> lis
             lambda r: r["num_attention_heads"] and heads % max(r["num_key_value_heads"], 1),
             "have a KV head count that does not divide the query heads",
         ),
-        (lambda r: r["biases"], "have biases (SGLang and TensorRT-LLM build these projections without them)"),
+        (
+            lambda r: (
+                tuple(r["biases"]) not in ((allowed, ATTENTION_BIAS_PATHS) if r["num_attention_heads"] else [()])
+            ),
+            "have biases other than "
+            + (f"{base}'s q/k/v ones (and o_proj's)" if allowed else "none")
+            + " (the readers build the other projections without them)",
+        ),
         (
             lambda r: r["intermediate_size"] % FFN_MULTIPLE,
             f"have an MLP width that is not a multiple of {FFN_MULTIPLE} (the readers round ffn_mult up to one)",
@@ -135,8 +149,9 @@ def servable_problems(model: nn.Module, spec: ArchitectureSpec, skip_layers=()) 
         problems.append("its layers do not all keep every query head of hidden_size / heads dimensions")
     if any(r["intermediate_size"] % FFN_MULTIPLE for i, r in enumerate(rows) if i not in skip_layers):
         problems.append(f"its MLP width is not a multiple of {FFN_MULTIPLE} (the readers' widths are)")
-    if any(r["biases"] for r in rows):
-        problems.append("its projections have biases (SGLang and TensorRT-LLM read none)")
+    allowed = set(ATTENTION_BIAS_PATHS if base in QKV_BIASES else ())
+    if any(set(r["biases"]) - allowed for r in rows):
+        problems.append("its projections have biases the readers do not build (only Qwen2's q/k/v ones)")
     return problems
 
 
@@ -184,7 +199,7 @@ def deci_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> DeciL
         rope_theta=theta,
         rope_scaling=scaling,
         head_dim=config.hidden_size // config.num_attention_heads,
-        attention_bias=False,
+        attention_bias=_base(config) in QKV_BIASES,
         mlp_bias=False,
         intermediate_size=None,
         num_key_value_heads=None,
@@ -201,6 +216,30 @@ def deci_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> DeciL
             config.sliding_window,
         )
     return DeciLMConfig(**data)
+
+
+def deci_export(model: nn.Module, spec: ArchitectureSpec | None = None) -> tuple[DeciLMConfig, dict[str, Any]]:
+    """The DeciLM config of `model` and the zero tensors the readers need beside its weights: with `attention_bias`
+    (Qwen2) a zero `o_proj.bias` in every attention sublayer without one (the readers build it from the same flag; a
+    reloaded folder has it as a parameter)."""
+    spec = spec or get_spec(model)
+    config = deci_config(model, spec)
+    if not config.attention_bias:
+        return config, {}
+    logger.warning(
+        "A %s model in the DeciLM format carries q/k/v biases (attention_bias=true, zero o_proj biases): vLLM, "
+        "SGLang and MLX load it; TensorRT-LLM's DeciLM drops the biases without an error (wrong outputs) and "
+        "llama.cpp's converter cannot read a Qwen2 vocabulary as DeciLM.",
+        _base(model.config),
+    )
+    sd = model.state_dict()
+    zeros = {}
+    for i, row in enumerate(layer_table(model, spec)):
+        key = f"{spec.layers}.{i}.{spec.o_path}.bias"
+        if row["num_attention_heads"] and key not in sd:
+            weight = sd[key.removesuffix("bias") + "weight"]
+            zeros[key] = torch.zeros(weight.shape[0], dtype=weight.dtype)
+    return config, zeros
 
 
 def write_config_code(directory: Path) -> None:

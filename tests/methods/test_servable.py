@@ -90,12 +90,14 @@ def test_spp_refuses_servable():
         (_wide, NumericalConfig(pruning_ratio=0.2, allocation="auto"), "servable"),
         (_wide, FLAPConfig(pruning_ratio=0.3, allocation="auto"), "servable"),
         (lambda: tiny_model("qwen3", intermediate_size=768), NumericalConfig(allocation="auto"), "global"),
+        # Qwen2's q/k/v biases: the DeciLM format holds them (attention_bias, for vLLM, SGLang, MLX)
+        (lambda: tiny_model("qwen2", intermediate_size=768), NumericalConfig(allocation="auto"), "servable"),
         (lambda: tiny_model("llama"), NumericalConfig(allocation="auto"), "global"),  # MLP narrower than 256
         (_wide, NumericalConfig(allocation="auto", compensation_bias=True), "global"),
         (_wide, NumericalConfig(allocation="auto", ranking="literal"), "global"),
         (_wide, NumericalConfig(pruning_ratio=0.65, allocation="auto"), "global"),  # beyond the MLP blocks
     ],
-    ids=["np", "flap", "qwen3", "narrow-mlp", "bias", "literal", "unreachable"],
+    ids=["np", "flap", "qwen3", "qwen2", "narrow-mlp", "bias", "literal", "unreachable"],
 )
 def test_auto_allocation_is_servable_where_the_format_holds_the_result(model, config, expected, caplog):
     """`allocation="auto"` gives the DeciLM shapes where they can be made, and the per-layer ones otherwise; the

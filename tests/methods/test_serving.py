@@ -309,7 +309,7 @@ def test_end_to_end_scale_makes_a_sublayers_removal_cost_its_measured_kl():
     assert 0 < losses["512"] < losses["256"] < losses["no_op"]  # smaller cuts scaled alike
 
 
-@pytest.mark.parametrize("arch", ["llama_gqa", "mistral"])
+@pytest.mark.parametrize("arch", ["llama_gqa", "mistral", "qwen2"])
 def test_contract_on_models_the_format_holds(arch, tmp_path):
     """The contract suite's checks (tests/test_common.py) on models ServingConfig takes: removed = zeroed and a
     deterministic plan; the pruned model decodes with its cache, saves, reloads with both loaders to identical logits;
@@ -321,13 +321,16 @@ def test_contract_on_models_the_format_holds(arch, tmp_path):
     from optimum_prune.prune import _compute_plan
 
     def make():
-        return tiny_model(arch, seed=5, intermediate_size=768, num_hidden_layers=4)
+        extra = {"layer_types": ["full_attention"] * 4} if arch == "qwen2" else {}  # (set per layer at init)
+        return tiny_model(arch, seed=5, intermediate_size=768, num_hidden_layers=4, **extra)
 
-    cfg = ServingConfig(memory_gb=0.05, workload="decode:32:4096", reader="llama.cpp")  # merges and removals
+    reader = "vllm" if arch == "qwen2" else "llama.cpp"  # (Qwen2's biases: vLLM, SGLang, MLX)
+    cfg = ServingConfig(memory_gb=0.05, workload="decode:32:4096", reader=reader)  # merges and removals
     ids = calibration_ids(8, 16)
     spec, plan = _compute_plan(make(), cfg, ids)
     assert plan.summary() == _compute_plan(make(), cfg, ids)[1].summary()
-    assert any(lp.merge_kv for lp in plan.layers.values())
+    # KV merges average k/v weights, so a model with k/v biases (Qwen2) is offered none
+    assert any(lp.merge_kv for lp in plan.layers.values()) is (arch != "qwen2")
     zeroed, removed = make(), make()
     for m, mode in ((zeroed, "zero"), (removed, "remove")):
         for i, lp in plan.layers.items():
@@ -348,3 +351,12 @@ def test_contract_on_models_the_format_holds(arch, tmp_path):
     cfg.save_pretrained(tmp_path / "cfg")
     assert PruningConfig.from_pretrained(tmp_path / "cfg") == cfg
     assert PruningConfig.from_pretrained(out) == cfg.for_architecture(get_spec(model))
+
+
+def test_qwen2_needs_the_vllm_reader():
+    """Qwen2's q/k/v biases load in vLLM, SGLang and MLX only: any other reader is refused before a weight moves."""
+    model = tiny_model("qwen2", intermediate_size=768)
+    before = logits(model)
+    with pytest.raises(ValueError, match="Pass reader='vllm'"):
+        prune_(model, ServingConfig(memory_gb=0.05, workload="decode:32:4096"), calibration_ids(8, 16))
+    torch.testing.assert_close(logits(model), before, rtol=0, atol=0)

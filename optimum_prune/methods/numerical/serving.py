@@ -21,7 +21,7 @@ from ...evaluation.cost_model import NO_OP, CostTable, layer_row_of
 from ...functional.assembly import choose_options
 from ...functional.variants import adjacent_merges, merge_kv_weights, output_energy, refit_loss, width_losses
 from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, get_spec, layer_view, weight_oi
-from ...modeling.decilm import FFN_MULTIPLE
+from ...modeling.decilm import FFN_MULTIPLE, QKV_BIASES
 from ...modeling.shapes import attention_mlp_params
 from ...modeling.surgery import head_rows
 from ...plan import LayerPlan
@@ -43,12 +43,17 @@ def _kv_counts(view: LayerView) -> list[int]:
     return [k for k in range(view.num_kv_heads, 0, -1) if view.num_kv_heads % k == 0]
 
 
+def _mergeable(view: LayerView) -> bool:
+    """Whether the layer's KV heads may be merged: not where k/v have biases (Qwen2's; a merge averages weights)."""
+    return all(getattr(view.module(p), "bias", None) is None for p in view.spec.qkv_paths[1:])
+
+
 def layer_options(view: LayerView, cfg: ServingConfig, kv: int | None = None) -> list[tuple[int | str, int | str]]:
     """The `(attention, mlp)` variants layer `view` may take (`kv`: the one KV-head count every layer with attention
     shares under `reader="all"`; `None`: any)."""
     if view.index in cfg.skip_layers:  # (none where the shared count is another: that count is not possible)
         return [(view.num_kv_heads, view.intermediate_size)] if kv in (None, view.num_kv_heads) else []
-    attention: list[int | str] = _kv_counts(view) if cfg.kv_merge else [view.num_kv_heads]
+    attention: list[int | str] = _kv_counts(view) if cfg.kv_merge and _mergeable(view) else [view.num_kv_heads]
     if kv is not None:
         attention = [a for a in attention if a == kv]
     if cfg.remove_sublayers and view.index > 0:
@@ -84,6 +89,13 @@ class ServingPruner(NumericalPruner):
                              "prune_mlp True (skip_layers leaves whole layers as they are).")  # fmt: skip
         if spec.fused_qkv:
             raise ValueError("ServingConfig merges KV heads, which needs separate q/k/v projections.")
+        base = model.config.model_type.removeprefix("optimum_pruned_")
+        if base in QKV_BIASES and cfg.reader != "vllm":
+            raise ValueError(
+                f"ServingConfig(reader={cfg.reader!r}) on a {base} model: its DeciLM folder carries q/k/v biases, "
+                "which TensorRT-LLM drops without an error and llama.cpp's converter cannot take (it fails on the "
+                "vocabulary); vLLM, SGLang and MLX load it. Pass reader='vllm'. Nothing was changed."
+            )
         if cfg.target == "speed":
             self._check_table(model, cfg.load_cost_table())
         views = [layer_view(layer, i, spec, model.config) for i, layer in enumerate(get_layers(model, spec))]
@@ -141,7 +153,7 @@ class ServingPruner(NumericalPruner):
 
     def attention_variants(self, view: LayerView) -> dict[int, LayerPlan]:
         """`{KV-head count: the zeroed-form plan of that merge}` for every count below the layer's own."""
-        if not self.config.kv_merge or view.index in self.config.skip_layers:
+        if not self.config.kv_merge or view.index in self.config.skip_layers or not _mergeable(view):
             return {}
         return {k: self.merge_plan(view, k) for k in _kv_counts(view) if k < view.num_kv_heads}
 

@@ -38,14 +38,16 @@ class ServingConfig(NumericalConfig):
         cost_table (`str | dict | None`, defaults to `None`): the `CostTable` (a JSON path, or its dict) measured for
             this model's decoder at `workload` (`optimum-prune cost-model`); needed by `speedup`.
         memory_dtype_bytes (`int`, defaults to `2`): bytes per weight and per KV-cache value where served (bf16).
-        kv_merge (`bool`, defaults to `True`): consider fewer KV heads per layer.
+        kv_merge (`bool`, defaults to `True`): consider fewer KV heads per layer (not on layers whose k/v
+            projections have biases: Qwen2's).
         remove_sublayers (`bool`, defaults to `True`): consider layers without attention (never layer 0: vLLM and
             SGLang start the residual stream there) and, in a layer without attention, without MLP.
         reader (`str`, defaults to `"all"`): the readers the assembly stays loadable by. `"all"` (vLLM, SGLang,
             TensorRT-LLM, MLX, llama.cpp): one KV-head count for every layer with attention (a count per layer is
             not verified in SGLang, TensorRT-LLM and MLX); `"vllm"` or `"llama.cpp"`: a KV-head count per layer
             (vLLM 0.32's `DeciLMForCausalLM` computes such a model's log-probabilities as transformers does,
-            `benchmarks/vllm_reader.py`; llama.cpp's converter reads one count per layer).
+            `benchmarks/vllm_reader.py`; llama.cpp's converter reads one count per layer). A Qwen2 model needs
+            `"vllm"`: its q/k/v biases load in vLLM, SGLang and MLX only.
         error_scale (`str`, defaults to `"end_to_end"`, chosen on the selection split: docs/guides/deployment.md): how the layer-wise errors of different layers and sublayers
             compare. `"end_to_end"`: each sublayer's errors are scaled so that its removal's error equals what its
             removal alone costs the whole model, the KL divergence of its next-token distribution from the dense
