@@ -47,6 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "vllm_reader"))
     p.add_argument("--timeout", type=int, default=1200, help="seconds per vLLM run")
+    p.add_argument("--qwen2-biases", type=float, default=0.0, metavar="STD",
+                   help="instead: the model's weights as a Qwen2 (q/k/v biases drawn with this std, seed 0), dense and "
+                        "NP's default 20%%, in the DeciLM format with attention_bias")  # fmt: skip
     harness.add_model_args(p)
     harness.add_tree_args(p)
     p.add_argument("--output", default=str(RESULTS / "vllm_reader_smollm2.json"))
@@ -72,6 +75,34 @@ def make_models(args, dense, tokenizer, work: Path) -> dict[str, str]:
         model = copy.deepcopy(dense)
         prune_(model, cfg, ids)
         save_pruned_model(model, folders[name], tokenizer, format="deci", overwrite=True)
+    return {k: str(v) for k, v in folders.items()}
+
+
+def qwen2_models(args, dense, tokenizer, work: Path) -> dict[str, str]:
+    """`--qwen2-biases`: the Llama model as a Qwen2 (the same weights, q/k/v biases drawn N(0, std²)), written dense
+    and after NP's default at 20% (servable, so DeciLM with `attention_bias`)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    c = dense.config
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings", "bos_token_id",
+            "eos_token_id", "rope_parameters")  # fmt: skip
+    config = Qwen2Config(
+        **{k: getattr(c, k) for k in keys if getattr(c, k, None) is not None}, use_sliding_window=False
+    )
+    model = Qwen2ForCausalLM(config).eval()
+    missing = model.load_state_dict(dense.state_dict(), strict=False).missing_keys
+    assert all(k.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")) for k in missing), missing
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.copy_(torch.randn(param.shape, generator=g) * args.qwen2_biases)
+    ids = harness.Protocol(split="selection").calibration_ids(tokenizer, args.num_samples, args.seq_len)
+    folders = {"qwen2_dense": work / "qwen2_dense", "qwen2_np_0.2": work / "qwen2_np_0.2"}
+    save_pruned_model(model, folders["qwen2_dense"], tokenizer, format="deci", overwrite=True)
+    prune_(model, NumericalConfig(pruning_ratio=0.2), ids)
+    save_pruned_model(model, folders["qwen2_np_0.2"], tokenizer, format="deci", overwrite=True)
     return {k: str(v) for k, v in folders.items()}
 
 
@@ -119,7 +150,10 @@ def main(argv: list[str] | None = None) -> dict:
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     dense, tokenizer, model_desc = harness.load_model(args)
-    folders = dict(x.split("=", 1) for x in args.models) or make_models(args, dense, tokenizer, work)
+    if args.qwen2_biases:
+        folders = qwen2_models(args, dense, tokenizer, work)
+    else:
+        folders = dict(x.split("=", 1) for x in args.models) or make_models(args, dense, tokenizer, work)
     proto = harness.Protocol(split="test")
     docs = proto.documents("bbc")
     prompts = []

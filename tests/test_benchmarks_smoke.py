@@ -769,6 +769,18 @@ def test_vllm_reader(tiny_dir, tmp_path):
     row = result["rows"]["tiny"]
     assert row["ok"] is False and "vllm" in row["error"].lower() and row["shapes"]["kv_counts"] == [2]
     assert "| tiny | 2 | 0 | fails:" in (tmp_path / "vllm.md").read_text(encoding="utf-8")
+    # --qwen2-biases: the model as a Qwen2 with q/k/v biases, dense and NP's default, written as DeciLM
+    config.intermediate_size = 768  # (NP's 20% stays servable: widths in steps of 256)
+    wide = tmp_path / "wide"
+    LlamaForCausalLM(config).save_pretrained(wide)
+    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(wide)
+    argv = ["--model", str(wide), "--vllm-python", sys.executable, "--qwen2-biases", "0.3", "--prompts", "1",
+            "--prompt-tokens", "16", "--num-samples", "2", "--seq-len", "32", "--workdir", str(tmp_path / "q")]  # fmt: skip
+    result = _run("vllm_reader", argv, tmp_path / "vllm_q.json")
+    assert set(result["rows"]) == {"qwen2_dense", "qwen2_np_0.2"}
+    for name in result["rows"]:
+        cfg = json.loads((tmp_path / "q" / name / "config.json").read_text())
+        assert cfg["attention_bias"] and cfg["optimum_prune_base_model_type"] == "qwen2"
 
 
 def test_recovery_curves(tiny_dir, tmp_path):
