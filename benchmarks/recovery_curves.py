@@ -193,6 +193,7 @@ def curves(args, dense, tokenizer, protocol, train_docs, calib, result: dict, ou
                     "points": points.points, "complete": True, "train_runtime_s": rep.train_runtime_s,
                     "tokens_seen": rep.tokens_seen, "trainable_params": rep.trainable_params,
                     "loss_history": rep.loss_history, "load_average": [load0, harness.loadavg()],
+                    "commit": result["versions"]["git_commit"],  # this process's (a resumed file mixes runs)
                 }  # fmt: skip
                 write()
                 del student
