@@ -9,7 +9,8 @@ never an evaluation document), the three texts scored at every budget on the way
 checkpoints: the learning-rate schedule spans the whole run, so an early point is that moment of the long run). Each
 point reports the perplexities with document-bootstrap intervals and the share of the pruning gap recovered per
 text, `(ppl_pruned - ppl_recovered) / (ppl_pruned - ppl_dense)`; a negative share is a text made worse by recovery.
-Rows are written after every run, so an interrupted run keeps what finished; a rerun skips the recipes it has.
+Rows are written after every run, so an interrupted run keeps what finished; a rerun skips the recipes it has, and
+processes running different `--methods` into one `--output` merge their rows.
 
     OMP_NUM_THREADS=1 python benchmarks/recovery_curves.py --throughput
     OMP_NUM_THREADS=1 python benchmarks/recovery_curves.py --split selection --methods np20 --budgets 4096 32768 \\
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import fcntl
 import gc
 import json
 import logging
@@ -163,7 +165,13 @@ def pruned_model(args, key: str, dense, calib):
 def curves(args, dense, tokenizer, protocol, train_docs, calib, result: dict, out: Path) -> None:
     def write() -> None:
         result["protocol"] = protocol.record()
-        harness.write_results(result, out, renderer="recovery_curves")
+        with open(out.with_suffix(".lock"), "a") as lock:  # processes running other methods merge into one file
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            disk = json.loads(out.read_text()) if out.is_file() else {}
+            for key, row in disk.get("rows", {}).items():
+                if key not in args.methods:
+                    result["rows"][key] = row
+            harness.write_results(result, out, renderer="recovery_curves")
 
     if "dense" not in result:
         ppl, docs = protocol.evaluate(dense, tokenizer)

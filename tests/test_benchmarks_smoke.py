@@ -806,5 +806,9 @@ def test_recovery_curves(tiny_dir, tmp_path):
     assert "gap recovered" in report and "-> best lr" in report
     again = _run("recovery_curves", argv, tmp_path / "rc.json")
     assert again["rows"]["np20"]["runs"]["lora@0.01"]["points"] == runs["lora@0.01"]["points"]  # kept, not re-run
+    other = [*argv[: argv.index("--methods")], "--methods", "np50", "--recipes", "lora", "--budgets", "16",
+             *argv[argv.index("--num-samples") :]]  # fmt: skip
+    merged = _run("recovery_curves", other, tmp_path / "rc.json")  # another method's process: one file, both rows
+    assert set(merged["rows"]) == {"np20", "np50"} and merged["rows"]["np20"]["runs"].keys() == runs.keys()
     assert recovery_curves.gap_recovered(10.0, 30.0, 15.0) == 0.75
     assert recovery_curves.gap_recovered(10.0, 30.0, 40.0) == -0.5
