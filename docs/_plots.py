@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
@@ -229,12 +230,93 @@ def vision_accuracy(root: Path) -> str:
     )
 
 
+def recovery_curves(root: Path) -> str:
+    """Perplexity against training tokens per text, one line per recovery recipe and pruned model (checkpoints of one
+    run each), the pruned model as a dotted line and dense as a dashed one (`recovery_curves_smollm2_test.json`)."""
+    res = _load(root, "recovery_curves_smollm2_test")
+    rows = res["rows"]
+    fig, axes = plt.subplots(1, len(TEXTS), figsize=(10, 3.2))
+    colors = {"lora": "C0", "full": "C1", "kd": "C2"}
+    styles = ["-", "--", ":", "-."]
+    for ax, (text, title) in zip(axes, TEXTS):
+        for row, ls in zip(rows.values(), styles):
+            if text not in row.get("pruned", {}).get("ppl", {}):
+                continue
+            ax.axhline(row["pruned"]["ppl"][text], color="0.6", ls=":", lw=0.8)
+            for run in row.get("runs", {}).values():
+                pts = [(p["tokens"], p["ppl"][text]) for p in run["points"]]
+                ax.plot([t for t, _ in pts], [v for _, v in pts], color=colors.get(run.get("recipe"), "C7"), ls=ls,
+                        marker="o", ms=3, label=f"{row['name']}, {run['label']}")  # fmt: skip
+        ax.axhline(res["dense"]["ppl"][text], color="k", ls="--", lw=0.8, label="dense")
+        ax.set_xscale("log", base=2)
+        _log_axis(ax)
+        ax.set_title(title)
+        ax.set_xlabel("training tokens")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("perplexity (test split)")
+    axes[-1].legend(frameon=False, fontsize=7, loc="upper right")
+    return _svg(
+        fig,
+        "Recovery of SmolLM2-135M after pruning, perplexity on the test split against training tokens (checkpoints of "
+        "one run per recipe; grey dotted: each pruned model before recovery; <code>recovery_curves_smollm2_test"
+        "</code>).",
+    )
+
+
+def serving_speed(root: Path) -> str:
+    """Geometric-mean perplexity of the three test texts against the measured speedup over dense, one panel per
+    workload: `ServingConfig`'s assemblies (each at its speed target for one workload) beside NP's shapes at
+    several ratios (`serving_smollm2.json`)."""
+    res = _load(root, "serving_smollm2")
+    models, speed = res["models"], res.get("speed", {})
+    workloads = [w for w in res["args"]["workloads"] if speed.get(w)]
+    if not workloads:
+        raise PlotError("plot serving_speed: serving_smollm2.json has no timed models.")
+    kinds = {"serving": ("ServingConfig", "C3", "*"), "servable": ("NP servable (default)", "C0", "o"),
+             "global": ("NP per-layer", "C9", "D"), "uniform": ("uniform", "C7", "x")}  # fmt: skip
+    fig, axes = plt.subplots(1, len(workloads), figsize=(3.4 * len(workloads), 3.2), sharey=True)
+    axes = list(axes) if len(workloads) > 1 else [axes]
+    dense = models["dense"]["ppl"]
+    for ax, w in zip(axes, workloads):
+        for kind, (label, color, marker) in kinds.items():
+            pts = sorted(
+                (speed[w][n]["speedup"], _geomean(m["ppl"]), (m.get("config") or {}).get("workload") == w)
+                for n, m in models.items()
+                if m.get("kind") == kind and n in speed[w]
+            )
+            if kind == "serving":  # filled: targeted at this panel's workload; hollow: at another one
+                for own, tag in ((True, f"{label} for this workload"), (False, f"{label} for another workload")):
+                    sel = [p for p in pts if p[2] is own]
+                    ax.plot([p[0] for p in sel], [p[1] for p in sel], ls="", marker=marker, ms=8, color=color,
+                            mfc=color if own else "none", label=tag)  # fmt: skip
+            elif pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker=marker, label=label)
+        ax.plot([1.0], [_geomean(dense)], "k+", ms=9, label="dense")
+        ax.set_title(w)
+        ax.set_xlabel("measured speedup over dense")
+        ax.grid(alpha=0.3)
+        _log_axis(ax)
+    axes[0].set_ylabel("geometric mean perplexity (3 texts)")
+    axes[0].legend(frameon=False, fontsize=7)
+    return _svg(
+        fig,
+        "SmolLM2-135M, transformers with a static cache, fp32, one thread: quality against the speed measured at each "
+        "workload (interleaved medians). Filled stars: ServingConfig's assemblies for that workload's speed targets; "
+        "hollow: those targeted at another workload, timed here too (<code>serving_smollm2</code>).",
+    )
+
+
+def _geomean(ppl: dict[str, float]) -> float:
+    return statistics.geometric_mean(ppl.values())
+
+
 PLOTS: dict[str, Callable[[Path], str]] = {
     "structured_quality": structured_quality,
     "structured_speed": structured_speed,
     "unstructured_quality": unstructured_quality,
     "vision_accuracy": vision_accuracy,
     "gpu_speed": gpu_speed,
+    "serving_speed": serving_speed,
 }
 
 
