@@ -394,7 +394,9 @@ def _run_command(argv: list[str], model: Path, command: str) -> None:
         return  # demo: SmolLM2 end to end (minutes); push: the Hub (tests/test_hub.py); launchers: tests of their own
     if argv[0] == "bench":  # as written, but one short round (the later flags win): timing is not tested here
         argv += ["--warmup", "0", "--repeats", "1", "--new-tokens", "2"]
-    if argv[0] == "finetune":  # as written, two steps
+    if argv[0] in ("finetune", "recover") and "--tokens" in argv:  # as written, 64 training tokens
+        argv[argv.index("--tokens") + 1] = "64"
+    elif argv[0] in ("finetune", "recover"):  # as written, two steps
         argv += ["--steps", "2"]
     if argv[0] == "search":  # as written, but a 10-step search sized for the tiny model (the later flags win)
         argv += ["--steps", "10", "--num-samples", "8", "--seq-len", "64"]
