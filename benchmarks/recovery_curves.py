@@ -265,7 +265,7 @@ def markdown(result: dict[str, Any]) -> str:
         return "\n".join(lines) + "\n"
     lines.append(harness.protocol_line(result))
     lines += ["", f"- Training: the calibration split's BBC documents, streamed, batch {a['batch_size']} × "
-              f"{a['seq_len']} tokens per step, cosine schedule over {a['budgets'][-1]:,} tokens with "
+              f"{a['seq_len']} tokens per step, a cosine schedule over each run's budget (its last row) with "
               f"{a['warmup_fraction']:.0%} warm-up, {'bf16 autocast' if a['bf16'] else 'fp32'}; learning rates "
               + "; ".join(f"{RECIPES[k][0]} {', '.join(f'{x:g}' for x in a['lr'].get(k) or [RECIPES[k][2]])}"
                           for k in a["recipes"])
