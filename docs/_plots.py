@@ -254,7 +254,7 @@ def recovery_curves(root: Path) -> str:
         ax.set_xlabel("training tokens")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("perplexity (test split)")
-    axes[-1].legend(frameon=False, fontsize=7, loc="upper right")
+    axes[-1].legend(frameon=False, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     return _svg(
         fig,
         "Recovery of SmolLM2-135M after pruning, perplexity on the test split against training tokens (checkpoints of "
@@ -316,6 +316,7 @@ PLOTS: dict[str, Callable[[Path], str]] = {
     "unstructured_quality": unstructured_quality,
     "vision_accuracy": vision_accuracy,
     "gpu_speed": gpu_speed,
+    "recovery_curves": recovery_curves,
     "serving_speed": serving_speed,
 }
 
