@@ -106,8 +106,15 @@ def qwen2_models(args, dense, tokenizer, work: Path) -> dict[str, str]:
     return {k: str(v) for k, v in folders.items()}
 
 
-def transformers_logprobs(folder: str, prompts: list[list[int]]) -> list[list[float]]:
+def transformers_logprobs(folder: str, prompts: list[list[int]], *, zero_biases: bool = False) -> list[list[float]]:
+    """Each prompt token's log-probability in transformers (`zero_biases`: with every bias zeroed, the control that
+    shows whether the biases matter)."""
     model = AutoPrunedModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    if zero_biases:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith(".bias"):
+                    param.zero_()
     out = []
     with torch.no_grad():
         for p in prompts:
@@ -175,6 +182,10 @@ def main(argv: list[str] | None = None) -> dict:
                        num_kv_heads=got.get("num_kv_heads"))  # fmt: skip
         else:
             row.update(error=got.get("error"), detail=(got.get("traceback") or got.get("stderr") or "")[-1500:])
+        if args.qwen2_biases:  # how far the log-probabilities move without the biases (vLLM must apply them)
+            off = transformers_logprobs(folder, prompts, zero_biases=True)
+            moved = [abs(a - b) for ra, rb in zip(ref, off) for a, b in zip(ra, rb)]
+            row["bias_effect_mean"] = sum(moved) / len(moved)
         res["rows"][name] = row
         logger.info("%s: %s", name, {k: v for k, v in row.items() if k not in ("detail", "folder")})
         harness.write_results(res, Path(args.output), "vllm_reader")
@@ -203,6 +214,11 @@ def markdown(res: dict[str, Any]) -> str:
             verdict = f"fails: {str(r.get('error'))[:160]}"
             diff = "– | –"
         lines.append(f"| {name} | {'/'.join(map(str, s['kv_counts']))} | {s['no_attention']} | {verdict} | {diff} |")
+    effects = {n: r["bias_effect_mean"] for n, r in res["rows"].items() if "bias_effect_mean" in r}
+    if effects:
+        lines += ["", "Control: the mean |Δ log p| in transformers between each folder with and without its biases "
+                  "(zeroed): " + ", ".join(f"{n} {e:.2f}" for n, e in effects.items())
+                  + " nats; a reader that dropped the biases would differ by that much."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -778,6 +778,8 @@ def test_vllm_reader(tiny_dir, tmp_path):
             "--prompt-tokens", "16", "--num-samples", "2", "--seq-len", "32", "--workdir", str(tmp_path / "q")]  # fmt: skip
     result = _run("vllm_reader", argv, tmp_path / "vllm_q.json")
     assert set(result["rows"]) == {"qwen2_dense", "qwen2_np_0.2"}
+    assert all(r["bias_effect_mean"] > 0 for r in result["rows"].values())  # the biases matter
+    assert "Control: the mean" in (tmp_path / "vllm_q.md").read_text(encoding="utf-8")
     for name in result["rows"]:
         cfg = json.loads((tmp_path / "q" / name / "config.json").read_text())
         assert cfg["attention_bias"] and cfg["optimum_prune_base_model_type"] == "qwen2"
