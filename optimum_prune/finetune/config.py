@@ -194,7 +194,8 @@ class FinetuneReport:
             for an image classifier, which reports `accuracy_before` / `accuracy_after` and `eval_loss_before` /
             `eval_loss_after` (mean cross-entropy) on `eval_examples` held-out images instead.
         train_documents / eval_documents (`int`): documents in each part of the split.
-        train_tokens (`int`): distinct training tokens available; `tokens_seen` (`int`): tokens trained on.
+        train_tokens (`int | None`): distinct training tokens available (`None` when streaming: not counted);
+            `tokens_seen` (`int`): tokens trained on.
         trainable_params (`int`): parameters the optimizer updated.
         train_loss (`float`): mean training loss reported by the Trainer; `loss_history` (`list`): logged losses.
         train_runtime_s (`float`): wall-clock training time.
@@ -210,7 +211,7 @@ class FinetuneReport:
     perplexity_after: float
     train_documents: int
     eval_documents: int
-    train_tokens: int
+    train_tokens: int | None
     tokens_seen: int
     trainable_params: int
     train_loss: float
