@@ -278,6 +278,8 @@ def test_finetune_refuses_bad_image_input():
         finetune_(model, FinetuneConfig(max_steps=1), [{**e, "labels": 7} for e in _examples(4)], None)
     with pytest.raises(ValueError, match="no classification head"):
         finetune_(tiny_model("dinov2_backbone"), FinetuneConfig(max_steps=1), _examples(4), None)
+    with pytest.raises(ValueError, match="token_budget applies to text"):  # token options are for causal LMs
+        finetune_(model, FinetuneConfig(token_budget=64, seq_len=16, batch_size=2), _examples(4), None)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 

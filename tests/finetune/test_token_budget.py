@@ -55,6 +55,8 @@ def test_document_index_reads_a_directory_and_a_jsonl_lazily(tmp_path):
     for source in (tmp_path / "d", tmp_path / "t.jsonl", texts):
         idx = DocumentIndex(source)
         assert len(idx) == 3 and [idx[i] for i in range(3)] == texts
+    rows = DocumentIndex(__import__("datasets").Dataset.from_dict({"text": texts}))
+    assert len(rows) == 3 and [rows[i] for i in range(3)] == texts
     with pytest.raises(ValueError, match="no column"):
         DocumentIndex(__import__("datasets").Dataset.from_dict({"body": texts}))
 
@@ -70,9 +72,15 @@ def test_token_windows_pack_every_document_once_per_pass_in_a_new_order(smollm2_
     assert len(first) == pytest.approx(total / 16, abs=10 / 16 + 2)  # separators between documents
 
 
-def test_eval_at_tokens_records_a_curve_that_ends_where_the_run_ends(make_tiny, smollm2_tokenizer, learnable_docs):
+def test_eval_at_tokens_records_a_curve_that_ends_where_the_run_ends(
+    make_tiny, smollm2_tokenizer, learnable_docs, caplog
+):
     cfg = FinetuneConfig(method="full", learning_rate=1e-3, token_budget=8 * 64, eval_at_tokens=(64, 256), **FAST)
-    model, report = finetune_(make_tiny(), cfg, learnable_docs, smollm2_tokenizer)
+    with caplog.at_level("INFO", logger="optimum_prune.finetune.progress"):
+        model, report = finetune_(make_tiny(), cfg, learnable_docs, smollm2_tokenizer)
+    progress = [r.getMessage() for r in caplog.records if "tokens/s" in r.getMessage()]
+    assert progress and progress[-1].startswith("512 / 512 training tokens (step 8 / 8)")  # with throughput and ETA
+    assert len(progress) == len(set(progress))  # each logged step once
     assert report.config["max_steps"] == 8 and report.tokens_seen == 512
     assert [p["tokens"] for p in report.curve] == [64, 256, 512] and [p["step"] for p in report.curve] == [1, 4, 8]
     assert report.curve[-1]["perplexity"] == pytest.approx(report.perplexity_after, rel=1e-5)
