@@ -76,6 +76,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fista-max-outer", type=int, default=3, help="FISTA outer-step cap")
     p.add_argument("--throughput-steps", type=int, default=4, help="timed steps per recipe (after one warm-up)")
     p.add_argument("--workdir", default="/tmp/recovery_curves", help="pruned models kept here for a rerun")
+    p.add_argument("--separate-budgets", action="store_true",
+                   help="one run per budget, its schedule that budget's length (the per-budget screen), instead of "
+                   "one run to the largest budget with checkpoints")  # fmt: skip
+    p.add_argument("--train-texts", nargs="+", default=["bbc"], choices=list(TEXTS),
+                   help="training text: the calibration split of these texts (several: an equal share of each)")  # fmt: skip
     harness.add_protocol_args(p)
     harness.add_model_args(p)
     p.set_defaults(threads=1)
@@ -90,6 +95,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.output = str(RESULTS / f"{name}.json")
     args.budgets = sorted(set(args.budgets))
     return args
+
+
+def training_documents(protocol, texts: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """The calibration-split documents of `texts`; with several, each text's first documents (the split's seeded
+    order) up to the smallest text's characters, so every text gives an equal share of the training tokens."""
+    per_text = {t: protocol.documents(t, "calibration") for t in texts}
+    cap = min(sum(map(len, docs)) for docs in per_text.values()) if len(texts) > 1 else None
+    chosen, record = [], {}
+    for t, docs in per_text.items():
+        taken, chars = [], 0
+        for d in docs:
+            if cap is not None and chars >= cap:
+                break
+            taken.append(d)
+            chars += len(d)
+        chosen += taken
+        record[t] = {"documents": len(taken), "chars": chars, "sha256": harness.documents_hash(taken)}
+    return chosen, record
+
+
+def run_name(args, recipe: str, lr: float, budget: int) -> str:
+    texts = "" if args.train_texts == ["bbc"] else " on " + "+".join(args.train_texts)
+    return f"{recipe}@{lr:g}:{budget}{texts}"
 
 
 def learning_rates(args, recipe: str) -> list[float]:
@@ -162,7 +190,11 @@ def pruned_model(args, key: str, dense, calib):
     return model, info
 
 
-def curves(args, dense, tokenizer, protocol, train_docs, calib, result: dict, out: Path) -> None:
+def train_label(texts: list[str]) -> str:
+    return "" if texts == ["bbc"] else ", trained on " + " + ".join(TEXTS[t] for t in texts)
+
+
+def curves(args, dense, tokenizer, protocol, train_docs, train_record, calib, result, out: Path) -> None:
     def write() -> None:
         result["protocol"] = protocol.record()
         with open(out.with_suffix(".lock"), "a") as lock:  # processes running other methods merge into one file
@@ -185,27 +217,31 @@ def curves(args, dense, tokenizer, protocol, train_docs, calib, result: dict, ou
             ppl, docs = protocol.evaluate(model, tokenizer)
             row["pruned"] = {"ppl": ppl, "docs": docs}
             write()
-        for recipe in args.recipes:
-            for lr in learning_rates(args, recipe):
-                name = f"{recipe}@{lr:g}"
-                if row["runs"].get(name, {}).get("complete"):
-                    continue
-                cfg = finetune_config(args, recipe, args.budgets[-1], lr)
-                points = TokenCheckpoints(args.budgets, cfg.tokens_per_step, lambda m: _scores(protocol, m, tokenizer))
-                student = copy.deepcopy(model)
-                load0 = harness.loadavg()
-                _, rep = finetune_(student, cfg, train_docs, tokenizer, teacher=dense if cfg.distill else None,
-                                   callbacks=[points])  # fmt: skip
-                row["runs"][name] = {
-                    "recipe": recipe, "label": f"{RECIPES[recipe][0]}, lr {lr:g}", "config": rep.config,
-                    "points": points.points, "complete": True, "train_runtime_s": rep.train_runtime_s,
-                    "tokens_seen": rep.tokens_seen, "trainable_params": rep.trainable_params,
-                    "loss_history": rep.loss_history, "load_average": [load0, harness.loadavg()],
-                    "commit": result["versions"]["git_commit"],  # this process's (a resumed file mixes runs)
-                }  # fmt: skip
-                write()
-                del student
-                gc.collect()
+        runs = [(r, lr, b) for r in args.recipes for lr in learning_rates(args, r)
+                for b in (args.budgets if args.separate_budgets else args.budgets[-1:])]  # fmt: skip
+        for recipe, lr, budget in runs:
+            name = run_name(args, recipe, lr, budget)
+            if row["runs"].get(name, {}).get("complete"):
+                continue
+            cfg = finetune_config(args, recipe, budget, lr)
+            checkpoints = [budget] if args.separate_budgets else args.budgets
+            points = TokenCheckpoints(checkpoints, cfg.tokens_per_step, lambda m: _scores(protocol, m, tokenizer))
+            student = copy.deepcopy(model)
+            load0 = harness.loadavg()
+            _, rep = finetune_(student, cfg, train_docs, tokenizer, teacher=dense if cfg.distill else None,
+                               callbacks=[points])  # fmt: skip
+            row["runs"][name] = {
+                "recipe": recipe, "budget": budget,
+                "label": f"{RECIPES[recipe][0]}, lr {lr:g}{train_label(args.train_texts)}",
+                "config": rep.config, "train_texts": train_record,
+                "points": points.points, "complete": True, "train_runtime_s": rep.train_runtime_s,
+                "tokens_seen": rep.tokens_seen, "trainable_params": rep.trainable_params,
+                "loss_history": rep.loss_history, "load_average": [load0, harness.loadavg()],
+                "commit": result["versions"]["git_commit"],  # this process's (a resumed file mixes runs)
+            }  # fmt: skip
+            write()
+            del student
+            gc.collect()
         del model
         gc.collect()
 
@@ -225,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.output)
     dense, tokenizer, model_desc = harness.load_model(args)
     protocol = harness.Protocol.from_args(args)
-    train_docs = protocol.documents("bbc", "calibration")
+    train_docs, train_record = training_documents(protocol, args.train_texts)
     result: dict[str, Any] = json.loads(out.read_text()) if out.is_file() and not args.throughput else {}
     if result and result.get("args", {}).get("split") != args.split:
         raise SystemExit(f"{out} holds a run on another split; give another --output")
@@ -236,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         throughput(args, dense, tokenizer, train_docs, result)
     else:
         calib = protocol.calibration_ids(tokenizer, args.num_samples, args.calib_seq_len)
-        curves(args, dense, tokenizer, protocol, train_docs, calib, result, out)
+        curves(args, dense, tokenizer, protocol, train_docs, train_record, calib, result, out)
         result["protocol"] = protocol.record()
     harness.write_results(result, out, renderer="recovery_curves")
     return 0
@@ -264,13 +300,12 @@ def markdown(result: dict[str, Any]) -> str:
                          f"{r['tokens_per_step'] / tps:.2f} | {1e6 / tps / 3600:.2f} |")  # fmt: skip
         return "\n".join(lines) + "\n"
     lines.append(harness.protocol_line(result))
-    lines += ["", f"- Training: the calibration split's BBC documents, streamed, batch {a['batch_size']} × "
-              f"{a['seq_len']} tokens per step, a cosine schedule over each run's budget (its last row) with "
-              f"{a['warmup_fraction']:.0%} warm-up, {'bf16 autocast' if a['bf16'] else 'fp32'}; learning rates "
-              + "; ".join(f"{RECIPES[k][0]} {', '.join(f'{x:g}' for x in a['lr'].get(k) or [RECIPES[k][2]])}"
-                          for k in a["recipes"])
-              + ". KD: 0.5 · T²·KL(dense ‖ student, T = 2) + 0.5 · LM loss.",
-              "- Each budget is a checkpoint of that one run (the schedule spans the whole run).",
+    lines += ["", "- Training: the calibration split's BBC documents (a run marked \"trained on\" several texts: the "
+              "calibration split of each, an equal share of characters from each), streamed, batch "
+              f"{a['batch_size']} × {a['seq_len']} tokens per step, a cosine schedule over the run's budget with "
+              f"{a['warmup_fraction']:.0%} warm-up, {'bf16 autocast' if a['bf16'] else 'fp32'}, the learning rate in "
+              "its label. KD: 0.5 · T²·KL(dense ‖ student, T = 2) + 0.5 · LM loss.",
+              "- A point below its run's budget is a checkpoint of that run (the schedule spans the whole run).",
               "- Gap recovered: (ppl pruned − ppl recovered) / (ppl pruned − ppl dense) per text; negative = worse "
               "than the pruned model.", ""]  # fmt: skip
     dense = result.get("dense")
@@ -284,14 +319,18 @@ def markdown(result: dict[str, Any]) -> str:
             continue
         texts = list(pruned["ppl"])
         lines += [f"## {row['name']}", ""]
-        head = ["recipe", "tokens"] + [f"{TEXTS[t]} [95%]" for t in texts] + [f"{TEXTS[t]} Δ vs pruned" for t in texts]
+        head = (
+            ["recipe", "run's budget", "tokens"]
+            + [f"{TEXTS[t]} [95%]" for t in texts]
+            + [f"{TEXTS[t]} Δ vs pruned" for t in texts]
+        )
         head += [f"{TEXTS[t]} gap recovered" for t in texts] + ["train s"]
-        lines += ["| " + " | ".join(head) + " |", "|---|---:|" + "---:|" * (3 * len(texts) + 1)]
-        cells = ["no recovery", "0"] + [ppl_cell(pruned["ppl"][t], pruned["docs"][t]) for t in texts]
+        lines += ["| " + " | ".join(head) + " |", "|---|---:|---:|" + "---:|" * (3 * len(texts) + 1)]
+        cells = ["no recovery", "", "0"] + [ppl_cell(pruned["ppl"][t], pruned["docs"][t]) for t in texts]
         lines.append("| " + " | ".join(cells + [""] * (2 * len(texts)) + [""]) + " |")
         for run in row.get("runs", {}).values():
             for p in run["points"]:
-                cells = [run["label"], f"{p['tokens']:,}"]
+                cells = [run["label"], f"{run_budget(run):,}", f"{p['tokens']:,}"]
                 cells += [ppl_cell(p["ppl"][t], p["docs"][t]) for t in texts]
                 cells += [delta_cell(p["ppl"][t], pruned["ppl"][t], p["docs"][t], pruned["docs"][t]) for t in texts]
                 for t in texts:
@@ -308,22 +347,40 @@ def geomean(ppl: dict[str, float]) -> float:
     return statistics.geometric_mean(ppl.values())
 
 
+def run_budget(run: dict[str, Any]) -> int:
+    """The token budget a run's schedule spans (its last checkpoint)."""
+    return run.get("budget") or run["points"][-1]["tokens"]
+
+
 def _screen(row: dict[str, Any], texts: list[str]) -> list[str]:
-    """Per recipe, its runs ranked by the criterion fixed in advance: the geometric mean of the three texts'
-    perplexities at the run's last budget (lower is better)."""
-    by_recipe: dict[str, list[tuple[float, str]]] = {}
+    """Per budget and recipe, its runs ranked by the criterion fixed in advance: the geometric mean of the three texts'
+    perplexities at the run's budget (lower is better); then per budget the recipes' best runs ranked the same way."""
+    by_budget: dict[int, dict[str, list[tuple[float, str]]]] = {}
     for run in row.get("runs", {}).values():
-        if run["points"]:
-            by_recipe.setdefault(run.get("recipe", run["label"]), []).append((geomean(run["points"][-1]["ppl"]),
-                                                                              run["label"]))  # fmt: skip
-    if not any(len(v) > 1 for v in by_recipe.values()):
+        if run["points"] and run["points"][-1]["tokens"] >= run_budget(run):
+            recipe = run.get("recipe", run["label"])
+            by_budget.setdefault(run_budget(run), {}).setdefault(recipe, []).append(
+                (geomean(run["points"][-1]["ppl"]), run["label"])
+            )
+    if not any(len(v) > 1 for recipes in by_budget.values() for v in recipes.values()) and not any(
+        len(recipes) > 1 for recipes in by_budget.values()
+    ):
         return []
-    lines = ["Screen (geometric mean of the three texts at the last budget; lower is better):", ""]
-    for recipe, runs in by_recipe.items():
-        ranked = sorted(runs)
-        lines.append(f"- {RECIPES[recipe][0] if recipe in RECIPES else recipe}: "
-                     + ", ".join(f"{label.split('lr ')[-1]} {g:.2f}" for g, label in ranked)
-                     + f" -> best lr {ranked[0][1].split('lr ')[-1]}")  # fmt: skip
+    lines = ["Screen (geometric mean of the three texts at the run's budget; lower is better):", ""]
+    for budget, recipes in sorted(by_budget.items()):
+        best = []
+        for recipe, runs in recipes.items():
+            ranked = sorted(runs)
+            best.append((ranked[0][0], f"{RECIPES[recipe][0] if recipe in RECIPES else recipe}, lr "
+                                       f"{ranked[0][1].split('lr ')[-1]}"))  # fmt: skip
+            if len(ranked) > 1:
+                lines.append(f"- {budget:,} tokens, {RECIPES[recipe][0] if recipe in RECIPES else recipe}: "
+                             + ", ".join(f"{label.split('lr ')[-1]} {g:.2f}" for g, label in ranked)
+                             + f" -> best lr {ranked[0][1].split('lr ')[-1]}")  # fmt: skip
+        if len(best) > 1:
+            best.sort()
+            lines.append(f"- {budget:,} tokens, best recipe: {best[0][1]} ({best[0][0]:.2f}; next "
+                         f"{best[1][1]} {best[1][0]:.2f})")  # fmt: skip
     return [*lines, ""]
 
 

@@ -801,13 +801,27 @@ def test_recovery_curves(tiny_dir, tmp_path):
     result = _run("recovery_curves", argv, tmp_path / "rc.json")
     _check_protocol(result)
     runs = result["rows"]["np20"]["runs"]
-    assert set(runs) == {"lora@0.001", "lora@0.01", "full@3e-05"}
+    assert set(runs) == {"lora@0.001:48", "lora@0.01:48", "full@3e-05:48"}
     assert all([p["tokens"] for p in r["points"]] == [16, 48] for r in runs.values())
-    assert set(runs["full@3e-05"]["points"][0]["ppl"]) == {"bbc", "python_docs", "kjv"}
+    assert set(runs["full@3e-05:48"]["points"][0]["ppl"]) == {"bbc", "python_docs", "kjv"}
+    assert runs["full@3e-05:48"]["train_texts"].keys() == {"bbc"}
     report = (tmp_path / "rc.md").read_text(encoding="utf-8")
     assert "gap recovered" in report and "-> best lr" in report
     again = _run("recovery_curves", argv, tmp_path / "rc.json")
-    assert again["rows"]["np20"]["runs"]["lora@0.01"]["points"] == runs["lora@0.01"]["points"]  # kept, not re-run
+    assert again["rows"]["np20"]["runs"]["lora@0.01:48"]["points"] == runs["lora@0.01:48"]["points"]  # kept
+    # the per-budget screen: one run per budget (its own schedule), and training on an equal share of three texts
+    screen = [*argv[: argv.index("--lr")], "--lr", "lora=1e-3", "--separate-budgets", "--train-texts", "bbc", "kjv",
+              "python_docs", *argv[argv.index("--num-samples") :]]  # fmt: skip
+    screened = _run("recovery_curves", screen, tmp_path / "rs.json")["rows"]["np20"]["runs"]
+    mixed = "on bbc+kjv+python_docs"
+    assert set(screened) == {f"lora@0.001:16 {mixed}", f"lora@0.001:48 {mixed}", f"full@3e-05:16 {mixed}",
+                         f"full@3e-05:48 {mixed}"}  # fmt: skip
+    assert [p["tokens"] for p in screened[f"full@3e-05:16 {mixed}"]["points"]] == [16]
+    shares = screened[f"full@3e-05:16 {mixed}"]["train_texts"]
+    assert shares.keys() == {"bbc", "kjv", "python_docs"} and min(s["documents"] for s in shares.values()) > 0
+    chars = [s["chars"] for s in shares.values()]
+    assert max(chars) < 1.5 * min(chars)  # an equal share of each text, not the union
+    assert "16 tokens, best recipe:" in (tmp_path / "rs.md").read_text(encoding="utf-8")
     other = [*argv[: argv.index("--methods")], "--methods", "np50", "--recipes", "lora", "--budgets", "16",
              *argv[argv.index("--num-samples") :]]  # fmt: skip
     merged = _run("recovery_curves", other, tmp_path / "rc.json")  # another method's process: one file, both rows
