@@ -303,8 +303,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["", "- Training: the calibration split's BBC documents (a run marked \"trained on\" several texts: the "
               "calibration split of each, an equal share of characters from each), streamed, batch "
               f"{a['batch_size']} × {a['seq_len']} tokens per step, a cosine schedule over the run's budget with "
-              f"{a['warmup_fraction']:.0%} warm-up, {'bf16 autocast' if a['bf16'] else 'fp32'}, the learning rate in "
-              "its label. KD: 0.5 · T²·KL(dense ‖ student, T = 2) + 0.5 · LM loss.",
+              f"{a['warmup_fraction']:.0%} warm-up, the learning rate and dtype (fp32 or bf16 autocast) in its label. KD: 0.5 · T²·KL(dense ‖ student, T = 2) + 0.5 · LM loss.",
               "- A point below its run's budget is a checkpoint of that run (the schedule spans the whole run).",
               "- Gap recovered: (ppl pruned − ppl recovered) / (ppl pruned − ppl dense) per text; negative = worse "
               "than the pruned model.", ""]  # fmt: skip
@@ -330,7 +329,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(cells + [""] * (2 * len(texts)) + [""]) + " |")
         for run in row.get("runs", {}).values():
             for p in run["points"]:
-                cells = [run["label"], f"{run_budget(run):,}", f"{p['tokens']:,}"]
+                cells = [f"{run['label']}, {run_dtype(run)}", f"{run_budget(run):,}", f"{p['tokens']:,}"]
                 cells += [ppl_cell(p["ppl"][t], p["docs"][t]) for t in texts]
                 cells += [delta_cell(p["ppl"][t], pruned["ppl"][t], p["docs"][t], pruned["docs"][t]) for t in texts]
                 for t in texts:
@@ -345,6 +344,10 @@ def markdown(result: dict[str, Any]) -> str:
 
 def geomean(ppl: dict[str, float]) -> float:
     return statistics.geometric_mean(ppl.values())
+
+
+def run_dtype(run: dict[str, Any]) -> str:
+    return "bf16" if run["config"].get("training_args", {}).get("bf16") else "fp32"
 
 
 def run_budget(run: dict[str, Any]) -> int:

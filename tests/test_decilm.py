@@ -218,6 +218,49 @@ def test_llama_cpp_converter_reads_the_deci_directory(tmp_path):
         torch.testing.assert_close(found[name], tensor, rtol=0, atol=0, msg=name)
 
 
+def test_a_recovered_servable_model_stays_deployable(tmp_path):
+    """LoRA recovery of a model in the format's per-layer shapes (no attention, no layer, one KV head for four query
+    heads): merged, it saves the same `block_configs`, llama.cpp's converter reads the trained tensors, the format's
+    float64 reference computes its logits and it reloads exactly."""
+    import gguf
+
+    from optimum_prune import AutoPruner, FinetuneConfig
+
+    tokenizer = _byte_fallback_tokenizer()
+    model = _deci_model(vocab_size=len(tokenizer))
+    before = json.loads((save_pruned_model(model, tmp_path / "pruned", tokenizer) / "config.json").read_text())
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    docs = [f"Report {i}: the bank said that profits rose, and the shares fell. " * 6 for i in range(8)]
+    pruner = AutoPruner(model, tokenizer, keep_teacher=False)
+    config = FinetuneConfig(method="lora", token_budget=96, batch_size=2, seq_len=16, learning_rate=1e-2,
+                            eval_max_tokens=32, eval_fraction=0.25)  # fmt: skip
+    report = pruner.finetune(config, docs)
+    assert report.merged and report.tokens_seen == 96
+    trained = pruner.model
+    assert trained.state_dict().keys() == start.keys()
+    assert any(not torch.equal(trained.state_dict()[k], start[k]) for k in start)
+    out = pruner.save_pretrained(tmp_path / "recovered")
+    after = json.loads((out / "config.json").read_text())
+    assert after["block_configs"] == before["block_configs"] and after["model_type"] == "nemotron-nas"
+    ids = calibration_ids(2, 24, seed=7)
+    with torch.no_grad():
+        expected = trained.double()(input_ids=ids).logits
+    trained.float()
+    torch.testing.assert_close(_reference_logits(out, ids), expected, rtol=0, atol=2e-5)
+    torch.testing.assert_close(logits(AutoPrunedModelForCausalLM.from_pretrained(out), ids), logits(trained, ids))
+    convert(out, tmp_path / "model.gguf")
+    reader = gguf.GGUFReader(tmp_path / "model.gguf")
+    assert reader.fields["deci.attention.head_count_kv"].contents() == [2, 2, 0, 0, 1]
+    saved = load_file(out / "model.safetensors")
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DECI, len(LAYERS))
+    found = {t.name: t for t in reader.tensors}
+    for hf in ("model.layers.1.mlp.down_proj", "model.layers.2.mlp.up_proj", "model.layers.4.self_attn.o_proj"):
+        t = found[names.get_name(f"{hf}.weight", try_suffixes=(".weight",))]
+        got = torch.from_numpy(t.data.copy()).reshape(tuple(reversed(t.shape.tolist())))
+        torch.testing.assert_close(got, saved[f"{hf}.weight"].float(), rtol=0, atol=0, msg=hf)  # the trained weights
+        assert not torch.equal(saved[f"{hf}.weight"], start[f"{hf}.weight"])
+
+
 @pytest.mark.parametrize("base", ["llama", "qwen2"])
 def test_mlx_lm_runs_the_deci_directory(tmp_path, base):
     """MLX's own DeciLM model (mlx-lm's `nemotron-nas`, its CPU build) loads the directory and computes our logits
