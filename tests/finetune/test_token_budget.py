@@ -2,6 +2,7 @@
 (documents read while training, split by index like the in-memory path) and resuming a streamed run."""
 
 import json
+import logging
 
 import pytest
 import torch
@@ -114,3 +115,15 @@ def test_streaming_refuses_too_little_text_before_training(make_tiny, smollm2_to
     with pytest.raises(ValueError, match="do not fill one sequence"):
         finetune_(model, FinetuneConfig(streaming=True, **FAST), ["a b", "c d", "e f"] * 2, smollm2_tokenizer)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_on_a_cpu_without_native_bf16_is_warned(monkeypatch, caplog, tmp_path, native):
+    """bf16 autocast is emulated (far slower than fp32) on a CPU without AVX512-BF16 / AMX: the log says so."""
+    from optimum_prune.utils import training
+
+    monkeypatch.setattr(training, "cpu_has_native_bf16", lambda: native)
+    with caplog.at_level(logging.WARNING, logger="optimum_prune.utils.training"):
+        args = training.build_training_arguments({"output_dir": str(tmp_path)}, {"bf16": True, "use_cpu": True}, "X")
+    assert args.bf16
+    assert ("without native bf16" in caplog.text) is (not native)
