@@ -245,8 +245,12 @@ def recovery_curves(root: Path) -> str:
             ax.axhline(row["pruned"]["ppl"][text], color="0.6", ls=":", lw=0.8)
             for run in row.get("runs", {}).values():
                 pts = [(p["tokens"], p["ppl"][text]) for p in run["points"]]
-                ax.plot([t for t, _ in pts], [v for _, v in pts], color=colors.get(run.get("recipe"), "C7"), ls=ls,
-                        marker="o", ms=3, label=f"{row['name']}, {run['label']}")  # fmt: skip
+                mixed = (
+                    len(run.get("train_texts", {"bbc": None})) > 1
+                )  # trained on all three texts' calibration splits
+                ax.plot([t for t, _ in pts], [v for _, v in pts], ls=ls, marker="s" if mixed else "o", ms=3,
+                        color="C3" if mixed else colors.get(run.get("recipe"), "C7"),
+                        label=f"{row['name']}, {run['label']}")  # fmt: skip
         ax.axhline(res["dense"]["ppl"][text], color="k", ls="--", lw=0.8, label="dense")
         ax.set_xscale("log", base=2)
         _log_axis(ax)

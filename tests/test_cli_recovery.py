@@ -105,6 +105,22 @@ def test_recover_cli_takes_a_token_budget_and_streams(pruned_dir, learnable_text
     assert "not allowed with argument" in capsys.readouterr().err
 
 
+def test_recover_cli_without_a_recipe_runs_the_budgets_measured_one(pruned_dir, learnable_texts, tmp_path, capsys):
+    from optimum_prune import FinetuneConfig
+
+    argv = ["recover", str(pruned_dir / "pruned"), "--data", str(learnable_texts), *FT[2:], "--tokens", "256",
+            "--output", str(tmp_path / "rec")]  # fmt: skip
+    assert main(argv) == 0
+    got = json.loads(capsys.readouterr().out)["config"]
+    want = FinetuneConfig.for_budget(256, distill=False, batch_size=2, seq_len=32).to_dict()  # no --teacher
+    assert {
+        k: got[k] for k in ("method", "learning_rate", "distill", "warmup_steps", "max_steps", "lora_dropout")
+    } == {k: want[k] for k in ("method", "learning_rate", "distill", "warmup_steps", "max_steps", "lora_dropout")}
+    assert main([*argv[:-1], str(tmp_path / "rec2"), "--method", "full"]) == 0  # a recipe given: the plain defaults
+    got = json.loads(capsys.readouterr().out)["config"]
+    assert (got["method"], got["learning_rate"], got["token_budget"]) == ("full", 2e-4, 256)
+
+
 @pytest.mark.parametrize(
     "extra, match",
     [

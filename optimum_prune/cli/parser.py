@@ -276,16 +276,18 @@ def _add_recovery(sub: Any) -> None:
     )
     _model_args(p)
     p.add_argument("--data", required=True, help=f"training text: {TEXT_SOURCE}")
-    p.add_argument("--method", choices=["lora", "full"], default="lora", help="LoRA adapters or every weight")
+    p.add_argument("--method", choices=["lora", "full"],
+                   help="LoRA adapters or every weight (default: lora; with --tokens and no --method / --lr / "
+                   "--distill, the recipe measured best at that budget, FinetuneConfig.for_budget)")  # fmt: skip
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--steps", type=int, help="optimizer steps (default 200)")
     budget.add_argument("--tokens", type=int, help="training tokens instead of --steps (e.g. 262144)")
     p.add_argument("--eval-at", type=int, nargs="+", metavar="TOKENS",
                    help="held-out perplexity at these training-token counts (a recovery curve in the report)")  # fmt: skip
     p.add_argument("--stream", action="store_true", help="read the training text while training (large folders)")
-    p.add_argument("--batch-size", type=int, default=4, help="sequences per step")
-    p.add_argument("--lr", type=float, default=2e-4, help="learning rate")
-    p.add_argument("--seq-len", type=int, default=512, help="tokens per training sequence")
+    p.add_argument("--batch-size", type=int, help="sequences per step (default 4; the budget's recipe: its own)")
+    p.add_argument("--lr", type=float, help="learning rate (default 2e-4; the budget's recipe: its own)")
+    p.add_argument("--seq-len", type=int, help="tokens per training sequence (default 512)")
     p.add_argument("--distill", choices=["kl"], help="distill from --teacher (KL on logits)")
     p.add_argument("--teacher", help="the unpruned model (directory or .gguf file) for --distill")
     p.add_argument("--no-merge", action="store_true", help="keep LoRA as a PEFT adapter (saved in OUTPUT/adapter)")

@@ -18,14 +18,20 @@ __all__ = ["cmd_finetune", "cmd_push", "run_zero_shot"]
 
 def cmd_finetune(args: argparse.Namespace) -> int:
     fields = {
-        "method": args.method, "batch_size": args.batch_size, "learning_rate": args.lr,
+        **{k: v for k, v in (("method", args.method), ("learning_rate", args.lr), ("batch_size", args.batch_size),
+                             ("seq_len", args.seq_len)) if v is not None},
         **({"max_steps": args.steps} if args.steps is not None else {}),
-        **({"token_budget": args.tokens} if args.tokens is not None else {}),
         **({"eval_at_tokens": tuple(args.eval_at)} if args.eval_at else {}), "streaming": args.stream,
-        "seq_len": args.seq_len, "merge": not args.no_merge, "distill": args.distill, "seed": args.seed,
+        "merge": not args.no_merge, **({"distill": args.distill} if args.distill else {}), "seed": args.seed,
         "output_dir": args.checkpoint_dir, **_overrides(args.set),
     }  # fmt: skip
-    config = FinetuneConfig.from_dict(fields)  # every argument is checked before the model is loaded
+    # every argument is checked before the model is loaded
+    if args.tokens is not None and args.method is None and args.lr is None and not args.distill:
+        config = FinetuneConfig.for_budget(args.tokens, distill=bool(args.teacher), **fields)
+    else:
+        defaults = {"method": "lora", "learning_rate": 2e-4, "batch_size": 4, "seq_len": 512}
+        budget = {"token_budget": args.tokens} if args.tokens is not None else {}
+        config = FinetuneConfig.from_dict({**defaults, **fields, **budget})
     out = Path(args.output)
     if out.exists() and not args.overwrite:
         raise FileExistsError(f"{out} already exists; choose another --output or pass --overwrite.")

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..constants import FINETUNE_ATTR
+from .budgets import WARMUP_FRACTION, recipe_for_budget
 
 __all__ = ["FinetuneConfig", "FinetuneReport", "FINETUNE_ATTR"]
 
@@ -41,6 +42,7 @@ class FinetuneConfig:
         max_steps (`int`, defaults to `200`): optimizer steps (derived from `token_budget` when that is set).
         token_budget (`int | None`, defaults to `None`): training tokens to run instead of a step count: `max_steps`
             becomes `ceil(token_budget / (batch_size · gradient_accumulation_steps · seq_len))`.
+            `FinetuneConfig.for_budget(tokens)` gives the recipe measured best at that budget.
         eval_at_tokens (`tuple[int, ...] | None`, defaults to `None`): training-token counts at which the held-out
             perplexity is measured during the run (a recovery curve from one run, `FinetuneReport.curve`; the learning
             rate schedule still spans the whole run, so an early point is the model at that moment of a longer run,
@@ -162,6 +164,23 @@ class FinetuneConfig:
             raise ValueError("FinetuneConfig.training_args must be a dict of TrainingArguments fields.")
         if isinstance(self.output_dir, os.PathLike):
             self.output_dir = os.fspath(self.output_dir)
+
+    @classmethod
+    def for_budget(cls, token_budget: int, *, distill: bool = True, **overrides: Any) -> FinetuneConfig:
+        """The recovery recipe measured best at this token budget (`finetune.budgets.BUDGET_RECIPES`: the nearest
+        measured budget on a log scale), its warm-up `WARMUP_FRACTION` of the steps; `distill=False` when no teacher
+        is at hand (the best recipe without distillation); `overrides` are any other fields and win.
+
+        ```python
+        config = FinetuneConfig.for_budget(262_144, streaming=True)
+        ```
+        """
+        _, fields = recipe_for_budget(token_budget, distill=distill)
+        fields.update(overrides, token_budget=token_budget)
+        if "warmup_steps" not in overrides:
+            per_step = fields["batch_size"] * fields.get("gradient_accumulation_steps", 1) * fields["seq_len"]
+            fields["warmup_steps"] = max(1, round(WARMUP_FRACTION * -(-token_budget // per_step)))
+        return cls.from_dict(fields)
 
     @property
     def tokens_per_step(self) -> int:

@@ -127,3 +127,44 @@ def test_bf16_on_a_cpu_without_native_bf16_is_warned(monkeypatch, caplog, tmp_pa
         args = training.build_training_arguments({"output_dir": str(tmp_path)}, {"bf16": True, "use_cpu": True}, "X")
     assert args.bf16
     assert ("without native bf16" in caplog.text) is (not native)
+
+
+def test_for_budget_takes_the_nearest_measured_budgets_recipe(monkeypatch):
+    from optimum_prune.finetune import budgets
+
+    kd = {"method": "full", "distill": "kl", "learning_rate": 3e-4, "batch_size": 2, "seq_len": 512}
+    lora = {"method": "lora", "learning_rate": 1e-3, "lora_dropout": 0.0, "batch_size": 2, "seq_len": 512}
+    monkeypatch.setattr(budgets, "BUDGET_RECIPES", {4096: (kd, lora), 262_144: (lora,)})
+    cfg = FinetuneConfig.for_budget(3000)
+    assert (cfg.method, cfg.distill, cfg.learning_rate, cfg.token_budget) == ("full", "kl", 3e-4, 3000)
+    assert cfg.max_steps == 3 and cfg.warmup_steps == 1  # ceil(3000 / 1024) steps, 5% warm-up, at least one step
+    no_teacher = FinetuneConfig.for_budget(3000, distill=False)  # no teacher at hand: the best without distillation
+    assert (no_teacher.method, no_teacher.distill, no_teacher.lora_dropout) == ("lora", None, 0.0)
+    far = FinetuneConfig.for_budget(100_000, streaming=True, batch_size=4)  # nearer 262k than 4k on a log scale
+    assert (far.method, far.batch_size, far.streaming, far.max_steps) == ("lora", 4, True, 49)
+    assert far.warmup_steps == 2 and FinetuneConfig.for_budget(100_000, warmup_steps=0).warmup_steps == 0
+    assert budgets.BUDGET_RECIPES[4096][0] == kd  # the table is not changed by a call
+    with pytest.raises(ValueError, match="positive number of training tokens"):
+        FinetuneConfig.for_budget(0)
+    with pytest.raises(ValueError, match="Unknown FinetuneConfig field"):
+        FinetuneConfig.for_budget(4096, learning_rat=1e-3)
+
+
+def test_the_budget_recipes_are_the_screens_picks():
+    """Every measured budget's first recipe is the one its selection-split record names best, and each budget
+    has a recipe without distillation."""
+    import re
+    from pathlib import Path
+
+    from optimum_prune.finetune.budgets import BUDGET_RECIPES, MEASURED_IN
+
+    record = (Path(__file__).resolve().parents[2] / MEASURED_IN).read_text(encoding="utf-8")
+    picks = {int(b.replace(",", "")): (label, float(lr))
+             for b, label, lr in re.findall(r"- ([\d,]+) tokens, best recipe: (.+?), lr ([\d.e-]+) \(", record)}  # fmt: skip
+    assert picks and picks.keys() == BUDGET_RECIPES.keys()
+    names = {"LoRA r=16": ("lora", None), "full": ("full", None), "full + KD": ("full", "kl")}
+    for budget, recipes in BUDGET_RECIPES.items():
+        label, lr = picks[budget]
+        best = FinetuneConfig.for_budget(budget)
+        assert (best.method, best.distill, best.learning_rate) == (*names[label], lr)
+        assert any(r.get("distill") is None for r in recipes)
