@@ -303,7 +303,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["", "- Training: the calibration split's BBC documents (a run marked \"trained on\" several texts: the "
               "calibration split of each, an equal share of characters from each), streamed, batch "
               f"{a['batch_size']} × {a['seq_len']} tokens per step, a cosine schedule over the run's budget with "
-              f"{a['warmup_fraction']:.0%} warm-up, the learning rate and dtype (fp32 or bf16 autocast) in its label. KD: 0.5 · T²·KL(dense ‖ student, T = 2) + 0.5 · LM loss.",
+              f"{a['warmup_fraction']:.0%} warm-up, the learning rate and dtype (fp32 or bf16 autocast) in its label. "
+              "KD: 0.5 · T²·KL(dense ‖ student, T = 2) + 0.5 · LM loss.",
               "- A point below its run's budget is a checkpoint of that run (the schedule spans the whole run).",
               "- Gap recovered: (ppl pruned − ppl recovered) / (ppl pruned − ppl dense) per text; negative = worse "
               "than the pruned model.", ""]  # fmt: skip
@@ -365,11 +366,7 @@ def _screen(row: dict[str, Any], texts: list[str]) -> list[str]:
             by_budget.setdefault(run_budget(run), {}).setdefault(recipe, []).append(
                 (geomean(run["points"][-1]["ppl"]), run["label"])
             )
-    if not any(len(v) > 1 for recipes in by_budget.values() for v in recipes.values()) and not any(
-        len(recipes) > 1 for recipes in by_budget.values()
-    ):
-        return []
-    lines = ["Screen (geometric mean of the three texts at the run's budget; lower is better):", ""]
+    lines = []
     for budget, recipes in sorted(by_budget.items()):
         best = []
         for recipe, runs in recipes.items():
@@ -384,7 +381,9 @@ def _screen(row: dict[str, Any], texts: list[str]) -> list[str]:
             best.sort()
             lines.append(f"- {budget:,} tokens, best recipe: {best[0][1]} ({best[0][0]:.2f}; next "
                          f"{best[1][1]} {best[1][0]:.2f})")  # fmt: skip
-    return [*lines, ""]
+    if not lines:  # one run per budget and recipe: nothing ranked
+        return []
+    return ["Screen (geometric mean of the three texts at the run's budget; lower is better):", "", *lines, ""]
 
 
 if __name__ == "__main__":

@@ -245,9 +245,8 @@ def recovery_curves(root: Path) -> str:
             ax.axhline(row["pruned"]["ppl"][text], color="0.6", ls=":", lw=0.8)
             for run in row.get("runs", {}).values():
                 pts = [(p["tokens"], p["ppl"][text]) for p in run["points"]]
-                mixed = (
-                    len(run.get("train_texts", {"bbc": None})) > 1
-                )  # trained on all three texts' calibration splits
+                # trained on several texts' calibration splits (the others: BBC's alone)
+                mixed = len(run.get("train_texts", {"bbc": None})) > 1
                 ax.plot([t for t, _ in pts], [v for _, v in pts], ls=ls, marker="s" if mixed else "o", ms=3,
                         color="C3" if mixed else colors.get(run.get("recipe"), "C7"),
                         label=f"{row['name']}, {run['label']}")  # fmt: skip

@@ -806,7 +806,7 @@ def test_recovery_curves(tiny_dir, tmp_path):
     assert set(runs["full@3e-05:48"]["points"][0]["ppl"]) == {"bbc", "python_docs", "kjv"}
     assert runs["full@3e-05:48"]["train_texts"].keys() == {"bbc"}
     report = (tmp_path / "rc.md").read_text(encoding="utf-8")
-    assert "gap recovered" in report and "-> best lr" in report
+    assert "gap recovered" in report and "-> best lr" in report and "| LoRA r=16, lr 0.001, fp32 | 48 | 16 |" in report
     again = _run("recovery_curves", argv, tmp_path / "rc.json")
     assert again["rows"]["np20"]["runs"]["lora@0.01:48"]["points"] == runs["lora@0.01:48"]["points"]  # kept
     # the per-budget screen: one run per budget (its own schedule), and training on an equal share of three texts

@@ -31,8 +31,8 @@ BUDGET_RECIPES: dict[int, tuple[dict[str, Any], ...]] = {
 }
 
 
-def recipe_for_budget(token_budget: int, *, distill: bool = True) -> tuple[int, dict[str, Any]]:
-    """`(measured budget, FinetuneConfig fields)`: the best recipe at the measured budget nearest `token_budget` on
+def recipe_for_budget(token_budget: int, *, distill: bool = True) -> dict[str, Any]:
+    """`FinetuneConfig` fields: the best recipe at the measured budget nearest `token_budget` on
     a log scale (below the smallest, the smallest's; above the largest, the largest's), skipping distillation when
     `distill` is off (no teacher at hand)."""
     if not isinstance(token_budget, int) or isinstance(token_budget, bool) or token_budget < 1:
@@ -40,5 +40,5 @@ def recipe_for_budget(token_budget: int, *, distill: bool = True) -> tuple[int, 
     measured = min(BUDGET_RECIPES, key=lambda b: (abs(math.log(token_budget / b)), b))
     for recipe in BUDGET_RECIPES[measured]:
         if distill or recipe.get("distill") is None:
-            return measured, dict(recipe)
+            return dict(recipe)
     raise AssertionError(f"no recipe without distillation measured at {measured} tokens")  # the table has one

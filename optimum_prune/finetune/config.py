@@ -175,7 +175,7 @@ class FinetuneConfig:
         config = FinetuneConfig.for_budget(262_144, streaming=True)
         ```
         """
-        _, fields = recipe_for_budget(token_budget, distill=distill)
+        fields = recipe_for_budget(token_budget, distill=distill)
         fields.update(overrides, token_budget=token_budget)
         if "warmup_steps" not in overrides:
             per_step = fields["batch_size"] * fields.get("gradient_accumulation_steps", 1) * fields["seq_len"]
