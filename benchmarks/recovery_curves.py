@@ -51,11 +51,13 @@ METHODS = {
     "flap20": ("FLAP 20%", lambda a: FLAPConfig(pruning_ratio=0.2)),
     "fista24": ("FISTA 2:4", lambda a: FISTAConfig(sparsity=0.5, pattern="2:4", max_outer=a.fista_max_outer)),
 }
-# recipe -> (label, FinetuneConfig fields, default learning rate); "kd" is full fine-tuning with logit distillation
+# recipe -> (label, FinetuneConfig fields, default learning rate); "kd" is full fine-tuning with logit distillation,
+# "kdh" adds the hidden-state term at weight `--hidden-weight`
 RECIPES = {
     "lora": ("LoRA r=16", {"method": "lora", "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0}, 3e-4),
     "full": ("full", {"method": "full"}, 3e-5),
     "kd": ("full + KD", {"method": "full", "distill": "kl", "distill_alpha": 0.5}, 3e-5),
+    "kdh": ("full + KD + hidden", {"method": "full", "distill": "kl", "distill_alpha": 0.5}, 3e-5),
 }
 
 
@@ -73,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bf16", action="store_true", help="train under bf16 autocast (Trainer bf16=True)")
     p.add_argument("--num-samples", type=int, default=16, help="calibration windows of the pruning")
     p.add_argument("--calib-seq-len", type=int, default=512)
+    p.add_argument("--hidden-weight", type=float, default=10.0,
+                   help="distill_hidden_weight of the 'kdh' recipe (one weight per process: rerun for a screen)")  # fmt: skip
     p.add_argument("--fista-max-outer", type=int, default=3, help="FISTA outer-step cap")
     p.add_argument("--throughput-steps", type=int, default=4, help="timed steps per recipe (after one warm-up)")
     p.add_argument("--workdir", default="/tmp/recovery_curves", help="pruned models kept here for a rerun")
@@ -117,7 +121,13 @@ def training_documents(protocol, texts: list[str]) -> tuple[list[str], dict[str,
 
 def run_name(args, recipe: str, lr: float, budget: int) -> str:
     texts = "" if args.train_texts == ["bbc"] else " on " + "+".join(args.train_texts)
-    return f"{recipe}@{lr:g}:{budget}{texts}"
+    return f"{recipe_label(args, recipe, short=True)}@{lr:g}:{budget}{texts}"
+
+
+def recipe_label(args, recipe: str, short: bool = False) -> str:
+    """The recipe's name; the hidden-state recipe names its weight."""
+    name = recipe if short else RECIPES[recipe][0]
+    return f"{name} x{args.hidden_weight:g}" if recipe == "kdh" else name
 
 
 def learning_rates(args, recipe: str) -> list[float]:
@@ -129,6 +139,8 @@ def finetune_config(args, recipe: str, budget: int, lr: float | None = None) -> 
     steps = -(-budget // (args.batch_size * args.seq_len))
     # on a CPU the Trainer runs bf16 autocast only with use_cpu
     training_args = {"bf16": True, "use_cpu": not torch.cuda.is_available()} if args.bf16 else {}
+    if recipe == "kdh":
+        fields = {**fields, "distill_hidden_weight": args.hidden_weight}
     return FinetuneConfig(
         **fields, learning_rate=lr or learning_rates(args, recipe)[0], token_budget=budget, batch_size=args.batch_size,
         seq_len=args.seq_len, warmup_steps=max(1, round(args.warmup_fraction * steps)), eval_fraction=0.01,
@@ -232,7 +244,7 @@ def curves(args, dense, tokenizer, protocol, train_docs, train_record, calib, re
                                callbacks=[points])  # fmt: skip
             row["runs"][name] = {
                 "recipe": recipe, "budget": budget,
-                "label": f"{RECIPES[recipe][0]}, lr {lr:g}{train_label(args.train_texts)}",
+                "label": f"{recipe_label(args, recipe)}, lr {lr:g}{train_label(args.train_texts)}",
                 "config": rep.config, "train_texts": train_record,
                 "points": points.points, "complete": True, "train_runtime_s": rep.train_runtime_s,
                 "tokens_seen": rep.tokens_seen, "trainable_params": rep.trainable_params,
@@ -362,7 +374,7 @@ def _screen(row: dict[str, Any], texts: list[str]) -> list[str]:
     by_budget: dict[int, dict[str, list[tuple[float, str]]]] = {}
     for run in row.get("runs", {}).values():
         if run["points"] and run["points"][-1]["tokens"] >= run_budget(run):
-            recipe = run.get("recipe", run["label"])
+            recipe = run["label"].split(", lr ")[0]  # the recipe as labelled (the hidden-state weight included)
             by_budget.setdefault(run_budget(run), {}).setdefault(recipe, []).append(
                 (geomean(run["points"][-1]["ppl"]), run["label"])
             )
@@ -371,10 +383,9 @@ def _screen(row: dict[str, Any], texts: list[str]) -> list[str]:
         best = []
         for recipe, runs in recipes.items():
             ranked = sorted(runs)
-            best.append((ranked[0][0], f"{RECIPES[recipe][0] if recipe in RECIPES else recipe}, lr "
-                                       f"{ranked[0][1].split('lr ')[-1]}"))  # fmt: skip
+            best.append(ranked[0])
             if len(ranked) > 1:
-                lines.append(f"- {budget:,} tokens, {RECIPES[recipe][0] if recipe in RECIPES else recipe}: "
+                lines.append(f"- {budget:,} tokens, {recipe}: "
                              + ", ".join(f"{label.split('lr ')[-1]} {g:.2f}" for g, label in ranked)
                              + f" -> best lr {ranked[0][1].split('lr ')[-1]}")  # fmt: skip
         if len(best) > 1:

@@ -822,9 +822,12 @@ def test_recovery_curves(tiny_dir, tmp_path):
     chars = [s["chars"] for s in shares.values()]
     assert max(chars) < 1.5 * min(chars)  # an equal share of each text, not the union
     assert "16 tokens, best recipe:" in (tmp_path / "rs.md").read_text(encoding="utf-8")
-    other = [*argv[: argv.index("--methods")], "--methods", "np50", "--recipes", "lora", "--budgets", "16",
-             *argv[argv.index("--num-samples") :]]  # fmt: skip
+    other = [*argv[: argv.index("--methods")], "--methods", "np50", "--recipes", "lora", "kdh", "--hidden-weight",
+             "5", "--budgets", "16", *argv[argv.index("--num-samples") :]]  # fmt: skip
     merged = _run("recovery_curves", other, tmp_path / "rc.json")  # another method's process: one file, both rows
     assert set(merged["rows"]) == {"np20", "np50"} and merged["rows"]["np20"]["runs"].keys() == runs.keys()
+    hidden = merged["rows"]["np50"]["runs"]["kdh x5@3e-05:16"]  # the hidden-state recipe names its weight
+    assert hidden["config"]["distill_hidden_weight"] == 5.0 and hidden["config"]["distill"] == "kl"
+    assert "| full + KD + hidden x5, lr 3e-05, fp32 |" in (tmp_path / "rc.md").read_text(encoding="utf-8")
     assert recovery_curves.gap_recovered(10.0, 30.0, 15.0) == 0.75
     assert recovery_curves.gap_recovered(10.0, 30.0, 40.0) == -0.5

@@ -69,6 +69,10 @@ class FinetuneConfig:
             `AutoPruner(model, keep_teacher=True)` keeps): KL divergence between temperature-softened logits.
         distill_temperature (`float`, defaults to `2.0`): softmax temperature of the KL term (scaled by T²).
         distill_alpha (`float`, defaults to `0.5`): loss = alpha · KL + (1 − alpha) · LM loss; `1.0` is pure KL.
+        distill_hidden_weight (`float`, defaults to `0.0`): adds this weight times a hidden-state term: the relative
+            squared error `‖h_student − h_teacher‖² / ‖h_teacher‖²` of every layer's output, per token, averaged
+            over tokens and layers (needs a teacher with the student's layer count and hidden size, which structured
+            width pruning keeps). `0` is logit distillation only.
         teacher_device (`str | None`, defaults to `None`): where the teacher runs; `None` = the student's device
             when it has room for the teacher, else the CPU.
         eval_fraction (`float`, defaults to `0.1`): fraction of the documents held out (never trained on) for the
@@ -104,6 +108,7 @@ class FinetuneConfig:
     distill: str | None = None
     distill_temperature: float = 2.0
     distill_alpha: float = 0.5
+    distill_hidden_weight: float = 0.0
     teacher_device: str | None = None
     eval_fraction: float = 0.1
     eval_max_tokens: int | None = 16384
@@ -147,11 +152,17 @@ class FinetuneConfig:
         _number("lora_dropout", self.lora_dropout, 0.0, 1.0, hi_open=True)
         _number("distill_temperature", self.distill_temperature, 0.0, math.inf, lo_open=True, hi_open=True)
         _number("distill_alpha", self.distill_alpha, 0.0, 1.0)
+        _number("distill_hidden_weight", self.distill_hidden_weight, 0.0, math.inf, hi_open=True)
         _number("eval_fraction", self.eval_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
         if self.eval_max_tokens is not None:
             _positive_int("eval_max_tokens", self.eval_max_tokens, 2)
         if self.distill not in (None, "kl"):
             raise ValueError(f"FinetuneConfig.distill must be None or 'kl', got {self.distill!r}.")
+        if self.distill_hidden_weight > 0 and self.distill is None:
+            raise ValueError(
+                "FinetuneConfig.distill_hidden_weight > 0 distills hidden states from a teacher: set distill='kl' "
+                "too (distill_alpha=0 keeps the LM loss and the hidden-state term only)."
+            )
         if self.target_modules is not None:
             if isinstance(self.target_modules, str):
                 self.target_modules = (self.target_modules,)

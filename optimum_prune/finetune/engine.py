@@ -8,6 +8,7 @@ import contextlib
 import logging
 import tempfile
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -34,27 +35,38 @@ logger = logging.getLogger(__name__)
 
 
 class DistillationTrainer(Trainer):
-    """A `Trainer` whose loss is `alpha · T² · KL(teacher_T ‖ student_T) + (1 − alpha) · LM loss`.
+    """A `Trainer` whose loss is `alpha · T² · KL(teacher_T ‖ student_T) + (1 − alpha) · LM loss`, plus
+    `hidden_weight · hidden_state_loss` when that weight is positive.
 
-    The teacher runs without gradients on `teacher_device`; its logits are moved to the student's device. Both
-    losses are per-batch token means (the Trainer divides them by the gradient accumulation steps).
+    The teacher runs without gradients on `teacher_device`; its outputs are moved to the student's device. All
+    terms are per-batch token means (the Trainer divides them by the gradient accumulation steps).
     """
 
     loss_is_scaled_for_ga = False
 
-    def __init__(self, *args: Any, teacher: nn.Module, temperature: float = 2.0, alpha: float = 0.5, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        teacher: nn.Module,
+        temperature: float = 2.0,
+        alpha: float = 0.5,
+        hidden_weight: float = 0.0,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         self.teacher = teacher.eval()
         for p in self.teacher.parameters():
             p.requires_grad_(False)
-        self.temperature, self.alpha = temperature, alpha
+        self.temperature, self.alpha, self.hidden_weight = temperature, alpha, hidden_weight
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        outputs = model(**inputs)
+        hidden = self.hidden_weight > 0
+        outputs = model(**inputs, output_hidden_states=hidden)
         teacher_device = next(self.teacher.parameters()).device
         with torch.no_grad():
             t_inputs = {k: v.to(teacher_device) for k, v in inputs.items() if k != "labels"}
-            t_logits = self.teacher(**t_inputs).logits.to(outputs.logits.device)  # (B, L, V)
+            t_out = self.teacher(**t_inputs, output_hidden_states=hidden)
+            t_logits = t_out.logits.to(outputs.logits.device)  # (B, L, V)
         t = self.temperature
         s_logp = F.log_softmax(outputs.logits.float() / t, dim=-1)  # (B, L, V)
         t_logp = F.log_softmax(t_logits.float() / t, dim=-1)  # (B, L, V)
@@ -64,7 +76,34 @@ class DistillationTrainer(Trainer):
         loss = self.alpha * t * t * kl
         if self.alpha < 1:
             loss = loss + (1 - self.alpha) * outputs.loss
+        if hidden:
+            t_hidden = [h.to(outputs.logits.device) for h in t_out.hidden_states[1:]]
+            loss = loss + self.hidden_weight * hidden_state_loss(outputs.hidden_states[1:], t_hidden, mask)
         return (loss, outputs) if return_outputs else loss
+
+
+def hidden_state_loss(student: Sequence[torch.Tensor], teacher: Sequence[torch.Tensor], mask=None) -> torch.Tensor:
+    """Mean over layers and (unmasked) tokens of `‖h_s − h_t‖² / ‖h_t‖²`: each layer output's relative squared
+    error against the teacher's, per token, so the few tokens with very large activations do not dominate."""
+    per_layer = []
+    for hs, ht in zip(student, teacher, strict=True):
+        err = (hs.float() - ht.float()).pow(2).sum(-1) / ht.float().pow(2).sum(-1).clamp_min(1e-12)  # (B, L)
+        per_layer.append((err * mask).sum() / mask.sum() if mask is not None else err.mean())
+    return torch.stack(per_layer).mean()
+
+
+def check_hidden_teacher(model: nn.Module, teacher: nn.Module, config: FinetuneConfig) -> None:
+    """Hidden-state distillation matches layer to layer: the teacher needs the student's depth and width."""
+    if config.distill is None or config.distill_hidden_weight == 0:
+        return
+    shape = [(getattr(m.config, "num_hidden_layers", None), getattr(m.config, "hidden_size", None))
+             for m in (model, teacher)]  # fmt: skip
+    if shape[0] != shape[1] or None in shape[0]:
+        raise ValueError(
+            f"FinetuneConfig.distill_hidden_weight > 0 compares every layer's output with the teacher's, but the "
+            f"student has (layers, hidden size) {shape[0]} and the teacher {shape[1]}. Use distill_hidden_weight=0 "
+            "(logit distillation) for a model whose layers or hidden size were pruned."
+        )
 
 
 def lora_target_modules(model: nn.Module, requested: tuple[str, ...] | None) -> list[str]:
@@ -153,7 +192,7 @@ def train_model(model, config, train_ds, args, targets, masks, teacher, callback
             teacher_info = {"source": getattr(teacher, "_optimum_prune_source", "given"), "device": str(device)}
             trainer = DistillationTrainer(
                 **kwargs, callbacks=cb, teacher=teacher, temperature=config.distill_temperature,
-                alpha=config.distill_alpha,
+                alpha=config.distill_alpha, hidden_weight=config.distill_hidden_weight,
             )  # fmt: skip
         else:
             trainer = Trainer(**kwargs, callbacks=cb)

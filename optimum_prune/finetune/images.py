@@ -21,7 +21,7 @@ from ..calibration.images import (
     require_classifier,
 )
 from .config import FINETUNE_ATTR, FinetuneConfig, FinetuneReport
-from .engine import lora_target_modules, record_finetune_, train_model, training_arguments
+from .engine import check_hidden_teacher, lora_target_modules, record_finetune_, train_model, training_arguments
 from .sparsity import sparsity_masks
 
 __all__ = ["finetune_images_", "evaluate_classifier"]
@@ -76,6 +76,7 @@ def _prepare(model, config, dataset, teacher):
                 f"The distillation teacher has {getattr(teacher.config, 'num_labels', None)} classes, the student "
                 f"{num_labels}: distillation compares their logits class by class (use the unpruned source model)."
             )
+        check_hidden_teacher(model, teacher, config)
     targets = lora_target_modules(model, config.target_modules) if config.method == "lora" else None
     train_idx, eval_idx = split_indices(len(labels), config.eval_fraction, config.seed)
     train_idx, eval_idx = torch.as_tensor(train_idx), torch.as_tensor(eval_idx)

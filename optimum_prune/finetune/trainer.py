@@ -17,7 +17,14 @@ from ..calibration.data import DOCUMENT_SEPARATOR, load_texts, split_documents
 from ..evaluation.perplexity import perplexity
 from ..modeling.architectures import get_spec, is_image_model
 from .config import FINETUNE_ATTR, FinetuneConfig, FinetuneReport
-from .engine import check_teacher, lora_target_modules, record_finetune_, train_model, training_arguments
+from .engine import (
+    check_hidden_teacher,
+    check_teacher,
+    lora_target_modules,
+    record_finetune_,
+    train_model,
+    training_arguments,
+)
 from .images import finetune_images_
 from .progress import TokenCheckpoints, TokenProgress
 from .sparsity import sparsity_masks
@@ -87,6 +94,7 @@ def _prepare(model, config, dataset, tokenizer, teacher):
                 "was loaded before pruning)."
             )
         check_teacher(model, teacher)
+        check_hidden_teacher(model, teacher, config)
     args = training_arguments(config, config.output_dir or tempfile.gettempdir())
     return targets, train_docs, eval_docs, windows, args, held_out
 

@@ -18,7 +18,7 @@ from optimum_prune import (
     prune_,
 )
 from optimum_prune.finetune.adapters import merge_adapter
-from optimum_prune.finetune.engine import DistillationTrainer
+from optimum_prune.finetune.engine import DistillationTrainer, hidden_state_loss
 
 FAST = {"max_steps": 2, "batch_size": 2, "seq_len": 32, "eval_max_tokens": 64, "eval_fraction": 0.2}
 # Enough steps on `learnable_docs` for training to show: measured (seed 0) held-out perplexity 49.5k -> 23.6k (LoRA,
@@ -153,10 +153,70 @@ def test_distillation_uses_the_unpruned_model_as_teacher(make_tiny, smollm2_toke
 def test_distillation_loss_is_zero_when_student_equals_teacher(make_tiny, smollm2_tokenizer):
     model = make_tiny()
     trainer = DistillationTrainer.__new__(DistillationTrainer)
-    trainer.teacher, trainer.temperature, trainer.alpha = copy.deepcopy(model), 2.0, 1.0
+    trainer.teacher, trainer.temperature, trainer.alpha, trainer.hidden_weight = copy.deepcopy(model), 2.0, 1.0, 0.0
     ids = _ids(smollm2_tokenizer)
     loss = trainer.compute_loss(model, {"input_ids": ids, "labels": ids, "attention_mask": torch.ones_like(ids)})
     assert abs(loss.item()) < 1e-5
+
+
+def test_hidden_state_loss_matches_a_float64_reference():
+    g = torch.Generator().manual_seed(0)
+    student = [torch.randn(2, 5, 8, generator=g) for _ in range(3)]
+    teacher = [torch.randn(2, 5, 8, generator=g) * (i + 1) for i in range(3)]
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    ref = []
+    for hs, ht in zip(student, teacher):  # the loop written out: every kept token's relative squared error
+        errs = [((hs[b, i].double() - ht[b, i].double()) ** 2).sum() / (ht[b, i].double() ** 2).sum()
+                for b in range(2) for i in range(5) if mask[b, i]]  # fmt: skip
+        ref.append(sum(errs) / len(errs))
+    assert hidden_state_loss(student, teacher, mask).item() == pytest.approx((sum(ref) / 3).item(), rel=1e-5)
+    assert hidden_state_loss(teacher, teacher, mask).item() == 0.0
+
+
+def test_distillation_loss_with_hidden_states_is_the_written_formula(make_tiny, smollm2_tokenizer):
+    """alpha · T² · KL + (1 − alpha) · LM + w · hidden, each term recomputed in float64 from the two models."""
+    teacher, student = make_tiny(seed=0), make_tiny(seed=1)
+    trainer = DistillationTrainer.__new__(DistillationTrainer)
+    trainer.teacher, trainer.temperature, trainer.alpha, trainer.hidden_weight = teacher, 2.0, 0.3, 0.7
+    ids = _ids(smollm2_tokenizer)
+    mask = torch.ones_like(ids)
+    loss = trainer.compute_loss(student, {"input_ids": ids, "labels": ids, "attention_mask": mask})
+    with torch.no_grad():
+        s, t = (copy.deepcopy(m).double()(ids, labels=ids, output_hidden_states=True) for m in (student, teacher))
+    p_t, log_s = (t.logits / 2).softmax(-1), (s.logits / 2).log_softmax(-1)
+    kl = (p_t * (p_t.log() - log_s)).sum(-1).mean()
+    hidden = torch.stack([((hs - ht) ** 2).sum(-1).div((ht**2).sum(-1)).mean()
+                          for hs, ht in zip(s.hidden_states[1:], t.hidden_states[1:])]).mean()  # fmt: skip
+    expected = 0.3 * 4 * kl + 0.7 * s.loss + 0.7 * hidden
+    assert hidden > 0.1 and loss.item() == pytest.approx(expected.item(), rel=1e-4)
+
+
+def test_hidden_state_distillation_pulls_every_layer_towards_the_teacher(make_tiny, smollm2_tokenizer, learnable_docs):
+    dense = make_tiny()
+    pruner = AutoPruner(dense, smollm2_tokenizer, keep_teacher=True)
+    pruner.prune(MagnitudeConfig(pruning_ratio=0.4))  # width pruning: same depth and hidden size as the teacher
+    teacher = pruner.teacher()
+    ids = smollm2_tokenizer(learnable_docs[0], return_tensors="pt").input_ids[:, :64]
+
+    def hidden_error():
+        with torch.no_grad():
+            s, t = (m(ids, output_hidden_states=True).hidden_states[1:] for m in (pruner.model, teacher))
+        return hidden_state_loss(s, t).item()
+
+    before = hidden_error()
+    config = FinetuneConfig(distill="kl", distill_alpha=1.0, distill_hidden_weight=10.0, learning_rate=3e-3, **LEARN)
+    report = pruner.finetune(config, learnable_docs)
+    assert report.config["distill_hidden_weight"] == 10.0
+    assert hidden_error() < 0.9 * before
+
+
+def test_hidden_state_distillation_refuses_a_teacher_of_another_depth(make_tiny, smollm2_tokenizer, docs):
+    model = make_tiny()
+    state = _state(model)
+    config = FinetuneConfig(distill="kl", distill_hidden_weight=1.0, **FAST)
+    with pytest.raises(ValueError, match=r"\(2, 64\) and the teacher \(3, 64\).*distill_hidden_weight=0"):
+        finetune_(model, config, docs, smollm2_tokenizer, teacher=make_tiny(num_hidden_layers=3))
+    assert _same_state(model, state)
 
 
 def test_in_memory_model_keeps_no_teacher_unless_asked(make_tiny, smollm2_tokenizer, docs):
@@ -191,6 +251,8 @@ def test_autopruner_from_path_reloads_the_teacher(make_tiny, smollm2_tokenizer, 
         ({"max_steps": 0}, "max_steps must be > 0"),
         ({"method": "qlora"}, "method must be"),
         ({"distill": "mse"}, "distill must be"),
+        ({"distill_hidden_weight": 1.0}, r"set distill='kl'"),
+        ({"distill": "kl", "distill_hidden_weight": -1.0}, "distill_hidden_weight must be"),
         ({"eval_fraction": 1.0}, "eval_fraction"),
     ],
 )
