@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import logging
 import os
@@ -52,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reader", default="all", choices=["all", "vllm", "llama.cpp"], help="ServingConfig.reader")
     p.add_argument("--error-scales", nargs="+", default=[None], choices=[None, "end_to_end", "residual", "absolute"],
                    help="ServingConfig.error_scale values (default: its default; several: one model each)")  # fmt: skip
+    p.add_argument("--mlp-widths", nargs="+", default=[None], choices=[None, "knapsack", "ranked"],
+                   help="ServingConfig.mlp_widths values (default: its default; each given: one model each)")  # fmt: skip
     p.add_argument("--num-samples", type=int, default=16, help="calibration windows (every model)")
     p.add_argument("--seq-len", type=int, default=512, help="their length in tokens")
     p.add_argument("--tables", default="/tmp/serving_tables", help="cost tables cost_table_<phase>_<b>_<ctx>.json")
@@ -91,9 +94,11 @@ def configs(args, tables: dict[str, tuple[CostTable, str]]) -> dict[str, tuple[s
         if w not in tables:
             continue
         for s in (float(x) for x in speedups.split(",")):
-            for scale in args.error_scales:
+            for scale, widths in itertools.product(args.error_scales, args.mlp_widths):
                 kw = {} if scale is None else {"error_scale": scale}
+                kw.update({} if widths is None else {"mlp_widths": widths})
                 name = f"serving@{w}@{s:g}" + (f"@{scale}" if len(args.error_scales) > 1 else "")
+                name += "" if widths is None else f"@{widths}"
                 out[name] = ("serving", ServingConfig(speedup=s, workload=w, cost_table=tables[w][1],
                                                       reader=args.reader, **kw))  # fmt: skip
     for a in args.allocations:
@@ -177,7 +182,8 @@ def main(argv: list[str] | None = None) -> dict:
 def _label(name: str, entry: dict[str, Any]) -> str:
     if entry["kind"] == "serving":
         cfg = entry["config"]
-        return f"serving, {cfg['speedup']:g}x at {cfg['workload']}, {cfg['error_scale']}"
+        ranked = ", ranked widths" if cfg.get("mlp_widths") == "ranked" else ""
+        return f"serving, {cfg['speedup']:g}x at {cfg['workload']}, {cfg['error_scale']}{ranked}"
     ratio = name.split("@", 1)[1]
     return f"{LABELS.get(entry['kind'], entry['kind'])} {float(ratio):.0%}"
 

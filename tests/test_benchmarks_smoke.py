@@ -734,20 +734,23 @@ def test_serving(tiny_llama, smollm2_tokenizer, tmp_path):
     LlamaForCausalLM(config).save_pretrained(wide)
     smollm2_tokenizer.save_pretrained(wide)
     argv = ["--model", str(wide), "--workloads", "decode:2:32", "--targets", "decode:2:32=1.05",
-            "--ratios", "0.3", "--allocations", "servable", "global", "--num-samples", "4", "--seq-len", "32",
+            "--mlp-widths", "knapsack", "ranked", "--ratios", "0.3", "--allocations", "servable", "global", "--num-samples", "4", "--seq-len", "32",
             *TINY_EVAL, "--rounds", "2", "--warmup", "0", "--table-layers", "2", "--tables", str(tmp_path / "t"),
             "--workdir", str(tmp_path / "work")]  # fmt: skip
     result = _run("serving", argv, tmp_path / "serving.json")
     _check_protocol(result)
-    names = {"dense", "serving@decode:2:32@1.05", "np_servable@0.3", "np_global@0.3"}
+    served = {f"serving@decode:2:32@1.05@{w}" for w in ("knapsack", "ranked")}
+    names = {"dense", *served, "np_servable@0.3", "np_global@0.3"}
     assert set(result["models"]) == names
     assert set(result["speed"]["decode:2:32"]) == names - {"dense"}
     assert all(s["speedup"] > 0 for s in result["speed"]["decode:2:32"].values())
-    assert result["models"]["serving@decode:2:32@1.05"]["assembly"]["predicted_speedup"] >= 1.05
+    assert all(result["models"][n]["assembly"]["predicted_speedup"] >= 1.05 for n in served)
+    assert result["models"]["serving@decode:2:32@1.05@ranked"]["config"]["mlp_widths"] == "ranked"
     again = _run("serving", argv, tmp_path / "serving.json")
     assert again["models"]["np_global@0.3"]["ppl"] == result["models"]["np_global@0.3"]["ppl"]  # resumed
     report = (tmp_path / "serving.md").read_text(encoding="utf-8")
-    assert "## decode:2:32" in report and "serving, 1.05x at decode:2:32, end_to_end" in report
+    assert "## decode:2:32" in report and "serving, 1.05x at decode:2:32, end_to_end |" in report
+    assert "serving, 1.05x at decode:2:32, end_to_end, ranked widths |" in report
 
 
 def test_vllm_reader(tiny_dir, tmp_path):

@@ -13,6 +13,7 @@ __all__ = [
     "LayerUnits",
     "allocate",
     "allocate_channel_blocks",
+    "channel_block_path",
     "allocate_per_layer",
     "allocate_servable",
     "literal_head_weight",
@@ -192,6 +193,25 @@ def round_kept_channels(scores: torch.Tensor, removed: list[int], multiple: int,
     return sorted(order[: total - target_kept].tolist())
 
 
+def channel_block_path(scores: list[torch.Tensor | None], block: int) -> list[tuple[int, list[int]]]:
+    """The order in which `allocate_channel_blocks` removes MLP channel blocks, all of them: `(layer, channels)` per
+    block, every prefix of it a servable allocation (see there). A layer's blocks come in its own score order."""
+    blocks = []  # (mean score, layer, position, channels)
+    for li, s in enumerate(scores):
+        if s is None or s.numel() <= block:
+            continue
+        order = torch.sort(s.detach().double().cpu(), stable=True).indices
+        first = s.numel() % block
+        bounds = ([(0, first)] if first else []) + [(a, a + block) for a in range(first, s.numel() - block, block)]
+        s_sorted = s.detach().double().cpu()[order]
+        level = -float("inf")
+        for pos, (a, b) in enumerate(bounds):
+            level = max(level, float(s_sorted[a:b].mean()))  # nondecreasing (but for rounding): a layer's order kept
+            blocks.append((level, li, pos, order[a:b].tolist()))
+    blocks.sort(key=lambda t: (t[0], t[1], t[2]))  # ascending mean score, position breaking ties
+    return [(li, chans) for _, li, _, chans in blocks]
+
+
 def allocate_channel_blocks(
     scores: list[torch.Tensor | None], costs: list[float], budget: float, block: int
 ) -> list[list[int]]:
@@ -200,7 +220,7 @@ def allocate_channel_blocks(
     Each layer's channels are sorted by score; its removable blocks are, in that order, the `I mod block` weakest
     channels (so the rest is a multiple of `block`) and then successive `block`s, never the last one. Blocks of every
     layer are ranked together by the mean score of their channels (cost-weighted like `allocate`'s global mode:
-    walk them in ascending order, stop where the removed cost is closest to `budget`).
+    walk them in ascending order (`channel_block_path`), stop where the removed cost is closest to `budget`).
 
     Args:
         scores (`list[torch.Tensor | None]`): per layer, `(I,)` channel scores (lower = removed first), or `None`
@@ -213,28 +233,12 @@ def allocate_channel_blocks(
         Per layer, the sorted removed channel indices.
     """
     removed: list[list[int]] = [[] for _ in scores]
-    blocks = []  # (mean score, layer, position, channels)
-    for li, s in enumerate(scores):
-        if s is None or s.numel() <= block:
-            continue
-        order = torch.sort(s.detach().double().cpu(), stable=True).indices
-        first = s.numel() % block
-        bounds = ([(0, first)] if first else []) + [(a, a + block) for a in range(first, s.numel() - block, block)]
-        s_sorted = s.detach().double().cpu()[order]
-        for pos, (a, b) in enumerate(bounds):
-            blocks.append((float(s_sorted[a:b].mean()), li, pos, order[a:b].tolist()))
-    # ascending mean score; within a layer the blocks' means are nondecreasing, so position breaks ties in order
-    blocks.sort(key=lambda t: (t[0], t[1], t[2]))
     done = 0.0
-    next_pos = [0] * len(scores)
-    for _, li, pos, chans in blocks:
-        if pos != next_pos[li]:  # a layer's blocks go in order (equal means listed out of order)
-            continue
+    for li, chans in channel_block_path(scores, block):
         c = costs[li] * len(chans)
         if done + c / 2 > budget:
             break
         removed[li].extend(chans)
-        next_pos[li] += 1
         done += c
     return [sorted(r) for r in removed]
 

@@ -51,13 +51,14 @@ def lagrangian_bound(options: Sequence[Sequence[tuple[float, float]]], budget: f
 
 
 def choose_options(
-    options: Sequence[Sequence[tuple[float, float]]], budget: float, resolution: int = 4000
+    options: Sequence[Sequence[tuple[float, float]]], budget: float, resolution: int = 4000, bound: bool = True
 ) -> tuple[list[int], dict]:
     """The option of every group (`options[g]`: `(cost, error)` pairs) minimising the summed error with the summed
     cost within `budget` (see the module docstring).
 
     Returns:
-        `(choice, info)`: the index chosen in each group, and `{"cost", "error", "bound", "gap", "resolution"}`.
+        `(choice, info)`: the index chosen in each group, and `{"cost", "error", "bound", "gap", "resolution"}`
+        (`bound` and `gap` `None` where `bound=False`: a caller comparing many problems bounds the one it keeps).
 
     Raises:
         `ValueError` when even the cheapest option of every group exceeds the budget.
@@ -100,7 +101,8 @@ def choose_options(
         choice.reverse()
     cost = sum(options[g][k][0] for g, k in enumerate(choice))
     error = sum(options[g][k][1] for g, k in enumerate(choice))
-    bound = lagrangian_bound(options, budget)
-    gap = 0.0 if error <= 0 else max(error - bound, 0.0) / error
-    info = {"cost": float(cost), "error": float(error), "bound": float(bound), "gap": float(gap)}
-    return choice, {**info, "resolution": resolution}
+    info = {"cost": float(cost), "error": float(error), "bound": None, "gap": None, "resolution": resolution}
+    if bound:
+        info.update(bound=lagrangian_bound(options, budget))
+        info.update(gap=0.0 if error <= 0 else max(error - info["bound"], 0.0) / error)
+    return choice, info

@@ -2,6 +2,7 @@
 brute force, KV-head merges removed ≡ zeroed, and whole prunes under each target that save, reload and meet it."""
 
 import copy
+import dataclasses
 import itertools
 import json
 
@@ -218,6 +219,54 @@ def test_parameter_target_removes_the_ratio():
     assert report.info["components"]["allocation"] == "variants (params)"
 
 
+def _mlp_widths(report):
+    return [r["intermediate_size"] for r in report.layers]
+
+
+def test_ranked_widths_without_attention_variants_are_nps_servable_allocation():
+    from optimum_prune import NumericalConfig
+    from optimum_prune.modeling.shapes import attention_mlp_params
+
+    model = tiny_model("llama_gqa", seed=3, intermediate_size=1280, num_hidden_layers=5)
+    ids = calibration_ids(8, 16)
+    dense_params = attention_mlp_params(model, get_spec(model))
+    np_model = copy.deepcopy(model)
+    np_report = prune_(np_model, NumericalConfig(pruning_ratio=0.3, allocation="servable"), ids)
+    assert len(set(_mlp_widths(np_report))) > 1  # the ranking across layers gives different widths
+    removed = 1 - attention_mlp_params(np_model, get_spec(np_model)) / dense_params  # exactly a prefix of the ranking
+    cfg = ServingConfig(pruning_ratio=removed - 1e-9, mlp_widths="ranked", kv_merge=False, remove_sublayers=False)
+    served = copy.deepcopy(model)
+    report = prune_(served, cfg, ids)
+    assert _mlp_widths(report) == _mlp_widths(np_report)
+    assert report.info["assembly"]["mlp_widths"] == "ranked" and 0 < report.info["assembly"]["ranked_step"]
+    for a, b in zip(get_layers(served, get_spec(served)), get_layers(np_model, get_spec(np_model))):
+        assert a.mlp.gate_proj.weight.shape == b.mlp.gate_proj.weight.shape
+    # the same kept channels: the gate / up rows are the dense ones, untouched by either refit
+    for a, b in zip(get_layers(served, get_spec(served)), get_layers(np_model, get_spec(np_model))):
+        torch.testing.assert_close(a.mlp.gate_proj.weight, b.mlp.gate_proj.weight, rtol=0, atol=0)
+
+
+def test_ranked_widths_stay_on_the_ranking_beside_attention_variants():
+    from optimum_prune.functional.allocation import channel_block_path
+
+    model, ids = _wide(layers=5, seed=4), calibration_ids(8, 16)
+    workload = Workload("prefill", 1, 512)
+    table = analytic_cost_table(model.config, workload, bandwidth_gbs=20, tflops=0.5, sublayer_overhead_s=2e-6)
+    cfg = ServingConfig(speedup=1.4, workload=workload.name, cost_table=table.to_dict(), mlp_widths="ranked",
+                        error_scale="absolute")  # fmt: skip
+    knap = prune_(copy.deepcopy(model), dataclasses.replace(cfg, mlp_widths="knapsack"), ids)
+    report = prune_(model, cfg, ids)
+    assert table.predict(_rows(_wide(layers=5, seed=4))) / table.predict(report.layers) >= 1.4 - 1e-9
+    assembly = report.info["assembly"]
+    # its widths are those of a prefix of NP's block ranking (layers left whole or removed whole aside)
+    chan = [torch.tensor([float(s) for s in range(768)]) for _ in range(5)]  # any scores: only the path's form
+    assert len(channel_block_path(chan, 256)) == assembly["ranked_steps"] == 5 * 2
+    widths = [v["mlp"] for v in assembly["variants"]]
+    assert all(w == "no_op" or w % 256 == 0 for w in widths)
+    # a restriction of the knapsack's options: never a smaller summed error under the same losses and budget
+    assert assembly["error"] >= knap.info["assembly"]["error"] * (1 - 1e-9)
+
+
 @pytest.mark.parametrize(
     ("config", "match"),
     [
@@ -249,6 +298,7 @@ def test_config_validates_and_round_trips():
         ({"speedup": 0.9}, "must exceed 1"),
         ({"workload": "decode:16"}, "phase:batch:context"),
         ({"reader": "vllm-only"}, "reader"),
+        ({"mlp_widths": "global"}, "mlp_widths"),
     ]:
         with pytest.raises(ValueError, match=match):
             ServingConfig(**bad)

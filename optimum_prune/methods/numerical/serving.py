@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ...evaluation.cost_model import NO_OP, CostTable, layer_row_of
+from ...functional.allocation import channel_block_path
 from ...functional.assembly import choose_options
 from ...functional.variants import adjacent_merges, merge_kv_weights, output_energy, refit_loss, width_losses
 from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, get_spec, layer_view, weight_oi
@@ -249,26 +250,38 @@ class ServingPruner(NumericalPruner):
         cfg = self.config
         budget = self.budget(model, views)
         shared = [None] if cfg.reader != "all" else sorted({k for v in views for k in _kv_counts(v)}, reverse=True)
+        widths = self._width_steps(views, scores)
         best = None
         tried = {}
         for kv in shared:
             options = [self._options(v, kv) for v in views]
             if any(not o for o in options):
                 continue
-            pairs = [
-                [(self.costs(v, a, m), losses[v.index]["attention"][a] + losses[v.index]["mlp"][m]) for a, m in opts]
-                for v, opts in zip(views, options)
-            ]
-            try:
-                choice, res = choose_options(pairs, budget, cfg.resolution)
-            except ValueError:
+            found = None
+            for step, width in enumerate(widths):
+                opts = options if width is None else [
+                    [(a, m) for a, m in o if m in (w, NO_OP)] for o, w in zip(options, width)
+                ]  # fmt: skip
+                pairs = [
+                    [(self.costs(v, a, m), losses[v.index]["attention"][a] + losses[v.index]["mlp"][m]) for a, m in o]
+                    for v, o in zip(views, opts)
+                ]
+                try:
+                    choice, res = choose_options(pairs, budget, cfg.resolution, bound=False)
+                except ValueError:
+                    continue
+                if found is None or res["error"] < found[2]["error"]:
+                    found = (opts, choice, res, pairs, step)
+            if found is None:
                 continue
+            opts, choice, res, pairs, step = found
+            res.update(choose_options(pairs, budget, cfg.resolution)[1])  # its bound (the same choice)
             tried["any" if kv is None else str(kv)] = {k: res[k] for k in ("error", "cost", "gap")}
             if best is None or res["error"] < best[2]["error"]:
-                best = (options, choice, res, kv)
+                best = (opts, choice, res, kv, step)
         if best is None:
             raise ValueError(f"No assembly meets the {cfg.target} target (budget {budget:.4g} {self._units()}).")
-        options, choice, res, kv = best
+        options, choice, res, kv, step = best
         chosen = [opts[k] for opts, k in zip(options, choice)]
         info.update(
             allocation="variants",
@@ -276,13 +289,11 @@ class ServingPruner(NumericalPruner):
                 "target": cfg.target, "budget": budget, "units": self._units(), "cost": res["cost"],
                 "error": res["error"], "lower_bound": res["bound"], "gap": res["gap"], "resolution": cfg.resolution,
                 "kv_heads": "per layer" if kv is None else kv, "by_kv_heads": tried,
-                "variants": [{"attention": a, "mlp": m} for a, m in chosen],
+                "variants": [{"attention": a, "mlp": m} for a, m in chosen], "mlp_widths": cfg.mlp_widths,
             },
         )  # fmt: skip
-        info["variant_losses"] = [
-            {kind: {str(k): float(v) for k, v in losses[v.index][kind].items()} for kind in ("attention", "mlp")}
-            for v in views
-        ]
+        if cfg.mlp_widths == "ranked":  # the gap above is that of the problem at the chosen step of the ranking
+            info["assembly"].update(ranked_step=step, ranked_steps=len(widths) - 1)
         info["variant_losses"] = [
             {kind: {str(k): float(v) for k, v in losses[v.index][kind].items()} for kind in ("attention", "mlp")}
             for v in views
@@ -295,6 +306,20 @@ class ServingPruner(NumericalPruner):
         logger.info("serving: %s target, chosen (KV heads, MLP width) per layer: %s (gap %.2g)", cfg.target,
                     [(a, m) for a, m in chosen], res["gap"])  # fmt: skip
         return {v.index: self._plan(v, a, m, scores.get(v.index)) for v, (a, m) in zip(views, chosen)}
+
+    def _width_steps(self, views: list[LayerView], scores: dict[int, tuple]) -> list[list[int] | None]:
+        """`[None]` (every layer's widths its own options) for `mlp_widths="knapsack"`; for `"ranked"`, the MLP width
+        of every layer at each step of NP's servable ranking of channel blocks (step 0: the dense widths)."""
+        if self.config.mlp_widths == "knapsack":
+            return [None]
+        skip = self.config.skip_layers
+        ranked = [None if v.index in skip or v.index not in scores else scores[v.index][1] for v in views]
+        width = [v.intermediate_size for v in views]
+        steps = [list(width)]
+        for position, channels in channel_block_path(ranked, FFN_MULTIPLE):
+            width[position] -= len(channels)
+            steps.append(list(width))
+        return steps
 
     def _plan(self, view: LayerView, attention, mlp, scores) -> LayerPlan:
         lp = self.merge_plan(view, attention) if attention not in (NO_OP, view.num_kv_heads) else LayerPlan()

@@ -56,6 +56,11 @@ class ServingConfig(NumericalConfig):
             leaving the layer; `"absolute"` adds them as they are.
         probe_tokens (`int`, defaults to `1024`): calibration tokens (whole sequences, the first ones) the
             `"end_to_end"` probes run on.
+        mlp_widths (`str`, defaults to `"knapsack"`): how the MLP widths of different layers are chosen.
+            `"knapsack"`: each layer's width is its own option in the knapsack, weighed by its layer-wise loss;
+            `"ranked"`: the widths follow NP's servable allocation (channel blocks of every layer ranked together by
+            NP's scores, `functional.allocation.channel_block_path`), so the knapsack chooses how far along that
+            ranking to cut (one solve per position) and the attention variants and removed layers beside it.
         resolution (`int`, defaults to `4000`): cells of the knapsack's cost grid (costs round up to whole cells).
     """
 
@@ -75,6 +80,7 @@ class ServingConfig(NumericalConfig):
     reader: str = "all"
     error_scale: str = "end_to_end"
     probe_tokens: int = 1024
+    mlp_widths: str = "knapsack"
     resolution: int = 4000
 
     after_calibration_fields: ClassVar[tuple[str, ...]] = (
@@ -86,6 +92,7 @@ class ServingConfig(NumericalConfig):
         "reader",
         "error_scale",
         "probe_tokens",
+        "mlp_widths",
         "resolution",
     )
 
@@ -121,7 +128,8 @@ class ServingConfig(NumericalConfig):
     def components(self) -> dict:
         out = super().components()
         out.update(allocation=f"variants ({self.target})", variants={"kv_merge": self.kv_merge,
-                   "remove_sublayers": self.remove_sublayers, "reader": self.reader})  # fmt: skip
+                   "remove_sublayers": self.remove_sublayers, "reader": self.reader,
+                   "mlp_widths": self.mlp_widths})  # fmt: skip
         return out
 
     def __post_init__(self) -> None:
@@ -130,6 +138,7 @@ class ServingConfig(NumericalConfig):
         choice("compensation_inputs", self.compensation_inputs, ("sequential",))
         choice("reader", self.reader, ("all", "vllm", "llama.cpp"))
         choice("error_scale", self.error_scale, ("end_to_end", "residual", "absolute"))
+        choice("mlp_widths", self.mlp_widths, ("knapsack", "ranked"))
         if not isinstance(self.probe_tokens, int) or self.probe_tokens < 1:
             raise ValueError(f"`probe_tokens` must be an int >= 1, got {self.probe_tokens!r}.")
         Workload.parse(self.workload)
