@@ -36,7 +36,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from .card import model_card as make_card
 from .constants import FINETUNE_ATTR, FORMAT_VERSION, HISTORY_ATTR, PRUNED_MODEL_TYPE_PREFIX, PRUNING_CONFIG_NAME
 from .finetune.adapters import ADAPTER_SUBDIR, lora_removed
-from .modeling.architectures import ArchitectureSpec, get_spec
+from .modeling.architectures import ArchitectureSpec, base_model_type, get_spec
 from .modeling.auto_classes import (
     TASKS,
     auto_class_for_config,
@@ -77,10 +77,6 @@ def strip_gguf_quantizer_(model: nn.Module) -> None:
             del model.config.quantization_config
         with contextlib.suppress(AttributeError):
             model.is_quantized = False
-
-
-def _base_type(model_type: str) -> str:
-    return model_type.removeprefix(PRUNED_MODEL_TYPE_PREFIX)
 
 
 def _shapes_match(skeleton_sd: dict[str, torch.Tensor], sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
@@ -154,7 +150,7 @@ def export_config(
     if format == "deci":
         return deci_export(model, spec)
     shapes = layer_table(model, spec)
-    base_type = _base_type(model.config.model_type)
+    base_type = base_model_type(model.config.model_type)
     data = model.config.to_dict()
     for k in ("pruned_layers", "quantization_config", "_name_or_path", "transformers_version"):
         data.pop(k, None)

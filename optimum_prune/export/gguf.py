@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from ..constants import HISTORY_ATTR
-from ..modeling.architectures import get_layers, get_spec, require_causal_lm
+from ..modeling.architectures import base_model_type, get_layers, get_spec, require_causal_lm
 from ..modeling.shapes import layer_table
 from ..serialization import load_pruned_model
 from ..version import __version__
@@ -97,7 +97,7 @@ def gguf_layout(model: nn.Module) -> dict[str, Any]:
     """
     spec = get_spec(model)
     config = model.config
-    base = config.model_type.removeprefix("optimum_pruned_")
+    base = base_model_type(config.model_type)
     if base not in _ACTIVATION:
         raise GGUFExportError(
             f"GGUF export supports {', '.join(sorted(_ACTIVATION))} models, not {base!r}. Save the model with "

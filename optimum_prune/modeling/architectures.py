@@ -305,15 +305,14 @@ def supported_model_types() -> list[str]:
     return sorted(ARCHITECTURES)
 
 
-def _base_model_type(model_type: str) -> str:
-    return (
-        model_type[len(PRUNED_MODEL_TYPE_PREFIX) :] if model_type.startswith(PRUNED_MODEL_TYPE_PREFIX) else model_type
-    )
+def base_model_type(model_type: str) -> str:
+    """The model type a pruned checkpoint's `optimum_pruned_<base>` type was made from (others as they are)."""
+    return model_type.removeprefix(PRUNED_MODEL_TYPE_PREFIX)
 
 
 def spec_for_config(config) -> ArchitectureSpec | None:
     """The table entry for a config (`None` when unsupported), with the layout variant its flags select."""
-    base = _base_model_type(getattr(config, "model_type", None) or "")
+    base = base_model_type(getattr(config, "model_type", None) or "")
     spec = ARCHITECTURES.get(base)
     variant = _VARIANTS.get(base)
     if spec is not None and variant is not None and getattr(config, variant[0], False):

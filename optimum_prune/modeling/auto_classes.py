@@ -28,7 +28,7 @@ from transformers.models.auto.modeling_auto import (
 )
 
 from ..constants import DECI_BASE_KEY, PRUNED_MODEL_TYPE_PREFIX
-from .architectures import ARCHITECTURES, get_layers, layer_view, spec_for_config
+from .architectures import ARCHITECTURES, base_model_type, get_layers, layer_view, spec_for_config
 from .configuration_decilm import DeciLMConfig
 from .surgery import reshape_layer_
 
@@ -66,7 +66,7 @@ def model_task(model: nn.Module) -> str:
 
     Raises a `ValueError` naming the expected classes when the class is none of its modality's tasks.
     """
-    base_type = model.config.model_type.removeprefix(PRUNED_MODEL_TYPE_PREFIX)
+    base_type = base_model_type(model.config.model_type)
     tasks = MODALITY_TASKS[spec_for_config(model.config).modality]
     expected = []
     for task in tasks:
@@ -149,7 +149,7 @@ def auto_class_for_config(config) -> tuple[str, type]:
     spec = spec_for_config(config)
     modality = spec.modality if spec is not None else "text"
     tasks = MODALITY_TASKS[modality]
-    base_type = config.model_type.removeprefix(PRUNED_MODEL_TYPE_PREFIX)
+    base_type = base_model_type(config.model_type)
     names = {a.removeprefix("Pruned") for a in (getattr(config, "architectures", None) or [])}
     for task in tasks:
         try:

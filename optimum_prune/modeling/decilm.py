@@ -31,7 +31,7 @@ from torch import nn
 
 from ..constants import DECI_BASE_KEY
 from . import configuration_decilm
-from .architectures import ArchitectureSpec, get_spec
+from .architectures import ArchitectureSpec, base_model_type, get_spec
 from .configuration_decilm import ATTENTION_BIAS_PATHS, QKV_PATHS, DeciLMConfig, ffn_width
 from .shapes import layer_table
 
@@ -70,14 +70,10 @@ def ffn_mult(width: int, hidden_size: int) -> float:
     return mult
 
 
-def _base(config) -> str:
-    return config.model_type.removeprefix("optimum_pruned_")
-
-
 def deci_problems(model: nn.Module, spec: ArchitectureSpec | None = None) -> list[str]:
     """Why `model` cannot be written in the DeciLM format (empty when it can), one reason per entry."""
     config = model.config
-    base = _base(config)
+    base = base_model_type(config.model_type)
     if base not in BASES:
         return [
             f"its base is {base!r}: the DeciLM block is Llama's ({', '.join(BASES)} bases; "
@@ -139,7 +135,7 @@ def servable_problems(model: nn.Module, spec: ArchitectureSpec, skip_layers=()) 
     """Why pruning `model` (dense, or pruned so far only by whole sublayers and MLP channels) cannot give a model
     the DeciLM format holds, whatever is removed (empty when it can)."""
     config = model.config
-    base = _base(config)
+    base = base_model_type(config.model_type)
     if base not in BASES:
         return [f"it is a {base!r} model (the format's block is Llama's: {', '.join(BASES)})"]
     problems = []
@@ -199,7 +195,7 @@ def deci_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> DeciL
         rope_theta=theta,
         rope_scaling=scaling,
         head_dim=config.hidden_size // config.num_attention_heads,
-        attention_bias=_base(config) in QKV_BIASES,
+        attention_bias=base_model_type(config.model_type) in QKV_BIASES,
         mlp_bias=False,
         intermediate_size=None,
         num_key_value_heads=None,
@@ -207,7 +203,7 @@ def deci_config(model: nn.Module, spec: ArchitectureSpec | None = None) -> DeciL
         torch_dtype=dtype,
         architectures=["DeciLMForCausalLM"],
         auto_map={"AutoConfig": f"{CODE_FILE.removesuffix('.py')}.DeciLMConfig"},
-        **{DECI_BASE_KEY: _base(config)},
+        **{DECI_BASE_KEY: base_model_type(config.model_type)},
     )
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         logger.warning(
@@ -230,7 +226,7 @@ def deci_export(model: nn.Module, spec: ArchitectureSpec | None = None) -> tuple
         "A %s model in the DeciLM format carries q/k/v biases (attention_bias=true, zero o_proj biases): vLLM, "
         "SGLang and MLX load it; TensorRT-LLM's DeciLM drops the biases without an error (wrong outputs) and "
         "llama.cpp's converter cannot read a Qwen2 vocabulary as DeciLM.",
-        _base(model.config),
+        base_model_type(model.config.model_type),
     )
     sd = model.state_dict()
     zeros = {}

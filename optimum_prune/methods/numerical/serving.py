@@ -21,7 +21,15 @@ from ...evaluation.cost_model import NO_OP, CostTable, layer_row_of
 from ...functional.allocation import channel_block_path
 from ...functional.assembly import choose_options
 from ...functional.variants import adjacent_merges, merge_kv_weights, output_energy, refit_loss, width_losses
-from ...modeling.architectures import ArchitectureSpec, LayerView, get_layers, get_spec, layer_view, weight_oi
+from ...modeling.architectures import (
+    ArchitectureSpec,
+    LayerView,
+    base_model_type,
+    get_layers,
+    get_spec,
+    layer_view,
+    weight_oi,
+)
 from ...modeling.decilm import FFN_MULTIPLE, QKV_BIASES
 from ...modeling.shapes import attention_mlp_params
 from ...modeling.surgery import head_rows
@@ -90,7 +98,7 @@ class ServingPruner(NumericalPruner):
                              "prune_mlp True (skip_layers leaves whole layers as they are).")  # fmt: skip
         if spec.fused_qkv:
             raise ValueError("ServingConfig merges KV heads, which needs separate q/k/v projections.")
-        base = model.config.model_type.removeprefix("optimum_pruned_")
+        base = base_model_type(model.config.model_type)
         if base in QKV_BIASES and cfg.reader != "vllm":
             raise ValueError(
                 f"ServingConfig(reader={cfg.reader!r}) on a {base} model: its DeciLM folder carries q/k/v biases, "

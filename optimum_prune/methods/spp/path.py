@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ...modeling.architectures import ArchitectureSpec, get_layers, layer_view, weight_oi
+from ...modeling.architectures import ArchitectureSpec, base_model_type, get_layers, layer_view, weight_oi
 from ...utils.scratch import check_target, publish_directory
 from ...version import __version__
 from .config import SEARCH_FIELDS
@@ -50,7 +50,7 @@ def model_identity(model: nn.Module, spec: ArchitectureSpec) -> dict[str, Any]:
         v = layer_view(layer, i, spec, model.config)
         layers.append([v.num_heads, v.num_kv_heads, v.head_dim, v.qk_head_dim, v.vo_head_dim, v.intermediate_size])
         fingerprint.append([float(weight_oi(v.module(p)).detach().double().abs().sum()) for p in spec.linear_paths])
-    base = model.config.model_type.removeprefix("optimum_pruned_")
+    base = base_model_type(model.config.model_type)
     return {"model_type": base, "num_layers": len(layers), "layers": layers, "fingerprint": fingerprint}
 
 
