@@ -228,7 +228,8 @@ class FinetuneReport:
             `tokens_seen` (`int`): tokens trained on.
         trainable_params (`int`): parameters the optimizer updated.
         train_loss (`float`): mean training loss reported by the Trainer; `loss_history` (`list`): logged losses.
-        train_runtime_s (`float`): wall-clock training time.
+        train_runtime_s (`float`): wall-clock training time (without `checkpoint_eval_s`).
+        checkpoint_eval_s (`float`): wall-clock time of the evaluations at `eval_at_tokens` during the run.
         teacher (`dict | None`): where the distillation teacher came from.
         sparsity_kept (`bool | None`): masked projections checked after training (`None`: the model had none).
         merged (`bool`): LoRA merged into the weights.
@@ -246,6 +247,7 @@ class FinetuneReport:
     trainable_params: int
     train_loss: float
     train_runtime_s: float
+    checkpoint_eval_s: float = 0.0
     loss_history: list = field(default_factory=list)
     teacher: dict | None = None
     sparsity_kept: bool | None = None

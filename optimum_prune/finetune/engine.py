@@ -199,7 +199,8 @@ def train_model(model, config, train_ds, args, targets, masks, teacher, callback
         quiet(trainer)
         t0 = time.perf_counter()
         result = trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
-        runtime = time.perf_counter() - t0
+        evaluating = sum(getattr(c, "eval_s", 0.0) for c in cb)  # callbacks' evaluations (`TokenCheckpoints`)
+        runtime = time.perf_counter() - t0 - evaluating
     losses = [{"step": h["step"], "loss": h["loss"]} for h in trainer.state.log_history if "loss" in h]
     merged = False
     if config.method == "lora" and config.merge:
@@ -212,7 +213,7 @@ def train_model(model, config, train_ds, args, targets, masks, teacher, callback
         p.requires_grad_(False)
     report_fields = {
         "trainable_params": trainable, "train_loss": float(result.training_loss), "train_runtime_s": runtime,
-        "loss_history": losses, "teacher": teacher_info, "merged": merged,
+        "checkpoint_eval_s": evaluating, "loss_history": losses, "teacher": teacher_info, "merged": merged,
         "sparsity_kept": check_masks(model, masks) if masks else None,
     }  # fmt: skip
     return model, {"steps": trainer.state.global_step, "report": report_fields}

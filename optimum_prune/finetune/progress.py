@@ -46,7 +46,7 @@ class TokenCheckpoints(TrainerCallback):
     `{"tokens", "step", "elapsed_s", **evaluate(model)}` in `self.points`.
 
     The model is put in eval mode and back for each call; the time spent evaluating is not counted in `elapsed_s`
-    (training time only).
+    (training time only) but in `eval_s`, which the fine-tuning engine takes out of the run's `train_runtime_s`.
 
     Args:
         at_tokens (`Sequence[int]`): training-token counts (the first step at or past each one is evaluated).
@@ -61,7 +61,7 @@ class TokenCheckpoints(TrainerCallback):
         self.at_tokens = sorted({int(t) for t in at_tokens})
         self.tokens_per_step, self.evaluate, self.at_end = tokens_per_step, evaluate, at_end
         self.points: list[dict[str, Any]] = []
-        self._train_s, self._last = 0.0, None
+        self._train_s, self._last, self.eval_s = 0.0, None, 0.0
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._last = time.perf_counter()
@@ -75,6 +75,7 @@ class TokenCheckpoints(TrainerCallback):
         with torch.no_grad():
             result = self.evaluate(model)
         model.train(was_training)
+        self.eval_s += time.perf_counter() - now
         self.points.append({"tokens": tokens, "step": state.global_step, "elapsed_s": self._train_s, **result})
         logger.info(
             "after %d training tokens: %s", tokens, {k: v for k, v in result.items() if not isinstance(v, dict)}

@@ -90,6 +90,36 @@ def test_eval_at_tokens_records_a_curve_that_ends_where_the_run_ends(
     assert all(b["elapsed_s"] >= a["elapsed_s"] for a, b in zip(report.curve, report.curve[1:]))
 
 
+def test_checkpoint_evaluations_are_not_counted_as_training_time(make_tiny, smollm2_tokenizer, learnable_docs,
+                                                                  monkeypatch):  # fmt: skip
+    import time
+
+    from optimum_prune.finetune import trainer
+
+    slow = trainer._ppl
+
+    def _ppl(*args, **kwargs):
+        time.sleep(0.5)
+        return slow(*args, **kwargs)
+
+    from transformers import Trainer
+
+    train, walls = Trainer.train, []
+
+    def timed_train(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = train(self, *args, **kwargs)
+        walls.append(time.perf_counter() - t0)
+        return out
+
+    monkeypatch.setattr(trainer, "_ppl", _ppl)
+    monkeypatch.setattr(Trainer, "train", timed_train)
+    cfg = FinetuneConfig(method="full", learning_rate=1e-3, token_budget=4 * 64, eval_at_tokens=(64, 128), **FAST)
+    _, report = finetune_(make_tiny(), cfg, learnable_docs, smollm2_tokenizer)
+    assert len(report.curve) == 3 and report.checkpoint_eval_s >= 1.5  # three checkpoints, each >= 0.5 s
+    assert report.train_runtime_s == pytest.approx(walls[0] - report.checkpoint_eval_s, abs=0.2)
+
+
 def test_streaming_trains_from_a_folder_and_resumes_to_the_same_weights(make_tiny, smollm2_tokenizer, docs, tmp_path):
     folder = tmp_path / "text"
     folder.mkdir()
