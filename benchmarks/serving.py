@@ -208,7 +208,7 @@ def markdown(res: dict[str, Any]) -> str:
         f"torch {res['versions']['torch']}, {res['torch_threads']} thread(s), commit "
         f"{str(res['versions']['git_commit'])[:7]}).",
         "",
-        f"- {harness.protocol_line(res)}",
+        harness.protocol_line(res),
         "- Models pruned at commit(s) "
         + ", ".join(sorted({str(e.get("commit") or "?")[:7] for n, e in models.items() if n != "dense"}))
         + "; timed at the commit above.",
