@@ -20,6 +20,7 @@ import copy
 import itertools
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -248,10 +249,35 @@ def markdown(res: dict[str, Any]) -> str:
         delta = "–" if name == "dense" else geomean_delta_cell(e, dense, texts)
         lines.append(f"| {label} | {_shape(e)} | " + " | ".join(cells) + f" | {delta} |")
     lines.append("")
+    lines += _widths_lines(models, texts)
     unused = [n for n in models if n != "dense" and not any(n in v for v in speed.values())]
     if unused:
         lines += [f"Not timed yet: {', '.join(unused)}.", ""]
     return "\n".join(lines)
+
+
+def _widths_lines(models: dict[str, Any], texts: list[str]) -> list[str]:
+    """Each `--mlp-widths ranked` model against the knapsack's at the same target (paired document bootstrap), and
+    the screen's criterion: the mean over the targets of the log of the geometric mean of the texts' perplexities."""
+    pairs = [(n.removesuffix("@ranked") + "@knapsack", n) for n in models if n.endswith("@ranked")]
+    pairs = [(k, r) for k, r in pairs if k in models]
+    if not pairs:
+        return []
+    lines = ["## MLP widths: NP's ranking against the per-layer knapsack", "",
+             "| target | knapsack | ranked | Δ geometric mean, ranked vs knapsack |", "|---|---:|---:|---|"]  # fmt: skip
+    logs: dict[str, list[float]] = {"knapsack": [], "ranked": []}
+    for k, r in pairs:
+        means = []
+        for key, name in (("knapsack", k), ("ranked", r)):
+            logs[key].append(sum(math.log(models[name]["ppl"][t]) for t in texts) / len(texts))
+            means.append(math.exp(logs[key][-1]))
+        _, w, s, *_ = k.split("@")
+        lines.append(f"| {s}x at {w} | {means[0]:.2f} | {means[1]:.2f} | "
+                     f"{geomean_delta_cell(models[r], models[k], texts)} |")  # fmt: skip
+    crit = {key: sum(v) / len(v) for key, v in logs.items()}
+    lines += ["", f"Mean over the {len(pairs)} targets of the log geometric mean (lower is better): knapsack "
+              f"{crit['knapsack']:.3f}, ranked {crit['ranked']:.3f}.", ""]  # fmt: skip
+    return lines
 
 
 if __name__ == "__main__":
