@@ -275,7 +275,7 @@ def _widths_lines(models: dict[str, Any], texts: list[str]) -> list[str]:
         lines.append(f"| {s}x at {w} | {means[0]:.2f} | {means[1]:.2f} | "
                      f"{geomean_delta_cell(models[r], models[k], texts)} |")  # fmt: skip
     crit = {key: sum(v) / len(v) for key, v in logs.items()}
-    lines += ["", f"Mean over the {len(pairs)} targets of the log geometric mean (lower is better): knapsack "
+    lines += ["", f"Mean over the {len(pairs)} target{'s' * (len(pairs) > 1)} of the log geometric mean (lower is better): knapsack "
               f"{crit['knapsack']:.3f}, ranked {crit['ranked']:.3f}.", ""]  # fmt: skip
     return lines
 

@@ -751,7 +751,7 @@ def test_serving(tiny_llama, smollm2_tokenizer, tmp_path):
     report = (tmp_path / "serving.md").read_text(encoding="utf-8")
     assert "## decode:2:32" in report and "serving, 1.05x at decode:2:32, end_to_end |" in report
     assert "serving, 1.05x at decode:2:32, end_to_end, ranked widths |" in report
-    assert "| 1.05x at decode:2:32 |" in report and "Mean over the 1 targets of the log geometric mean" in report
+    assert "| 1.05x at decode:2:32 |" in report and "Mean over the 1 target of the log geometric mean" in report
 
 
 def test_vllm_reader(tiny_dir, tmp_path):
