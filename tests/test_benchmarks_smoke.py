@@ -748,6 +748,7 @@ def test_serving(tiny_llama, smollm2_tokenizer, tmp_path):
     assert result["models"]["serving@decode:2:32@1.05@ranked"]["config"]["mlp_widths"] == "ranked"
     again = _run("serving", argv, tmp_path / "serving.json")
     assert again["models"]["np_global@0.3"]["ppl"] == result["models"]["np_global@0.3"]["ppl"]  # resumed
+    assert again["protocol"] == result["protocol"]  # a rerun that scores nothing keeps what the texts were
     report = (tmp_path / "serving.md").read_text(encoding="utf-8")
     assert "## decode:2:32" in report and "serving, 1.05x at decode:2:32, end_to_end |" in report
     assert "serving, 1.05x at decode:2:32, end_to_end, ranked widths |" in report
