@@ -5,6 +5,7 @@ The statistics and the verdict rule are the library's (`optimum_prune.evaluation
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -117,6 +118,11 @@ def delta_cell(
     if c is None:
         return f"{100 * (x / ref - 1):+.1f}%"
     return f"{100 * c.delta:+.1f}% [{100 * c.low:+.1f}, {100 * c.high:+.1f}] {c.verdict}"
+
+
+def geomean(ppl: dict[str, float], keys: Sequence[str]) -> float:
+    """The geometric mean of the perplexities `ppl[k]` over the texts `keys` (the selection criterion's point)."""
+    return math.exp(sum(math.log(ppl[k]) for k in keys) / len(keys))
 
 
 def geomean_delta_cell(row: dict[str, Any], ref: dict[str, Any], keys: Sequence[str]) -> str:

@@ -28,7 +28,6 @@ import argparse
 import hashlib
 import json
 import logging
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -446,7 +445,7 @@ def _interval_tables(res, texts, seqs, ratios, variants) -> list[str]:
             lines += ["| ratio | variant | geometric mean | Δ vs " + _label(res, baseline) + " [95%], verdict |",
                       "|---:|---|---:|---|"]  # fmt: skip
             for row in rows[1:]:
-                gm = math.exp(sum(math.log(row["ppl"][key]) for key, _ in keys) / len(keys))
+                gm = harness.geomean(row["ppl"], [key for key, _ in keys])
                 delta = (
                     "" if row["ref"] is None else harness.geomean_delta_cell(row, row["ref"], [key for key, _ in keys])
                 )

@@ -30,7 +30,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 import harness  # noqa: E402
 import torch  # noqa: E402
-from _intervals import geomean_delta_cell, ppl_cell  # noqa: E402
+from _intervals import geomean, geomean_delta_cell, ppl_cell  # noqa: E402
 
 from optimum_prune import NumericalConfig, ServingConfig, load_pruned_model, prune_, save_pruned_model  # noqa: E402
 from optimum_prune.evaluation.cost_model import CostTable, Workload, measure_cost_table, step_seconds  # noqa: E402
@@ -265,18 +265,17 @@ def _widths_lines(models: dict[str, Any], texts: list[str]) -> list[str]:
         return []
     lines = ["## MLP widths: NP's ranking against the per-layer knapsack", "",
              "| target | knapsack | ranked | Δ geometric mean, ranked vs knapsack |", "|---|---:|---:|---|"]  # fmt: skip
-    logs: dict[str, list[float]] = {"knapsack": [], "ranked": []}
+    means: dict[str, list[float]] = {"knapsack": [], "ranked": []}
     for k, r in pairs:
-        means = []
-        for key, name in (("knapsack", k), ("ranked", r)):
-            logs[key].append(sum(math.log(models[name]["ppl"][t]) for t in texts) / len(texts))
-            means.append(math.exp(logs[key][-1]))
+        means["knapsack"].append(geomean(models[k]["ppl"], texts))
+        means["ranked"].append(geomean(models[r]["ppl"], texts))
         _, w, s, *_ = k.split("@")
-        lines.append(f"| {s}x at {w} | {means[0]:.2f} | {means[1]:.2f} | "
+        lines.append(f"| {s}x at {w} | {means['knapsack'][-1]:.2f} | {means['ranked'][-1]:.2f} | "
                      f"{geomean_delta_cell(models[r], models[k], texts)} |")  # fmt: skip
-    crit = {key: sum(v) / len(v) for key, v in logs.items()}
-    lines += ["", f"Mean over the {len(pairs)} target{'s' * (len(pairs) > 1)} of the log geometric mean (lower is better): knapsack "
-              f"{crit['knapsack']:.3f}, ranked {crit['ranked']:.3f}.", ""]  # fmt: skip
+    crit = {key: sum(map(math.log, v)) / len(v) for key, v in means.items()}
+    n = len(pairs)
+    lines += ["", f"Mean over the {n} target{'s' * (n > 1)} of the log geometric mean (lower is better): "
+              f"knapsack {crit['knapsack']:.3f}, ranked {crit['ranked']:.3f}.", ""]  # fmt: skip
     return lines
 
 

@@ -21,7 +21,6 @@ import gc
 import hashlib
 import json
 import logging
-import math
 import os
 import statistics
 import tempfile
@@ -245,10 +244,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------- markdown
-def _gm(ppl: dict[str, float], texts) -> float:
-    return math.exp(sum(math.log(ppl[t]) for t in texts) / len(texts))
-
-
 def _mean_range(xs: list[float]) -> str:
     if len(xs) == 1:
         return f"{xs[0]:.2f}"
@@ -280,7 +275,7 @@ def summary(res: dict) -> dict[str, Any]:
         cell["seeds"].append(seed)
         for t in texts:
             cell["ppl"][t].append(row["ppl"][t])
-        cell["gm"].append(_gm(row["ppl"], texts))
+        cell["gm"].append(harness.geomean(row["ppl"], texts))
         ref = rows.get(f"np@{ratio}@seed{seed}")
         if method != "np" and ref is not None:
             per_text = {}
@@ -378,7 +373,7 @@ def markdown(res: dict) -> str:
         row = res["rows"][key]
         lines.append(f"| {row['ratio']} | {labels.get(row['method'], row['method'])} | {row['seed']} | "
                      + " | ".join(f"{row['ppl'][t]:.2f}" for t in texts)
-                     + f" | {_gm(row['ppl'], texts):.2f} | {row['measured']:.3f} |")  # fmt: skip
+                     + f" | {harness.geomean(row['ppl'], texts):.2f} | {row['measured']:.3f} |")  # fmt: skip
     dense = res.get("dense")
     if dense:
         lines += ["", "Dense: " + " / ".join(f"{text_label(t)} {dense['ppl'][t]:.2f}" for t in texts) + "."]
