@@ -724,8 +724,15 @@ def test_cost_model(tmp_path):
 
 def test_serving(tiny_llama, smollm2_tokenizer, tmp_path):
     """A speed-targeted model and two baselines on a tiny wide Llama (MLP widths in the format's steps of 256):
-    pruned, scored, timed against dense; a rerun resumes; the table prints every timed model."""
+    pruned, scored, timed against dense; a rerun resumes; the table prints every timed model.
+
+    The cost table is the bytes / FLOP model with no output head: a table timed here would put most of a step in
+    the tiny model's 49k-token head, and whether 1.05x is reachable would then depend on this machine's noise."""
+    import dataclasses
+
     from transformers import LlamaForCausalLM
+
+    from optimum_prune.evaluation.cost_model import Workload, analytic_cost_table
 
     _corpora()
     config = copy.deepcopy(tiny_llama.config)
@@ -733,9 +740,12 @@ def test_serving(tiny_llama, smollm2_tokenizer, tmp_path):
     wide = tmp_path / "wide"
     LlamaForCausalLM(config).save_pretrained(wide)
     smollm2_tokenizer.save_pretrained(wide)
+    table = analytic_cost_table(config, Workload("decode", 2, 32), bandwidth_gbs=10.0, tflops=0.1)
+    (tmp_path / "t").mkdir()
+    dataclasses.replace(table, fixed_s=0.0).save(tmp_path / "t" / "cost_table_decode_2_32.json")
     argv = ["--model", str(wide), "--workloads", "decode:2:32", "--targets", "decode:2:32=1.05",
             "--mlp-widths", "knapsack", "ranked", "--ratios", "0.3", "--allocations", "servable", "global", "--num-samples", "4", "--seq-len", "32",
-            *TINY_EVAL, "--rounds", "2", "--warmup", "0", "--table-layers", "2", "--tables", str(tmp_path / "t"),
+            *TINY_EVAL, "--rounds", "2", "--warmup", "0", "--tables", str(tmp_path / "t"),
             "--workdir", str(tmp_path / "work")]  # fmt: skip
     result = _run("serving", argv, tmp_path / "serving.json")
     _check_protocol(result)
