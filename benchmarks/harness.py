@@ -292,14 +292,13 @@ class Protocol:
             self._scored_documents[key] = len(scores.units)
         return ppl, docs
 
-    def record_over(self, previous: dict[str, Any] | None) -> dict[str, Any]:
-        """`record()`, or the `previous` record of the results file when this run scored nothing (a resumed run that
-        only timed or re-rendered the models an earlier run scored, whose texts it never loaded)."""
-        return previous if previous and not self._scored else self.record()
-
-    def record(self) -> dict[str, Any]:
+    def record(self, previous: dict[str, Any] | None = None) -> dict[str, Any]:
         """What every results file stores of the protocol: the evaluation split, the seed, the hash and size of every
-        document set used, the calibration ids' hashes and the scored tokens per text."""
+        document set used, the calibration ids' hashes and the scored tokens per text. `previous`: the results
+        file's record, kept when this run scored nothing (a resumed run that only timed, pruned or re-rendered what an
+        earlier run scored, and never loaded its texts)."""
+        if previous and not self._scored:
+            return previous
         corpora = {
             name: {s: {"documents": len(parts[s]), "sha256": documents_hash(parts[s])} for s in SPLITS}
             | {"kind": CORPORA[name].kind, "source": CORPORA[name].source}

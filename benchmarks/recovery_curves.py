@@ -208,7 +208,7 @@ def train_label(texts: list[str]) -> str:
 
 def curves(args, dense, tokenizer, protocol, train_docs, train_record, calib, result, out: Path) -> None:
     def write() -> None:
-        result["protocol"] = protocol.record()
+        result["protocol"] = protocol.record(result.get("protocol"))
         with open(out.with_suffix(".lock"), "a") as lock:  # processes running other methods merge into one file
             fcntl.flock(lock, fcntl.LOCK_EX)
             disk = json.loads(out.read_text()) if out.is_file() else {}
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         calib = protocol.calibration_ids(tokenizer, args.num_samples, args.calib_seq_len)
         curves(args, dense, tokenizer, protocol, train_docs, train_record, calib, result, out)
-        result["protocol"] = protocol.record()
+        result["protocol"] = protocol.record(result.get("protocol"))
     harness.write_results(result, out, renderer="recovery_curves")
     return 0
 

@@ -172,9 +172,9 @@ def main(argv: list[str] | None = None) -> dict:
                               "speedup": got["dense"]["median_s"] / got[name]["median_s"],
                               "load_average": (harness.loadavg() or [None])[0]}  # fmt: skip
                 logger.info("%s at %s: %.3fx", name, w.name, done[name]["speedup"])
-                harness.write_results({**res, "protocol": proto.record_over(res.get("protocol"))}, out, "serving")
+                harness.write_results({**res, "protocol": proto.record(res.get("protocol"))}, out, "serving")
                 del model
-    res["protocol"] = proto.record_over(res.get("protocol"))
+    res["protocol"] = proto.record(res.get("protocol"))
     harness.write_results(res, out, "serving")
     return res
 

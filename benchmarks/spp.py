@@ -142,7 +142,7 @@ PROTOCOL: harness.Protocol | None = None  # the run's protocol (set by `main`), 
 def write(res: dict, path: Path) -> None:
     res["load_average_now"] = (harness.loadavg() or [None])[0]
     if PROTOCOL is not None:
-        res["protocol"] = PROTOCOL.record()
+        res["protocol"] = PROTOCOL.record(res.get("protocol"))
     harness.write_results(res, path, "spp")
 
 

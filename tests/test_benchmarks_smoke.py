@@ -824,6 +824,7 @@ def test_recovery_curves(tiny_dir, tmp_path):
     assert "gap recovered" in report and "-> best lr" in report and "| LoRA r=16, lr 0.001, fp32 | 48 | 16 |" in report
     again = _run("recovery_curves", argv, tmp_path / "rc.json")
     assert again["rows"]["np20"]["runs"]["lora@0.01:48"]["points"] == runs["lora@0.01:48"]["points"]  # kept
+    assert again["protocol"] == result["protocol"]  # a rerun that scores nothing keeps what the texts were
     # the per-budget screen: one run per budget (its own schedule), and training on an equal share of three texts
     screen = [*argv[: argv.index("--lr")], "--lr", "lora=1e-3", "--separate-budgets", "--train-texts", "bbc", "kjv",
               "python_docs", *argv[argv.index("--num-samples") :]]  # fmt: skip
