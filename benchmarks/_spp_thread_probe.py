@@ -121,7 +121,7 @@ def probe(args) -> None:
     from optimum_prune import AutoPruner
     from optimum_prune.methods.spp import SPPConfig, search_solution_path
     from optimum_prune.methods.spp import search as S
-    from optimum_prune.methods.spp import targets as T
+    from optimum_prune.methods.spp import search_data as T
     from optimum_prune.methods.spp.extract import extract_keep
     from optimum_prune.modeling.architectures import get_spec
     from optimum_prune.samples import SMOLLM2_GGUF_FILE, smollm2_dir
