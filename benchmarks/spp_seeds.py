@@ -21,6 +21,7 @@ import gc
 import hashlib
 import json
 import logging
+import math
 import os
 import statistics
 import tempfile
@@ -44,6 +45,9 @@ TEXTS = ("bbc", "python_docs", "kjv")
 # SPP rows: name -> (label, SPPConfig fields beyond the ratio, the path and the shape options)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "spp": ("SPP (default)", {}),
+    # shrunk refits, less fitted to one draw's Grams: candidates for a smaller spread over the draws
+    "spp_damp0.3": ("SPP, refit damping 0.3", {"compensation_damping": 0.3}),
+    "spp_s0.5": ("SPP, refit at half strength", {"compensation_strength": 0.5}),
 }
 METHODS = ("spp", "np")
 
@@ -141,7 +145,7 @@ def write_all(results: dict[str, dict], protocols: dict[str, harness.Protocol], 
             if out.is_file():
                 disk = json.loads(out.read_text())
                 if disk.get("versions", {}).get("git_commit") == res["versions"]["git_commit"]:
-                    for part in ("rows", "paths", "threads"):
+                    for part in ("rows", "paths", "threads", "variants"):
                         res[part] = {**disk.get(part, {}), **res[part]}
                     cal = {c["seed"]: c for c in disk.get("protocol", {}).get("calibration", [])}
                     protocols[split]._calibration.update({f"merged{k}": c for k, c in cal.items()})
@@ -176,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
         res.setdefault("threads", {})
         res.update(env, model=model_desc, torch=torch.__version__, args=vars(args),
                    commit=str(env["versions"]["git_commit"])[:7], torch_threads=torch.get_num_threads(),
-                   variants={k: VARIANTS[k] for k in args.variants})  # fmt: skip
+                   variants={**res.get("variants", {}), **{k: VARIANTS[k] for k in args.variants}})  # fmt: skip
         results[split] = res
     for split, proto in protocols.items():
         if "dense" not in results[split]:
@@ -298,6 +302,35 @@ def _delta(d) -> str:
     return "–" if d is None else f"{100 * d[0]:+.1f}% [{100 * d[1]:+.1f}, {100 * d[2]:+.1f}] {d[3]}"
 
 
+def _screen_lines(summ: dict[str, Any], labels: dict[str, str]) -> list[str]:
+    """With more than one SPP row: every method's mean over the (ratio, draw) cells that all methods have of the log
+    geometric mean, and its spread per ratio (the selection screen of an extraction against the default)."""
+    methods = sorted({m for cells in summ.values() for m in cells}, key=lambda m: (m == "np", m != "spp", m))
+    if sum(m != "np" for m in methods) < 2:
+        return []
+    cells = [(r, s) for r, by in summ.items() for s in by.get("spp", {"seeds": []})["seeds"]
+             if all(m in by and s in by[m]["seeds"] for m in methods)]  # fmt: skip
+
+    def log_gm(method: str) -> float:
+        return statistics.mean(math.log(summ[r][method]["gm"][summ[r][method]["seeds"].index(s)]) for r, s in cells)
+
+    ratios = sorted({r for r, _ in cells}, key=float)
+    lines = ["", f"Screen: mean over the {len(cells)} (ratio, draw) cells every method has of the log geometric mean "
+             "(lower is better; Δ: against SPP's default), and the spread of the geometric mean over the draws per "
+             "ratio:", "", "| method | mean log geometric mean | Δ vs SPP (default) | "
+             + " | ".join(f"spread at {r}" for r in ratios) + " |", "|---|---:|---:|" + "---:|" * len(ratios)]  # fmt: skip
+    if not cells:
+        return []
+    base = log_gm("spp")
+    for m in methods:
+        spreads = [_spread_cell([summ[r][m]["gm"][summ[r][m]["seeds"].index(s)] for rr, s in cells if rr == r])
+                   for r in ratios]  # fmt: skip
+        lines.append(
+            f"| {labels.get(m, m)} | {log_gm(m):.4f} | {log_gm(m) - base:+.4f} | " + " | ".join(spreads) + " |"
+        )
+    return lines
+
+
 def markdown(res: dict) -> str:
     from harness import protocol_line, text_label
 
@@ -357,6 +390,7 @@ def markdown(res: dict) -> str:
             lines.append(f"| {ratio} | {labels.get(method, method)} | "
                          + " | ".join(_mean_range(cell["ppl"][t]) for t in texts)
                          + f" | {_mean_range(cell['gm'])} | {_spread_cell(cell['gm'])} | {vs} | {verdicts} |")  # fmt: skip
+    lines += _screen_lines(summ, labels)
     lines += ["", "Paired against NP on the same draw (document-level bootstrap 95%; better / worse only when the "
               "interval excludes 0):", "",
               f"| ratio | method | seed | {' | '.join('Δ ' + text_label(t) for t in texts)} | Δ geometric mean |",
@@ -366,14 +400,16 @@ def markdown(res: dict) -> str:
             for d in cell["vs_np"]:
                 lines.append(f"| {ratio} | {labels.get(method, method)} | {d['seed']} | "
                              + " | ".join(_delta(d["texts"][t]) for t in texts) + f" | {_delta(d['gm'])} |")  # fmt: skip
-    lines += ["", "Per draw:", "", f"| ratio | method | seed | {head} | geometric mean | measured ratio |",
-              "|---:|---|---:|" + "---|" * (len(texts) + 2)]  # fmt: skip
+    lines += ["", "Per draw (commit: the code that pruned and scored the row):", "",
+              f"| ratio | method | seed | {head} | geometric mean | measured ratio | commit |",
+              "|---:|---|---:|" + "---|" * (len(texts) + 3)]  # fmt: skip
     for key in sorted(res["rows"], key=lambda k: (res["rows"][k]["ratio"], res["rows"][k]["method"] != "np",
                                                    res["rows"][k]["method"], res["rows"][k]["seed"])):  # fmt: skip
         row = res["rows"][key]
         lines.append(f"| {row['ratio']} | {labels.get(row['method'], row['method'])} | {row['seed']} | "
                      + " | ".join(f"{row['ppl'][t]:.2f}" for t in texts)
-                     + f" | {harness.geomean(row['ppl'], texts):.2f} | {row['measured']:.3f} |")  # fmt: skip
+                     + f" | {harness.geomean(row['ppl'], texts):.2f} | {row['measured']:.3f} | "
+                     f"{str(row.get('commit') or '?')[:7]} |")  # fmt: skip
     dense = res.get("dense")
     if dense:
         lines += ["", "Dense: " + " / ".join(f"{text_label(t)} {dense['ppl'][t]:.2f}" for t in texts) + "."]

@@ -600,7 +600,14 @@ def test_spp_seeds(tiny_dir, tmp_path):
     _check_protocol(selection, split="selection")
     assert set(selection["rows"]) == set(result["rows"])
     report = (tmp_path / "seeds.md").read_text(encoding="utf-8")
-    assert "| 0.3 | SPP (default) | 1 |" in report and "Δ geometric mean" in report
+    assert "| 0.3 | SPP (default) | 1 |" in report and "Δ geometric mean" in report and "Screen:" not in report
+    # a screened extraction: its rows beside the default's, the screen table, its label kept by a later plain run
+    screened = _run("spp_seeds", [*argv, "--calib-seeds", "0", "1", "--paths", f"0={saved}", "--variants", "spp",
+                                  "spp_s0.5"], tmp_path / "seeds.json")  # fmt: skip
+    assert screened["rows"]["spp_s0.5@0.3@seed1"]["config"]["compensation_strength"] == 0.5
+    _run("spp_seeds", [*argv, "--calib-seeds", "0", "--paths", f"0={saved}"], tmp_path / "seeds.json")
+    report = (tmp_path / "seeds.md").read_text(encoding="utf-8")
+    assert "Screen: mean over the 2 (ratio, draw) cells" in report and "| SPP, refit at half strength | " in report
 
 
 def test_every_script_has_a_smoke_test():
