@@ -96,7 +96,7 @@ def _prepare(model, config, dataset, tokenizer, teacher):
         check_teacher(model, teacher)
         check_hidden_teacher(model, teacher, config)
     args = training_arguments(config, config.output_dir or tempfile.gettempdir())
-    return targets, train_docs, eval_docs, windows, args, held_out
+    return targets, train_docs, eval_docs, windows, args, held_out, eval_ids.numel()
 
 
 def _streamed(config: FinetuneConfig, dataset: Any, tokenizer: Any):
@@ -160,7 +160,9 @@ def finetune_(
     """
     if is_image_model(model):
         return finetune_images_(model, config, dataset, teacher=teacher, callbacks=callbacks)
-    targets, train_docs, eval_docs, windows, args, held_out = _prepare(model, config, dataset, tokenizer, teacher)
+    targets, train_docs, eval_docs, windows, args, held_out, eval_tokens = _prepare(
+        model, config, dataset, tokenizer, teacher
+    )
     masks = sparsity_masks(model) if config.keep_sparsity else {}
     ppl_before = _ppl(model, tokenizer, eval_docs, config)
     logger.info("Held-out perplexity before fine-tuning: %.3f (%d masked projections)", ppl_before, len(masks))
@@ -188,13 +190,9 @@ def finetune_(
         train_tokens=None if config.streaming else windows.numel(),
         tokens_seen=run["steps"] * config.batch_size * config.gradient_accumulation_steps * config.seq_len,
         **run["report"],
-        eval_tokens=min(config.eval_max_tokens or 1 << 62, _count_tokens(tokenizer, eval_docs)),
+        eval_tokens=min(config.eval_max_tokens or 1 << 62, eval_tokens),
         data={"documents": len(train_docs) + held_out, "streaming": config.streaming},
         curve=curve.points if curve is not None else [],
     )
     record_finetune_(model, config, history, report)
     return model, report
-
-
-def _count_tokens(tokenizer: Any, docs: list[str]) -> int:
-    return len(tokenizer(DOCUMENT_SEPARATOR.join(docs))["input_ids"])
