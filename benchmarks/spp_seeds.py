@@ -142,14 +142,17 @@ def write_all(results: dict[str, dict], protocols: dict[str, harness.Protocol], 
         )
         with open(lock_file, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            earlier = [res.get("protocol") or {}]  # the record this run started from (rows of earlier commits)
             if out.is_file():
                 disk = json.loads(out.read_text())
                 if disk.get("versions", {}).get("git_commit") == res["versions"]["git_commit"]:
                     for part in ("rows", "paths", "threads", "variants"):
                         res[part] = {**disk.get(part, {}), **res[part]}
-                    cal = {c["seed"]: c for c in disk.get("protocol", {}).get("calibration", [])}
-                    protocols[split]._calibration.update({f"merged{k}": c for k, c in cal.items()})
-            record = protocols[split].record()
+                    earlier.append(disk.get("protocol") or {})
+            for old in earlier:
+                cal = {c["seed"]: c for c in old.get("calibration", [])}
+                protocols[split]._calibration.update({f"merged{k}": c for k, c in cal.items()})
+            record = protocols[split].record(res.get("protocol"))  # a run that scored nothing keeps the record
             seen, calibration = set(), []
             for c in record["calibration"]:
                 if c["ids_sha256"] not in seen:

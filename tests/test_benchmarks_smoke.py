@@ -605,7 +605,9 @@ def test_spp_seeds(tiny_dir, tmp_path):
     screened = _run("spp_seeds", [*argv, "--calib-seeds", "0", "1", "--paths", f"0={saved}", "--variants", "spp",
                                   "spp_s0.5"], tmp_path / "seeds.json")  # fmt: skip
     assert screened["rows"]["spp_s0.5@0.3@seed1"]["config"]["compensation_strength"] == 0.5
-    _run("spp_seeds", [*argv, "--calib-seeds", "0", "--paths", f"0={saved}"], tmp_path / "seeds.json")
+    plain = _run("spp_seeds", [*argv, "--calib-seeds", "0", "--paths", f"0={saved}"], tmp_path / "seeds.json")
+    assert plain["protocol"] == screened["protocol"]  # it scored nothing: the texts' record and both draws kept
+    assert len(plain["protocol"]["calibration"]) == 2
     report = (tmp_path / "seeds.md").read_text(encoding="utf-8")
     assert "Screen: mean over the 2 (ratio, draw) cells" in report and "| SPP, refit at half strength | " in report
 
