@@ -305,32 +305,48 @@ def _delta(d) -> str:
     return "–" if d is None else f"{100 * d[0]:+.1f}% [{100 * d[1]:+.1f}, {100 * d[2]:+.1f}] {d[3]}"
 
 
-def _screen_lines(summ: dict[str, Any], labels: dict[str, str]) -> list[str]:
+def _screen_lines(res: dict, summ: dict[str, Any], labels: dict[str, str]) -> list[str]:
     """With more than one SPP row: every method's mean over the (ratio, draw) cells that all methods have of the log
-    geometric mean, and its spread per ratio (the selection screen of an extraction against the default)."""
+    geometric mean, its spread per ratio, and per cell the paired Δ of the geometric mean against SPP's default (the
+    selection screen of an extraction against the default)."""
+    from optimum_prune.evaluation.uncertainty import compare_geometric_mean
+
     methods = sorted({m for cells in summ.values() for m in cells}, key=lambda m: (m == "np", m != "spp", m))
     if sum(m != "np" for m in methods) < 2:
         return []
     cells = [(r, s) for r, by in summ.items() for s in by.get("spp", {"seeds": []})["seeds"]
              if all(m in by and s in by[m]["seeds"] for m in methods)]  # fmt: skip
+    if not cells:
+        return []
+    texts, rows = res["protocol"]["eval_texts"], res["rows"]
 
     def log_gm(method: str) -> float:
         return statistics.mean(math.log(summ[r][method]["gm"][summ[r][method]["seeds"].index(s)]) for r, s in cells)
 
+    def paired(method: str) -> str:
+        if method == "spp":
+            return ""
+        ds = []
+        for r, s in cells:
+            a, b = rows[f"{method}@{r}@seed{s}"], rows[f"spp@{r}@seed{s}"]
+            g = compare_geometric_mean([(a["docs"][t]["nll"], a["docs"][t]["tokens"]) for t in texts],
+                                       [(b["docs"][t]["nll"], b["docs"][t]["tokens"]) for t in texts])  # fmt: skip
+            ds.append((g.delta, g.low, g.high, g.verdict))
+        return f"{100 * statistics.mean(d[0] for d in ds):+.1f}% ({_verdicts(ds)})"
+
     ratios = sorted({r for r, _ in cells}, key=float)
-    lines = ["", f"Screen: mean over the {len(cells)} (ratio, draw) cells every method has of the log geometric mean "
-             "(lower is better; Δ: against SPP's default), and the spread of the geometric mean over the draws per "
-             "ratio:", "", "| method | mean log geometric mean | Δ vs SPP (default) | "
-             + " | ".join(f"spread at {r}" for r in ratios) + " |", "|---|---:|---:|" + "---:|" * len(ratios)]  # fmt: skip
-    if not cells:
-        return []
+    lines = ["", f"Screen: over the {len(cells)} (ratio, draw) cells every method has, the mean log geometric mean "
+             "(lower is better) and its difference from SPP's default; the paired Δ of the geometric mean against SPP's "
+             "default per cell (document-level bootstrap 95%), mean and verdicts; the spread of the geometric mean over "
+             "the draws per ratio:", "", "| method | mean log geometric mean | − SPP (default) | paired Δ vs SPP "
+             "(default) | " + " | ".join(f"spread at {r}" for r in ratios) + " |",
+             "|---|---:|---:|---|" + "---:|" * len(ratios)]  # fmt: skip
     base = log_gm("spp")
     for m in methods:
         spreads = [_spread_cell([summ[r][m]["gm"][summ[r][m]["seeds"].index(s)] for rr, s in cells if rr == r])
                    for r in ratios]  # fmt: skip
-        lines.append(
-            f"| {labels.get(m, m)} | {log_gm(m):.4f} | {log_gm(m) - base:+.4f} | " + " | ".join(spreads) + " |"
-        )
+        lines.append(f"| {labels.get(m, m)} | {log_gm(m):.4f} | {log_gm(m) - base:+.4f} | {paired(m)} | "
+                     + " | ".join(spreads) + " |")  # fmt: skip
     return lines
 
 
@@ -393,7 +409,7 @@ def markdown(res: dict) -> str:
             lines.append(f"| {ratio} | {labels.get(method, method)} | "
                          + " | ".join(_mean_range(cell["ppl"][t]) for t in texts)
                          + f" | {_mean_range(cell['gm'])} | {_spread_cell(cell['gm'])} | {vs} | {verdicts} |")  # fmt: skip
-    lines += _screen_lines(summ, labels)
+    lines += _screen_lines(res, summ, labels)
     lines += ["", "Paired against NP on the same draw (document-level bootstrap 95%; better / worse only when the "
               "interval excludes 0):", "",
               f"| ratio | method | seed | {' | '.join('Δ ' + text_label(t) for t in texts)} | Δ geometric mean |",

@@ -609,7 +609,7 @@ def test_spp_seeds(tiny_dir, tmp_path):
     assert plain["protocol"] == screened["protocol"]  # it scored nothing: the texts' record and both draws kept
     assert len(plain["protocol"]["calibration"]) == 2
     report = (tmp_path / "seeds.md").read_text(encoding="utf-8")
-    assert "Screen: mean over the 2 (ratio, draw) cells" in report and "| SPP, refit at half strength | " in report
+    assert "Screen: over the 2 (ratio, draw) cells" in report and "| SPP, refit at half strength | " in report
 
 
 def test_every_script_has_a_smoke_test():
