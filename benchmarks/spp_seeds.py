@@ -265,12 +265,19 @@ def _spread_cell(xs: list[float]) -> str:
     return f"{100 * _rel_spread(xs):.1f}%" if len(xs) > 1 else "(1 draw)"
 
 
+def _paired_gm(row: dict, ref: dict, texts) -> tuple[float, float, float, str]:
+    """The paired Δ of `row`'s geometric mean over `texts` against `ref`'s (document bootstrap): Δ, low, high, verdict."""
+    from optimum_prune.evaluation.uncertainty import compare_geometric_mean
+
+    g = compare_geometric_mean([(row["docs"][t]["nll"], row["docs"][t]["tokens"]) for t in texts],
+                               [(ref["docs"][t]["nll"], ref["docs"][t]["tokens"]) for t in texts])  # fmt: skip
+    return g.delta, g.low, g.high, g.verdict
+
+
 def summary(res: dict) -> dict[str, Any]:
     """Per ratio and method: each text's and the geometric mean's values over the seeds, their relative spread
     (max / min − 1), and per seed the paired Δ of the geometric mean against NP."""
     from _intervals import comparison
-
-    from optimum_prune.evaluation.uncertainty import compare_geometric_mean
 
     texts = res["protocol"]["eval_texts"]
     out: dict[str, Any] = {}
@@ -289,9 +296,7 @@ def summary(res: dict) -> dict[str, Any]:
             for t in texts:
                 c = comparison(row["docs"][t], ref["docs"][t])
                 per_text[t] = None if c is None else (c.delta, c.low, c.high, c.verdict)
-            g = compare_geometric_mean([(row["docs"][t]["nll"], row["docs"][t]["tokens"]) for t in texts],
-                                       [(ref["docs"][t]["nll"], ref["docs"][t]["tokens"]) for t in texts])  # fmt: skip
-            cell["vs_np"].append({"seed": seed, "texts": per_text, "gm": (g.delta, g.low, g.high, g.verdict)})
+            cell["vs_np"].append({"seed": seed, "texts": per_text, "gm": _paired_gm(row, ref, texts)})
     return out
 
 
@@ -309,8 +314,6 @@ def _screen_lines(res: dict, summ: dict[str, Any], labels: dict[str, str]) -> li
     """With more than one SPP row: every method's mean over the (ratio, draw) cells that all methods have of the log
     geometric mean, its spread per ratio, and per cell the paired Δ of the geometric mean against SPP's default (the
     selection screen of an extraction against the default)."""
-    from optimum_prune.evaluation.uncertainty import compare_geometric_mean
-
     methods = sorted({m for cells in summ.values() for m in cells}, key=lambda m: (m == "np", m != "spp", m))
     if sum(m != "np" for m in methods) < 2:
         return []
@@ -328,10 +331,7 @@ def _screen_lines(res: dict, summ: dict[str, Any], labels: dict[str, str]) -> li
             return ""
         ds = []
         for r, s in cells:
-            a, b = rows[f"{method}@{r}@seed{s}"], rows[f"spp@{r}@seed{s}"]
-            g = compare_geometric_mean([(a["docs"][t]["nll"], a["docs"][t]["tokens"]) for t in texts],
-                                       [(b["docs"][t]["nll"], b["docs"][t]["tokens"]) for t in texts])  # fmt: skip
-            ds.append((g.delta, g.low, g.high, g.verdict))
+            ds.append(_paired_gm(rows[f"{method}@{r}@seed{s}"], rows[f"spp@{r}@seed{s}"], texts))
         return f"{100 * statistics.mean(d[0] for d in ds):+.1f}% ({_verdicts(ds)})"
 
     ratios = sorted({r for r, _ in cells}, key=float)
