@@ -80,6 +80,20 @@ def test_lora_on_per_layer_shapes_merges_into_a_plain_checkpoint(
     assert reloaded._optimum_prune_finetune[0]["config"]["method"] == "lora"
 
 
+def test_the_report_counts_the_held_out_tokens_scored(make_tiny, smollm2_tokenizer, docs):
+    """`eval_tokens`: the held-out documents' tokens (joined as the perplexity reads them), capped by
+    `eval_max_tokens`."""
+    from optimum_prune.calibration.data import DOCUMENT_SEPARATOR, split_documents
+
+    _, held_out = split_documents(docs, FAST["eval_fraction"], 0, shuffle_held_out=False)
+    want = len(smollm2_tokenizer(DOCUMENT_SEPARATOR.join(held_out))["input_ids"])
+    assert want > FAST["eval_max_tokens"]
+    full = finetune_(make_tiny(), FinetuneConfig(**{**FAST, "eval_max_tokens": None}), docs, smollm2_tokenizer)[1]
+    capped = finetune_(make_tiny(), FinetuneConfig(**FAST), docs, smollm2_tokenizer)[1]
+    assert (full.eval_tokens, full.eval_documents) == (want, len(held_out))
+    assert capped.eval_tokens == FAST["eval_max_tokens"]
+
+
 def test_merge_false_saves_a_peft_adapter_that_loads_on_the_pruned_base(make_tiny, smollm2_tokenizer, docs, tmp_path):
     model = _structured(make_tiny())
     model, report = finetune_(model, FinetuneConfig(merge=False, learning_rate=1e-2, **FAST), docs, smollm2_tokenizer)
