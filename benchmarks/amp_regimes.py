@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     harness.require_clean_tree(args)
     protocol = harness.Protocol(split="selection", seed=args.seed, eval_texts=())
     ids = protocol.calibration_ids(tok, args.num_samples, args.seq_len)
-    result["protocol"] = protocol.record()
+    result["protocol"] = protocol.record(result.get("protocol"))
     spec = get_spec(model)
     run = LayerwiseRunner(model, spec, ids, batch_size=8)
     layers = [int(x) for x in args.layers.split(",")]

@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def ppl(model) -> dict[str, Any]:
         texts, docs = protocol.evaluate(model, tok)
-        result["protocol"] = protocol.record()
+        result["protocol"] = protocol.record(result.get("protocol"))
         out: dict[str, Any] = {f"ppl_{TEXT_KEYS[t]}": x for t, x in texts.items()}
         out["documents"] = {f"ppl_{TEXT_KEYS[t]}": d for t, d in docs.items()}
         return out

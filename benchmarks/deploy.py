@@ -204,7 +204,7 @@ def main(argv=None) -> int:
     result["versions"]["llama_cpp"] = llama_cpp.__version__
 
     def save() -> None:
-        result["protocol"] = protocol.record()
+        result["protocol"] = protocol.record(result.get("protocol"))
         harness.write_results(result, out, "deploy")
 
     files: dict[str, dict[str, str]] = {t: {} for t in OUTTYPES}

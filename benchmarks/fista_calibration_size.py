@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["runs"][proj][f"{size} eps={eps:g}"] = run
                 print(proj, size, eps, {k: v for k, v in run.items() if not isinstance(v, list)}, flush=True)
                 # rewritten after every run: an interrupted run leaves partial results
-                result["protocol"] = protocol.record()
+                result["protocol"] = protocol.record(result.get("protocol"))
                 harness.write_results({**harness.environment(argv, "fista_calibration_size.py"), **result},
                                       args.output, "fista_calibration_size")  # fmt: skip
     print(markdown(result))

@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                     "outer_steps": {m: r["outer"] for m, r in pruned.items() if "outer" in r},
                 }  # fmt: skip
                 print(key, {m: round(e["OOD"] / errors["SparseGPT"]["OOD"], 3) for m, e in errors.items()}, flush=True)
-                result["protocol"] = protocol.record()
+                result["protocol"] = protocol.record(result.get("protocol"))
                 harness.write_results({**harness.environment(argv, "fista_generalization.py"), **result}, json_path,
                                       "fista_generalization")  # fmt: skip
     print(markdown(result))

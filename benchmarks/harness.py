@@ -292,11 +292,12 @@ class Protocol:
             self._scored_documents[key] = len(scores.units)
         return ppl, docs
 
-    def record(self, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    def record(self, previous: dict[str, Any] | None) -> dict[str, Any]:
         """What every results file stores of the protocol: the evaluation split, the seed, the hash and size of every
         document set used, the calibration ids' hashes and the scored tokens per text. `previous`: the results
         file's record, kept when this run scored nothing (a resumed run that only timed, pruned or re-rendered what an
-        earlier run scored, and never loaded its texts)."""
+        earlier run scored, and never loaded its texts); None for a new file. It has no default, so that no resuming
+        script can forget it."""
         if previous and not self._scored:
             return previous
         corpora = {

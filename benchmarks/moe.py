@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         if name in args.gguf:
             row["llama_cpp"] = llama_cpp_ppl(model, tok, protocol, Path(args.gguf_dir) / f"{name}_{ratio}.gguf")
         result["rows"].append(row)
-        result["protocol"] = protocol.record()
+        result["protocol"] = protocol.record(result.get("protocol"))
         logger.info("%s @ %s: %s", label, ratio, {k: round(v, 2) for k, v in ppl.items()})
         harness.write_results(result, out, "moe")
 

@@ -479,7 +479,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ppl, docs = protocol.evaluate(model, tokenizer, seq_len=q)
             for t, x in ppl.items():
                 out[TEXT_KEYS[t] + suffix], documents[TEXT_KEYS[t] + suffix] = x, docs[t]
-        res["protocol"] = protocol.record()
+        res["protocol"] = protocol.record(res.get("protocol"))
         return out, documents
 
     env = harness.environment(argv, "np_allocation.py")

@@ -97,7 +97,7 @@ PROTOCOL: harness.Protocol | None = None  # the run's protocol (set by `main`), 
 
 def write(res: dict, path: Path) -> None:
     if PROTOCOL is not None:
-        res["protocol"] = PROTOCOL.record()
+        res["protocol"] = PROTOCOL.record(res.get("protocol"))
     harness.write_results(res, path, "recovery")
 
 

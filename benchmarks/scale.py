@@ -591,7 +591,7 @@ def main(argv: list[str] | None = None) -> None:
             results["date"] = datetime.datetime.now().isoformat(timespec="seconds")
             if not args.salvage or "environment" not in results:  # else: the file's record of the code that ran
                 results["environment"] = harness.environment(argv, "scale.py")
-            results["protocol"] = protocol.record()
+            results["protocol"] = protocol.record(results.get("protocol"))
             harness.write_results(results, out, "scale")
         later = any(RUNS[r][0] == model for r in args.runs[args.runs.index(name) + 1 :])
         if not (args.keep_models or args.model or args.salvage or later):  # a salvage never deletes a model

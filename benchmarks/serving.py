@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
             "folder": str(folder), "commit": env["versions"]["git_commit"], "library_tree": library,
         }  # fmt: skip
         logger.info("%s: %s (%.0f s)", name, {k: round(v, 2) for k, v in ppl.items()}, seconds)
-        res["protocol"] = proto.record()
+        res["protocol"] = proto.record(res.get("protocol"))
         harness.write_results(res, out, "serving")
         del model
     if not args.skip_timing:

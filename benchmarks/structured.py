@@ -638,7 +638,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     def ppl_texts(model: torch.nn.Module) -> tuple[dict[str, float], dict[str, Any]]:
         out = protocol.evaluate(model, tokenizer)
-        res["protocol"] = protocol.record()
+        res["protocol"] = protocol.record(res.get("protocol"))
         return out
 
     def ppl(model: torch.nn.Module, seq_len: int, max_tokens: int) -> tuple[float, dict[str, Any]]:

@@ -518,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def scores(model) -> dict[str, Any]:
         texts, docs = protocol.evaluate(model, tok)
-        result["protocol"] = protocol.record()
+        result["protocol"] = protocol.record(result.get("protocol"))
         return {"ppl": texts.get("bbc"), "ppl_ood": texts.get(args.ood), "ppl_texts": texts, "ppl_documents": docs}
 
     plan = [(m, 0.5, pat) for pat in patterns for m in methods]

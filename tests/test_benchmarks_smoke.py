@@ -177,7 +177,7 @@ def test_protocol_runs_refuse_a_dirty_tree_and_say_when_allowed(monkeypatch, tmp
         harness.Protocol.from_args(args)
     args.allow_dirty = True
     harness.Protocol.from_args(args)  # runs, and the results say so:
-    res = {**harness.environment([], "x.py"), "protocol": harness.Protocol(split="test").record(), "renderer": "x"}
+    res = {**harness.environment([], "x.py"), "protocol": harness.Protocol(split="test").record(None), "renderer": "x"}
     assert res["versions"]["tree_dirty"] is True and res["date"].endswith("+00:00")
     line = harness.protocol_line(res)
     assert "commit abc1234def" in line and "uncommitted changes (`--allow-dirty`): not a protocol result" in line
