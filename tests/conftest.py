@@ -54,3 +54,28 @@ def tiny_llama(smollm2_tokenizer):
     )
     torch.manual_seed(0)
     return LlamaForCausalLM(config).eval()
+
+
+# The demo's settings, small: `run_demo` with these is what the quickstart (shortened the same way) and the command
+# line are checked against (the full settings take minutes; the committed run holds their figures).
+SMALL_DEMO = {"ratio": 0.2, "num_samples": 4, "seq_len": 64, "eval_seq_len": 128, "eval_tokens": 1024}
+
+
+@pytest.fixture(scope="session")
+def smollm2_small_demo(tmp_path_factory):
+    """(output directory, results dict) of `run_demo(**SMALL_DEMO)` on SmolLM2, run once per test session: the
+    pytest-xdist workers share it through a file lock in their common base directory."""
+    import json
+
+    from filelock import FileLock
+
+    from optimum_prune.cli.demo import DEMO_RESULTS_NAME, run_demo
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "smollm2-small-demo"
+    results = root / "results" / f"{DEMO_RESULTS_NAME}.json"
+    with FileLock(f"{root}.lock"):
+        if not results.is_file():
+            run_demo(output_dir=root / "demo", results_dir=root / "results", bench_prompt_len=16, bench_repeats=2,
+                     bench_new_tokens=2, max_new_tokens=2, **SMALL_DEMO)  # fmt: skip
+    return root / "demo", json.loads(results.read_text(encoding="utf-8"))
