@@ -184,6 +184,33 @@ def test_uniform_export_reads_back_with_transformers(arch, gguf_arch, kwargs, sm
     torch.testing.assert_close(_logits(loaded, ids), expected, rtol=1e-4, atol=1e-4)
 
 
+def test_autopruner_parses_a_gguf_file_once_and_loads_what_transformers_loads(small_tokenizer, tmp_path, monkeypatch):
+    """`AutoPruner.from_pretrained(dir, gguf_file=...)` reads the file's metadata once (transformers alone: once for
+    the config, the weights and the tokenizer each), and gets the same weights and tokenizer as transformers'
+    loaders; `gguf.GGUFReader` is itself again afterwards."""
+    from optimum_prune import AutoPruner
+
+    model = _model("llama_gqa", small_tokenizer)
+    export_gguf(model, tmp_path / "m.gguf", "f32", tokenizer=small_tokenizer)
+    made, parsed = gguf.GGUFReader, []
+
+    class Counting(made):
+        def __init__(self, *args, **kwargs):
+            parsed.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counting)
+    pruner = AutoPruner.from_pretrained(tmp_path, gguf_file="m.gguf")
+    assert len(parsed) == 1 and gguf.GGUFReader is Counting, parsed
+    stock = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf")
+    assert len(parsed) == 3  # transformers' own: the config and the weights
+    ours, theirs = pruner.model.state_dict(), stock.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    back = AutoTokenizer.from_pretrained(tmp_path, gguf_file="m.gguf")
+    for text in PROBES:
+        assert pruner.tokenizer(text)["input_ids"] == back(text)["input_ids"], text
+
+
 @pytest.mark.parametrize("which", ["small", "smollm2"])
 def test_tokenizer_is_complete_and_reads_back(which, small_tokenizer, smollm2_tokenizer, tmp_path):
     tok = small_tokenizer if which == "small" else smollm2_tokenizer
