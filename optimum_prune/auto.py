@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gguf
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoImageProcessor, AutoModelForCausalLM, AutoTokenizer
@@ -54,11 +55,6 @@ def _gguf_read_once() -> Iterator[None]:
     for the weights and again for the tokenizer, each time all of it (SmolLM2's 49k-entry vocabulary: about a third
     of its load time, ~5 s on a 2-core CPU): `gguf.GGUFReader`, which it imports at each call, returns here one
     reader per file (read-only, memory-mapped; dropped when the block ends)."""
-    try:
-        import gguf
-    except ImportError:  # transformers raises its own error for a GGUF file
-        yield
-        return
     make = gguf.GGUFReader
     readers: dict[tuple[str, str], Any] = {}
 
