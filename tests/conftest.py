@@ -56,11 +56,6 @@ def tiny_llama(smollm2_tokenizer):
     return LlamaForCausalLM(config).eval()
 
 
-# The demo's settings, small: `run_demo` with these is what the quickstart (shortened the same way) and the command
-# line are checked against (the full settings take minutes; the committed run holds their figures).
-SMALL_DEMO = {"ratio": 0.2, "num_samples": 4, "seq_len": 64, "eval_seq_len": 128, "eval_tokens": 1024}
-
-
 @pytest.fixture(scope="session")
 def smollm2_small_demo(tmp_path_factory):
     """(output directory, results dict) of `run_demo(**SMALL_DEMO)` on SmolLM2, run once per test session: the
@@ -68,6 +63,7 @@ def smollm2_small_demo(tmp_path_factory):
     import json
 
     from filelock import FileLock
+    from testing_utils import SMALL_DEMO
 
     from optimum_prune.cli.demo import DEMO_RESULTS_NAME, run_demo
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SMALL_DEMO
+from testing_utils import SMALL_DEMO
 
 import optimum_prune
 from optimum_prune import AutoPruner

@@ -4,7 +4,7 @@ import json
 import math
 
 import pytest
-from conftest import SMALL_DEMO
+from testing_utils import SMALL_DEMO
 
 from optimum_prune import AutoPrunedModelForCausalLM
 from optimum_prune.calibration.data import bbc_news_dir, load_texts, split_documents

@@ -178,3 +178,9 @@ def assert_cached_decoding_matches(model, prompt_len: int = 6, new_tokens: int =
     for t in range(prompt_len, generated.shape[1]):
         step = model(input_ids=generated[:, :t], use_cache=False).logits[0, -1]
         assert int(step.argmax()) == int(generated[0, t]), f"generate() token {t} is not the full forward's argmax"
+
+
+# The demo's settings, small: `run_demo` with these (the `smollm2_small_demo` fixture) is what the quickstart,
+# shortened the same way, and the command line are checked against (the full settings take minutes; the committed
+# run holds their figures).
+SMALL_DEMO = {"ratio": 0.2, "num_samples": 4, "seq_len": 64, "eval_seq_len": 128, "eval_tokens": 1024}
