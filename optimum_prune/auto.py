@@ -8,6 +8,7 @@ import copy
 import importlib.util
 import logging
 import os
+import threading
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,26 +50,31 @@ def _dtype(value: Any) -> Any:
     return value
 
 
+_GGUF_PATCH = threading.RLock()  # held while `gguf.GGUFReader` is patched (`_gguf_read_once`)
+
+
 @contextlib.contextmanager
 def _gguf_read_once() -> Iterator[None]:
     """Within the block, each GGUF file is parsed once. transformers parses a file's metadata for the config, again
     for the weights and again for the tokenizer, each time all of it (SmolLM2's 49k-entry vocabulary: about a third
     of its load time, ~5 s on a 2-core CPU): `gguf.GGUFReader`, which it imports at each call, returns here one
-    reader per file (read-only, memory-mapped; dropped when the block ends)."""
-    make = gguf.GGUFReader
-    readers: dict[tuple[str, str], Any] = {}
+    reader per file (read-only, memory-mapped; dropped when the block ends). One load at a time holds the patch, so
+    loads in other threads can neither restore another's reader nor keep one after their block."""
+    with _GGUF_PATCH:
+        make = gguf.GGUFReader
+        readers: dict[tuple[str, str], Any] = {}
 
-    def reader(path: str | os.PathLike, mode: str = "r") -> Any:
-        key = (os.path.realpath(path), mode)
-        if key not in readers:
-            readers[key] = make(path, mode)
-        return readers[key]
+        def reader(path: str | os.PathLike, mode: str = "r") -> Any:
+            key = (os.path.realpath(path), mode)
+            if key not in readers:
+                readers[key] = make(path, mode)
+            return readers[key]
 
-    gguf.GGUFReader = reader
-    try:
-        yield
-    finally:
-        gguf.GGUFReader = make
+        gguf.GGUFReader = reader
+        try:
+            yield
+        finally:
+            gguf.GGUFReader = make
 
 
 def load_model_and_tokenizer(

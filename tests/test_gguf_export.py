@@ -209,6 +209,13 @@ def test_autopruner_parses_a_gguf_file_once_and_loads_what_transformers_loads(sm
     back = AutoTokenizer.from_pretrained(tmp_path, gguf_file="m.gguf")
     for text in PROBES:
         assert pruner.tokenizer(text)["input_ids"] == back(text)["input_ids"], text
+    # loads in two threads at once: one parse each, and the reader is transformers' own again afterwards
+    from concurrent.futures import ThreadPoolExecutor
+
+    parsed.clear()
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda _: AutoPruner.from_pretrained(tmp_path, gguf_file="m.gguf"), range(2)))
+    assert len(parsed) == 2 and gguf.GGUFReader is Counting, parsed
 
 
 @pytest.mark.parametrize("which", ["small", "smollm2"])

@@ -422,10 +422,8 @@ def test_the_quickstart_writes_the_demos_settings_and_quotes_its_committed_figur
     assert committed["evaluation"]["max_tokens"] == full["eval_tokens"]
     for side in ("dense", "pruned"):
         quoted = re.search(rf"# {side}: about ([\d.]+)", block)
-        assert quoted and float(quoted.group(1)) == round(demo[side]["perplexity"], 1), (
-            side,
-            demo[side]["perplexity"],
-        )
+        committed_ppl = demo[side]["perplexity"]
+        assert quoted and float(quoted.group(1)) == round(committed_ppl, 1), (side, committed_ppl)
 
 
 def _check_quickstart_output(printed: str, directory: Path, demo: dict) -> None:

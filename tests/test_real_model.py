@@ -46,27 +46,14 @@ def test_cli_and_demo_score_the_same_sample(smollm2_small_demo, tmp_path, capsys
     flags = {k: str(v) for k, v in SMALL_DEMO.items()}
     gguf = str(smollm2_dir() / SMOLLM2_GGUF_FILE)
     split = ["--holdout-fraction", "0.2", "--split-seed", "0"]
-    prune = ["prune", gguf, "--method", "numerical", "--ratio", flags["ratio"], "--calib", "bbc", *split]
-    assert (
-        main(
-            [*prune, "--num-samples", flags["num_samples"], "--seq-len", flags["seq_len"], "-o", str(tmp_path / "cli")]
-        )
-        == 0
-    )
+    prune = ["prune", gguf, "--method", "numerical", "--ratio", flags["ratio"], "--calib", "bbc", *split,
+             "--num-samples", flags["num_samples"], "--seq-len", flags["seq_len"], "-o", str(tmp_path / "cli")]  # fmt: skip
+    assert main(prune) == 0
     capsys.readouterr()
     scores = {}
+    scored = ["--seq-len", flags["eval_seq_len"], "--max-tokens", flags["eval_tokens"]]
     for name, path in (("demo", demo_dir), ("cli", tmp_path / "cli")):
-        argv = [
-            "eval",
-            str(path),
-            "--data",
-            "bbc",
-            *split,
-            "--seq-len",
-            flags["eval_seq_len"],
-            "--max-tokens",
-            flags["eval_tokens"],
-        ]
+        argv = ["eval", str(path), "--data", "bbc", *split, *scored]
         assert main(argv) == 0
         scores[name] = json.loads(capsys.readouterr().out)["perplexity"]
     assert scores["demo"] == pytest.approx(demo["pruned"]["perplexity"], rel=1e-6), scores
