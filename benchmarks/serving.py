@@ -56,6 +56,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="ServingConfig.error_scale values (default: its default; several: one model each)")  # fmt: skip
     p.add_argument("--mlp-widths", nargs="+", default=[None], choices=[None, "knapsack", "ranked"],
                    help="ServingConfig.mlp_widths values (default: its default; each given: one model each)")  # fmt: skip
+    p.add_argument(
+        "--joint-probe-rounds",
+        type=int,
+        default=None,
+        help="ServingConfig.joint_probe_rounds (default: its default; given: the names end in @jointN)",
+    )
     p.add_argument("--num-samples", type=int, default=16, help="calibration windows (every model)")
     p.add_argument("--seq-len", type=int, default=512, help="their length in tokens")
     p.add_argument("--tables", default="/tmp/serving_tables", help="cost tables cost_table_<phase>_<b>_<ctx>.json")
@@ -100,6 +106,9 @@ def configs(args, tables: dict[str, tuple[CostTable, str]]) -> dict[str, tuple[s
                 kw.update({} if widths is None else {"mlp_widths": widths})
                 name = f"serving@{w}@{s:g}" + (f"@{scale}" if len(args.error_scales) > 1 else "")
                 name += "" if widths is None else f"@{widths}"
+                if args.joint_probe_rounds is not None:
+                    kw["joint_probe_rounds"] = args.joint_probe_rounds
+                    name += f"@joint{args.joint_probe_rounds}"
                 out[name] = ("serving", ServingConfig(speedup=s, workload=w, cost_table=tables[w][1],
                                                       reader=args.reader, **kw))  # fmt: skip
     for a in args.allocations:
@@ -184,7 +193,8 @@ def _label(name: str, entry: dict[str, Any]) -> str:
     if entry["kind"] == "serving":
         cfg = entry["config"]
         ranked = ", ranked widths" if cfg.get("mlp_widths") == "ranked" else ""
-        return f"serving, {cfg['speedup']:g}x at {cfg['workload']}, {cfg['error_scale']}{ranked}"
+        joint = f", joint probes ×{cfg['joint_probe_rounds']}" if cfg.get("joint_probe_rounds") else ""
+        return f"serving, {cfg['speedup']:g}x at {cfg['workload']}, {cfg['error_scale']}{ranked}{joint}"
     ratio = name.split("@", 1)[1]
     return f"{LABELS.get(entry['kind'], entry['kind'])} {float(ratio):.0%}"
 
@@ -257,25 +267,38 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def _widths_lines(models: dict[str, Any], texts: list[str]) -> list[str]:
-    """Each `--mlp-widths ranked` model against the knapsack's at the same target (paired document bootstrap), and
-    the screen's criterion: the mean over the targets of the log of the geometric mean of the texts' perplexities."""
-    pairs = [(n.removesuffix("@ranked") + "@knapsack", n) for n in models if n.endswith("@ranked")]
-    pairs = [(k, r) for k, r in pairs if k in models]
+    """Each `--mlp-widths ranked` model against the knapsack's at the same target, and each `--joint-probe-rounds`
+    model against the same config without them (paired document bootstrap), with the screens' criterion: the mean
+    over the targets of the log of the geometric mean of the texts' perplexities."""
+    lines = _pairs_lines(models, texts, "@knapsack", "@ranked", "MLP widths: NP's ranking against the per-layer "
+                         "knapsack", ("knapsack", "ranked"))  # fmt: skip
+    for suffix in sorted({"@" + n.rsplit("@", 1)[1] for n in models if "@joint" in n}):
+        rounds = suffix.removeprefix("@joint")
+        lines += _pairs_lines(models, texts, "", suffix, f"Joint probes ({rounds} rounds) against the first solve",
+                              ("first solve", f"joint ×{rounds}"))  # fmt: skip
+    return lines
+
+
+def _pairs_lines(models: dict[str, Any], texts: list[str], base: str, other: str, title: str, labels) -> list[str]:
+    """The table of each model named `X{other}` against `X{base}` at the same target (see `_widths_lines`)."""
+    stem = other if base else ""
+    pairs = [(n.removesuffix(other) + base, n) for n in models if n.endswith(other)]
+    pairs = [(k, r) for k, r in pairs if k in models and k != r and not (stem and k.endswith(stem))]
     if not pairs:
         return []
-    lines = ["## MLP widths: NP's ranking against the per-layer knapsack", "",
-             "| target | knapsack | ranked | Δ geometric mean, ranked vs knapsack |", "|---|---:|---:|---|"]  # fmt: skip
-    means: dict[str, list[float]] = {"knapsack": [], "ranked": []}
+    lines = [f"## {title}", "", f"| target | {labels[0]} | {labels[1]} | Δ geometric mean, {labels[1]} vs "
+             f"{labels[0]} |", "|---|---:|---:|---|"]  # fmt: skip
+    means: dict[str, list[float]] = {labels[0]: [], labels[1]: []}
     for k, r in pairs:
-        means["knapsack"].append(geomean(models[k]["ppl"], texts))
-        means["ranked"].append(geomean(models[r]["ppl"], texts))
+        means[labels[0]].append(geomean(models[k]["ppl"], texts))
+        means[labels[1]].append(geomean(models[r]["ppl"], texts))
         _, w, s, *_ = k.split("@")
-        lines.append(f"| {s}x at {w} | {means['knapsack'][-1]:.2f} | {means['ranked'][-1]:.2f} | "
+        lines.append(f"| {s}x at {w} | {means[labels[0]][-1]:.2f} | {means[labels[1]][-1]:.2f} | "
                      f"{geomean_delta_cell(models[r], models[k], texts)} |")  # fmt: skip
     crit = {key: sum(map(math.log, v)) / len(v) for key, v in means.items()}
     n = len(pairs)
     lines += ["", f"Mean over the {n} target{'s' * (n > 1)} of the log geometric mean (lower is better): "
-              f"knapsack {crit['knapsack']:.3f}, ranked {crit['ranked']:.3f}.", ""]  # fmt: skip
+              + ", ".join(f"{key} {value:.3f}" for key, value in crit.items()) + ".", ""]  # fmt: skip
     return lines
 
 

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -76,6 +77,19 @@ def layer_options(view: LayerView, cfg: ServingConfig, kv: int | None = None) ->
                 continue  # llama.cpp skips a whole layer whose MLP is absent
             options.append((a, m))
     return options
+
+
+def _scaled(losses: dict[int, dict], scale: dict[str, float]) -> dict[int, dict]:
+    """`losses` with every variant's loss of each sublayer kind multiplied by `scale[kind]`."""
+    return {
+        i: {kind: {v: x * scale[kind] for v, x in d.items()} for kind, d in by.items()} for i, by in losses.items()
+    }
+
+
+def _mean_width(chosen: list[dict]) -> float:
+    """The mean MLP width of an assembly (no MLP: 0)."""
+    widths = [0 if c["mlp"] == NO_OP else int(c["mlp"]) for c in chosen]
+    return sum(widths) / max(len(widths), 1)
 
 
 class ServingPruner(NumericalPruner):
@@ -251,10 +265,79 @@ class ServingPruner(NumericalPruner):
 
     # --------------------------------------------------------------------------------------------- decide
     def decide_variants(
-        self, model: nn.Module, views: list[LayerView], scores: dict[int, tuple], losses: dict[int, dict], info: dict
+        self,
+        model: nn.Module,
+        views: list[LayerView],
+        scores: dict[int, tuple],
+        losses: dict[int, dict],
+        info: dict,
+        measure: Callable[[dict], dict] | None = None,
     ) -> dict[int, LayerPlan]:
         """`{block index: LayerPlan}`: one variant per layer under the target (see the module docstring), from each
-        block's `(head scores, channel scores)` and `variant_losses`."""
+        block's `(head scores, channel scores)` and `variant_losses`. With `joint_probe_rounds` and `measure` (the
+        pass's whole-model probe), each assembly is measured as a whole and the losses re-weighted (`_joint_rounds`)."""
+        rounds = self.config.joint_probe_rounds if measure is not None else 0
+        decided = self._solve(model, views, scores, losses, info)
+        return self._joint_rounds(model, views, scores, losses, info, decided, measure, rounds) if rounds else decided
+
+    def _joint_rounds(self, model, views, scores, losses, info, decided, measure, rounds) -> dict[int, LayerPlan]:
+        """Re-weigh the sublayers by the assembled model's measured loss, `rounds` times; keep the best measured.
+
+        Each sublayer's loss was priced by removing it alone, and removing many together costs more than the sum
+        (or less). Per assembly, the whole model's KL divergence on the probe sequences is measured with every block
+        carrying its variant (`"assembly"`) and with every attention as it was (`"mlp"`: the MLP cuts alone): the
+        attention's share is their difference. The next solve multiplies every attention loss by that share over
+        the attention losses the assembly was predicted to cost (the MLP's likewise), a calibration at the last
+        assembly; rounds stop early when an assembly repeats. Of the assemblies measured, the lowest KL is kept
+        (ties: the earliest), so the result is never worse on the probe than the first solve."""
+        scale = {"attention": 1.0, "mlp": 1.0}
+        tried: list[tuple[float, dict, dict]] = []
+        history = []
+        first = info
+        for r in range(rounds + 1):
+            if r:
+                info = {}
+                decided = self._solve(model, views, scores, _scaled(losses, scale), info)
+            chosen = info["assembly"]["variants"]
+            if any(chosen == t[1]["assembly"]["variants"] for t in tried):
+                break
+            kl = measure(self._joint_plans(views, decided, chosen, scores))
+            kl_mlp = kl.get("mlp", 0.0)
+            parts = {"attention": max(kl["assembly"] - kl_mlp, 0.0), "mlp": kl_mlp}
+            predicted = {kind: sum(losses[v.index][kind][c[kind]] for v, c in zip(views, chosen)) for kind in scale}
+            history.append({
+                "round": r, "scale": dict(scale), "predicted_kl": float(info["assembly"]["error"]),
+                "measured_kl": kl["assembly"], "measured_mlp_kl": kl_mlp, "variants": chosen,
+                "no_attention": sum(c["attention"] == NO_OP for c in chosen), "mean_mlp_width": _mean_width(chosen),
+            })  # fmt: skip
+            tried.append((kl["assembly"], info, decided))
+            for kind, total in predicted.items():
+                if total > 0:
+                    scale[kind] = min(max(parts[kind] / total, 1e-2), 1e2)
+        best = min(range(len(tried)), key=lambda k: tried[k][0])
+        _, info_best, decided = tried[best]
+        if info_best is not first:  # the losses recorded stay the unscaled ones
+            unscaled = first["variant_losses"]
+            first.clear()
+            first.update(info_best, variant_losses=unscaled)
+        first["joint_probes"] = {"rounds": history, "chosen": best}
+        logger.info("serving: joint probes, measured KL per round %s; kept round %d",
+                    [round(h["measured_kl"], 4) for h in history], best)  # fmt: skip
+        return decided
+
+    def _joint_plans(self, views, decided, chosen, scores) -> dict[str, list]:
+        """What `_joint_rounds` measures: `{"assembly": [(view, plan)], "mlp": [(view, its MLP cut alone)]}`."""
+        out = {"assembly": [(v, decided[v.index]) for v in views if decided[v.index].structured]}
+        mlp = [(v, self._plan(v, v.num_kv_heads, c["mlp"], scores.get(v.index)))
+               for v, c in zip(views, chosen) if c["mlp"] != v.intermediate_size]  # fmt: skip
+        if mlp:
+            out["mlp"] = mlp
+        return out
+
+    def _solve(
+        self, model: nn.Module, views: list[LayerView], scores: dict[int, tuple], losses: dict[int, dict], info: dict
+    ) -> dict[int, LayerPlan]:
+        """One knapsack solve (`decide_variants`)."""
         cfg = self.config
         budget = self.budget(model, views)
         shared = [None] if cfg.reader != "all" else sorted({k for v in views for k in _kv_counts(v)}, reverse=True)

@@ -56,6 +56,13 @@ class ServingConfig(NumericalConfig):
             leaving the layer; `"absolute"` adds them as they are.
         probe_tokens (`int`, defaults to `1024`): calibration tokens (whole sequences, the first ones) the
             `"end_to_end"` probes run on.
+        joint_probe_rounds (`int`, defaults to `0`): re-solves after measuring the assembly as a whole (needs
+            `error_scale="end_to_end"`). Removing many sublayers together costs the model more (or less) than the
+            sum of their removals alone: per round, the whole model's KL divergence on the probe tokens is measured
+            with the assembly applied and with its MLP cuts alone, every attention loss is multiplied by the
+            attention's measured share over its predicted one (the MLP's likewise), and the knapsack solves again;
+            of the assemblies measured, the one with the lowest KL is kept. Each round costs two forward passes of
+            `probe_tokens`.
         mlp_widths (`str`, defaults to `"knapsack"`): how the MLP widths of different layers are chosen.
             `"knapsack"`: each layer's width is its own option in the knapsack, weighed by its layer-wise loss;
             `"ranked"`: the widths follow NP's servable allocation (channel blocks of every layer ranked together by
@@ -65,8 +72,8 @@ class ServingConfig(NumericalConfig):
     """
 
     method = "serving"
-    config_version: ClassVar[int] = 1
-    migrations: ClassVar[dict[int, dict[str, Any]]] = {}
+    config_version: ClassVar[int] = 2
+    migrations: ClassVar[dict[int, dict[str, Any]]] = {2: {"joint_probe_rounds": 0}}
 
     allocation: str = "servable"
     compensation_inputs: str = "sequential"
@@ -80,6 +87,7 @@ class ServingConfig(NumericalConfig):
     reader: str = "all"
     error_scale: str = "end_to_end"
     probe_tokens: int = 1024
+    joint_probe_rounds: int = 0
     mlp_widths: str = "knapsack"
     resolution: int = 4000
 
@@ -92,6 +100,7 @@ class ServingConfig(NumericalConfig):
         "reader",
         "error_scale",
         "probe_tokens",
+        "joint_probe_rounds",
         "mlp_widths",
         "resolution",
     )
@@ -141,6 +150,18 @@ class ServingConfig(NumericalConfig):
         choice("mlp_widths", self.mlp_widths, ("knapsack", "ranked"))
         if not isinstance(self.probe_tokens, int) or self.probe_tokens < 1:
             raise ValueError(f"`probe_tokens` must be an int >= 1, got {self.probe_tokens!r}.")
+        if (
+            isinstance(self.joint_probe_rounds, bool)
+            or not isinstance(self.joint_probe_rounds, int)
+            or (self.joint_probe_rounds < 0)
+        ):
+            raise ValueError(f"`joint_probe_rounds` must be an int >= 0, got {self.joint_probe_rounds!r}.")
+        if self.joint_probe_rounds and self.error_scale != "end_to_end":
+            raise ValueError(
+                "`joint_probe_rounds` re-weighs the sublayers' losses by the whole model's measured KL divergence, "
+                f"the units of error_scale='end_to_end'; with error_scale={self.error_scale!r} set "
+                "joint_probe_rounds=0."
+            )
         Workload.parse(self.workload)
         if self.speedup is not None and self.memory_gb is not None:
             raise ValueError("ServingConfig takes one target: `speedup` or `memory_gb` (or neither: pruning_ratio).")

@@ -9,7 +9,9 @@
    model runs on `pruner.probe_ids()` with the block carrying it, and its next-token KL divergence from the dense
    model's is measured. `pruner.variant_losses` turns all of it, with the energy of the block's outputs, into the
    loss of every variant.
-2. **Assemble.** `pruner.decide_variants(...)` chooses one variant per block: `LayerPlan`s, no weight changed.
+2. **Assemble.** `pruner.decide_variants(...)` chooses one variant per block: `LayerPlan`s, no weight changed. It
+   may measure candidate assemblies as a whole (`measure({key: [(view, plan), ...]})`: the whole model's KL
+   divergence on the probe sequences with all those blocks carrying their plans at once).
 3. **Refit.** The sequential refit pass (`passes.refit`), on the pruned network's inputs.
 """
 
@@ -68,21 +70,24 @@ def _log_probs(model, ids: torch.Tensor) -> list[torch.Tensor]:
                 for row in ids]  # fmt: skip
 
 
-def _probe_kl(model, view: LayerView, config, plans: dict, ids: torch.Tensor, dense: list[torch.Tensor]) -> dict:
-    """Per plan: the KL divergence (per token) of the whole model's next-token distribution from the dense one's with
-    block `view.index` carrying that plan (zeroed form), restored afterwards."""
+def _probe_kl(model, config, plans: dict, ids: torch.Tensor, dense: list[torch.Tensor]) -> dict:
+    """Per key of `plans` (`{key: [(view, LayerPlan), ...]}`): the KL divergence (per token) of the whole model's
+    next-token distribution from the dense one's with each of those blocks carrying its plan (zeroed form), every
+    block restored afterwards."""
     out = {}
-    for key, lp in plans.items():
-        saved = {k: v.detach().clone() for k, v in view.layer.state_dict().items()}
-        apply_layer_plan_(layer_view(view.layer, view.index, view.spec, config), lp, mode="zero")
+    for key, pairs in plans.items():
+        saved = [(view, {k: v.detach().clone() for k, v in view.layer.state_dict().items()}) for view, _ in pairs]
         try:
+            for view, lp in pairs:
+                apply_layer_plan_(layer_view(view.layer, view.index, view.spec, config), lp, mode="zero")
             total, count = 0.0, 0
             for logp_dense, logp in zip(dense, _log_probs(model, ids)):
                 total += float((logp_dense.exp() * (logp_dense - logp)).sum())
                 count += logp.shape[0]
             out[key] = max(total / max(count, 1), 0.0)
         finally:
-            view.layer.load_state_dict(saved)
+            for view, state in saved:
+                view.layer.load_state_dict(state)
     return out
 
 
@@ -102,16 +107,21 @@ def variants_pass(pruner, stage: Stage) -> PruningPlan:
             head, chan, _ = pruner.score_block(view, acc)
         scores[i] = (head, chan)
         merged = _merged_stats(pruner, run, stage.model.config, view, pruner.attention_variants(view))
-        plans = pruner.probe_plans(view)
-        probes = _probe_kl(stage.model, view, stage.model.config, plans, probe_ids, dense_logp) if plans else None
+        plans = {key: [(view, lp)] for key, lp in pruner.probe_plans(view).items()}
+        probes = _probe_kl(stage.model, stage.model.config, plans, probe_ids, dense_logp) if plans else None
         with phase("decide", i), torch.no_grad():
             losses[i] = pruner.variant_losses(view, acc, chan, merged, _energy(outputs), probes)
         return outputs
 
     stage.walk(range(len(views)), visit, run=run, desc=f"{pruner.config.method}: scoring variants")
     info: dict[str, Any] = {}
+
+    def measure(plans: dict) -> dict:
+        return _probe_kl(stage.model, stage.model.config, plans, probe_ids, dense_logp)
+
     with phase("decide"):
-        decided = pruner.decide_variants(stage.model, views, scores, losses, info)
+        decided = pruner.decide_variants(stage.model, views, scores, losses, info,
+                                         measure=measure if probe_ids is not None else None)  # fmt: skip
     plan = PruningPlan(info=info)
     plan.layers = {i: lp for i, lp in decided.items() if lp.structured}
     if pruner.config.compensate:
