@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
         res["models"][name] = {
             "kind": kind, "config": cfg.to_dict(), "ppl": ppl, "docs": docs, "layers": report.layers,
             "measured_ratio": report.measured, "prune_s": seconds, "assembly": report.info.get("assembly"),
+            "joint_probes": report.info.get("joint_probes"),
             "folder": str(folder), "commit": env["versions"]["git_commit"], "library_tree": library,
         }  # fmt: skip
         logger.info("%s: %s (%.0f s)", name, {k: round(v, 2) for k, v in ppl.items()}, seconds)
@@ -279,6 +280,17 @@ def _widths_lines(models: dict[str, Any], texts: list[str]) -> list[str]:
     return lines
 
 
+def _rounds_cell(entry: dict[str, Any]) -> str:
+    """The joint-probe rounds of a model: attention sublayers removed and measured / predicted KL of their removal
+    per round, and the round kept (empty for a model without them)."""
+    record = entry.get("joint_probes")
+    if not record:
+        return ""
+    rounds = ", ".join(f"{r['no_attention']} ({r['measured_removal_kl']:.3f} / {r['predicted_removal_kl']:.3f})"
+                       for r in record["rounds"])  # fmt: skip
+    return f" {rounds} | {record['chosen']} |"
+
+
 def _pairs_lines(models: dict[str, Any], texts: list[str], base: str, other: str, title: str, labels) -> list[str]:
     """The table of each model named `X{other}` against `X{base}` at the same target (see `_widths_lines`)."""
     stem = other if base else ""
@@ -286,15 +298,17 @@ def _pairs_lines(models: dict[str, Any], texts: list[str], base: str, other: str
     pairs = [(k, r) for k, r in pairs if k in models and k != r and not (stem and k.endswith(stem))]
     if not pairs:
         return []
+    joint = "@joint" in other
     lines = [f"## {title}", "", f"| target | {labels[0]} | {labels[1]} | Δ geometric mean, {labels[1]} vs "
-             f"{labels[0]} |", "|---|---:|---:|---|"]  # fmt: skip
+             f"{labels[0]} |" + (" attention removed per round (measured / predicted KL) | kept |" if joint else ""),
+             "|---|---:|---:|---|" + ("---|---:|" if joint else "")]  # fmt: skip
     means: dict[str, list[float]] = {labels[0]: [], labels[1]: []}
     for k, r in pairs:
         means[labels[0]].append(geomean(models[k]["ppl"], texts))
         means[labels[1]].append(geomean(models[r]["ppl"], texts))
         _, w, s, *_ = k.split("@")
         lines.append(f"| {s}x at {w} | {means[labels[0]][-1]:.2f} | {means[labels[1]][-1]:.2f} | "
-                     f"{geomean_delta_cell(models[r], models[k], texts)} |")  # fmt: skip
+                     f"{geomean_delta_cell(models[r], models[k], texts)} |" + _rounds_cell(models[r]))  # fmt: skip
     crit = {key: sum(map(math.log, v)) / len(v) for key, v in means.items()}
     n = len(pairs)
     lines += ["", f"Mean over the {n} target{'s' * (n > 1)} of the log geometric mean (lower is better): "

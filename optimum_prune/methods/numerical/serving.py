@@ -79,11 +79,10 @@ def layer_options(view: LayerView, cfg: ServingConfig, kv: int | None = None) ->
     return options
 
 
-def _scaled(losses: dict[int, dict], scale: dict[str, float]) -> dict[int, dict]:
-    """`losses` with every variant's loss of each sublayer kind multiplied by `scale[kind]`."""
-    return {
-        i: {kind: {v: x * scale[kind] for v, x in d.items()} for kind, d in by.items()} for i, by in losses.items()
-    }
+def _scaled(losses: dict[int, dict], scale: float) -> dict[int, dict]:
+    """`losses` with every layer's attention-removal loss multiplied by `scale`."""
+    return {i: {**by, "attention": {v: x * scale if v == NO_OP else x for v, x in by["attention"].items()}}
+            for i, by in losses.items()}  # fmt: skip
 
 
 def _mean_width(chosen: list[dict]) -> float:
@@ -281,16 +280,17 @@ class ServingPruner(NumericalPruner):
         return self._joint_rounds(model, views, scores, losses, info, decided, measure, rounds) if rounds else decided
 
     def _joint_rounds(self, model, views, scores, losses, info, decided, measure, rounds) -> dict[int, LayerPlan]:
-        """Re-weigh the sublayers by the assembled model's measured loss, `rounds` times; keep the best measured.
+        """Re-price the attention removals by the assembly's measured cost, `rounds` times; keep the best estimate.
 
-        Each sublayer's loss was priced by removing it alone, and removing many together costs more than the sum
-        (or less). Per assembly, the whole model's KL divergence on the probe sequences is measured with every block
-        carrying its variant (`"assembly"`) and with every attention as it was (`"mlp"`: the MLP cuts alone): the
-        attention's share is their difference. The next solve multiplies every attention loss by that share over
-        the attention losses the assembly was predicted to cost (the MLP's likewise), a calibration at the last
-        assembly; rounds stop early when an assembly repeats. Of the assemblies measured, the lowest KL is kept
-        (ties: the earliest), so the result is never worse on the probe than the first solve."""
-        scale = {"attention": 1.0, "mlp": 1.0}
+        Each sublayer's removal was priced by removing it alone, and removing many together may cost the model more
+        than the sum (or less). Per assembly, the whole model's KL divergence on the probe sequences is measured
+        with every attention the assembly removes removed at once (a removal has no refit, so its zeroed form is
+        the removed model; the MLP widths and KV merges keep their losses after their refits, as predicted). The
+        assembly's estimated loss is that KL plus the predicted losses of its other variants; the next solve
+        multiplies every layer's attention-removal loss by the measured KL over the predicted sum, a calibration at
+        the last assembly. Rounds stop early when an assembly repeats or removes no attention. Of the assemblies
+        measured, the lowest estimate is kept (ties: the earliest)."""
+        scale = 1.0
         tried: list[tuple[float, dict, dict]] = []
         history = []
         first = info
@@ -301,19 +301,24 @@ class ServingPruner(NumericalPruner):
             chosen = info["assembly"]["variants"]
             if any(chosen == t[1]["assembly"]["variants"] for t in tried):
                 break
-            kl = measure(self._joint_plans(views, decided, chosen, scores))
-            kl_mlp = kl.get("mlp", 0.0)
-            parts = {"attention": max(kl["assembly"] - kl_mlp, 0.0), "mlp": kl_mlp}
-            predicted = {kind: sum(losses[v.index][kind][c[kind]] for v, c in zip(views, chosen)) for kind in scale}
+            removed = [v for v, c in zip(views, chosen) if c["attention"] == NO_OP]
+            predicted = sum(losses[v.index]["attention"][NO_OP] for v in removed)
+            kl = (
+                measure({"attention": [(v, LayerPlan(keep_heads=[])) for v in removed]})["attention"]
+                if removed
+                else 0.0
+            )
+            others = sum(losses[v.index]["mlp"][c["mlp"]] + (0.0 if c["attention"] == NO_OP else
+                         losses[v.index]["attention"][c["attention"]]) for v, c in zip(views, chosen))  # fmt: skip
             history.append({
-                "round": r, "scale": dict(scale), "predicted_kl": float(info["assembly"]["error"]),
-                "measured_kl": kl["assembly"], "measured_mlp_kl": kl_mlp, "variants": chosen,
-                "no_attention": sum(c["attention"] == NO_OP for c in chosen), "mean_mlp_width": _mean_width(chosen),
+                "round": r, "attention_scale": scale, "no_attention": len(removed), "predicted_removal_kl": predicted,
+                "measured_removal_kl": kl, "estimate": kl + others, "variants": chosen,
+                "mean_mlp_width": _mean_width(chosen),
             })  # fmt: skip
-            tried.append((kl["assembly"], info, decided))
-            for kind, total in predicted.items():
-                if total > 0:
-                    scale[kind] = min(max(parts[kind] / total, 1e-2), 1e2)
+            tried.append((kl + others, info, decided))
+            if predicted <= 0:
+                break
+            scale = min(max(kl / predicted, 1e-2), 1e2)
         best = min(range(len(tried)), key=lambda k: tried[k][0])
         _, info_best, decided = tried[best]
         if info_best is not first:  # the losses recorded stay the unscaled ones
@@ -321,18 +326,9 @@ class ServingPruner(NumericalPruner):
             first.clear()
             first.update(info_best, variant_losses=unscaled)
         first["joint_probes"] = {"rounds": history, "chosen": best}
-        logger.info("serving: joint probes, measured KL per round %s; kept round %d",
-                    [round(h["measured_kl"], 4) for h in history], best)  # fmt: skip
+        logger.info("serving: joint probes, estimated loss per round %s; kept round %d",
+                    [round(h["estimate"], 4) for h in history], best)  # fmt: skip
         return decided
-
-    def _joint_plans(self, views, decided, chosen, scores) -> dict[str, list]:
-        """What `_joint_rounds` measures: `{"assembly": [(view, plan)], "mlp": [(view, its MLP cut alone)]}`."""
-        out = {"assembly": [(v, decided[v.index]) for v in views if decided[v.index].structured]}
-        mlp = [(v, self._plan(v, v.num_kv_heads, c["mlp"], scores.get(v.index)))
-               for v, c in zip(views, chosen) if c["mlp"] != v.intermediate_size]  # fmt: skip
-        if mlp:
-            out["mlp"] = mlp
-        return out
 
     def _solve(
         self, model: nn.Module, views: list[LayerView], scores: dict[int, tuple], losses: dict[int, dict], info: dict

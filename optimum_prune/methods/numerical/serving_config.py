@@ -56,13 +56,13 @@ class ServingConfig(NumericalConfig):
             leaving the layer; `"absolute"` adds them as they are.
         probe_tokens (`int`, defaults to `1024`): calibration tokens (whole sequences, the first ones) the
             `"end_to_end"` probes run on.
-        joint_probe_rounds (`int`, defaults to `0`): re-solves after measuring the assembly as a whole (needs
-            `error_scale="end_to_end"`). Removing many sublayers together costs the model more (or less) than the
-            sum of their removals alone: per round, the whole model's KL divergence on the probe tokens is measured
-            with the assembly applied and with its MLP cuts alone, every attention loss is multiplied by the
-            attention's measured share over its predicted one (the MLP's likewise), and the knapsack solves again;
-            of the assemblies measured, the one with the lowest KL is kept. Each round costs two forward passes of
-            `probe_tokens`.
+        joint_probe_rounds (`int`, defaults to `0`): re-solves after measuring the attention removals of the
+            assembly together (needs `error_scale="end_to_end"`). Removing attention in many layers together may
+            cost the model more (or less) than the sum of their removals alone: per round, the whole model's KL
+            divergence on the probe tokens is measured with every attention the assembly removes removed at once,
+            every layer's attention-removal loss is multiplied by the measured KL over the predicted sum, and the
+            knapsack solves again; of the assemblies measured, the one whose measured KL plus the predicted losses
+            of its other variants is lowest is kept. Each round costs one forward pass of `probe_tokens`.
         mlp_widths (`str`, defaults to `"knapsack"`): how the MLP widths of different layers are chosen.
             `"knapsack"`: each layer's width is its own option in the knapsack, weighed by its layer-wise loss;
             `"ranked"`: the widths follow NP's servable allocation (channel blocks of every layer ranked together by
