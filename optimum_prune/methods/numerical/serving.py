@@ -274,7 +274,8 @@ class ServingPruner(NumericalPruner):
     ) -> dict[int, LayerPlan]:
         """`{block index: LayerPlan}`: one variant per layer under the target (see the module docstring), from each
         block's `(head scores, channel scores)` and `variant_losses`. With `joint_probe_rounds` and `measure` (the
-        pass's whole-model probe), each assembly is measured as a whole and the losses re-weighted (`_joint_rounds`)."""
+        pass's whole-model probe), each assembly's attention removals are measured together and repriced
+        (`_joint_rounds`)."""
         rounds = self.config.joint_probe_rounds if measure is not None else 0
         decided = self._solve(model, views, scores, losses, info)
         return self._joint_rounds(model, views, scores, losses, info, decided, measure, rounds) if rounds else decided

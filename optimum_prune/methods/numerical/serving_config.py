@@ -150,15 +150,12 @@ class ServingConfig(NumericalConfig):
         choice("mlp_widths", self.mlp_widths, ("knapsack", "ranked"))
         if not isinstance(self.probe_tokens, int) or self.probe_tokens < 1:
             raise ValueError(f"`probe_tokens` must be an int >= 1, got {self.probe_tokens!r}.")
-        if (
-            isinstance(self.joint_probe_rounds, bool)
-            or not isinstance(self.joint_probe_rounds, int)
-            or (self.joint_probe_rounds < 0)
-        ):
+        rounds = self.joint_probe_rounds
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
             raise ValueError(f"`joint_probe_rounds` must be an int >= 0, got {self.joint_probe_rounds!r}.")
         if self.joint_probe_rounds and self.error_scale != "end_to_end":
             raise ValueError(
-                "`joint_probe_rounds` re-weighs the sublayers' losses by the whole model's measured KL divergence, "
+                "`joint_probe_rounds` reprices attention removals by the whole model's measured KL divergence, "
                 f"the units of error_scale='end_to_end'; with error_scale={self.error_scale!r} set "
                 "joint_probe_rounds=0."
             )
