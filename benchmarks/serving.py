@@ -34,6 +34,7 @@ from _intervals import geomean, geomean_delta_cell, ppl_cell  # noqa: E402
 
 from optimum_prune import NumericalConfig, ServingConfig, load_pruned_model, prune_, save_pruned_model  # noqa: E402
 from optimum_prune.evaluation.cost_model import CostTable, Workload, measure_cost_table, step_seconds  # noqa: E402
+from optimum_prune.methods.numerical.serving_config import CANDIDATES  # noqa: E402
 from optimum_prune.modeling.architectures import get_spec  # noqa: E402
 from optimum_prune.modeling.shapes import layer_table  # noqa: E402
 
@@ -62,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="ServingConfig.joint_probe_rounds (default: its default; given: the names end in @jointN)",
     )
+    p.add_argument("--candidates", nargs="*", default=None, choices=list(CANDIDATES),
+                   help="ServingConfig.candidates (default: its default; given: the names end in @cand-<names>)")  # fmt: skip
     p.add_argument("--num-samples", type=int, default=16, help="calibration windows (every model)")
     p.add_argument("--seq-len", type=int, default=512, help="their length in tokens")
     p.add_argument("--tables", default="/tmp/serving_tables", help="cost tables cost_table_<phase>_<b>_<ctx>.json")
@@ -109,6 +112,9 @@ def configs(args, tables: dict[str, tuple[CostTable, str]]) -> dict[str, tuple[s
                 if args.joint_probe_rounds is not None:
                     kw["joint_probe_rounds"] = args.joint_probe_rounds
                     name += f"@joint{args.joint_probe_rounds}"
+                if args.candidates is not None:
+                    kw["candidates"] = tuple(args.candidates)
+                    name += "@cand-" + "+".join(args.candidates)
                 out[name] = ("serving", ServingConfig(speedup=s, workload=w, cost_table=tables[w][1],
                                                       reader=args.reader, **kw))  # fmt: skip
     for a in args.allocations:
@@ -163,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
         res["models"][name] = {
             "kind": kind, "config": cfg.to_dict(), "ppl": ppl, "docs": docs, "layers": report.layers,
             "measured_ratio": report.measured, "prune_s": seconds, "assembly": report.info.get("assembly"),
-            "joint_probes": report.info.get("joint_probes"),
+            "joint_probes": report.info.get("joint_probes"), "candidates": report.info.get("candidates"),
             "folder": str(folder), "commit": env["versions"]["git_commit"], "library_tree": library,
         }  # fmt: skip
         logger.info("%s: %s (%.0f s)", name, {k: round(v, 2) for k, v in ppl.items()}, seconds)
@@ -195,7 +201,8 @@ def _label(name: str, entry: dict[str, Any]) -> str:
         cfg = entry["config"]
         ranked = ", ranked widths" if cfg.get("mlp_widths") == "ranked" else ""
         joint = f", joint probes ×{cfg['joint_probe_rounds']}" if cfg.get("joint_probe_rounds") else ""
-        return f"serving, {cfg['speedup']:g}x at {cfg['workload']}, {cfg['error_scale']}{ranked}{joint}"
+        cand = f", measured against {' + '.join(cfg['candidates'])}" if cfg.get("candidates") else ""
+        return f"serving, {cfg['speedup']:g}x at {cfg['workload']}, {cfg['error_scale']}{ranked}{joint}{cand}"
     ratio = name.split("@", 1)[1]
     return f"{LABELS.get(entry['kind'], entry['kind'])} {float(ratio):.0%}"
 
@@ -276,7 +283,11 @@ def _widths_lines(models: dict[str, Any], texts: list[str]) -> list[str]:
     for suffix in sorted({"@" + n.rsplit("@", 1)[1] for n in models if "@joint" in n}):
         rounds = suffix.removeprefix("@joint")
         lines += _pairs_lines(models, texts, "", suffix, f"Joint probes ({rounds} rounds) against the first solve",
-                              ("first solve", f"joint ×{rounds}"))  # fmt: skip
+                              ("first solve", f"joint ×{rounds}"), _ROUNDS)  # fmt: skip
+    for suffix in sorted({"@" + n.rsplit("@", 1)[1] for n in models if "@cand-" in n}):
+        names = suffix.removeprefix("@cand-").replace("+", " + ")
+        lines += _pairs_lines(models, texts, "", suffix, f"Measured candidates ({names}) against the solve alone",
+                              ("solve", "measured"), _CANDIDATES)  # fmt: skip
     return lines
 
 
@@ -291,24 +302,39 @@ def _rounds_cell(entry: dict[str, Any]) -> str:
     return f" {rounds} | {record['chosen']} |"
 
 
-def _pairs_lines(models: dict[str, Any], texts: list[str], base: str, other: str, title: str, labels) -> list[str]:
-    """The table of each model named `X{other}` against `X{base}` at the same target (see `_widths_lines`)."""
+def _candidates_cell(entry: dict[str, Any]) -> str:
+    """The measured candidates of a model: each one's KL divergence on the probe sequences, and the one kept."""
+    record = entry.get("candidates")
+    if not record:
+        return " | |"
+    kl = ", ".join(f"{name} {value:.4f}" for name, value in record["probe_kl"].items())
+    return f" {kl} | {record['chosen']} |"
+
+
+# the extra columns of a pairs table: (header cells, alignment cells, the cells of a row's model)
+_ROUNDS = (" attention removed per round (measured / predicted KL) | kept |", "---|---:|", _rounds_cell)
+_CANDIDATES = (" probe KL per candidate | kept |", "---|---|", _candidates_cell)
+
+
+def _pairs_lines(models: dict[str, Any], texts: list[str], base: str, other: str, title: str, labels,
+                 extra: tuple | None = None) -> list[str]:  # fmt: skip
+    """The table of each model named `X{other}` against `X{base}` at the same target (see `_widths_lines`), with the
+    columns of `extra` (`_ROUNDS`, `_CANDIDATES`) if given."""
     stem = other if base else ""
     pairs = [(n.removesuffix(other) + base, n) for n in models if n.endswith(other)]
     pairs = [(k, r) for k, r in pairs if k in models and k != r and not (stem and k.endswith(stem))]
     if not pairs:
         return []
-    joint = "@joint" in other
+    head, align, cell = extra or ("", "", lambda entry: "")
     lines = [f"## {title}", "", f"| target | {labels[0]} | {labels[1]} | Δ geometric mean, {labels[1]} vs "
-             f"{labels[0]} |" + (" attention removed per round (measured / predicted KL) | kept |" if joint else ""),
-             "|---|---:|---:|---|" + ("---|---:|" if joint else "")]  # fmt: skip
+             f"{labels[0]} |" + head, "|---|---:|---:|---|" + align]  # fmt: skip
     means: dict[str, list[float]] = {labels[0]: [], labels[1]: []}
     for k, r in pairs:
         means[labels[0]].append(geomean(models[k]["ppl"], texts))
         means[labels[1]].append(geomean(models[r]["ppl"], texts))
         _, w, s, *_ = k.split("@")
         lines.append(f"| {s}x at {w} | {means[labels[0]][-1]:.2f} | {means[labels[1]][-1]:.2f} | "
-                     f"{geomean_delta_cell(models[r], models[k], texts)} |" + _rounds_cell(models[r]))  # fmt: skip
+                     f"{geomean_delta_cell(models[r], models[k], texts)} |" + cell(models[r]))  # fmt: skip
     crit = {key: sum(map(math.log, v)) / len(v) for key, v in means.items()}
     n = len(pairs)
     lines += ["", f"Mean over the {n} target{'s' * (n > 1)} of the log geometric mean (lower is better): "

@@ -293,6 +293,11 @@ def test_config_validates_and_round_trips():
 
     cfg = ServingConfig(speedup=1.4, cost_table="t.json", workload="prefill:1:512", reader="llama.cpp")
     assert PruningConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    with_candidates = ServingConfig(candidates=["mlp_only", "mlp_only"])
+    assert with_candidates.candidates == ("mlp_only",)
+    assert PruningConfig.from_dict(json.loads(json.dumps(with_candidates.to_dict()))) == with_candidates
+    old = {k: v for k, v in cfg.to_dict().items() if k != "candidates"} | {"config_version": 2}
+    assert PruningConfig.from_dict(old).candidates == ()  # a file of version 2 runs as it ran
     for bad, match in [
         ({"speedup": 1.2, "memory_gb": 3}, "one target"),
         ({"speedup": 0.9}, "must exceed 1"),
@@ -301,6 +306,9 @@ def test_config_validates_and_round_trips():
         ({"mlp_widths": "global"}, "mlp_widths"),
         ({"joint_probe_rounds": -1}, "joint_probe_rounds"),
         ({"joint_probe_rounds": 2, "error_scale": "residual"}, "end_to_end"),
+        ({"candidates": ("uniform",)}, "candidates"),
+        ({"candidates": "mlp_only"}, "tuple of names"),
+        ({"candidates": ("mlp_only",), "error_scale": "absolute"}, "end_to_end"),
     ]:
         with pytest.raises(ValueError, match=match):
             ServingConfig(**bad)
@@ -484,4 +492,74 @@ def test_qwen2_needs_the_vllm_reader():
     before = logits(model)
     with pytest.raises(ValueError, match="Pass reader='vllm'"):
         prune_(model, ServingConfig(memory_gb=0.05, workload="decode:32:4096"), calibration_ids(8, 16))
+    torch.testing.assert_close(logits(model), before, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------- measured candidates
+def _prefill_config(model, **kw):
+    table = analytic_cost_table(model.config, Workload("prefill", 1, 512), bandwidth_gbs=20, tflops=0.5,
+                                sublayer_overhead_s=2e-6)  # fmt: skip
+    return ServingConfig(speedup=1.3, workload="prefill:1:512", cost_table=table.to_dict(), probe_tokens=32, **kw)
+
+
+def test_candidates_are_refitted_measured_and_the_lowest_kl_kept(monkeypatch):
+    """The solve and NP's servable allocation at the target are each refitted and measured as a whole: every
+    recorded KL is that of the model the candidate prunes to (by hand, float64, on the probe sequences), the kept
+    one is the lowest, and the MLP-only candidate is the first step of NP's ranking within the budget."""
+    from optimum_prune.pipeline.passes import variants as variants_pass
+
+    model = tiny_model("llama_gqa", seed=1, intermediate_size=1280, num_hidden_layers=5)
+    ids = calibration_ids(8, 16)
+    probe = ids[:2]
+    with torch.no_grad():
+        dense = torch.log_softmax(model(input_ids=probe).logits.double(), -1)
+    plain_model = copy.deepcopy(model)
+    plain = prune_(plain_model, _prefill_config(model), ids)
+    assert "candidates" not in plain.info
+    measured = copy.deepcopy(model)
+    report = prune_(measured, _prefill_config(model, candidates=("mlp_only",)), ids)
+    record = report.info["candidates"]
+    assert set(record["probe_kl"]) == {"solve", "mlp_only"}
+    assert record["assemblies"]["solve"]["variants"] == plain.info["assembly"]["variants"]
+    assert record["probe_kl"]["solve"] == pytest.approx(_kl(plain_model, probe, dense), rel=1e-3)
+    chosen = min(record["probe_kl"], key=lambda n: (record["probe_kl"][n], n != "solve"))
+    assert record["chosen"] == chosen
+    assert report.info["assembly"] == record["assemblies"][chosen]
+    assert _kl(measured, probe, dense) == pytest.approx(record["probe_kl"][chosen], rel=1e-3)
+    mlp_only = record["assemblies"]["mlp_only"]
+    assert all(v["attention"] == model.config.num_key_value_heads for v in mlp_only["variants"])
+    assert mlp_only["predicted_speedup"] >= 1.3 - 1e-9
+    assert 0 < mlp_only["ranked_step"] <= mlp_only["ranked_steps"]
+
+    # the MLP-only candidate kept (its KL made the lowest): the ranked solve without attention variants, i.e. NP's
+    # servable allocation (test_ranked_widths_without_attention_variants_are_nps_servable_allocation) at the target
+    real = variants_pass._probe_kl
+
+    def favour(model, config, plans, ids, dense):
+        measured = real(model, config, plans, ids, dense)
+        return {key: kl + (1.0 if key == "solve" else 0.0) for key, kl in measured.items()}
+
+    monkeypatch.setattr(variants_pass, "_probe_kl", favour)
+    served = copy.deepcopy(model)
+    kept = prune_(served, _prefill_config(model, candidates=("mlp_only",)), ids)
+    assert kept.info["candidates"]["chosen"] == "mlp_only"
+    assert _mlp_widths(kept) == [v["mlp"] for v in mlp_only["variants"]]
+    assert all(r["num_attention_heads"] == model.config.num_attention_heads for r in kept.layers)
+    assert _kl(served, probe, dense) == pytest.approx(record["probe_kl"]["mlp_only"], rel=1e-3)
+    ranked = copy.deepcopy(model)
+    ranked_report = prune_(ranked, _prefill_config(model, mlp_widths="ranked", kv_merge=False, remove_sublayers=False),
+                           ids)  # fmt: skip
+    assert _mlp_widths(ranked_report) == _mlp_widths(kept)
+    torch.testing.assert_close(logits(served), logits(ranked), rtol=1e-5, atol=1e-5)
+
+
+def test_candidates_refuse_a_checkpointed_run_before_any_weight_changes(tmp_path):
+    from optimum_prune import AutoPruner
+
+    model = _wide()
+    before = logits(model)
+    pruner = AutoPruner(model)
+    with pytest.raises(ValueError, match="checkpoint_dir"):
+        pruner.prune(_prefill_config(model, candidates=("mlp_only",)), calibration=calibration_ids(8, 16),
+                     checkpoint_dir=tmp_path / "ckpt")  # fmt: skip
     torch.testing.assert_close(logits(model), before, rtol=0, atol=0)

@@ -6,6 +6,8 @@
   (`functional.variants`);
 - decide: `decide_variants` builds every layer's options (attention × MLP variants the readers load), their costs
   under the target (`costs`) and chooses one per layer (`functional.assembly`): one `LayerPlan` per block;
+  `candidate_assemblies` builds the other assemblies of `ServingConfig.candidates`, which the pass refits and
+  measures beside the solve;
 - refit: NP's sequential refit (`refit_targets` adds the merged attention's `o_proj`).
 """
 
@@ -386,20 +388,56 @@ class ServingPruner(NumericalPruner):
             {kind: {str(k): float(v) for k, v in losses[v.index][kind].items()} for kind in ("attention", "mlp")}
             for v in views
         ]
-        if cfg.target == "speed":
-            table = self._table()
-            rows = [layer_row_of(model.config, a, m) for a, m in chosen]
-            dense_rows = [layer_row_of(model.config, v.num_kv_heads, v.intermediate_size) for v in views]
-            info["assembly"]["predicted_speedup"] = table.predict(dense_rows) / table.predict(rows)
+        info["assembly"].update(self._predicted_speedup(model, views, chosen))
         logger.info("serving: %s target, chosen (KV heads, MLP width) per layer: %s (gap %.2g)", cfg.target,
                     [(a, m) for a, m in chosen], res["gap"])  # fmt: skip
         return {v.index: self._plan(v, a, m, scores.get(v.index)) for v, (a, m) in zip(views, chosen)}
 
-    def _width_steps(self, views: list[LayerView], scores: dict[int, tuple]) -> list[list[int] | None]:
-        """`[None]` (every layer's widths its own options) for `mlp_widths="knapsack"`; for `"ranked"`, the MLP width
-        of every layer at each step of NP's servable ranking of channel blocks (step 0: the dense widths)."""
-        if self.config.mlp_widths == "knapsack":
-            return [None]
+    def _predicted_speedup(self, model: nn.Module, views: list[LayerView], chosen: list[tuple]) -> dict[str, float]:
+        """`{"predicted_speedup": dense over assembled step time}` under a speed target (the cost table's), else
+        `{}`."""
+        if self.config.target != "speed":
+            return {}
+        table = self._table()
+        rows = [layer_row_of(model.config, a, m) for a, m in chosen]
+        dense_rows = [layer_row_of(model.config, v.num_kv_heads, v.intermediate_size) for v in views]
+        return {"predicted_speedup": table.predict(dense_rows) / table.predict(rows)}
+
+    def candidate_assemblies(
+        self, model: nn.Module, views: list[LayerView], scores: dict[int, tuple], losses: dict[int, dict]
+    ) -> dict[str, tuple[dict[int, LayerPlan], dict]]:
+        """`{name: (plans, assembly record)}` of every assembly of `ServingConfig.candidates` that meets the target
+        (see there); the variants pass refits each, with the solve, and keeps the one it measures best.
+
+        `"mlp_only"` walks NP's servable ranking of channel blocks (`_ranked_widths`) with every attention whole and
+        stops at the first step whose cost is within the budget (none: no candidate)."""
+        out = {}
+        if "mlp_only" in self.config.candidates:
+            budget = self.budget(model, views)
+            steps = self._ranked_widths(views, scores)
+            for step, widths in enumerate(steps):
+                cost = sum(self.costs(v, v.num_kv_heads, w) for v, w in zip(views, widths))
+                if cost > budget:
+                    continue
+                chosen = [(v.num_kv_heads, w) for v, w in zip(views, widths)]
+                error = sum(losses[v.index]["attention"][a] + losses[v.index]["mlp"][m] for v, (a, m) in
+                            zip(views, chosen))  # fmt: skip
+                record = {
+                    "target": self.config.target, "budget": budget, "units": self._units(), "cost": cost,
+                    "error": error, "variants": [{"attention": a, "mlp": m} for a, m in chosen],
+                    "mlp_widths": "ranked", "ranked_step": step, "ranked_steps": len(steps) - 1,
+                    **self._predicted_speedup(model, views, chosen),
+                }  # fmt: skip
+                plans = {v.index: self._plan(v, a, m, scores.get(v.index)) for v, (a, m) in zip(views, chosen)}
+                out["mlp_only"] = (plans, record)
+                break
+            else:
+                logger.info("serving: no MLP-only assembly meets the %s target: not a candidate", self.config.target)
+        return out
+
+    def _ranked_widths(self, views: list[LayerView], scores: dict[int, tuple]) -> list[list[int]]:
+        """The MLP width of every layer at each step of NP's servable ranking of channel blocks (step 0: the dense
+        widths; layers of `skip_layers` stay whole)."""
         skip = self.config.skip_layers
         ranked = [None if v.index in skip or v.index not in scores else scores[v.index][1] for v in views]
         width = [v.intermediate_size for v in views]
@@ -408,6 +446,13 @@ class ServingPruner(NumericalPruner):
             width[position] -= len(channels)
             steps.append(list(width))
         return steps
+
+    def _width_steps(self, views: list[LayerView], scores: dict[int, tuple]) -> list[list[int] | None]:
+        """`[None]` (every layer's widths its own options) for `mlp_widths="knapsack"`; for `"ranked"`, the widths
+        at each step of NP's servable ranking (`_ranked_widths`)."""
+        if self.config.mlp_widths == "knapsack":
+            return [None]
+        return self._ranked_widths(views, scores)
 
     def _plan(self, view: LayerView, attention, mlp, scores) -> LayerPlan:
         lp = self.merge_plan(view, attention) if attention not in (NO_OP, view.num_kv_heads) else LayerPlan()

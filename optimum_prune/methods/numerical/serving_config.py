@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ...config import choice
 from ...evaluation.cost_model import CostTable, Workload
 from .config import NumericalConfig
 
-__all__ = ["ServingConfig"]
+__all__ = ["CANDIDATES", "ServingConfig"]
+
+# the assemblies `ServingConfig.candidates` may build beside the solve
+CANDIDATES = ("mlp_only",)
 
 
 @dataclass
@@ -68,12 +71,19 @@ class ServingConfig(NumericalConfig):
             `"ranked"`: the widths follow NP's servable allocation (channel blocks of every layer ranked together by
             NP's scores, `functional.allocation.channel_block_path`), so the knapsack chooses how far along that
             ranking to cut (one solve per position) and the attention variants and removed layers beside it.
+        candidates (`tuple[str, ...]`, defaults to `()`): assemblies built beside the solve, each refitted (NP's
+            sequential refit) and measured as a whole with the solve, the KL divergence of the whole model's
+            next-token distribution from the dense model's on the probe sequences; the lowest is kept (ties: the
+            solve). `"mlp_only"`: every attention kept whole and the MLP widths along NP's servable ranking of
+            channel blocks as far as the target needs (NP's servable allocation at the target), where that reaches
+            it. Each costs one refit pass and one forward pass of `probe_tokens`; needs `error_scale="end_to_end"`
+            (the probe sequences) and a run without `checkpoint_dir`.
         resolution (`int`, defaults to `4000`): cells of the knapsack's cost grid (costs round up to whole cells).
     """
 
     method = "serving"
-    config_version: ClassVar[int] = 2
-    migrations: ClassVar[dict[int, dict[str, Any]]] = {2: {"joint_probe_rounds": 0}}
+    config_version: ClassVar[int] = 3
+    migrations: ClassVar[dict[int, dict[str, Any]]] = {2: {"joint_probe_rounds": 0}, 3: {"candidates": ()}}
 
     allocation: str = "servable"
     compensation_inputs: str = "sequential"
@@ -89,6 +99,7 @@ class ServingConfig(NumericalConfig):
     probe_tokens: int = 1024
     joint_probe_rounds: int = 0
     mlp_widths: str = "knapsack"
+    candidates: tuple[str, ...] = field(default_factory=tuple)
     resolution: int = 4000
 
     after_calibration_fields: ClassVar[tuple[str, ...]] = (
@@ -102,6 +113,7 @@ class ServingConfig(NumericalConfig):
         "probe_tokens",
         "joint_probe_rounds",
         "mlp_widths",
+        "candidates",
         "resolution",
     )
 
@@ -138,7 +150,7 @@ class ServingConfig(NumericalConfig):
         out = super().components()
         out.update(allocation=f"variants ({self.target})", variants={"kv_merge": self.kv_merge,
                    "remove_sublayers": self.remove_sublayers, "reader": self.reader,
-                   "mlp_widths": self.mlp_widths})  # fmt: skip
+                   "mlp_widths": self.mlp_widths, "candidates": list(self.candidates)})  # fmt: skip
         return out
 
     def __post_init__(self) -> None:
@@ -153,6 +165,16 @@ class ServingConfig(NumericalConfig):
         rounds = self.joint_probe_rounds
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
             raise ValueError(f"`joint_probe_rounds` must be an int >= 0, got {self.joint_probe_rounds!r}.")
+        if isinstance(self.candidates, str) or not all(isinstance(c, str) for c in self.candidates):
+            raise ValueError(f"`candidates` is a tuple of names, e.g. ('mlp_only',); got {self.candidates!r}.")
+        self.candidates = tuple(dict.fromkeys(self.candidates))
+        for name in self.candidates:
+            choice("candidates", name, CANDIDATES)
+        if self.candidates and self.error_scale != "end_to_end":
+            raise ValueError(
+                "`candidates` are compared by the whole model's KL divergence on the probe sequences of "
+                f"error_scale='end_to_end'; with error_scale={self.error_scale!r} set candidates=()."
+            )
         if self.joint_probe_rounds and self.error_scale != "end_to_end":
             raise ValueError(
                 "`joint_probe_rounds` reprices attention removals by the whole model's measured KL divergence, "

@@ -12,7 +12,10 @@
 2. **Assemble.** `pruner.decide_variants(...)` chooses one variant per block: `LayerPlan`s, no weight changed. It
    may measure candidate assemblies as a whole (`measure({key: [(view, plan), ...]})`: the whole model's KL
    divergence on the probe sequences with all those blocks carrying their plans at once).
-3. **Refit.** The sequential refit pass (`passes.refit`), on the pruned network's inputs.
+3. **Refit.** The sequential refit pass (`passes.refit`), on the pruned network's inputs. Where
+   `pruner.candidate_assemblies(...)` builds other assemblies, each is refitted too, every refitted assembly is
+   measured as a whole on the probe sequences (its zeroed form with the refitted weights: the pruned model's
+   outputs), and the one with the lowest KL divergence is kept (ties: the solve).
 """
 
 from __future__ import annotations
@@ -72,11 +75,13 @@ def _log_probs(model, ids: torch.Tensor) -> list[torch.Tensor]:
 
 def _probe_kl(model, config, plans: dict, ids: torch.Tensor, dense: list[torch.Tensor]) -> dict:
     """Per key of `plans` (`{key: [(view, LayerPlan), ...]}`): the KL divergence (per token) of the whole model's
-    next-token distribution from the dense one's with each of those blocks carrying its plan (zeroed form), every
-    block restored afterwards."""
+    next-token distribution from the dense one's with each of those blocks carrying its plan (zeroed form, with the
+    weights and biases the plan writes), every block restored afterwards."""
     out = {}
     for key, pairs in plans.items():
-        saved = [(view, {k: v.detach().clone() for k, v in view.layer.state_dict().items()}) for view, _ in pairs]
+        saved = [(view, {k: v.detach().clone() for k, v in view.layer.state_dict().items()},
+                  [p for p in view.spec.linear_paths if getattr(view.module(p), "bias", None) is None])
+                 for view, _ in pairs]  # fmt: skip
         try:
             for view, lp in pairs:
                 apply_layer_plan_(layer_view(view.layer, view.index, view.spec, config), lp, mode="zero")
@@ -86,13 +91,44 @@ def _probe_kl(model, config, plans: dict, ids: torch.Tensor, dense: list[torch.T
                 count += logp.shape[0]
             out[key] = max(total / max(count, 1), 0.0)
         finally:
-            for view, state in saved:
+            for view, state, unbiased in saved:
+                for path in unbiased:  # a bias the plan added goes again
+                    view.module(path).bias = None
                 view.layer.load_state_dict(state)
     return out
 
 
+def _measured_choice(pruner, stage: Stage, assemblies: dict, info: dict, ids, dense) -> PruningPlan:
+    """Refit every assembly of `assemblies` (`{name: (plans, assembly record)}`, the solve first), measure each as a
+    whole (`_probe_kl` of its refitted plans) and return the plan of the lowest (ties: the first); `info` records
+    every measurement and takes the kept assembly's record."""
+    measured, kept = {}, None
+    for name, (plans, _) in assemblies.items():
+        plan = PruningPlan(info=info)
+        plan.layers = {i: copy.deepcopy(lp) for i, lp in plans.items() if lp.structured}
+        if pruner.config.compensate:
+            sequential_refit_pass(pruner, stage, plan)
+        pairs = [(stage.view(i), lp) for i, lp in plan.layers.items()]
+        measured[name] = _probe_kl(stage.model, stage.model.config, {name: pairs}, ids, dense)[name]
+        logger.info("%s: candidate %r, KL divergence from the dense model on the probe sequences %.5g",
+                    pruner.config.method, name, measured[name])  # fmt: skip
+        if kept is None or measured[name] < measured[kept[0]]:
+            kept = (name, plan)
+    name, plan = kept
+    info["candidates"] = {"probe_kl": measured, "chosen": name,
+                          "assemblies": {n: record for n, (_, record) in assemblies.items()}}  # fmt: skip
+    info["assembly"] = assemblies[name][1]
+    return plan
+
+
 def variants_pass(pruner, stage: Stage) -> PruningPlan:
     """See the module docstring; returns the plan (refitted)."""
+    if getattr(pruner.config, "candidates", ()) and stage.session.active:
+        raise ValueError(
+            f"{type(pruner.config).__name__}(candidates={pruner.config.candidates!r}) refits every candidate "
+            "assembly on the model in memory before keeping one, which a checkpointed run cannot record block by "
+            "block: run without checkpoint_dir, or with candidates=(). Nothing was changed."
+        )
     views = stage.views()
     run = stage.runner()
     scores: dict[int, tuple] = {}
@@ -122,6 +158,11 @@ def variants_pass(pruner, stage: Stage) -> PruningPlan:
     with phase("decide"):
         decided = pruner.decide_variants(stage.model, views, scores, losses, info,
                                          measure=measure if probe_ids is not None else None)  # fmt: skip
+        others = pruner.candidate_assemblies(stage.model, views, scores, losses) if probe_ids is not None else {}
+    others = {n: c for n, c in others.items() if c[1]["variants"] != info["assembly"]["variants"]}
+    if others:
+        return _measured_choice(pruner, stage, {"solve": (decided, info["assembly"]), **others}, info, probe_ids,
+                                dense_logp)  # fmt: skip
     plan = PruningPlan(info=info)
     plan.layers = {i: lp for i, lp in decided.items() if lp.structured}
     if pruner.config.compensate:
