@@ -244,6 +244,11 @@ def test_ranked_widths_without_attention_variants_are_nps_servable_allocation():
     # the same kept channels: the gate / up rows are the dense ones, untouched by either refit
     for a, b in zip(get_layers(served, get_spec(served)), get_layers(np_model, get_spec(np_model))):
         torch.testing.assert_close(a.mlp.gate_proj.weight, b.mlp.gate_proj.weight, rtol=0, atol=0)
+    # with the dense-input refit it is NP's servable model itself (NP's default refit); the sequential one differs
+    dense_refit = copy.deepcopy(model)
+    prune_(dense_refit, dataclasses.replace(cfg, compensation_inputs="dense"), ids)
+    torch.testing.assert_close(logits(dense_refit), logits(np_model), rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(logits(served), logits(np_model), rtol=1e-4, atol=1e-4)
 
 
 def test_ranked_widths_stay_on_the_ranking_beside_attention_variants():

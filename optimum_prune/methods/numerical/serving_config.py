@@ -24,7 +24,8 @@ class ServingConfig(NumericalConfig):
     scored on the calibration data by its layer-wise error after its closed-form refit, relative to the residual
     stream's energy at the layer; one variant per layer is then chosen to minimise the summed error under the target
     (an exact multiple-choice knapsack on a cost grid, its optimality gap bounded by the Lagrangian dual and reported),
-    and the chosen model is refitted layer by layer on the pruned network's inputs (NP's sequential refit).
+    and the chosen model is refitted layer by layer on the pruned network's inputs (NP's sequential refit;
+    `compensation_inputs="dense"`: each block on the dense network's inputs, NP's default refit).
 
     Exactly one target: `speedup` (the step time of `workload` divided by this, predicted by `cost_table`),
     `memory_gb` (weights plus the KV cache of `workload`'s batch and context), or else `pruning_ratio` (the share of
@@ -156,7 +157,7 @@ class ServingConfig(NumericalConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         choice("allocation", self.allocation, ("servable",))
-        choice("compensation_inputs", self.compensation_inputs, ("sequential",))
+        choice("compensation_inputs", self.compensation_inputs, ("sequential", "dense"))
         choice("reader", self.reader, ("all", "vllm", "llama.cpp"))
         choice("error_scale", self.error_scale, ("end_to_end", "residual", "absolute"))
         choice("mlp_widths", self.mlp_widths, ("knapsack", "ranked"))

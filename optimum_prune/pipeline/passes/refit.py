@@ -30,8 +30,12 @@ from .observe import observe_block
 __all__ = ["dense_refit_pass", "sequential_refit_pass"]
 
 
-def sequential_refit_pass(pruner, stage: Stage, plan: PruningPlan) -> None:
-    """See the module docstring; a low-memory or checkpointed run finishes each block here."""
+def sequential_refit_pass(pruner, stage: Stage, plan: PruningPlan, *, inputs: str = "sequential") -> None:
+    """See the module docstring; a low-memory or checkpointed run finishes each block here. `inputs="dense"` starts
+    every block from the dense network's inputs instead (the refit then sees only its own block's removals, as NP's
+    dense refit does: for a block whose attention is whole, exactly that refit)."""
+    if inputs not in ("sequential", "dense"):
+        raise ValueError(f"inputs must be 'sequential' or 'dense', got {inputs!r}")
     run, sess = stage.runner(), stage.session
     streams = [run.hidden, run.hidden]  # the dense and the pruned network's inputs of the next block
 
@@ -40,7 +44,8 @@ def sequential_refit_pass(pruner, stage: Stage, plan: PruningPlan) -> None:
 
     def visit(view: LayerView) -> None:
         i = view.index
-        streams[:] = _refit_block(pruner, run, view, plan.layers.get(i), *streams)
+        streams[:] = _refit_block(pruner, run, view, plan.layers.get(i), streams[0],
+                                  streams[0] if inputs == "dense" else streams[1])  # fmt: skip
         sess.finish(i, plan.layers.get(i) or LayerPlan())
 
     todo = [i for i in range(len(stage.layers())) if not sess.done(i)]

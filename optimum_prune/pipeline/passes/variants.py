@@ -107,7 +107,7 @@ def _measured_choice(pruner, stage: Stage, assemblies: dict, info: dict, ids, de
         plan = PruningPlan(info=info)
         plan.layers = {i: copy.deepcopy(lp) for i, lp in plans.items() if lp.structured}
         if pruner.config.compensate:
-            sequential_refit_pass(pruner, stage, plan)
+            sequential_refit_pass(pruner, stage, plan, inputs=pruner.config.compensation_inputs)
         pairs = [(stage.view(i), lp) for i, lp in plan.layers.items()]
         measured[name] = _probe_kl(stage.model, stage.model.config, {name: pairs}, ids, dense)[name]
         logger.info("%s: candidate %r, KL divergence from the dense model on the probe sequences %.5g",
@@ -166,5 +166,5 @@ def variants_pass(pruner, stage: Stage) -> PruningPlan:
     plan = PruningPlan(info=info)
     plan.layers = {i: lp for i, lp in decided.items() if lp.structured}
     if pruner.config.compensate:
-        sequential_refit_pass(pruner, stage, plan)
+        sequential_refit_pass(pruner, stage, plan, inputs=pruner.config.compensation_inputs)
     return plan
