@@ -65,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--candidates", nargs="*", default=None, choices=list(CANDIDATES),
                    help="ServingConfig.candidates (default: its default; given: the names end in @cand-<names>)")  # fmt: skip
+    p.add_argument("--compensation-inputs", default=None, choices=["sequential", "dense"],
+                   help="ServingConfig.compensation_inputs (default: its default; given: the names end in @refit-<it>)")  # fmt: skip
     p.add_argument("--num-samples", type=int, default=16, help="calibration windows (every model)")
     p.add_argument("--seq-len", type=int, default=512, help="their length in tokens")
     p.add_argument("--tables", default="/tmp/serving_tables", help="cost tables cost_table_<phase>_<b>_<ctx>.json")
@@ -112,6 +114,9 @@ def configs(args, tables: dict[str, tuple[CostTable, str]]) -> dict[str, tuple[s
                 if args.joint_probe_rounds is not None:
                     kw["joint_probe_rounds"] = args.joint_probe_rounds
                     name += f"@joint{args.joint_probe_rounds}"
+                if args.compensation_inputs is not None:
+                    kw["compensation_inputs"] = args.compensation_inputs
+                    name += f"@refit-{args.compensation_inputs}"
                 if args.candidates is not None:
                     kw["candidates"] = tuple(args.candidates)
                     name += "@cand-" + "+".join(args.candidates)
@@ -202,7 +207,9 @@ def _label(name: str, entry: dict[str, Any]) -> str:
         ranked = ", ranked widths" if cfg.get("mlp_widths") == "ranked" else ""
         joint = f", joint probes ×{cfg['joint_probe_rounds']}" if cfg.get("joint_probe_rounds") else ""
         cand = f", measured against {' + '.join(cfg['candidates'])}" if cfg.get("candidates") else ""
-        return f"serving, {cfg['speedup']:g}x at {cfg['workload']}, {cfg['error_scale']}{ranked}{joint}{cand}"
+        refit = ", dense-input refit" if cfg.get("compensation_inputs") == "dense" else ""
+        return (f"serving, {cfg['speedup']:g}x at {cfg['workload']}, {cfg['error_scale']}{ranked}{joint}{cand}"
+                f"{refit}")  # fmt: skip
     ratio = name.split("@", 1)[1]
     return f"{LABELS.get(entry['kind'], entry['kind'])} {float(ratio):.0%}"
 
@@ -284,6 +291,9 @@ def _widths_lines(models: dict[str, Any], texts: list[str]) -> list[str]:
         rounds = suffix.removeprefix("@joint")
         lines += _pairs_lines(models, texts, "", suffix, f"Joint probes ({rounds} rounds) against the first solve",
                               ("first solve", f"joint ×{rounds}"), _ROUNDS)  # fmt: skip
+    for suffix in sorted({"@" + n.rsplit("@", 1)[1] for n in models if "@refit-" in n}):
+        lines += _pairs_lines(models, texts, "", suffix, f"Refit on the {suffix.removeprefix('@refit-')} network's "
+                              "inputs against the default", ("default refit", suffix.removeprefix("@refit-")))  # fmt: skip
     for suffix in sorted({"@" + n.rsplit("@", 1)[1] for n in models if "@cand-" in n}):
         names = suffix.removeprefix("@cand-").replace("+", " + ")
         lines += _pairs_lines(models, texts, "", suffix, f"Measured candidates ({names}) against the solve alone",
