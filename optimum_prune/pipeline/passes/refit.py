@@ -39,21 +39,25 @@ def sequential_refit_pass(pruner, stage: Stage, plan: PruningPlan, *, inputs: st
     run, sess = stage.runner(), stage.session
     streams = [run.hidden, run.hidden]  # the dense and the pruned network's inputs of the next block
 
+    dense = inputs == "dense"  # the pruned stream is then never carried: every block starts from the dense one
+
     def carry(i: int) -> None:  # finished by an earlier run: both streams through its recorded versions
-        streams[:] = sess.forward(run, i, "input", streams[0]), sess.forward(run, i, "current", streams[1])
+        streams[:] = (sess.forward(run, i, "input", streams[0]),
+                      None if dense else sess.forward(run, i, "current", streams[1]))  # fmt: skip
 
     def visit(view: LayerView) -> None:
         i = view.index
         streams[:] = _refit_block(pruner, run, view, plan.layers.get(i), streams[0],
-                                  streams[0] if inputs == "dense" else streams[1])  # fmt: skip
+                                  streams[0] if dense else streams[1], carry_pruned=not dense)  # fmt: skip
         sess.finish(i, plan.layers.get(i) or LayerPlan())
 
     todo = [i for i in range(len(stage.layers())) if not sess.done(i)]
     stage.walk(todo, visit, carry=carry, desc=f"{pruner.config.method}: sequential refit")
 
 
-def _refit_block(pruner, run, view: LayerView, lp: LayerPlan | None, dense_h, pruned_h):
-    """One block of `sequential_refit_pass`: its plan gets the refitted weights; returns the next inputs."""
+def _refit_block(pruner, run, view: LayerView, lp: LayerPlan | None, dense_h, pruned_h, *, carry_pruned=True):
+    """One block of `sequential_refit_pass`: its plan gets the refitted weights; returns the next inputs (the pruned
+    stream's `None` without `carry_pruned`)."""
     i, layer = view.index, view.layer
     dense = copy.deepcopy(layer)
     if lp is not None:
@@ -82,7 +86,7 @@ def _refit_block(pruner, run, view: LayerView, lp: LayerPlan | None, dense_h, pr
                         mod.bias = nn.Parameter(torch.zeros_like(b))
                     mod.bias.copy_(lp.biases[path])
     dense_h = run.run_layer(i, inputs=dense_h, layer=dense)
-    pruned_h = run.run_layer(i, inputs=pruned_h)
+    pruned_h = run.run_layer(i, inputs=pruned_h) if carry_pruned else None
     for path in view.spec.linear_paths:  # deciding changes nothing: the runner applies the plan
         if getattr(dense.get_submodule(path), "bias", None) is None:
             layer.get_submodule(path).bias = None
