@@ -234,7 +234,8 @@ def test_ranked_widths_without_attention_variants_are_nps_servable_allocation():
     np_report = prune_(np_model, NumericalConfig(pruning_ratio=0.3, allocation="servable"), ids)
     assert len(set(_mlp_widths(np_report))) > 1  # the ranking across layers gives different widths
     removed = 1 - attention_mlp_params(np_model, get_spec(np_model)) / dense_params  # exactly a prefix of the ranking
-    cfg = ServingConfig(pruning_ratio=removed - 1e-9, mlp_widths="ranked", kv_merge=False, remove_sublayers=False)
+    cfg = ServingConfig(pruning_ratio=removed - 1e-9, mlp_widths="ranked", kv_merge=False, remove_sublayers=False,
+                        compensation_inputs="sequential")  # fmt: skip
     served = copy.deepcopy(model)
     report = prune_(served, cfg, ids)
     assert _mlp_widths(report) == _mlp_widths(np_report)
@@ -244,9 +245,10 @@ def test_ranked_widths_without_attention_variants_are_nps_servable_allocation():
     # the same kept channels: the gate / up rows are the dense ones, untouched by either refit
     for a, b in zip(get_layers(served, get_spec(served)), get_layers(np_model, get_spec(np_model))):
         torch.testing.assert_close(a.mlp.gate_proj.weight, b.mlp.gate_proj.weight, rtol=0, atol=0)
-    # with the dense-input refit it is NP's servable model itself (NP's default refit); the sequential one differs
+    # with the dense-input refit (the default) it is NP's servable model itself; the sequential one differs
     dense_refit = copy.deepcopy(model)
-    prune_(dense_refit, dataclasses.replace(cfg, compensation_inputs="dense"), ids)
+    prune_(dense_refit, dataclasses.replace(cfg, compensation_inputs=ServingConfig.compensation_inputs), ids)
+    assert ServingConfig.compensation_inputs == "dense"
     torch.testing.assert_close(logits(dense_refit), logits(np_model), rtol=1e-4, atol=1e-4)
     assert not torch.allclose(logits(served), logits(np_model), rtol=1e-4, atol=1e-4)
 
@@ -303,6 +305,12 @@ def test_config_validates_and_round_trips():
     assert PruningConfig.from_dict(json.loads(json.dumps(with_candidates.to_dict()))) == with_candidates
     old = {k: v for k, v in cfg.to_dict().items() if k != "candidates"} | {"config_version": 2}
     assert PruningConfig.from_dict(old).candidates == ()  # a file of version 2 runs as it ran
+    assert cfg.compensation_inputs == "dense"  # the default since version 4; a file of version 3 ran sequential
+    v3 = {k: v for k, v in cfg.to_dict().items() if k != "compensation_inputs"} | {"config_version": 3}
+    assert PruningConfig.from_dict(v3) == dataclasses.replace(cfg, compensation_inputs="sequential")
+    assert PruningConfig.from_dict(cfg.to_dict() | {"compensation_inputs": "sequential"}).compensation_inputs == (
+        "sequential"
+    )  # a field written in the file is read as written, whatever its version
     for bad, match in [
         ({"speedup": 1.2, "memory_gb": 3}, "one target"),
         ({"speedup": 0.9}, "must exceed 1"),
@@ -319,7 +327,8 @@ def test_config_validates_and_round_trips():
             ServingConfig(**bad)
 
 
-def test_a_run_stopped_in_the_refit_resumes_to_the_same_model(tmp_path, monkeypatch):
+@pytest.mark.parametrize("inputs", ["dense", "sequential"])
+def test_a_run_stopped_in_the_refit_resumes_to_the_same_model(inputs, tmp_path, monkeypatch):
     from scale_utils import assert_same_state, prune_and_save, saved_state, write_checkpoint
 
     from optimum_prune import AutoPruner
@@ -327,7 +336,7 @@ def test_a_run_stopped_in_the_refit_resumes_to_the_same_model(tmp_path, monkeypa
 
     src = write_checkpoint(tmp_path / "src", intermediate_size=768, num_hidden_layers=5)
     # a memory target at a long context: KV merges and removed attention in the mix
-    cfg = ServingConfig(memory_gb=0.04, workload="decode:32:4096", reader="llama.cpp")
+    cfg = ServingConfig(memory_gb=0.04, workload="decode:32:4096", reader="llama.cpp", compensation_inputs=inputs)
     ids = calibration_ids(8, 16)
     report = prune_and_save(src, cfg, tmp_path / "ref", calibration=ids)
     kinds = {(r["num_attention_heads"] > 0, r["num_key_value_heads"]) for r in report.layers}
@@ -447,8 +456,11 @@ def test_joint_probe_rounds_reprice_attention_removals_that_cost_more_together(m
     ]
 
 
-@pytest.mark.parametrize("arch", ["llama_gqa", "mistral", "qwen2"])
-def test_contract_on_models_the_format_holds(arch, tmp_path):
+@pytest.mark.parametrize(
+    ("arch", "inputs"),
+    [("llama_gqa", "dense"), ("llama_gqa", "sequential"), ("mistral", "dense"), ("qwen2", "dense")],
+)
+def test_contract_on_models_the_format_holds(arch, inputs, tmp_path):
     """The contract suite's checks (tests/test_common.py) on models ServingConfig takes: removed = zeroed and a
     deterministic plan; the pruned model decodes with its cache, saves, reloads with both loaders to identical logits;
     the config round-trips and the saved one is the config as it ran."""
@@ -463,7 +475,7 @@ def test_contract_on_models_the_format_holds(arch, tmp_path):
         return tiny_model(arch, seed=5, intermediate_size=768, num_hidden_layers=4, **extra)
 
     reader = "vllm" if arch == "qwen2" else "llama.cpp"  # (Qwen2's biases: vLLM, SGLang, MLX)
-    cfg = ServingConfig(memory_gb=0.05, workload="decode:32:4096", reader=reader)  # merges and removals
+    cfg = ServingConfig(memory_gb=0.05, workload="decode:32:4096", reader=reader, compensation_inputs=inputs)
     ids = calibration_ids(8, 16)
     spec, plan = _compute_plan(make(), cfg, ids)
     assert plan.summary() == _compute_plan(make(), cfg, ids)[1].summary()

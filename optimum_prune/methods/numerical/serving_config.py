@@ -24,8 +24,10 @@ class ServingConfig(NumericalConfig):
     scored on the calibration data by its layer-wise error after its closed-form refit, relative to the residual
     stream's energy at the layer; one variant per layer is then chosen to minimise the summed error under the target
     (an exact multiple-choice knapsack on a cost grid, its optimality gap bounded by the Lagrangian dual and reported),
-    and the chosen model is refitted layer by layer on the pruned network's inputs (NP's sequential refit;
-    `compensation_inputs="dense"`: each block on the dense network's inputs, NP's default refit).
+    and the chosen model is refitted block by block (`compensation_inputs`, defaults to `"dense"`, chosen on the
+    selection split: docs/guides/deployment.md): each block on the dense network's inputs, NP's default refit, which
+    on NP's servable allocation gives NP's servable model; `"sequential"`: each on the inputs of the network pruned so
+    far, NP's sequential refit and this config's behaviour before config_version 4).
 
     Exactly one target: `speedup` (the step time of `workload` divided by this, predicted by `cost_table`),
     `memory_gb` (weights plus the KV cache of `workload`'s batch and context), or else `pruning_ratio` (the share of
@@ -72,8 +74,8 @@ class ServingConfig(NumericalConfig):
             `"ranked"`: the widths follow NP's servable allocation (channel blocks of every layer ranked together by
             NP's scores, `functional.allocation.channel_block_path`), so the knapsack chooses how far along that
             ranking to cut (one solve per position) and the attention variants and removed layers beside it.
-        candidates (`tuple[str, ...]`, defaults to `()`): assemblies built beside the solve, each refitted (NP's
-            sequential refit) and measured as a whole with the solve, the KL divergence of the whole model's
+        candidates (`tuple[str, ...]`, defaults to `()`): assemblies built beside the solve, each refitted (as
+            `compensation_inputs` says) and measured as a whole with the solve, the KL divergence of the whole model's
             next-token distribution from the dense model's on the probe sequences; the lowest is kept (ties: the
             solve). `"mlp_only"`: every attention kept whole and the MLP widths along NP's servable ranking of
             channel blocks as far as the target needs (NP's servable allocation at the target), where that reaches
@@ -83,11 +85,15 @@ class ServingConfig(NumericalConfig):
     """
 
     method = "serving"
-    config_version: ClassVar[int] = 3
-    migrations: ClassVar[dict[int, dict[str, Any]]] = {2: {"joint_probe_rounds": 0}, 3: {"candidates": ()}}
+    config_version: ClassVar[int] = 4
+    migrations: ClassVar[dict[int, dict[str, Any]]] = {
+        2: {"joint_probe_rounds": 0},
+        3: {"candidates": ()},
+        4: {"compensation_inputs": "sequential"},  # (the field was there, its default changed)
+    }
 
     allocation: str = "servable"
-    compensation_inputs: str = "sequential"
+    compensation_inputs: str = "dense"
     workload: str = "decode:16:2048"
     speedup: float | None = None
     memory_gb: float | None = None
