@@ -774,6 +774,50 @@ def test_serving(tiny_llama, smollm2_tokenizer, tmp_path):
     assert "| 1.05x at decode:2:32 |" in report and "Mean over the 1 target of the log geometric mean" in report
 
 
+def test_serving_llamacpp(tiny_llama, smollm2_tokenizer, tmp_path):
+    """The models of a serving run (a batch-1 workload and a prefill) converted by llama.cpp's own converter, their
+    llama.cpp perplexity beside transformers' on the same tokens, and each timed against dense in llama.cpp."""
+    pytest.importorskip("llama_cpp", reason="serving_llamacpp.py times the models in llama.cpp (the `llamacpp` extra)")
+    import dataclasses
+
+    from transformers import LlamaForCausalLM
+
+    from optimum_prune.evaluation.cost_model import Workload, analytic_cost_table
+
+    _corpora()
+    config = copy.deepcopy(tiny_llama.config)
+    config.intermediate_size, config.num_hidden_layers = 512, 3
+    wide = tmp_path / "wide"
+    LlamaForCausalLM(config).save_pretrained(wide)
+    smollm2_tokenizer.save_pretrained(wide)
+    (tmp_path / "t").mkdir()
+    for w in (Workload("decode", 1, 32), Workload("prefill", 1, 16)):
+        table = analytic_cost_table(config, w, bandwidth_gbs=10.0, tflops=0.1)
+        dataclasses.replace(table, fixed_s=0.0).save(tmp_path / "t" / f"cost_table_{w.phase}_1_{w.context}.json")
+    argv = ["--model", str(wide), "--workloads", "decode:1:32", "prefill:1:16", "--targets", "decode:1:32=1.05",
+            "--ratios", "0.3", "--allocations", "servable", "--num-samples", "4", "--seq-len", "32", *TINY_EVAL,
+            "--rounds", "1", "--warmup", "0", "--tables", str(tmp_path / "t"), "--workdir", str(tmp_path / "work")]  # fmt: skip
+    serving = _run("serving", argv, tmp_path / "serving.json")
+    argv = ["--serving", str(tmp_path / "serving.json"), "--check-tokens", "64", "--window", "32", "--new-tokens", "2",
+            "--rounds", "2",
+            "--warmup", "0", "--workdir", str(tmp_path / "gguf")]  # fmt: skip
+    result = _run("serving_llamacpp", argv, tmp_path / "llamacpp.json")
+    names = {"dense", "dense_deci", *(n for n in serving["models"] if n != "dense")}
+    assert set(result["models"]) == names and result["workloads"] == ["decode:1:32", "prefill:1:16"]
+    for name, entry in result["models"].items():
+        for ppl in entry["ppl"].values():  # the converted file computes what transformers computes
+            assert ppl["llama_cpp"] == pytest.approx(ppl["transformers"], rel=2e-3), name
+        if name != "dense":
+            assert set(entry["speed"]) == {"decode:1:32", "prefill:1:16"}
+            assert all(s["speedup"] > 0 and len(s["speedup_rounds"]) == 2 for s in entry["speed"].values())
+    row = result["models"]["serving@decode:1:32@1.05"]["serving"]
+    assert row["predicted"]["decode:1:32"] >= 1.05 and row["transformers"]["decode:1:32"] > 0
+    again = _run("serving_llamacpp", argv, tmp_path / "llamacpp.json")  # resumed: nothing measured again
+    assert again["models"]["np_servable@0.3"]["speed"] == result["models"]["np_servable@0.3"]["speed"]
+    report = (tmp_path / "llamacpp.md").read_text(encoding="utf-8")
+    assert "## decode:1:32" in report and "| dense as DeciLM | dense |" in report
+
+
 def test_vllm_reader(tiny_dir, tmp_path):
     """Without vLLM (this environment's python as `--vllm-python`) every folder is recorded as refused, with why;
     transformers' side and the table run."""

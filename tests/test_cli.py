@@ -1,5 +1,6 @@
 """The `optimum-prune` command line, end to end on a tiny random Llama saved with SmolLM2's tokenizer (offline)."""
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -397,6 +398,13 @@ def test_cost_model_writes_a_table_per_workload(model_dir, tmp_path, capsys):
     assert CostTable.load(out / "cost_table_decode_1_2048.json").source == "analytic"
     assert main(["cost-model", str(model_dir), "--workload", "decode:16", "-o", str(out)]) == 2
     assert "phase:batch:context" in capsys.readouterr().err
+    llama = ["cost-model", str(model_dir), "--runtime", "llama.cpp", "--layers", "2", "--rounds", "1", "--warmup", "0"]
+    assert main([*llama, "--workload", "decode:2:16", "-o", str(tmp_path / "never")]) == 2  # before any timing
+    assert "one sequence at a time" in capsys.readouterr().err and not (tmp_path / "never").exists()
+    if importlib.util.find_spec("llama_cpp") is not None:  # the llamacpp extra
+        assert main([*llama, "--workload", "prefill:1:16", "--check", "-o", str(out)]) == 0
+        table = CostTable.load(out / "cost_table_prefill_1_16.json")
+        assert "llama.cpp" in table.info["runtime"] and "error" in table.info["check_dense"]
 
 
 def test_prune_serving_meets_a_speed_target_from_a_cost_table(model_dir, smollm2_tokenizer, calib_file, tmp_path,

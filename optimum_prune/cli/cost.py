@@ -22,6 +22,7 @@ from ..evaluation.cost_model import (
     measure_cost_table,
     random_assemblies,
 )
+from ..export import LlamaCppRuntime
 from .common import UserError, _model_location, _rounded
 
 __all__ = ["cmd_cost_model"]
@@ -53,19 +54,29 @@ def _cost_model(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         raise UserError(f"Cannot read the model configuration of {args.model}: {e}") from e
     dtype = getattr(torch, args.dtype) if args.dtype not in (None, "auto") else torch.float32
+    runtime = "transformers"
+    if args.runtime == "llama.cpp" and not args.analytic:
+        batched = [w.name for w in workloads if w.batch != 1]
+        if batched:
+            raise UserError(f"llama.cpp is timed one sequence at a time: {batched} have batch > 1.")
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(path, gguf_file=gguf_file)
+        except (OSError, ValueError) as e:
+            raise UserError(f"Timing in llama.cpp writes GGUF files with the model's tokenizer: {e}") from e
+        runtime = LlamaCppRuntime(tokenizer, threads=args.threads)  # its ImportError names the extra
     out_dir.mkdir(parents=True, exist_ok=True)
+    timing = {"rounds": args.rounds, "warmup": args.warmup, "dtype": dtype, "runtime": runtime}
     for w in workloads:
         if args.analytic:
             table = analytic_cost_table(config, w, bandwidth_gbs=args.analytic[0], tflops=args.analytic[1])
         else:
             try:
-                table = measure_cost_table(config, w, layers=args.layers, rounds=args.rounds, warmup=args.warmup,
-                                           dtype=dtype)  # fmt: skip
+                table = measure_cost_table(config, w, layers=args.layers, **timing)
             except ValueError as e:
                 raise UserError(str(e)) from e
         if args.fit and not args.analytic:
             rows = random_assemblies(config, args.fit)
-            measured = measure_assemblies(config, rows, w, rounds=args.rounds, warmup=args.warmup, dtype=dtype)
+            measured = measure_assemblies(config, rows, w, **timing)
             table = fit_cost_table(table, rows, measured)
         summary = {"workload": w.name, "source": table.source, "fixed_ms": 1e3 * table.fixed_s,
                    "attention_ms": {k: 1e3 * v for k, v in table.attention.items()},
@@ -73,7 +84,8 @@ def _cost_model(args: argparse.Namespace) -> int:
         if args.check and not args.analytic:  # the dense model, assembled, against the table's prediction
             n, kv, width = config.num_hidden_layers, config.num_key_value_heads, config.intermediate_size
             dense = assembled_model(config, [layer_row_of(config, kv, width) for _ in range(n)])
-            check = check_cost_table(table, {"dense": dense}, rounds=args.rounds, warmup=args.warmup)["dense"]
+            check = check_cost_table(table, {"dense": dense}, rounds=args.rounds, warmup=args.warmup,
+                                     runtime=runtime)["dense"]  # fmt: skip
             table.info["check_dense"] = {k: check[k] for k in ("predicted_s", "measured_s", "error")}
             summary["dense_predicted_vs_measured"] = check["error"]
         path = out_dir / f"cost_table_{w.phase}_{w.batch}_{w.context}.json"

@@ -206,10 +206,11 @@ def _add_tools(sub: Any) -> None:
         "cost-model",
         "cost:cmd_cost_model",
         help="time of each attention / MLP variant at a serving workload (a reusable JSON table)",
-        description="Measure on this machine (transformers, a static KV cache) the step time of every sublayer variant "
-        "of the model's decoder (attention: each KV-head count, no_op; MLP: each width in steps of 256, no_op) at each "
-        "workload, or compute the analytic bytes / FLOP model; one cost table per workload (JSON) in --output. Only "
-        "the model's configuration is read (the timed models have random weights of the variants' shapes).",
+        description="Measure on this machine (transformers with a static KV cache, or llama.cpp) the step time of "
+        "every sublayer variant of the model's decoder (attention: each KV-head count, no_op; MLP: each width in steps "
+        "of 256, no_op) at each workload, or compute the analytic bytes / FLOP model; one cost table per workload "
+        "(JSON) in --output. Only the model's configuration (and, for llama.cpp, its tokenizer) is read: the timed "
+        "models have random weights of the variants' shapes.",
     )
     _model_args(p)
     p.add_argument("--workload", action="append", default=None,
@@ -221,6 +222,9 @@ def _add_tools(sub: Any) -> None:
                    "several threads than on one)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=7, help="timed interleaved rounds")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs per timing model first")
+    p.add_argument("--runtime", choices=["transformers", "llama.cpp"], default="transformers",
+                   help="where to time: transformers (fp32 or --dtype, static cache) or llama.cpp (the llamacpp "
+                   "extra; f16 GGUF files, batch-1 workloads) (default: transformers)")  # fmt: skip
     p.add_argument("--analytic", type=float, nargs=2, metavar=("GBS", "TFLOPS"),
                    help="the analytic model for a machine of this memory bandwidth and compute, instead of timing")  # fmt: skip
     p.add_argument("--check", action="store_true", help="also time the dense model and report the table's error on it")

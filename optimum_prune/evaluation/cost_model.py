@@ -11,9 +11,13 @@ one term per sublayer, and each term depends only on that sublayer's variant:
 `measure_cost_table` measures those terms on this machine with `transformers` and a static KV cache (the cache a
 server keeps): for each variant a model of `layers` identical layers is timed, interleaved with the model of the same
 depth whose layers are empty, and the difference per layer is the variant's cost (medians over rounds). The fixed part
-is the empty model's time less its layers' residual adds. `analytic_cost_table` is the bytes / FLOP model where nothing
-can be measured: each term is the larger of its bytes over the memory bandwidth (weights, plus the KV cache a decode
-step reads) and its FLOPs over the compute rate, plus a launch overhead per sublayer.
+is the empty model's time less its layers' residual adds. `runtime=export.LlamaCppRuntime(tokenizer)` times the same
+in llama.cpp (batch-1 workloads): each timed model written with `export_gguf`, a whole first layer in front (so
+that llama.cpp runs every one in its per-layer `deci` graph, as it runs a pruned model), attention timed beside the
+narrowest MLP (llama.cpp skips a layer without MLP whole) and that MLP's cost taken off. `analytic_cost_table` is
+the bytes / FLOP model where nothing can be measured: each term is the larger of its bytes over the memory
+bandwidth (weights, plus the KV cache a decode step reads) and its FLOPs over the compute rate, plus a launch
+overhead per sublayer.
 
 A `CostTable` saves as JSON and predicts the step time of any assembly of variants (`predict`, from a model's
 per-layer shapes, `modeling.shapes.layer_table`); `check_cost_table` compares its predictions with the measured times
@@ -223,7 +227,38 @@ class _Step:
         return time.perf_counter() - t0
 
 
-def _interleaved(steps: dict[Any, _Step], rounds: int, warmup: int, desc: str | None = None) -> dict[Any, list[float]]:
+def _steps(models: dict[Any, Any], workload: Workload, device: torch.device, runtime: Any) -> dict[Any, Any]:
+    """One timed step per model: `runtime` `"transformers"`, or an object whose `step(model, workload, device)`
+    returns one (a callable giving seconds, with an optional `close()`; `export.LlamaCppRuntime`)."""
+    if runtime == "transformers":
+        return {k: _Step(m, workload, device) for k, m in models.items()}
+    if isinstance(runtime, str) or not callable(getattr(runtime, "step", None)):
+        raise ValueError(
+            f"runtime is 'transformers' or a runtime object (e.g. optimum_prune.export.LlamaCppRuntime), got {runtime!r}."
+        )
+    steps: dict[Any, Any] = {}
+    try:
+        for k, m in models.items():
+            steps[k] = runtime.step(m, workload, device)
+    except BaseException:
+        _close(steps)
+        raise
+    return steps
+
+
+def _close(steps: dict[Any, Any]) -> None:
+    for step in steps.values():
+        if hasattr(step, "close"):
+            step.close()
+
+
+def _runtime_label(runtime: Any) -> str:
+    if runtime == "transformers":
+        return f"transformers {transformers.__version__}, static cache, eager, sdpa"
+    return str(getattr(runtime, "label", type(runtime).__name__))
+
+
+def _interleaved(steps: dict[Any, Any], rounds: int, warmup: int, desc: str | None = None) -> dict[Any, list[float]]:
     """Every step timed once per round, the order rotating by one per round (drift hits all alike)."""
     keys = list(steps)
     for key in keys:
@@ -243,11 +278,15 @@ def step_seconds(
     rounds: int = 7,
     warmup: int = 2,
     device: str | torch.device = "cpu",
+    runtime: Any = "transformers",
 ) -> dict[str, dict[str, Any]]:
-    """The measured time of one step of each model at `workload`, interleaved: `{name: {"median_s", "samples_s"}}`."""
-    device = torch.device(device)
-    steps = {name: _Step(m, workload, device) for name, m in models.items()}
-    times = _interleaved(steps, rounds, warmup)
+    """The measured time of one step of each model at `workload`, interleaved: `{name: {"median_s", "samples_s"}}`
+    (`runtime`: `"transformers"` or a runtime object, e.g. `export.LlamaCppRuntime`)."""
+    steps = _steps(models, workload, torch.device(device), runtime)
+    try:
+        times = _interleaved(steps, rounds, warmup)
+    finally:
+        _close(steps)
     return {name: {"median_s": statistics.median(t), "samples_s": t} for name, t in times.items()}
 
 
@@ -346,40 +385,58 @@ def measure_cost_table(
     warmup: int = 2,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    runtime: Any = "transformers",
 ) -> CostTable:
     """Measure a `CostTable` for the decoder of `config` (a Llama-style `transformers` config) at `workload` on
     `device` (see the module docstring): one random model of `layers` identical layers per variant, timed
     interleaved with the empty model of the same depth and with the empty model of one layer (which gives the part
     of a step outside the layers). On a CPU, time with one thread unless the runtime serves with more (small GEMMs
-    on several threads can be far slower on shared cores)."""
+    on several threads can be far slower on shared cores). `runtime=export.LlamaCppRuntime(tokenizer)` times in
+    llama.cpp (batch-1 workloads; see the module docstring for how its table is made)."""
     if spec_for_config(config) is None:
         raise ValueError(f"No cost model for {config.model_type!r}: it needs a decoder of the architecture table.")
     device = torch.device(device)
     attention = list(attention_variants(config) if attention is None else attention)
     mlp = list(mlp_variants(config) if mlp is None else mlp)
-    models: dict[Any, Any] = {
-        "empty": assembled_model(config, _dense_rows(config, NO_OP, NO_OP, layers), dtype),
-        "empty1": assembled_model(config, _dense_rows(config, NO_OP, NO_OP, 1), dtype),
-    }
+    llama = bool(getattr(runtime, "needs_mlp_beside_attention", False))  # (llama.cpp's deci graph)
+    widths = [m for m in mlp if m != NO_OP]
+    if llama:  # the whole first layer's own variants are timed too (its cost comes off the fixed part)
+        attention += [a for a in [config.num_key_value_heads] if a not in attention]
+        mlp += [m for m in [config.intermediate_size] if m not in mlp]
+        widths = [m for m in mlp if m != NO_OP]
+        if not widths:
+            raise ValueError(f"{_runtime_label(runtime)} times attention beside an MLP: give at least one MLP width.")
+    narrow = min(widths, default=None)
+    first = [layer_row_of(config, config.num_key_value_heads, config.intermediate_size)] if llama else []
+
+    def model(a: int | str, m: int | str, n: int):
+        return assembled_model(config, first + _dense_rows(config, a, m, n), dtype)
+
+    models: dict[Any, Any] = {"empty": model(NO_OP, NO_OP, layers), "empty1": model(NO_OP, NO_OP, 1)}
     for a in attention:
         if a != NO_OP:
-            models["attention", str(a)] = assembled_model(config, _dense_rows(config, a, NO_OP, layers), dtype)
-    for m in mlp:
-        if m != NO_OP:
-            models["mlp", str(m)] = assembled_model(config, _dense_rows(config, NO_OP, m, layers), dtype)
-    steps = {k: _Step(model, workload, device) for k, model in models.items()}
+            models["attention", str(a)] = model(a, narrow if llama else NO_OP, layers)
+    for m in widths:
+        models["mlp", str(m)] = model(NO_OP, m, layers)
+    steps = _steps(models, workload, device, runtime)
     t0 = time.perf_counter()
-    times = _interleaved(steps, rounds, warmup, desc=f"cost table {workload.name}")
+    try:
+        times = _interleaved(steps, rounds, warmup, desc=f"cost table {workload.name}")
+    finally:
+        _close(steps)
     med = {k: statistics.median(t) for k, t in times.items()}
     empty = med["empty"]
     per_layer = max((med["empty"] - med["empty1"]) / max(layers - 1, 1), 0.0)
-    fixed = med["empty1"] - per_layer
-    table_a = {str(a): (max((med["attention", str(a)] - empty) / layers, 0.0) if a != NO_OP else 0.0)
-               for a in attention}  # fmt: skip
     table_m = {str(m): (max((med["mlp", str(m)] - empty) / layers, 0.0) if m != NO_OP else 0.0) for m in mlp}
+    beside = med["mlp", str(narrow)] if llama else empty  # what the attention models hold besides attention
+    table_a = {str(a): (max((med["attention", str(a)] - beside) / layers, 0.0) if a != NO_OP else 0.0)
+               for a in attention}  # fmt: skip
+    fixed = med["empty1"] - per_layer
+    if llama:  # less the first layer: its residual adds and its two sublayers
+        fixed -= per_layer + table_a[str(config.num_key_value_heads)] + table_m[str(config.intermediate_size)]
     spread = {(k if isinstance(k, str) else ":".join(k)): _iqr(t) for k, t in times.items()}
     info = {
-        "runtime": f"transformers {transformers.__version__}, static cache, eager, sdpa",
+        "runtime": _runtime_label(runtime),
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
@@ -457,10 +514,11 @@ def check_cost_table(
     rounds: int = 7,
     warmup: int = 2,
     device: str | torch.device = "cpu",
+    runtime: Any = "transformers",
 ) -> dict[str, dict[str, Any]]:
-    """The table's predicted step time of each model against its measured one (interleaved):
+    """The table's predicted step time of each model against its measured one (interleaved, in `runtime`):
     `{name: {"predicted_s", "measured_s", "error"}}`, `error` = predicted / measured − 1."""
-    measured = step_seconds(models, table.workload, rounds=rounds, warmup=warmup, device=device)
+    measured = step_seconds(models, table.workload, rounds=rounds, warmup=warmup, device=device, runtime=runtime)
     out = {}
     for name, model in models.items():
         rows = layer_table(model, get_spec(model))
@@ -497,14 +555,15 @@ def measure_assemblies(
     warmup: int = 2,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    runtime: Any = "transformers",
 ) -> list[float]:
     """The measured step time (median) of a random model of each assembly at `workload`, `batch` of them timed
-    interleaved at a time (each holds its own KV cache)."""
+    interleaved at a time (each holds its own KV cache), in `runtime`."""
     out: list[float] = []
     for start in range(0, len(assemblies), batch):
         chunk = assemblies[start : start + batch]
         models = {str(j): assembled_model(config, rows, dtype) for j, rows in enumerate(chunk)}
-        got = step_seconds(models, workload, rounds=rounds, warmup=warmup, device=device)
+        got = step_seconds(models, workload, rounds=rounds, warmup=warmup, device=device, runtime=runtime)
         out += [got[str(j)]["median_s"] for j in range(len(chunk))]
         del models
     return out

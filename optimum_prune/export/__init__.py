@@ -2,5 +2,6 @@
 
 from .gguf import GGUFExportError, export_gguf, gguf_layout
 from .gguf_tokenizer import GGUFTokenizerError
+from .llamacpp_runtime import LlamaCppRuntime
 
-__all__ = ["GGUFExportError", "GGUFTokenizerError", "export_gguf", "gguf_layout"]
+__all__ = ["GGUFExportError", "GGUFTokenizerError", "LlamaCppRuntime", "export_gguf", "gguf_layout"]

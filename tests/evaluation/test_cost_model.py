@@ -138,3 +138,91 @@ def test_the_fit_recovers_costs_from_whole_assemblies_and_keeps_them_in_the_vari
     assert kept.mlp["1536"] == pytest.approx(prior.mlp["1536"], rel=1e-3)
     with pytest.raises(ValueError, match="one depth"):
         fit_cost_table(prior, [fit_on[0], fit_on[1][:3]], [1.0, 1.0])
+
+
+class _SumRuntime:
+    """A runtime whose step takes exactly a sum of known costs (`truth`'s) over the timed model's layers; with
+    `skips=True` it runs like llama.cpp's deci graph: a layer without an MLP is skipped whole."""
+
+    def __init__(self, truth: CostTable, skips: bool) -> None:
+        self.truth, self.needs_mlp_beside_attention, self.label = truth, skips, "sum"
+        self.closed = 0
+
+    def step(self, model, workload, device):
+        rows = layer_table(model, get_spec(model))
+        kept = [r for r in rows if r["intermediate_size"] > 0] if self.needs_mlp_beside_attention else rows
+        seconds = self.truth.predict(kept)
+        runtime = self
+
+        class Step:
+            def __call__(self):
+                return seconds
+
+            def close(self):
+                runtime.closed += 1
+
+        return Step()
+
+
+@pytest.mark.parametrize("skips", [False, True], ids=["transformers-like", "llama.cpp-like"])
+def test_a_table_measured_in_a_runtime_recovers_its_costs_and_predicts_assemblies(skips):
+    """Step times that are exactly sums of per-variant costs: the measured table predicts every valid assembly to
+    float rounding, also where a layer without an MLP is skipped whole (attention timed beside the narrowest MLP, a
+    whole first layer in front of each timed model), and every step is closed."""
+    config = smollm2_like(num_hidden_layers=6)
+    w = Workload("decode", 1, 2048)
+    truth = analytic_cost_table(config, w, bandwidth_gbs=20, tflops=0.5, sublayer_overhead_s=1e-4)
+    truth = CostTable(w, truth.attention, truth.mlp, fixed_s=0.003, per_layer_s=2e-5)
+    runtime = _SumRuntime(truth, skips)
+    table = measure_cost_table(config, w, layers=3, rounds=1, warmup=0, runtime=runtime)
+    assert table.info["runtime"] == "sum" and runtime.closed == len(table.info["median_s"])
+    for rows in random_assemblies(config, 10, seed=2):
+        want = truth.predict([r for r in rows if r["intermediate_size"] > 0] if skips else rows)
+        assert table.predict(rows) == pytest.approx(want, rel=1e-9, abs=1e-15)
+    if skips:  # a kept layer's residual adds are in its MLP's cost: an empty layer costs nothing, as llama.cpp runs it
+        assert table.per_layer_s == 0 and table.mlp_s(256) == pytest.approx(truth.mlp_s(256) + 2e-5)
+    else:
+        assert table.attention == pytest.approx(truth.attention) and table.per_layer_s == pytest.approx(2e-5)
+    with pytest.raises(ValueError, match="runtime"):
+        measure_cost_table(config, w, runtime="vllm")
+
+
+def test_llamacpp_runtime_names_its_extra_and_refuses_what_it_cannot_time(monkeypatch):
+    import sys
+
+    from optimum_prune.export import LlamaCppRuntime
+
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "llama_cpp", None)  # not installed
+        with pytest.raises(ImportError, match=r"optimum-prune\[llamacpp\]"):
+            LlamaCppRuntime(object())
+    with pytest.raises(ValueError, match="tokenizer"):
+        LlamaCppRuntime(None)
+    pytest.importorskip("llama_cpp", reason="the llamacpp extra (llama-cpp-python) times the steps")
+    runtime = LlamaCppRuntime(object())
+    with pytest.raises(ValueError, match="one sequence"):
+        runtime.step(
+            assembled_model(tiny(), [layer_row_of(tiny(), 2, 512)]), Workload("decode", 2, 16), torch.device("cpu")
+        )
+
+
+def test_llamacpp_steps_run_a_pruned_shape_and_rewind_their_cache(smollm2_tokenizer):
+    """In llama.cpp (the `llamacpp` extra): a prefill step evaluates the whole context from an empty cache and a
+    decode step one token at the context's position, every time; a table of every variant is measured there."""
+    pytest.importorskip("llama_cpp", reason="the llamacpp extra (llama-cpp-python) times the steps")
+    from optimum_prune.export import LlamaCppRuntime
+
+    c = tiny(vocab_size=len(smollm2_tokenizer), intermediate_size=512)
+    runtime = LlamaCppRuntime(smollm2_tokenizer, threads=1)
+    model = assembled_model(c, [layer_row_of(c, 2, 512), layer_row_of(c, NO_OP, 256), layer_row_of(c, 1, 256)])
+    for w, after in ((Workload("prefill", 1, 16), 16), (Workload("decode", 1, 16), 17)):
+        step = runtime.step(model, w, torch.device("cpu"))
+        try:
+            for _ in range(2):
+                assert step() > 0 and step.llm.n_tokens == after
+        finally:
+            step.close()
+        assert not step._dir.exists()
+    table = measure_cost_table(c, Workload("decode", 1, 16), layers=2, rounds=1, warmup=0, runtime=runtime)
+    assert set(table.attention) == {"2", "1", NO_OP} and set(table.mlp) == {"512", "256", NO_OP}
+    assert "llama.cpp" in table.info["runtime"] and table.info["median_s"]["empty"] > 0
