@@ -1,20 +1,21 @@
-"""The serving shapes in llama.cpp: every model of a `benchmarks/serving.py` results file (its DeciLM folders),
-converted by llama.cpp's own `convert_hf_to_gguf.py` and timed in llama.cpp (through llama-cpp-python, the `llamacpp`
-extra) against the dense model.
+"""The serving shapes in llama.cpp: every model of a `benchmarks/serving.py` results file (its DeciLM folders) run
+in llama.cpp (through llama-cpp-python, the `llamacpp` extra) against the dense model, and llama.cpp's own cost
+table checked against them.
 
-Per model: the folder `serving.py` saved (`--workdir` there) is converted to `--outtype` (f16: what llama.cpp users
-run); llama.cpp's perplexity on the first `--check-tokens` tokens of each text's stream (windows of `--window`) is set beside
-transformers' on the very same token ids (the conversion of every variant checked, KV merges and removed sublayers
-included); then each model is timed with the dense model, the pair interleaved round by round (`--rounds`, after
-`--warmup`; medians, per-round ratios with their interquartile range), at each batch-1 workload of the file:
+Per model, two things:
 
-- `prefill:1:C`: one forward pass of a C-token prompt (the prompt's evaluation, one `llama_decode` of C tokens);
-- `decode:1:C`: the mean time of one generated token at a context of about C (a `C - new_tokens` prompt evaluated,
-  then `--new-tokens` greedy tokens, each timed as a whole).
+- **Conversion check**: its folder through llama.cpp's own `convert_hf_to_gguf.py` (`--outtype`), and llama.cpp's
+  perplexity on the first `--check-tokens` tokens of each text's stream (windows of `--window`) beside
+  transformers' on the very same token ids: every variant (KV merges, removed sublayers) as llama.cpp reads it.
+- **Speed**: one step at each batch-1 workload of the file, in llama.cpp, interleaved with the dense model (medians
+  of `--rounds` after `--warmup`, per-round ratios with their interquartile range), timed as the cost model times a
+  step (`evaluation.cost_model.step_seconds` with `export.LlamaCppRuntime`: the model written by `export_gguf`,
+  whose tensors equal the converter's; `prefill:1:C` evaluates a C-token prompt from an empty cache, `decode:1:C`
+  one token at position C).
 
-A batch of several sequences (`decode:16:2048`) is not timed: llama-cpp-python's `Llama` decodes one sequence. The
-dense reference is the dense model's own folder (`save_pretrained`, Llama architecture in llama.cpp); "dense as DeciLM"
-is the same weights written in the DeciLM format (llama.cpp's `deci` graph), so the format's own cost is visible.
+The llama.cpp cost table of each workload (`--tables DIR`, measured here where missing: `measure_cost_table` with
+that runtime, `--table-layers` layers per timing model) predicts every model's step time; the table reports the
+error against the measured time. Batch-16 decode is not timed: llama-cpp-python's `Llama` runs one sequence.
 
     OMP_NUM_THREADS=1 python benchmarks/serving_llamacpp.py --serving benchmarks/results/serving_smollm2.json
 """
@@ -22,7 +23,6 @@ is the same weights written in the DeciLM format (llama.cpp's `deci` graph), so 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import logging
 import os
@@ -37,8 +37,11 @@ import torch  # noqa: E402
 from harness import REPO_ROOT  # noqa: E402
 from serving import _label, _shape  # noqa: E402
 
-from optimum_prune import save_pruned_model  # noqa: E402
+from optimum_prune import load_pruned_model  # noqa: E402
 from optimum_prune.evaluation import perplexity  # noqa: E402
+from optimum_prune.evaluation.cost_model import CostTable, Workload, measure_cost_table, step_seconds  # noqa: E402
+from optimum_prune.modeling.architectures import get_spec  # noqa: E402
+from optimum_prune.modeling.shapes import layer_table  # noqa: E402
 
 logger = logging.getLogger("serving_llamacpp")
 
@@ -48,13 +51,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--serving", default=str(harness.RESULTS_DIR / "serving_smollm2.json"),
                    help="a benchmarks/serving.py results file (its models' folders must exist)")  # fmt: skip
     p.add_argument("--models", nargs="*", default=None, help="names in that file (default: every model)")
-    p.add_argument("--outtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"], help="the converter's")
+    p.add_argument("--outtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"], help="GGUF weight type")
     p.add_argument("--check-tokens", type=int, default=2048, help="tokens per text of the perplexity check")
     p.add_argument("--window", type=int, default=512, help="the perplexity check's window length")
-    p.add_argument("--new-tokens", type=int, default=32, help="generated tokens of a decode measurement")
     p.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds per pair")
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="llama.cpp and torch threads")
+    p.add_argument("--tables", default="/tmp/serving_tables_llamacpp", help="llama.cpp cost tables (reused)")
+    p.add_argument("--table-layers", type=int, default=8, help="layers per timing model of a table measured here")
     p.add_argument("--workdir", default="/tmp/serving_llamacpp", help="converted files (kept: a rerun resumes)")
     p.add_argument("--output", default=str(harness.RESULTS_DIR / "serving_llamacpp_smollm2.json"))
     harness.add_tree_args(p)
@@ -67,8 +71,6 @@ def convert(folder: Path, path: Path, outtype: str) -> str:
     sys.path.insert(0, str(REPO_ROOT / "tests"))
     from llamacpp_converter import convert as run_converter
 
-    if path.is_file():
-        return "cached"
     tmp = path.with_suffix(".partial")
     try:
         run_converter(folder, tmp, outtype)
@@ -82,35 +84,11 @@ def convert(folder: Path, path: Path, outtype: str) -> str:
     return vocab
 
 
-def time_pair(dense_path: str, path: str, workload: str, args, prompt_ids: list[int]) -> dict[str, Any]:
-    """Dense and one model at a batch-1 workload, interleaved: medians and per-round ratios (dense / model)."""
-    import _llamacpp
-
-    phase, batch, context = workload.split(":")
-    if int(batch) != 1:
-        raise ValueError(f"llama-cpp-python's Llama decodes one sequence: {workload} is not timed")
-    context = int(context)
-    if phase == "prefill":
-        prompt, new = prompt_ids[:context], 1
-    else:
-        prompt, new = prompt_ids[: context - args.new_tokens], args.new_tokens
-    if len(prompt) + (0 if phase == "prefill" else new) < context:
-        raise ValueError(f"{workload} needs {context} tokens of prompt text; {len(prompt_ids)} given")
-    got = _llamacpp.compare_speed({"dense": dense_path, "model": path}, prompt, new_tokens=new, warmup=args.warmup,
-                                  repeats=args.rounds, n_threads=args.threads)  # fmt: skip
-    k = 0 if phase == "prefill" else 1  # the prompt's time, or the generated tokens'
-    dense_s = [s[k] for s in got["dense"]["samples"]]
-    model_s = [s[k] for s in got["model"]["samples"]]
-    scale = 1 if phase == "prefill" else new  # a decode step: one generated token
-    return {"dense_s": got["dense"][f"{phase}_s"] / scale, "model_s": got["model"][f"{phase}_s"] / scale,
-            "speedup": got["dense"][f"{phase}_s"] / got["model"][f"{phase}_s"],
-            **harness.round_ratios(dense_s, model_s, "speedup"), "prompt_tokens": len(prompt), "new_tokens": new,
-            "load_average": (harness.loadavg() or [None])[0]}  # fmt: skip
-
-
 def main(argv: list[str] | None = None) -> dict:
     import _llamacpp  # the `llamacpp` extra; its absence raises an ImportError naming it
     import llama_cpp
+
+    from optimum_prune.export import LlamaCppRuntime
 
     args = parse_args(argv)
     harness.setup_logging()
@@ -121,7 +99,6 @@ def main(argv: list[str] | None = None) -> dict:
     dense, tok, model_desc = harness.load_model(sargs)
     proto = harness.Protocol.from_args(sargs)
     texts = proto.eval_texts
-    ids = {t: tok("\n\n".join(proto.texts(t)))["input_ids"] for t in texts}
     out = Path(args.output)
     res = json.loads(out.read_text()) if out.is_file() else {}
     if res and res.get("serving_file_commit") != serving["versions"]["git_commit"]:
@@ -134,51 +111,68 @@ def main(argv: list[str] | None = None) -> dict:
     res.setdefault("models", {})
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    workloads = [w for w in serving["speed"] if w.split(":")[1] == "1"]
-    res["workloads"] = workloads
-    res["not_timed"] = [w for w in serving["speed"] if w not in workloads]
+    workloads = [w for w in serving["speed"] if Workload.parse(w).batch == 1]
+    res["workloads"], res["not_timed"] = workloads, [w for w in serving["speed"] if w not in workloads]
+    runtime = LlamaCppRuntime(tok, outtype=args.outtype, threads=args.threads)
 
     def write() -> None:
         harness.write_results(res, out, "serving_llamacpp")
 
-    # the references: dense as its own architecture (Llama), and the same weights as DeciLM
-    folders = {"dense": work / "dense_hf", "dense_deci": work / "dense_deci"}
-    if not (folders["dense"] / "config.json").is_file():
-        dense.save_pretrained(folders["dense"])
-        tok.save_pretrained(folders["dense"])
-    if not (folders["dense_deci"] / "config.json").is_file():
-        save_pruned_model(copy.deepcopy(dense), folders["dense_deci"], tok, format="deci", overwrite=True)
+    tables = {}
+    Path(args.tables).mkdir(parents=True, exist_ok=True)
+    for w in workloads:
+        path = Path(args.tables) / f"cost_table_{w.replace(':', '_')}.json"
+        if not path.is_file():
+            logger.info("measuring llama.cpp's cost table of %s", w)
+            with harness.timing_lock():
+                measure_cost_table(dense.config, Workload.parse(w), layers=args.table_layers, rounds=args.rounds,
+                                   warmup=args.warmup, runtime=runtime).save(path)  # fmt: skip
+        tables[w] = CostTable.load(path)
+    res["tables"] = {w: t.to_dict() for w, t in tables.items()}
+    dense_rows = layer_table(dense, get_spec(dense))
+    folder = work / "dense_hf"  # the dense reference: its own folder (Llama in llama.cpp)
+    if not (folder / "config.json").is_file():
+        dense.save_pretrained(folder)
+        tok.save_pretrained(folder)
     names = args.models or [n for n in serving["models"] if n != "dense"]
-    for name in names:
-        folders[name] = Path(serving["models"][name]["folder"])
-    for name in ["dense", "dense_deci", *names]:
+    for name in ["dense", *names]:
         entry = res["models"].setdefault(name, {})
         entry["serving"] = _serving_record(serving, name, workloads)
-        path = work / f"{name.replace('@', '_').replace(':', '-')}.{args.outtype}.gguf"
+        src = folder if name == "dense" else Path(serving["models"][name]["folder"])
+        model = dense if name == "dense" else load_pruned_model(src, dtype=torch.float32).eval()
         if "ppl" not in entry:
-            entry["vocabulary"] = convert(folders[name], path, args.outtype)
-            entry["path"], entry["mb"] = str(path), path.stat().st_size / 1e6
-            from optimum_prune import load_pruned_model
-
-            model = dense if name == "dense" else load_pruned_model(folders[name], dtype=torch.float32).eval()
+            path = work / f"{name.replace('@', '_').replace(':', '-')}.{args.outtype}.gguf"
+            entry["vocabulary"] = "cached" if path.is_file() else convert(src, path, args.outtype)
+            entry["mb"] = path.stat().st_size / 1e6
             llm = _llamacpp.load(path, n_ctx=args.window, n_threads=args.threads, logits_all=True)
-            entry["ppl"] = {t: {"llama_cpp": _llamacpp.perplexity(llm, ids[t][: args.check_tokens], args.window),
-                                "transformers": perplexity(model, tok, proto.texts(t), seq_len=args.window,
-                                                           max_tokens=args.check_tokens)}
-                            for t in texts}  # fmt: skip
-            del llm, model
+            entry["ppl"] = {}
+            for t in texts:
+                ids = tok("\n\n".join(proto.texts(t)))["input_ids"][: args.check_tokens]
+                entry["ppl"][t] = {"llama_cpp": _llamacpp.perplexity(llm, ids, args.window),
+                                   "transformers": perplexity(model, tok, proto.texts(t), seq_len=args.window,
+                                                              max_tokens=args.check_tokens)}  # fmt: skip
+            del llm
             logger.info("%s: %s", name, entry["ppl"])
             write()
-    prompt = ids[texts[0]]
-    for name in ["dense_deci", *names]:
-        entry = res["models"][name]
         speed = entry.setdefault("speed", {})
+        rows = layer_table(model, get_spec(model))
         for w in workloads:
-            if w not in speed:
-                with harness.timing_lock():
-                    speed[w] = time_pair(res["models"]["dense"]["path"], entry["path"], w, args, prompt)
-                logger.info("%s at %s: %.3fx", name, w, speed[w]["speedup"])
-                write()
+            if w in speed or name == "dense":
+                continue
+            with harness.timing_lock():
+                got = step_seconds({"dense": dense, name: model}, Workload.parse(w), rounds=args.rounds,
+                                   warmup=args.warmup, runtime=runtime)  # fmt: skip
+            d, m = got["dense"], got[name]
+            predicted = tables[w].predict(rows)
+            speed[w] = {"dense_s": d["median_s"], "model_s": m["median_s"], "speedup": d["median_s"] / m["median_s"],
+                        **harness.round_ratios(d["samples_s"], m["samples_s"], "speedup"),
+                        "predicted_s": predicted, "predicted_dense_s": tables[w].predict(dense_rows),
+                        "prediction_error": predicted / m["median_s"] - 1,
+                        "load_average": (harness.loadavg() or [None])[0]}  # fmt: skip
+            logger.info("%s at %s: %.3fx (predicted step %+.1f%%)", name, w, speed[w]["speedup"],
+                        100 * speed[w]["prediction_error"])  # fmt: skip
+            write()
+        del model
     write()
     return res
 
@@ -195,30 +189,38 @@ def markdown(res: dict[str, Any]) -> str:
         f"thread(s), commit {str(res['versions']['git_commit'])[:7]}).",
         "",
         harness.protocol_line({"protocol": res["protocol"]}),
-        f"- The models of `{res['serving_file']}` (its run at commit {str(res['serving_file_commit'])[:7]}; their "
-        "perplexities with intervals are there), each converted by llama.cpp's own `convert_hf_to_gguf.py` to "
-        f"{a['outtype']} and timed in llama.cpp interleaved with the dense model (medians of {a['rounds']} rounds "
-        f"after {a['warmup']} warm-up; speedup = dense / model, with the IQR of the per-round ratios, a tie where it "
-        "holds 1). Prefill: one evaluation of the prompt; decode: the mean time of one of "
-        f"{a['new_tokens']} greedy tokens after a prompt that brings the context to the workload's. Beside it, "
-        "transformers' measured speedup and the cost table's prediction, both from that file.",
-        "- Dense reference: the dense model's own folder (Llama in llama.cpp). Not timed: "
+        f"- The models of `{res['serving_file']}` (its run at commit {str(res['serving_file_commit'])[:7]}: their "
+        "perplexities with intervals, transformers' speed and its cost table are there), each run in llama.cpp "
+        f"({a['outtype']}) interleaved with the dense model, one step per round (medians of {a['rounds']} rounds after "
+        f"{a['warmup']} warm-up; speedup = dense / model with the IQR of the per-round ratios, a tie where it holds "
+        "1). Prefill: the prompt's evaluation from an empty cache; decode: one token at the context's position.",
+        "- Predicted: llama.cpp's own cost table of the workload (`measure_cost_table` with `LlamaCppRuntime`, "
+        f"{res['tables'][next(iter(res['tables']))]['info']['layers'] if res.get('tables') else '?'} layers per "
+        "timing model); error = predicted / measured step time − 1. Dense reference: the dense model (Llama in "
+        "llama.cpp). Not timed: "
         + (", ".join(res.get("not_timed", [])) or "none")
-        + " (llama-cpp-python's `Llama` decodes one sequence).",
-        f"- Conversion check: llama.cpp's perplexity against transformers' (fp32) on the same first "
-        f"{a['check_tokens']} tokens of each text, windows of {a['window']}.",
+        + " (llama-cpp-python's `Llama` runs one sequence).",
+        f"- Conversion check: each folder through llama.cpp's own `convert_hf_to_gguf.py`, llama.cpp's perplexity "
+        f"against transformers' (fp32) on the same first {a['check_tokens']} tokens of each text, windows of "
+        f"{a['window']}.",
         "",
     ]
     for w in res.get("workloads", []):
-        lines += [f"## {w}", "", "| model | shapes | llama.cpp speedup | transformers speedup | predicted |",
-                  "|---|---|---|---|---|"]  # fmt: skip
-        rows = [(n, e) for n, e in res["models"].items() if w in e.get("speed", {})]
-        for _, e in sorted(rows, key=lambda ne: ne[1]["speed"][w]["speedup"]):
+        lines += [f"## {w}", "", "| model | shapes | llama.cpp speedup | predicted (llama.cpp table) | step error | "
+                  "transformers speedup | predicted (transformers table) |", "|---|---|---|---|---:|---|---|"]  # fmt: skip
+        rows = [e for e in res["models"].values() if w in e.get("speed", {})]
+        errors = []
+        for e in sorted(rows, key=lambda e: e["speed"][w]["speedup"]):
             s, sv = e["speed"][w], e["serving"]
+            errors.append(s["prediction_error"])
             cells = [f"{harness.round_median(s, 'speedup'):.2f}x{harness.spread_note(s, 'speedup')}",
+                     f"{s['predicted_dense_s'] / s['predicted_s']:.2f}x", f"{s['prediction_error']:+.1%}",
                      *(f"{v:.2f}x" if v is not None else "–" for v in (sv["transformers"].get(w),
                                                                        sv["predicted"].get(w)))]  # fmt: skip
             lines.append(f"| {sv['label']} | {sv['shape']} | " + " | ".join(cells) + " |")
+        if errors:
+            lines += ["", f"Step-time prediction error: largest {max(errors, key=abs):+.1%}, mean |error| "
+                      f"{sum(abs(x) for x in errors) / len(errors):.1%} over {len(errors)} models."]  # fmt: skip
         lines.append("")
     lines += ["## Conversion check (perplexity, llama.cpp / transformers)", "",
               "| model | file MB | " + " | ".join(harness.text_label(t) for t in texts) + " | largest relative gap |",
@@ -233,12 +235,10 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def _serving_record(serving: dict[str, Any], name: str, workloads: list[str]) -> dict[str, Any]:
-    """What the serving file says of a model: its label and shapes, transformers' speedup and the prediction."""
-    from optimum_prune.evaluation.cost_model import CostTable
-
-    if name in ("dense", "dense_deci"):
-        label = {"dense": "dense (Llama)", "dense_deci": "dense as DeciLM"}[name]
-        return {"label": label, "shape": "dense", "transformers": {}, "predicted": {}}
+    """What the serving file says of a model: its label and shapes, transformers' speedup and that table's
+    prediction."""
+    if name == "dense":
+        return {"label": "dense", "shape": "dense", "transformers": {}, "predicted": {}}
     entry, dense = serving["models"][name], serving["models"]["dense"]
     predicted = {}
     for w in workloads:

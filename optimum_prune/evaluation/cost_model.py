@@ -399,25 +399,22 @@ def measure_cost_table(
     attention = list(attention_variants(config) if attention is None else attention)
     mlp = list(mlp_variants(config) if mlp is None else mlp)
     llama = bool(getattr(runtime, "needs_mlp_beside_attention", False))  # (llama.cpp's deci graph)
-    widths = [m for m in mlp if m != NO_OP]
     if llama:  # the whole first layer's own variants are timed too (its cost comes off the fixed part)
         attention += [a for a in [config.num_key_value_heads] if a not in attention]
         mlp += [m for m in [config.intermediate_size] if m not in mlp]
-        widths = [m for m in mlp if m != NO_OP]
-        if not widths:
-            raise ValueError(f"{_runtime_label(runtime)} times attention beside an MLP: give at least one MLP width.")
-    narrow = min(widths, default=None)
-    first = [layer_row_of(config, config.num_key_value_heads, config.intermediate_size)] if llama else []
-
-    def model(a: int | str, m: int | str, n: int):
-        return assembled_model(config, first + _dense_rows(config, a, m, n), dtype)
-
-    models: dict[Any, Any] = {"empty": model(NO_OP, NO_OP, layers), "empty1": model(NO_OP, NO_OP, 1)}
-    for a in attention:
-        if a != NO_OP:
-            models["attention", str(a)] = model(a, narrow if llama else NO_OP, layers)
-    for m in widths:
-        models["mlp", str(m)] = model(NO_OP, m, layers)
+    widths = [m for m in mlp if m != NO_OP]
+    if llama and not widths:
+        raise ValueError(f"{_runtime_label(runtime)} times attention beside an MLP: give at least one MLP width.")
+    if llama:
+        models, derive = _llamacpp_models(config, attention, widths, layers, dtype)
+    else:
+        models = {"empty": assembled_model(config, _dense_rows(config, NO_OP, NO_OP, layers), dtype),
+                  "empty1": assembled_model(config, _dense_rows(config, NO_OP, NO_OP, 1), dtype)}  # fmt: skip
+        for a in attention:
+            if a != NO_OP:
+                models["attention", str(a)] = assembled_model(config, _dense_rows(config, a, NO_OP, layers), dtype)
+        for m in widths:
+            models["mlp", str(m)] = assembled_model(config, _dense_rows(config, NO_OP, m, layers), dtype)
     steps = _steps(models, workload, device, runtime)
     t0 = time.perf_counter()
     try:
@@ -425,15 +422,15 @@ def measure_cost_table(
     finally:
         _close(steps)
     med = {k: statistics.median(t) for k, t in times.items()}
-    empty = med["empty"]
-    per_layer = max((med["empty"] - med["empty1"]) / max(layers - 1, 1), 0.0)
-    table_m = {str(m): (max((med["mlp", str(m)] - empty) / layers, 0.0) if m != NO_OP else 0.0) for m in mlp}
-    beside = med["mlp", str(narrow)] if llama else empty  # what the attention models hold besides attention
-    table_a = {str(a): (max((med["attention", str(a)] - beside) / layers, 0.0) if a != NO_OP else 0.0)
-               for a in attention}  # fmt: skip
-    fixed = med["empty1"] - per_layer
-    if llama:  # less the first layer: its residual adds and its two sublayers
-        fixed -= per_layer + table_a[str(config.num_key_value_heads)] + table_m[str(config.intermediate_size)]
+    if llama:
+        table_a, table_m, fixed, per_layer = derive(med)
+    else:
+        empty = med["empty"]
+        per_layer = max((med["empty"] - med["empty1"]) / max(layers - 1, 1), 0.0)
+        fixed = med["empty1"] - per_layer
+        table_m = {str(m): (max((med["mlp", str(m)] - empty) / layers, 0.0) if m != NO_OP else 0.0) for m in mlp}
+        table_a = {str(a): (max((med["attention", str(a)] - empty) / layers, 0.0) if a != NO_OP else 0.0)
+                   for a in attention}  # fmt: skip
     spread = {(k if isinstance(k, str) else ":".join(k)): _iqr(t) for k, t in times.items()}
     info = {
         "runtime": _runtime_label(runtime),
@@ -451,6 +448,42 @@ def measure_cost_table(
         "num_hidden_layers": config.num_hidden_layers,
     }
     return CostTable(workload, table_a, table_m, fixed, per_layer, "measured", info)
+
+
+def _llamacpp_models(config, attention, widths, layers: int, dtype):
+    """The timing models of a runtime that skips a layer without an MLP whole (llama.cpp's `deci` graph), and how
+    their median times give the table. Every model starts with a whole layer (so that it runs in the per-layer
+    graph) and holds `layers` layers of one variant: a reference of the narrowest MLP alone, the same at twice the
+    depth (its cost per layer), attention variants beside that MLP, wider MLPs, and `layers` empty layers before the
+    reference (what a skipped layer costs). A model of empty layers alone is not timed: llama.cpp refuses it."""
+    first = [layer_row_of(config, config.num_key_value_heads, config.intermediate_size)]
+    narrow = min(widths)
+
+    def model(*blocks: tuple[int | str, int | str, int]):
+        return assembled_model(config, first + [r for a, m, n in blocks for r in _dense_rows(config, a, m, n)], dtype)
+
+    models: dict[Any, Any] = {"reference": model((NO_OP, narrow, layers)), "reference2": model((NO_OP, narrow, 2 * layers)),
+                              "skipped": model((NO_OP, NO_OP, layers), (NO_OP, narrow, layers))}  # fmt: skip
+    for a in attention:
+        if a != NO_OP:
+            models["attention", str(a)] = model((a, narrow, layers))
+    for m in widths:
+        if m != narrow:
+            models["mlp", str(m)] = model((NO_OP, m, layers))
+
+    def derive(med: dict[Any, float]):
+        ref = med["reference"]
+        per_layer = max((med["skipped"] - ref) / layers, 0.0)
+        base = max((med["reference2"] - ref) / layers - per_layer, 0.0)  # the narrowest MLP
+        table_m = {str(narrow): base, NO_OP: 0.0}
+        table_m.update({str(m): max(base + (med["mlp", str(m)] - ref) / layers, 0.0) for m in widths if m != narrow})
+        table_a = {str(a): (max((med["attention", str(a)] - ref) / layers, 0.0) if a != NO_OP else 0.0)
+                   for a in attention}  # fmt: skip
+        full = table_a[str(config.num_key_value_heads)] + table_m[str(config.intermediate_size)]
+        fixed = ref - (layers + 1) * per_layer - layers * base - full
+        return table_a, table_m, fixed, per_layer
+
+    return models, derive
 
 
 def _iqr(samples: Sequence[float]) -> list[float]:
