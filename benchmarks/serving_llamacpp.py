@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
                         **harness.round_ratios(d["samples_s"], m["samples_s"], "speedup"),
                         "predicted_s": predicted, "predicted_dense_s": tables[w].predict(dense_rows),
                         "prediction_error": predicted / m["median_s"] - 1,
+                        "dense_prediction_error": tables[w].predict(dense_rows) / d["median_s"] - 1,
                         "load_average": (harness.loadavg() or [None])[0]}  # fmt: skip
             logger.info("%s at %s: %.3fx (predicted step %+.1f%%)", name, w, speed[w]["speedup"],
                         100 * speed[w]["prediction_error"])  # fmt: skip
@@ -219,8 +220,10 @@ def markdown(res: dict[str, Any]) -> str:
                                                                        sv["predicted"].get(w)))]  # fmt: skip
             lines.append(f"| {sv['label']} | {sv['shape']} | " + " | ".join(cells) + " |")
         if errors:
+            dense = [e["speed"][w]["dense_prediction_error"] for e in rows]
             lines += ["", f"Step-time prediction error: largest {max(errors, key=abs):+.1%}, mean |error| "
-                      f"{sum(abs(x) for x in errors) / len(errors):.1%} over {len(errors)} models."]  # fmt: skip
+                      f"{sum(abs(x) for x in errors) / len(errors):.1%} over {len(errors)} models; the dense model "
+                      f"(timed in each pair) {min(dense):+.1%} to {max(dense):+.1%}."]  # fmt: skip
         lines.append("")
     lines += ["## Conversion check (perplexity, llama.cpp / transformers)", "",
               "| model | file MB | " + " | ".join(harness.text_label(t) for t in texts) + " | largest relative gap |",
