@@ -59,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="llama.cpp and torch threads")
     p.add_argument("--tables", default="/tmp/serving_tables_llamacpp", help="llama.cpp cost tables (reused)")
     p.add_argument("--table-layers", type=int, default=8, help="layers per timing model of a table measured here")
+    p.add_argument("--skip-timing", action="store_true", help="the conversion checks only (time in a later run)")
     p.add_argument("--workdir", default="/tmp/serving_llamacpp", help="converted files (kept: a rerun resumes)")
     p.add_argument("--output", default=str(harness.RESULTS_DIR / "serving_llamacpp_smollm2.json"))
     harness.add_tree_args(p)
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     tables = {}
     Path(args.tables).mkdir(parents=True, exist_ok=True)
-    for w in workloads:
+    for w in [] if args.skip_timing else workloads:
         path = Path(args.tables) / f"cost_table_{w.replace(':', '_')}.json"
         if not path.is_file():
             logger.info("measuring llama.cpp's cost table of %s", w)
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> dict:
                 measure_cost_table(dense.config, Workload.parse(w), layers=args.table_layers, rounds=args.rounds,
                                    warmup=args.warmup, runtime=runtime).save(path)  # fmt: skip
         tables[w] = CostTable.load(path)
-    res["tables"] = {w: t.to_dict() for w, t in tables.items()}
+    if tables:
+        res["tables"] = {w: t.to_dict() for w, t in tables.items()}
     dense_rows = layer_table(dense, get_spec(dense))
     folder = work / "dense_hf"  # the dense reference: its own folder (Llama in llama.cpp)
     if not (folder / "config.json").is_file():
@@ -156,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
             write()
         speed = entry.setdefault("speed", {})
         rows = layer_table(model, get_spec(model))
-        for w in workloads:
+        for w in [] if args.skip_timing else workloads:
             if w in speed or name == "dense":
                 continue
             with harness.timing_lock():
