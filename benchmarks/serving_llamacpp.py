@@ -4,7 +4,8 @@ table checked against them.
 
 Per model, two things:
 
-- **Conversion check**: its folder through llama.cpp's own `convert_hf_to_gguf.py` (`--outtype`), and llama.cpp's
+- **Conversion check**: its folder through llama.cpp's own `convert_hf_to_gguf.py` (`--outtype`; `export_gguf` for a
+  folder in optimum-prune's own per-layer format, which that converter does not read), and llama.cpp's
   perplexity on the first `--check-tokens` tokens of each text's stream (windows of `--window`) beside
   transformers' on the very same token ids: every variant (KV merges, removed sublayers) as llama.cpp reads it.
 - **Speed**: one step at each batch-1 workload of the file, in llama.cpp, interleaved with the dense model (medians
@@ -37,7 +38,7 @@ import torch  # noqa: E402
 from harness import REPO_ROOT  # noqa: E402
 from serving import _label, _shape  # noqa: E402
 
-from optimum_prune import load_pruned_model  # noqa: E402
+from optimum_prune import export_gguf, load_pruned_model  # noqa: E402
 from optimum_prune.evaluation import perplexity  # noqa: E402
 from optimum_prune.evaluation.cost_model import CostTable, Workload, measure_cost_table, step_seconds  # noqa: E402
 from optimum_prune.modeling.architectures import get_spec  # noqa: E402
@@ -83,6 +84,17 @@ def convert(folder: Path, path: Path, outtype: str) -> str:
         vocab = "its GPT-2 BPE step"
     tmp.rename(path)
     return vocab
+
+
+def _write_gguf(folder: Path, model, tokenizer, path: Path, outtype: str) -> str:
+    """The GGUF file of a saved model: llama.cpp's own converter where it reads the folder (the DeciLM format, a plain
+    Llama), else `export_gguf` (optimum-prune's own per-layer format, e.g. NP's per-layer shapes with pruned query
+    heads, which llama.cpp's `deci` graph runs but its converter cannot read)."""
+    model_type = json.loads((folder / "config.json").read_text())["model_type"]
+    if model_type.startswith("optimum_pruned"):
+        export_gguf(model, path, outtype, tokenizer=tokenizer)
+        return "export_gguf (optimum-prune's per-layer format: llama.cpp's converter does not read it)"
+    return f"llama.cpp's convert_hf_to_gguf.py ({convert(folder, path, outtype)} vocabulary step)"
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -144,7 +156,8 @@ def main(argv: list[str] | None = None) -> dict:
         model = dense if name == "dense" else load_pruned_model(src, dtype=torch.float32).eval()
         if "ppl" not in entry:
             path = work / f"{name.replace('@', '_').replace(':', '-')}.{args.outtype}.gguf"
-            entry["vocabulary"] = "cached" if path.is_file() else convert(src, path, args.outtype)
+            if not path.is_file():
+                entry["written_by"] = _write_gguf(src, model, tok, path, args.outtype)
             entry["mb"] = path.stat().st_size / 1e6
             llm = _llamacpp.load(path, n_ctx=args.window, n_threads=args.threads, logits_all=True)
             entry["ppl"] = {}
@@ -203,7 +216,8 @@ def markdown(res: dict[str, Any]) -> str:
         "llama.cpp). Not timed: "
         + (", ".join(res.get("not_timed", [])) or "none")
         + " (llama-cpp-python's `Llama` runs one sequence).",
-        f"- Conversion check: each folder through llama.cpp's own `convert_hf_to_gguf.py`, llama.cpp's perplexity "
+        f"- Conversion check: each folder through llama.cpp's own `convert_hf_to_gguf.py` (NP's per-layer shapes, in "
+        "optimum-prune's own format, through `export_gguf`), llama.cpp's perplexity "
         f"against transformers' (fp32) on the same first {a['check_tokens']} tokens of each text, windows of "
         f"{a['window']}.",
         "",
@@ -228,13 +242,16 @@ def markdown(res: dict[str, Any]) -> str:
                       f"(timed in each pair) {min(dense):+.1%} to {max(dense):+.1%}."]  # fmt: skip
         lines.append("")
     lines += ["## Conversion check (perplexity, llama.cpp / transformers)", "",
-              "| model | file MB | " + " | ".join(harness.text_label(t) for t in texts) + " | largest relative gap |",
-              "|---|---:|" + "---|" * len(texts) + "---:|"]  # fmt: skip
+              "| model | GGUF by | file MB | " + " | ".join(harness.text_label(t) for t in texts)
+              + " | largest relative gap |", "|---|---|---:|" + "---|" * len(texts) + "---:|"]  # fmt: skip
     for e in res["models"].values():
         if "ppl" in e:
             gap = max(abs(p["llama_cpp"] / p["transformers"] - 1) for p in e["ppl"].values())
             cells = [f"{p['llama_cpp']:.3f} / {p['transformers']:.3f}" for p in e["ppl"].values()]
-            lines.append(f"| {e['serving']['label']} | {e['mb']:.0f} | " + " | ".join(cells) + f" | {gap:.2%} |")
+            by = "export_gguf" if e.get("written_by", "").startswith("export_gguf") else "llama.cpp's converter"
+            lines.append(
+                f"| {e['serving']['label']} | {by} | {e['mb']:.0f} | " + " | ".join(cells) + f" | {gap:.2%} |"
+            )
     lines.append("")
     return "\n".join(lines)
 
