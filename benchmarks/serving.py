@@ -242,8 +242,13 @@ def markdown(res: dict[str, Any]) -> str:
         "model. Speed: one prefill of the context or one decode step with the context cached (transformers, static "
         "cache, fp32), each model timed interleaved with the dense model; speedup = dense / pruned (medians of "
         f"{res['args']['rounds']} rounds). Predicted: the workload's cost table.",
-        "",
     ]
+    earlier = sorted({str(v["timed_with"])[:7] for by in speed.values() for v in by.values() if v.get("timed_with")})
+    if earlier:
+        lines.append(f"- Speed rows of models refitted again on the same shapes (the layer tables identical) keep the "
+                     f"timing of those shapes at commit(s) {', '.join(earlier)}; `speed_loaded` in the JSON holds their "
+                     "re-timing on a loaded machine.")  # fmt: skip
+    lines.append("")
     for w, by_model in speed.items():
         table = CostTable.from_dict(res["tables"][w]) if w in res.get("tables", {}) else None
         dense_pred = table.predict(dense["layers"]) if table else None
