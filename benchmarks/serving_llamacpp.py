@@ -97,6 +97,13 @@ def _write_gguf(folder: Path, model, tokenizer, path: Path, outtype: str) -> str
     return f"llama.cpp's convert_hf_to_gguf.py ({convert(folder, path, outtype)} vocabulary step)"
 
 
+def _predict(record: dict[str, Any], table: CostTable, rows, dense_rows) -> None:
+    """The table's step times of the model and the dense model beside their measured ones in `record`."""
+    record["predicted_s"], record["predicted_dense_s"] = table.predict(rows), table.predict(dense_rows)
+    record["prediction_error"] = record["predicted_s"] / record["model_s"] - 1
+    record["dense_prediction_error"] = record["predicted_dense_s"] / record["dense_s"] - 1
+
+
 def main(argv: list[str] | None = None) -> dict:
     import _llamacpp  # the `llamacpp` extra; its absence raises an ImportError naming it
     import llama_cpp
@@ -171,6 +178,8 @@ def main(argv: list[str] | None = None) -> dict:
             write()
         speed = entry.setdefault("speed", {})
         rows = layer_table(model, get_spec(model))
+        for w, record in speed.items():  # the current tables' predictions (a table measured again re-predicts)
+            _predict(record, tables[w], rows, dense_rows)
         for w in [] if args.skip_timing else workloads:
             if w in speed or name == "dense":
                 continue
@@ -178,13 +187,10 @@ def main(argv: list[str] | None = None) -> dict:
                 got = step_seconds({"dense": dense, name: model}, Workload.parse(w), rounds=args.rounds,
                                    warmup=args.warmup, runtime=runtime)  # fmt: skip
             d, m = got["dense"], got[name]
-            predicted = tables[w].predict(rows)
             speed[w] = {"dense_s": d["median_s"], "model_s": m["median_s"], "speedup": d["median_s"] / m["median_s"],
                         **harness.round_ratios(d["samples_s"], m["samples_s"], "speedup"),
-                        "predicted_s": predicted, "predicted_dense_s": tables[w].predict(dense_rows),
-                        "prediction_error": predicted / m["median_s"] - 1,
-                        "dense_prediction_error": tables[w].predict(dense_rows) / d["median_s"] - 1,
                         "load_average": (harness.loadavg() or [None])[0]}  # fmt: skip
+            _predict(speed[w], tables[w], rows, dense_rows)
             logger.info("%s at %s: %.3fx (predicted step %+.1f%%)", name, w, speed[w]["speedup"],
                         100 * speed[w]["prediction_error"])  # fmt: skip
             write()
