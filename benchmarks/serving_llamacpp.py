@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> dict:
         speed = entry.setdefault("speed", {})
         rows = layer_table(model, get_spec(model))
         for w, record in speed.items():  # the current tables' predictions (a table measured again re-predicts)
-            _predict(record, tables[w], rows, dense_rows)
+            if w in tables:
+                _predict(record, tables[w], rows, dense_rows)
         for w in [] if args.skip_timing else workloads:
             if w in speed or name == "dense":
                 continue
