@@ -40,7 +40,15 @@ from serving import _label, _shape  # noqa: E402
 
 from optimum_prune import export_gguf, load_pruned_model  # noqa: E402
 from optimum_prune.evaluation import perplexity  # noqa: E402
-from optimum_prune.evaluation.cost_model import CostTable, Workload, measure_cost_table, step_seconds  # noqa: E402
+from optimum_prune.evaluation.cost_model import (  # noqa: E402
+    CostTable,
+    Workload,
+    fit_cost_table,
+    measure_assemblies,
+    measure_cost_table,
+    random_assemblies,
+    step_seconds,
+)
 from optimum_prune.modeling.architectures import get_spec  # noqa: E402
 from optimum_prune.modeling.shapes import layer_table  # noqa: E402
 
@@ -60,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="llama.cpp and torch threads")
     p.add_argument("--tables", default="/tmp/serving_tables_llamacpp", help="llama.cpp cost tables (reused)")
     p.add_argument("--table-layers", type=int, default=8, help="layers per timing model of a table measured here")
+    p.add_argument("--fit", type=int, default=0, metavar="N",
+                   help="also refit each table to N random full-depth assemblies timed in llama.cpp (fit_cost_table)")  # fmt: skip
     p.add_argument("--skip-timing", action="store_true", help="the conversion checks only (time in a later run)")
     p.add_argument("--workdir", default="/tmp/serving_llamacpp", help="converted files (kept: a rerun resumes)")
     p.add_argument("--output", default=str(harness.RESULTS_DIR / "serving_llamacpp_smollm2.json"))
@@ -97,11 +107,15 @@ def _write_gguf(folder: Path, model, tokenizer, path: Path, outtype: str) -> str
     return f"llama.cpp's convert_hf_to_gguf.py ({convert(folder, path, outtype)} vocabulary step)"
 
 
-def _predict(record: dict[str, Any], table: CostTable, rows, dense_rows) -> None:
-    """The table's step times of the model and the dense model beside their measured ones in `record`."""
-    record["predicted_s"], record["predicted_dense_s"] = table.predict(rows), table.predict(dense_rows)
-    record["prediction_error"] = record["predicted_s"] / record["model_s"] - 1
-    record["dense_prediction_error"] = record["predicted_dense_s"] / record["dense_s"] - 1
+def _predict(record: dict[str, Any], table: CostTable, rows, dense_rows, prefix: str = "") -> None:
+    """The table's step times of the model and the dense model beside their measured ones in `record` (keys with
+    `prefix`: `"fit_"` for the fitted table)."""
+    record[prefix + "predicted_s"], record[prefix + "predicted_dense_s"] = (
+        table.predict(rows),
+        table.predict(dense_rows),
+    )
+    record[prefix + "prediction_error"] = record[prefix + "predicted_s"] / record["model_s"] - 1
+    record[prefix + "dense_prediction_error"] = record[prefix + "predicted_dense_s"] / record["dense_s"] - 1
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -138,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
     def write() -> None:
         harness.write_results(res, out, "serving_llamacpp")
 
-    tables = {}
+    tables, tables_fit = {}, {}
     Path(args.tables).mkdir(parents=True, exist_ok=True)
     for w in [] if args.skip_timing else workloads:
         path = Path(args.tables) / f"cost_table_{w.replace(':', '_')}.json"
@@ -148,8 +162,20 @@ def main(argv: list[str] | None = None) -> dict:
                 measure_cost_table(dense.config, Workload.parse(w), layers=args.table_layers, rounds=args.rounds,
                                    warmup=args.warmup, runtime=runtime).save(path)  # fmt: skip
         tables[w] = CostTable.load(path)
+        fitted = path.with_name(path.stem + f"_fit{args.fit}.json")
+        if args.fit and not fitted.is_file():  # refitted to whole random assemblies timed in llama.cpp
+            logger.info("fitting it to %d random assemblies", args.fit)
+            rows = random_assemblies(dense.config, args.fit)
+            with harness.timing_lock():
+                measured = measure_assemblies(dense.config, rows, Workload.parse(w), rounds=args.rounds,
+                                              warmup=args.warmup, runtime=runtime)  # fmt: skip
+            fit_cost_table(tables[w], rows, measured).save(fitted)
+        if args.fit:
+            tables_fit[w] = CostTable.load(fitted)
     if tables:
         res["tables"] = {w: t.to_dict() for w, t in tables.items()}
+    if tables_fit:
+        res["tables_fitted"] = {w: t.to_dict() for w, t in tables_fit.items()}
     dense_rows = layer_table(dense, get_spec(dense))
     folder = work / "dense_hf"  # the dense reference: its own folder (Llama in llama.cpp)
     if not (folder / "config.json").is_file():
@@ -181,6 +207,8 @@ def main(argv: list[str] | None = None) -> dict:
         for w, record in speed.items():  # the current tables' predictions (a table measured again re-predicts)
             if w in tables:
                 _predict(record, tables[w], rows, dense_rows)
+            if w in tables_fit:
+                _predict(record, tables_fit[w], rows, dense_rows, "fit_")
         for w in [] if args.skip_timing else workloads:
             if w in speed or name == "dense":
                 continue
@@ -192,6 +220,8 @@ def main(argv: list[str] | None = None) -> dict:
                         **harness.round_ratios(d["samples_s"], m["samples_s"], "speedup"),
                         "load_average": (harness.loadavg() or [None])[0]}  # fmt: skip
             _predict(speed[w], tables[w], rows, dense_rows)
+            if w in tables_fit:
+                _predict(speed[w], tables_fit[w], rows, dense_rows, "fit_")
             logger.info("%s at %s: %.3fx (predicted step %+.1f%%)", name, w, speed[w]["speedup"],
                         100 * speed[w]["prediction_error"])  # fmt: skip
             write()
@@ -230,8 +260,11 @@ def markdown(res: dict[str, Any]) -> str:
         "",
     ]
     for w in res.get("workloads", []):
+        fit = w in res.get("tables_fitted", {})
         lines += [f"## {w}", "", "| model | shapes | llama.cpp speedup | predicted (llama.cpp table) | step error | "
-                  "transformers speedup | predicted (transformers table) |", "|---|---|---|---|---:|---|---|"]  # fmt: skip
+                  + ("fitted table: predicted | step error | " if fit else "")
+                  + "transformers speedup | predicted (transformers table) |",
+                  "|---|---|---|---|---:|" + ("---|---:|" if fit else "") + "---|---|"]  # fmt: skip
         rows = [e for e in res["models"].values() if w in e.get("speed", {})]
         errors = []
         for e in sorted(rows, key=lambda e: e["speed"][w]["speedup"]):
@@ -239,6 +272,8 @@ def markdown(res: dict[str, Any]) -> str:
             errors.append(s["prediction_error"])
             cells = [f"{harness.round_median(s, 'speedup'):.2f}x{harness.spread_note(s, 'speedup')}",
                      f"{s['predicted_dense_s'] / s['predicted_s']:.2f}x", f"{s['prediction_error']:+.1%}",
+                     *([f"{s['fit_predicted_dense_s'] / s['fit_predicted_s']:.2f}x", f"{s['fit_prediction_error']:+.1%}"]
+                       if fit else []),
                      *(f"{v:.2f}x" if v is not None else "–" for v in (sv["transformers"].get(w),
                                                                        sv["predicted"].get(w)))]  # fmt: skip
             lines.append(f"| {sv['label']} | {sv['shape']} | " + " | ".join(cells) + " |")
@@ -247,6 +282,10 @@ def markdown(res: dict[str, Any]) -> str:
             lines += ["", f"Step-time prediction error: largest {max(errors, key=abs):+.1%}, mean |error| "
                       f"{sum(abs(x) for x in errors) / len(errors):.1%} over {len(errors)} models; the dense model "
                       f"(timed in each pair) {min(dense):+.1%} to {max(dense):+.1%}."]  # fmt: skip
+        if errors and fit:
+            fits = [e["speed"][w]["fit_prediction_error"] for e in rows]
+            lines += [f"The fitted table ({res['tables_fitted'][w]['info']['fit']['assemblies']} random assemblies): "
+                      f"largest {max(fits, key=abs):+.1%}, mean |error| {sum(map(abs, fits)) / len(fits):.1%}."]  # fmt: skip
         lines.append("")
     lines += ["## Conversion check (perplexity, llama.cpp / transformers)", "",
               "| model | GGUF by | file MB | " + " | ".join(harness.text_label(t) for t in texts)

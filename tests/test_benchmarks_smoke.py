@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import itertools
 import json
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -800,10 +801,12 @@ def test_serving_llamacpp(tiny_llama, smollm2_tokenizer, tmp_path):
             "--rounds", "1", "--warmup", "0", "--tables", str(tmp_path / "t"), "--workdir", str(tmp_path / "work")]  # fmt: skip
     serving = _run("serving", argv, tmp_path / "serving.json")
     argv = ["--serving", str(tmp_path / "serving.json"), "--check-tokens", "64", "--window", "32", "--rounds", "2",
-            "--warmup", "0", "--table-layers", "2", "--tables", str(tmp_path / "lt"), "--workdir", str(tmp_path / "g")]  # fmt: skip
+            "--warmup", "0", "--table-layers", "2", "--tables", str(tmp_path / "lt"), "--workdir", str(tmp_path / "g"),
+            "--fit", "3"]  # fmt: skip
     result = _run("serving_llamacpp", argv, tmp_path / "llamacpp.json")
     assert set(result["models"]) == set(serving["models"]) and result["workloads"] == ["decode:1:32", "prefill:1:16"]
     assert {t["workload"]["phase"] for t in result["tables"].values()} == {"decode", "prefill"}
+    assert all(t["info"]["fit"]["assemblies"] == 3 for t in result["tables_fitted"].values())
     for name, entry in result["models"].items():
         for ppl in entry["ppl"].values():  # the converted file computes what transformers computes
             assert ppl["llama_cpp"] == pytest.approx(ppl["transformers"], rel=2e-3), name
@@ -811,12 +814,13 @@ def test_serving_llamacpp(tiny_llama, smollm2_tokenizer, tmp_path):
             assert set(entry["speed"]) == {"decode:1:32", "prefill:1:16"}
             for s in entry["speed"].values():
                 assert s["speedup"] > 0 and len(s["speedup_rounds"]) == 2 and s["predicted_s"] > 0
+                assert s["fit_predicted_s"] > 0 and math.isfinite(s["fit_prediction_error"])
     row = result["models"]["serving@decode:1:32@1.05"]["serving"]
     assert row["predicted"]["decode:1:32"] >= 1.05 and row["transformers"]["decode:1:32"] > 0
     again = _run("serving_llamacpp", argv, tmp_path / "llamacpp.json")  # resumed: nothing measured again
     assert again["models"]["np_servable@0.3"]["speed"] == result["models"]["np_servable@0.3"]["speed"]
     report = (tmp_path / "llamacpp.md").read_text(encoding="utf-8")
-    assert "## decode:1:32" in report and "Step-time prediction error" in report
+    assert "## decode:1:32" in report and "Step-time prediction error" in report and "The fitted table (3" in report
 
 
 def test_vllm_reader(tiny_dir, tmp_path):
