@@ -182,6 +182,11 @@ def main(argv: list[str] | None = None) -> dict:
         dense.save_pretrained(folder)
         tok.save_pretrained(folder)
     names = args.models or [n for n in serving["models"] if n != "dense"]
+    for name, entry in res["models"].items():  # the current tables' predictions (a table measured again re-predicts)
+        for w, record in entry.get("speed", {}).items():
+            for table, prefix in ((tables.get(w), ""), (tables_fit.get(w), "fit_")):
+                if table is not None:
+                    _predict(record, table, serving["models"][name]["layers"], dense_rows, prefix)
     for name in ["dense", *names]:
         entry = res["models"].setdefault(name, {})
         entry["serving"] = _serving_record(serving, name, workloads)
@@ -204,11 +209,6 @@ def main(argv: list[str] | None = None) -> dict:
             write()
         speed = entry.setdefault("speed", {})
         rows = layer_table(model, get_spec(model))
-        for w, record in speed.items():  # the current tables' predictions (a table measured again re-predicts)
-            if w in tables:
-                _predict(record, tables[w], rows, dense_rows)
-            if w in tables_fit:
-                _predict(record, tables_fit[w], rows, dense_rows, "fit_")
         for w in [] if args.skip_timing else workloads:
             if w in speed or name == "dense":
                 continue
@@ -273,7 +273,7 @@ def markdown(res: dict[str, Any]) -> str:
             cells = [f"{harness.round_median(s, 'speedup'):.2f}x{harness.spread_note(s, 'speedup')}",
                      f"{s['predicted_dense_s'] / s['predicted_s']:.2f}x", f"{s['prediction_error']:+.1%}",
                      *([f"{s['fit_predicted_dense_s'] / s['fit_predicted_s']:.2f}x", f"{s['fit_prediction_error']:+.1%}"]
-                       if fit else []),
+                       if fit and "fit_predicted_s" in s else ["–", "–"] if fit else []),
                      *(f"{v:.2f}x" if v is not None else "–" for v in (sv["transformers"].get(w),
                                                                        sv["predicted"].get(w)))]  # fmt: skip
             lines.append(f"| {sv['label']} | {sv['shape']} | " + " | ".join(cells) + " |")
@@ -282,8 +282,9 @@ def markdown(res: dict[str, Any]) -> str:
             lines += ["", f"Step-time prediction error: largest {max(errors, key=abs):+.1%}, mean |error| "
                       f"{sum(abs(x) for x in errors) / len(errors):.1%} over {len(errors)} models; the dense model "
                       f"(timed in each pair) {min(dense):+.1%} to {max(dense):+.1%}."]  # fmt: skip
-        if errors and fit:
-            fits = [e["speed"][w]["fit_prediction_error"] for e in rows]
+        if errors and fit and any("fit_prediction_error" in e["speed"][w] for e in rows):
+            fits = [e["speed"][w].get("fit_prediction_error") for e in rows]
+            fits = [x for x in fits if x is not None]
             lines += [f"The fitted table ({res['tables_fitted'][w]['info']['fit']['assemblies']} random assemblies): "
                       f"largest {max(fits, key=abs):+.1%}, mean |error| {sum(map(abs, fits)) / len(fits):.1%}."]  # fmt: skip
         lines.append("")
