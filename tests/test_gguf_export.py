@@ -337,6 +337,12 @@ def test_refusals_leave_nothing_written(small_tokenizer, tmp_path):
     layer.mlp.down_proj = nn.Linear(0, 64, bias=False)
     with pytest.raises(GGUFExportError, match="Layer 1 keeps attention but no MLP channel"):
         export_gguf(model, tmp_path / "m.gguf", tokenizer=small_tokenizer)
+    from optimum_prune.evaluation.cost_model import NO_OP, assembled_model, layer_row_of
+
+    c = model.config  # a last layer with neither sublayer: llama.cpp aborts on it
+    empty_last = assembled_model(c, [layer_row_of(c, c.num_key_value_heads, 256), layer_row_of(c, NO_OP, NO_OP)])
+    with pytest.raises(GGUFExportError, match="last layer has neither attention nor MLP"):
+        export_gguf(empty_last, tmp_path / "m.gguf", tokenizer=small_tokenizer)
     opt = _model("opt", small_tokenizer)
     with pytest.raises(GGUFExportError, match="GGUF export supports"):
         export_gguf(opt, tmp_path / "m.gguf", tokenizer=small_tokenizer)

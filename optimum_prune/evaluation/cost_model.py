@@ -564,7 +564,8 @@ def check_cost_table(
 
 def random_assemblies(config, count: int, seed: int = 0) -> list[list[dict[str, Any]]]:
     """`count` assemblies of `config`'s full depth, each layer's attention and MLP variant drawn uniformly (layer 0
-    keeps its attention; an MLP is removed only with its layer's attention), for `fit_cost_table`."""
+    keeps its attention; an MLP is removed only with its layer's attention, and never in the last layer: llama.cpp
+    aborts on a last layer without either), for `fit_cost_table`."""
     gen = torch.Generator().manual_seed(seed)
     attention, mlp = attention_variants(config), mlp_variants(config)
     out = []
@@ -572,7 +573,7 @@ def random_assemblies(config, count: int, seed: int = 0) -> list[list[dict[str, 
         rows = []
         for i in range(config.num_hidden_layers):
             a = attention[int(torch.randint(len(attention) - (1 if i == 0 else 0), (1,), generator=gen))]
-            widths = mlp if a == NO_OP else [m for m in mlp if m != NO_OP]
+            widths = mlp if a == NO_OP and i < config.num_hidden_layers - 1 else [m for m in mlp if m != NO_OP]
             rows.append(layer_row_of(config, a, widths[int(torch.randint(len(widths), (1,), generator=gen))]))
         out.append(rows)
     return out

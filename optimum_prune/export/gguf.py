@@ -121,6 +121,11 @@ def gguf_layout(model: nn.Module) -> dict[str, Any]:
                 f"Layer {i} keeps attention but no MLP channel: llama.cpp drops such a layer's attention output. "
                 "Prune again with min_mlp_channels_per_layer >= 1 (or prune_mlp=False)."
             )
+    if len(layers) > 1 and layers[-1]["num_attention_heads"] == 0 and layers[-1]["intermediate_size"] == 0:
+        raise GGUFExportError(
+            "The last layer has neither attention nor MLP: llama.cpp (0.3.36's) aborts on such a model. Keep a "
+            "sublayer in the last layer (prune it again with that layer in skip_layers)."
+        )
     biases = {b for row in layers for b in row["biases"]}
     if spec.moe is not None:
         arch = moe_arch(model, spec, base, layers, GGUFExportError)
