@@ -207,7 +207,9 @@ def _label(name: str, entry: dict[str, Any]) -> str:
         ranked = ", ranked widths" if cfg.get("mlp_widths") == "ranked" else ""
         joint = f", joint probes ×{cfg['joint_probe_rounds']}" if cfg.get("joint_probe_rounds") else ""
         cand = f", measured against {' + '.join(cfg['candidates'])}" if cfg.get("candidates") else ""
-        refit = ", dense-input refit" if cfg.get("compensation_inputs") == "dense" else ""
+        default = "dense" if cfg.get("config_version", 0) >= 4 else "sequential"  # (the default from version 4)
+        inputs = cfg.get("compensation_inputs", default)
+        refit = "" if inputs == default else f", {'dense-input' if inputs == 'dense' else 'sequential'} refit"
         return (f"serving, {cfg['speedup']:g}x at {cfg['workload']}, {cfg['error_scale']}{ranked}{joint}{cand}"
                 f"{refit}")  # fmt: skip
     ratio = name.split("@", 1)[1]

@@ -732,27 +732,38 @@ def test_cost_model(tmp_path):
     assert set(rec["fitted"]["checked"]) == set(rec["checked"]) and len(rec["fitted"]["fit_measured_s"]) == 3
 
 
-def test_serving(tiny_llama, smollm2_tokenizer, tmp_path):
-    """A speed-targeted model and two baselines on a tiny wide Llama (MLP widths in the format's steps of 256):
-    pruned, scored, timed against dense; a rerun resumes; the table prints every timed model.
-
-    The cost table is the bytes / FLOP model with no output head: a table timed here would put most of a step in
-    the tiny model's 49k-token head, and whether 1.05x is reachable would then depend on this machine's noise."""
+def _wide_model_and_tables(tiny_llama, tokenizer, tmp_path, workloads):
+    """A tiny Llama with MLP widths in the format's steps of 256 saved in `tmp_path / "wide"`, and the bytes / FLOP
+    cost table of each workload (no output head) in `tmp_path / "t"`, as serving.py reads them."""
     import dataclasses
 
     from transformers import LlamaForCausalLM
 
-    from optimum_prune.evaluation.cost_model import Workload, analytic_cost_table
+    from optimum_prune.evaluation.cost_model import analytic_cost_table
 
     _corpora()
     config = copy.deepcopy(tiny_llama.config)
     config.intermediate_size, config.num_hidden_layers = 512, 3
     wide = tmp_path / "wide"
     LlamaForCausalLM(config).save_pretrained(wide)
-    smollm2_tokenizer.save_pretrained(wide)
-    table = analytic_cost_table(config, Workload("decode", 2, 32), bandwidth_gbs=10.0, tflops=0.1)
+    tokenizer.save_pretrained(wide)
     (tmp_path / "t").mkdir()
-    dataclasses.replace(table, fixed_s=0.0).save(tmp_path / "t" / "cost_table_decode_2_32.json")
+    for w in workloads:
+        table = analytic_cost_table(config, w, bandwidth_gbs=10.0, tflops=0.1)
+        path = tmp_path / "t" / f"cost_table_{w.phase}_{w.batch}_{w.context}.json"
+        dataclasses.replace(table, fixed_s=0.0).save(path)
+    return wide
+
+
+def test_serving(tiny_llama, smollm2_tokenizer, tmp_path):
+    """A speed-targeted model and two baselines on a tiny wide Llama (MLP widths in the format's steps of 256):
+    pruned, scored, timed against dense; a rerun resumes; the table prints every timed model.
+
+    The cost table is the bytes / FLOP model with no output head: a table timed here would put most of a step in
+    the tiny model's 49k-token head, and whether 1.05x is reachable would then depend on this machine's noise."""
+    from optimum_prune.evaluation.cost_model import Workload
+
+    wide = _wide_model_and_tables(tiny_llama, smollm2_tokenizer, tmp_path, [Workload("decode", 2, 32)])
     argv = ["--model", str(wide), "--workloads", "decode:2:32", "--targets", "decode:2:32=1.05",
             "--mlp-widths", "knapsack", "ranked", "--ratios", "0.3", "--allocations", "servable", "global", "--num-samples", "4", "--seq-len", "32",
             *TINY_EVAL, "--rounds", "2", "--warmup", "0", "--tables", str(tmp_path / "t"),
@@ -780,22 +791,10 @@ def test_serving_llamacpp(tiny_llama, smollm2_tokenizer, tmp_path):
     llama.cpp perplexity beside transformers' on the same tokens, each timed against dense in llama.cpp, and a llama.cpp
     cost table measured and checked against them; a rerun resumes."""
     pytest.importorskip("llama_cpp", reason="serving_llamacpp.py times the models in llama.cpp (the `llamacpp` extra)")
-    import dataclasses
+    from optimum_prune.evaluation.cost_model import Workload
 
-    from transformers import LlamaForCausalLM
-
-    from optimum_prune.evaluation.cost_model import Workload, analytic_cost_table
-
-    _corpora()
-    config = copy.deepcopy(tiny_llama.config)
-    config.intermediate_size, config.num_hidden_layers = 512, 3
-    wide = tmp_path / "wide"
-    LlamaForCausalLM(config).save_pretrained(wide)
-    smollm2_tokenizer.save_pretrained(wide)
-    (tmp_path / "t").mkdir()
-    for w in (Workload("decode", 1, 32), Workload("prefill", 1, 16)):
-        table = analytic_cost_table(config, w, bandwidth_gbs=10.0, tflops=0.1)
-        dataclasses.replace(table, fixed_s=0.0).save(tmp_path / "t" / f"cost_table_{w.phase}_1_{w.context}.json")
+    workloads = [Workload("decode", 1, 32), Workload("prefill", 1, 16)]
+    wide = _wide_model_and_tables(tiny_llama, smollm2_tokenizer, tmp_path, workloads)
     argv = ["--model", str(wide), "--workloads", "decode:1:32", "prefill:1:16", "--targets", "decode:1:32=1.05",
             "--ratios", "0.3", "--allocations", "servable", "--num-samples", "4", "--seq-len", "32", *TINY_EVAL,
             "--rounds", "1", "--warmup", "0", "--tables", str(tmp_path / "t"), "--workdir", str(tmp_path / "work")]  # fmt: skip
