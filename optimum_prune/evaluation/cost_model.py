@@ -403,8 +403,6 @@ def measure_cost_table(
         attention += [a for a in [config.num_key_value_heads] if a not in attention]
         mlp += [m for m in [config.intermediate_size] if m not in mlp]
     widths = [m for m in mlp if m != NO_OP]
-    if llama and not widths:
-        raise ValueError(f"{_runtime_label(runtime)} times attention beside an MLP: give at least one MLP width.")
     if llama:
         models, derive = _llamacpp_models(config, attention, widths, layers, dtype)
     else:
