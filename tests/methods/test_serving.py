@@ -14,7 +14,7 @@ from optimum_prune import AutoPrunedModelForCausalLM, ServingConfig, prune_, sav
 from optimum_prune.evaluation.cost_model import NO_OP, Workload, analytic_cost_table
 from optimum_prune.functional.assembly import choose_options, lagrangian_bound
 from optimum_prune.functional.variants import adjacent_merges, merge_kv_weights, refit_loss, width_losses
-from optimum_prune.methods.numerical.serving import layer_options
+from optimum_prune.methods.numerical.serving import ServingPruner, layer_options
 from optimum_prune.modeling.architectures import get_layers, get_spec, layer_view, weight_oi
 from optimum_prune.modeling.surgery import apply_layer_plan_
 from optimum_prune.plan import LayerPlan
@@ -141,6 +141,13 @@ def test_layer_options_stay_inside_what_the_readers_load():
     assert layer_options(views[1], ServingConfig(skip_layers=(1,))) == [(2, 768)]
     assert layer_options(views[1], ServingConfig(skip_layers=(1,)), kv=1) == []  # a skipped layer keeps its 2
     assert {a for a, _ in layer_options(views[2], ServingConfig(kv_merge=False, remove_sublayers=False))} == {2}
+    # llama.cpp aborts on a last layer with neither sublayer: kept there unless the reader is vLLM alone
+    assert (NO_OP, NO_OP) not in layer_options(views[2], ServingConfig(), last=True)
+    assert (NO_OP, NO_OP) not in layer_options(views[2], ServingConfig(reader="llama.cpp"), last=True)
+    assert (NO_OP, NO_OP) in layer_options(views[2], ServingConfig(reader="vllm"), last=True)
+    pruner = ServingPruner(ServingConfig())
+    pruner.validate(model, spec)
+    assert (NO_OP, NO_OP) not in pruner._options(views[-1]) and (NO_OP, NO_OP) in pruner._options(views[-2])
 
 
 # ------------------------------------------------------------------------------------------- whole prunes
@@ -332,7 +339,6 @@ def test_a_run_stopped_in_the_refit_resumes_to_the_same_model(inputs, tmp_path, 
     from scale_utils import assert_same_state, prune_and_save, saved_state, write_checkpoint
 
     from optimum_prune import AutoPruner
-    from optimum_prune.methods.numerical.serving import ServingPruner
 
     src = write_checkpoint(tmp_path / "src", intermediate_size=768, num_hidden_layers=5)
     # a memory target at a long context: KV merges and removed attention in the mix

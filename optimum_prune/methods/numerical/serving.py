@@ -60,9 +60,12 @@ def _mergeable(view: LayerView) -> bool:
     return all(getattr(view.module(p), "bias", None) is None for p in view.spec.qkv_paths[1:])
 
 
-def layer_options(view: LayerView, cfg: ServingConfig, kv: int | None = None) -> list[tuple[int | str, int | str]]:
+def layer_options(
+    view: LayerView, cfg: ServingConfig, kv: int | None = None, last: bool = False
+) -> list[tuple[int | str, int | str]]:
     """The `(attention, mlp)` variants layer `view` may take (`kv`: the one KV-head count every layer with attention
-    shares under `reader="all"`; `None`: any)."""
+    shares under `reader="all"`; `None`: any; `last`: whether `view` is the model's last layer, which keeps a
+    sublayer where llama.cpp reads the model: it aborts on a last layer with neither)."""
     if view.index in cfg.skip_layers:  # (none where the shared count is another: that count is not possible)
         return [(view.num_kv_heads, view.intermediate_size)] if kv in (None, view.num_kv_heads) else []
     attention: list[int | str] = _kv_counts(view) if cfg.kv_merge and _mergeable(view) else [view.num_kv_heads]
@@ -77,6 +80,8 @@ def layer_options(view: LayerView, cfg: ServingConfig, kv: int | None = None) ->
         for m in [*widths, NO_OP]:
             if m == NO_OP and (a != NO_OP or not cfg.remove_sublayers):
                 continue  # llama.cpp skips a whole layer whose MLP is absent
+            if m == NO_OP and last and cfg.reader != "vllm":
+                continue
             options.append((a, m))
     return options
 
@@ -123,6 +128,7 @@ class ServingPruner(NumericalPruner):
         if cfg.target == "speed":
             self._check_table(model, cfg.load_cost_table())
         views = [layer_view(layer, i, spec, model.config) for i, layer in enumerate(get_layers(model, spec))]
+        self._last_layer = len(views) - 1
         options = [self._options(v) for v in views]
         cheapest = sum(min(self.costs(v, a, m) for a, m in opts) for v, opts in zip(views, options))
         budget = self.budget(model, views)
@@ -173,7 +179,7 @@ class ServingPruner(NumericalPruner):
 
     # ------------------------------------------------------------------------------------------- variants
     def _options(self, view: LayerView, kv: int | None = None) -> list[tuple[Any, Any]]:
-        return layer_options(view, self.config, kv)
+        return layer_options(view, self.config, kv, last=view.index == getattr(self, "_last_layer", None))
 
     def attention_variants(self, view: LayerView) -> dict[int, LayerPlan]:
         """`{KV-head count: the zeroed-form plan of that merge}` for every count below the layer's own."""

@@ -53,7 +53,8 @@ class ServingConfig(NumericalConfig):
             not verified in SGLang, TensorRT-LLM and MLX); `"vllm"` or `"llama.cpp"`: a KV-head count per layer
             (vLLM 0.32's `DeciLMForCausalLM` computes such a model's log-probabilities as transformers does,
             `benchmarks/vllm_reader.py`; llama.cpp's converter reads one count per layer). A Qwen2 model needs
-            `"vllm"`: its q/k/v biases load in vLLM, SGLang and MLX only.
+            `"vllm"`: its q/k/v biases load in vLLM, SGLang and MLX only. Under `"all"` and `"llama.cpp"` the last
+            layer keeps its attention or its MLP: llama.cpp aborts on a model whose last layer has neither.
         error_scale (`str`, defaults to `"end_to_end"`, chosen on the selection split: docs/guides/deployment.md): how the layer-wise errors of different layers and sublayers
             compare. `"end_to_end"`: each sublayer's errors are scaled so that its removal's error equals what its
             removal alone costs the whole model, the KL divergence of its next-token distribution from the dense
