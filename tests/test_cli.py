@@ -399,8 +399,9 @@ def test_cost_model_writes_a_table_per_workload(model_dir, tmp_path, capsys):
     assert main(["cost-model", str(model_dir), "--workload", "decode:16", "-o", str(out)]) == 2
     assert "phase:batch:context" in capsys.readouterr().err
     llama = ["cost-model", str(model_dir), "--runtime", "llama.cpp", "--layers", "2", "--rounds", "1", "--warmup", "0"]
-    assert main([*llama, "--workload", "decode:2:16", "-o", str(tmp_path / "never")]) == 2  # before any timing
-    assert "one sequence at a time" in capsys.readouterr().err and not (tmp_path / "never").exists()
+    assert main([*llama, "--workload", "decode:1000:16", "-o", str(tmp_path / "never")]) == 2  # before any timing
+    refusal = "sequences at once" if importlib.util.find_spec("llama_cpp") is not None else "optimum-prune[llamacpp]"
+    assert refusal in capsys.readouterr().err and not (tmp_path / "never").exists()
     if importlib.util.find_spec("llama_cpp") is not None:  # the llamacpp extra
         assert main([*llama, "--workload", "prefill:1:16", "--check", "-o", str(out)]) == 0
         table = CostTable.load(out / "cost_table_prefill_1_16.json")
@@ -421,7 +422,7 @@ def test_prune_serving_meets_a_speed_target_from_a_cost_table(model_dir, smollm2
         main(["cost-model", str(wide), "--analytic", "20", "0.2", "--workload", "decode:4:512", "-o", str(tables)])
         == 0
     )
-    argv = ["prune", str(wide), "--method", "serving", "--workload", "decode:4:512", "--speedup", "1.1",
+    argv = ["prune", str(wide), "--method", "serving", "--workload", "decode:4:512", "--speedup", "1.05",
             *_calib_args(calib_file)]  # fmt: skip
     assert main([*argv, "--output", str(tmp_path / "never")]) == 2  # no cost table
     err = capsys.readouterr().err
@@ -433,4 +434,4 @@ def test_prune_serving_meets_a_speed_target_from_a_cost_table(model_dir, smollm2
     capsys.readouterr()
     assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "nemotron-nas"
     assembly = json.loads(report.read_text())["info"]["assembly"]
-    assert assembly["target"] == "speed" and assembly["predicted_speedup"] >= 1.1
+    assert assembly["target"] == "speed" and assembly["predicted_speedup"] >= 1.05

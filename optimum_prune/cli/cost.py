@@ -56,14 +56,13 @@ def _cost_model(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype) if args.dtype not in (None, "auto") else torch.float32
     runtime = "transformers"
     if args.runtime == "llama.cpp" and not args.analytic:
-        batched = [w.name for w in workloads if w.batch != 1]
-        if batched:
-            raise UserError(f"llama.cpp is timed one sequence at a time: {batched} have batch > 1.")
         try:
             tokenizer = transformers.AutoTokenizer.from_pretrained(path, gguf_file=gguf_file)
         except (OSError, ValueError) as e:
             raise UserError(f"Timing in llama.cpp writes GGUF files with the model's tokenizer: {e}") from e
         runtime = LlamaCppRuntime(tokenizer, threads=args.threads)  # its ImportError names the extra
+        for w in workloads:
+            runtime.check(w)  # before any timing (a ValueError: the CLI's own error)
     out_dir.mkdir(parents=True, exist_ok=True)
     timing = {"rounds": args.rounds, "warmup": args.warmup, "dtype": dtype, "runtime": runtime}
     for w in workloads:

@@ -12,9 +12,10 @@ one term per sublayer, and each term depends only on that sublayer's variant:
 server keeps): for each variant a model of `layers` identical layers is timed, interleaved with the model of the same
 depth whose layers are empty, and the difference per layer is the variant's cost (medians over rounds). The fixed part
 is the empty model's time less its layers' residual adds. `runtime=export.LlamaCppRuntime(tokenizer)` times the same
-in llama.cpp (batch-1 workloads): each timed model written with `export_gguf`, a whole first layer in front (so
-that llama.cpp runs every one in its per-layer `deci` graph, as it runs a pruned model), attention timed beside the
-narrowest MLP (llama.cpp skips a layer without MLP whole) and that MLP's cost taken off. `analytic_cost_table` is
+in llama.cpp (every sequence in its own KV stream, as llama-server's slots): each timed model written with
+`export_gguf`, a whole first layer in front (so that llama.cpp runs every one in its per-layer `deci` graph, as it runs
+a pruned model), attention timed beside the narrowest MLP (llama.cpp skips a layer without MLP whole) and that MLP's
+cost taken off. `analytic_cost_table` is
 the bytes / FLOP model where nothing can be measured: each term is the larger of its bytes over the memory
 bandwidth (weights, plus the KV cache a decode step reads) and its FLOPs over the compute rate, plus a launch
 overhead per sublayer.
@@ -392,7 +393,7 @@ def measure_cost_table(
     interleaved with the empty model of the same depth and with the empty model of one layer (which gives the part
     of a step outside the layers). On a CPU, time with one thread unless the runtime serves with more (small GEMMs
     on several threads can be far slower on shared cores). `runtime=export.LlamaCppRuntime(tokenizer)` times in
-    llama.cpp (batch-1 workloads; see the module docstring for how its table is made)."""
+    llama.cpp (see the module docstring for how its table is made)."""
     if spec_for_config(config) is None:
         raise ValueError(f"No cost model for {config.model_type!r}: it needs a decoder of the architecture table.")
     device = torch.device(device)
@@ -402,17 +403,7 @@ def measure_cost_table(
     if llama:  # the whole first layer's own variants are timed too (its cost comes off the fixed part)
         attention += [a for a in [config.num_key_value_heads] if a not in attention]
         mlp += [m for m in [config.intermediate_size] if m not in mlp]
-    widths = [m for m in mlp if m != NO_OP]
-    if llama:
-        models, derive = _llamacpp_models(config, attention, widths, layers, dtype)
-    else:
-        models = {"empty": assembled_model(config, _dense_rows(config, NO_OP, NO_OP, layers), dtype),
-                  "empty1": assembled_model(config, _dense_rows(config, NO_OP, NO_OP, 1), dtype)}  # fmt: skip
-        for a in attention:
-            if a != NO_OP:
-                models["attention", str(a)] = assembled_model(config, _dense_rows(config, a, NO_OP, layers), dtype)
-        for m in widths:
-            models["mlp", str(m)] = assembled_model(config, _dense_rows(config, NO_OP, m, layers), dtype)
+    models, derive = (_llamacpp_models if llama else _transformers_models)(config, attention, mlp, layers, dtype)
     steps = _steps(models, workload, device, runtime)
     t0 = time.perf_counter()
     try:
@@ -420,15 +411,7 @@ def measure_cost_table(
     finally:
         _close(steps)
     med = {k: statistics.median(t) for k, t in times.items()}
-    if llama:
-        table_a, table_m, fixed, per_layer = derive(med)
-    else:
-        empty = med["empty"]
-        per_layer = max((med["empty"] - med["empty1"]) / max(layers - 1, 1), 0.0)
-        fixed = med["empty1"] - per_layer
-        table_m = {str(m): (max((med["mlp", str(m)] - empty) / layers, 0.0) if m != NO_OP else 0.0) for m in mlp}
-        table_a = {str(a): (max((med["attention", str(a)] - empty) / layers, 0.0) if a != NO_OP else 0.0)
-                   for a in attention}  # fmt: skip
+    table_a, table_m, fixed, per_layer = derive(med)
     spread = {(k if isinstance(k, str) else ":".join(k)): _iqr(t) for k, t in times.items()}
     info = {
         "runtime": _runtime_label(runtime),
@@ -448,13 +431,37 @@ def measure_cost_table(
     return CostTable(workload, table_a, table_m, fixed, per_layer, "measured", info)
 
 
-def _llamacpp_models(config, attention, widths, layers: int, dtype):
+def _transformers_models(config, attention, mlp, layers: int, dtype):
+    """The timing models of the transformers layout, and how their median times give the table: per variant `layers`
+    identical layers holding that sublayer alone, beside the empty models of `layers` layers and of one."""
+    models: dict[Any, Any] = {"empty": assembled_model(config, _dense_rows(config, NO_OP, NO_OP, layers), dtype),
+                              "empty1": assembled_model(config, _dense_rows(config, NO_OP, NO_OP, 1), dtype)}  # fmt: skip
+    for a in attention:
+        if a != NO_OP:
+            models["attention", str(a)] = assembled_model(config, _dense_rows(config, a, NO_OP, layers), dtype)
+    for m in mlp:
+        if m != NO_OP:
+            models["mlp", str(m)] = assembled_model(config, _dense_rows(config, NO_OP, m, layers), dtype)
+
+    def derive(med: dict[Any, float]):
+        empty = med["empty"]
+        per_layer = max((empty - med["empty1"]) / max(layers - 1, 1), 0.0)
+        table_m = {str(m): (max((med["mlp", str(m)] - empty) / layers, 0.0) if m != NO_OP else 0.0) for m in mlp}
+        table_a = {str(a): (max((med["attention", str(a)] - empty) / layers, 0.0) if a != NO_OP else 0.0)
+                   for a in attention}  # fmt: skip
+        return table_a, table_m, med["empty1"] - per_layer, per_layer
+
+    return models, derive
+
+
+def _llamacpp_models(config, attention, mlp, layers: int, dtype):
     """The timing models of a runtime that skips a layer without an MLP whole (llama.cpp's `deci` graph), and how
     their median times give the table. Every model starts with a whole layer (so that it runs in the per-layer
     graph) and holds `layers` layers of one variant: a reference of the narrowest MLP alone, the same at twice the
     depth (its cost per layer), attention variants beside that MLP, wider MLPs, and `layers` empty layers before the
     reference (what a skipped layer costs). A model of empty layers alone is not timed: llama.cpp refuses it."""
     first = [layer_row_of(config, config.num_key_value_heads, config.intermediate_size)]
+    widths = [m for m in mlp if m != NO_OP]
     narrow = min(widths)
 
     def model(*blocks: tuple[int | str, int | str, int]):

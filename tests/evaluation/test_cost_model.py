@@ -199,27 +199,35 @@ def test_llamacpp_runtime_names_its_extra_and_refuses_what_it_cannot_time(monkey
     with pytest.raises(ValueError, match="tokenizer"):
         LlamaCppRuntime(None)
     pytest.importorskip("llama_cpp", reason="the llamacpp extra (llama-cpp-python) times the steps")
+    with pytest.raises(ValueError, match="decode_tokens"):
+        LlamaCppRuntime(object(), decode_tokens=0)
     runtime = LlamaCppRuntime(object())
-    with pytest.raises(ValueError, match="one sequence"):
-        runtime.step(
-            assembled_model(tiny(), [layer_row_of(tiny(), 2, 512)]), Workload("decode", 2, 16), torch.device("cpu")
-        )
+    too_many = Workload("decode", runtime.llama_cpp.llama_max_parallel_sequences() + 1, 16)
+    with pytest.raises(ValueError, match="sequences at once"):
+        runtime.step(assembled_model(tiny(), [layer_row_of(tiny(), 2, 512)]), too_many, torch.device("cpu"))
 
 
 def test_llamacpp_steps_run_a_pruned_shape_and_rewind_their_cache(smollm2_tokenizer):
-    """In llama.cpp (the `llamacpp` extra): a prefill step evaluates the whole context from an empty cache and a
-    decode step one token at the context's position, every time; a table of every variant is measured there."""
+    """In llama.cpp (the `llamacpp` extra): a prefill step evaluates every sequence's whole context from an empty
+    cache and a decode timing `decode_tokens` tokens of every sequence from the context's position, every time, each
+    sequence in its own KV stream; a table of every variant is measured there."""
     pytest.importorskip("llama_cpp", reason="the llamacpp extra (llama-cpp-python) times the steps")
     from optimum_prune.export import LlamaCppRuntime
 
     c = tiny(vocab_size=len(smollm2_tokenizer), intermediate_size=512)
-    runtime = LlamaCppRuntime(smollm2_tokenizer, threads=1)
+    runtime = LlamaCppRuntime(smollm2_tokenizer, threads=1, decode_tokens=3)
     model = assembled_model(c, [layer_row_of(c, 2, 512), layer_row_of(c, NO_OP, 256), layer_row_of(c, 1, 256)])
-    for w, after in ((Workload("prefill", 1, 16), 16), (Workload("decode", 1, 16), 17)):
+    cases = [(Workload("prefill", 1, 16), 16), (Workload("decode", 1, 16), 19), (Workload("prefill", 3, 16), 16),
+             (Workload("decode", 3, 16), 19)]  # fmt: skip
+    for w, after in cases:
         step = runtime.step(model, w, torch.device("cpu"))
+        lc = runtime.llama_cpp
         try:
             for _ in range(2):
-                assert step() > 0 and step.llm.n_tokens == after
+                assert step() > 0
+                ends = [lc.llama_memory_seq_pos_max(step._memory, s) + 1 for s in range(w.batch)]
+                starts = [lc.llama_memory_seq_pos_min(step._memory, s) for s in range(w.batch)]
+                assert ends == [after] * w.batch and starts == [0] * w.batch, (w.name, ends, starts)
         finally:
             step.close()
         assert not step._dir.exists()
