@@ -8,15 +8,18 @@ Per model, two things:
   folder in optimum-prune's own per-layer format, which that converter does not read), and llama.cpp's
   perplexity on the first `--check-tokens` tokens of each text's stream (windows of `--window`) beside
   transformers' on the very same token ids: every variant (KV merges, removed sublayers) as llama.cpp reads it.
-- **Speed**: one step at each batch-1 workload of the file, in llama.cpp, interleaved with the dense model (medians
+- **Speed**: one step at each workload of the file, in llama.cpp, interleaved with the dense model (medians
   of `--rounds` after `--warmup`, per-round ratios with their interquartile range), timed as the cost model times a
   step (`evaluation.cost_model.step_seconds` with `export.LlamaCppRuntime`: the model written by `export_gguf`,
-  whose tensors equal the converter's; `prefill:1:C` evaluates a C-token prompt from an empty cache, `decode:1:C`
-  one token at position C).
+  whose tensors equal the converter's, each of the batch's sequences in its own KV stream as llama-server's slots;
+  `prefill:B:C` evaluates B prompts of C tokens from an empty cache, `decode:B:C` one token of every sequence at
+  position C, each timing the mean of `--decode-tokens` successive steps).
 
 The llama.cpp cost table of each workload (`--tables DIR`, measured here where missing: `measure_cost_table` with
 that runtime, `--table-layers` layers per timing model) predicts every model's step time; the table reports the
-error against the measured time. Batch-16 decode is not timed: llama-cpp-python's `Llama` runs one sequence.
+error against the measured time, over every model and over those whose shapes the table's variants express (the
+assemblies and NP's servable widths; NP's per-layer and uniform shapes prune query heads, which no variant does).
+Tables and speed rows timed by another runtime setting (`LlamaCppRuntime.label`) are timed again.
 
     OMP_NUM_THREADS=1 python benchmarks/serving_llamacpp.py --serving benchmarks/results/serving_smollm2.json
 """
@@ -41,11 +44,13 @@ from serving import _label, _shape  # noqa: E402
 from optimum_prune import export_gguf, load_pruned_model  # noqa: E402
 from optimum_prune.evaluation import perplexity  # noqa: E402
 from optimum_prune.evaluation.cost_model import (  # noqa: E402
+    NO_OP,
     CostTable,
     Workload,
     fit_cost_table,
     measure_assemblies,
     measure_cost_table,
+    mlp_variants,
     random_assemblies,
     step_seconds,
 )
@@ -66,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds per pair")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="llama.cpp and torch threads")
+    p.add_argument("--decode-tokens", type=int, default=8, help="decode steps per timing (their mean)")
+    p.add_argument("--workloads", nargs="*", default=None, help="workloads of the file to time (default: all)")
     p.add_argument("--tables", default="/tmp/serving_tables_llamacpp", help="llama.cpp cost tables (reused)")
     p.add_argument("--table-layers", type=int, default=8, help="layers per timing model of a table measured here")
     p.add_argument("--fit", type=int, default=0, metavar="N",
@@ -145,9 +152,15 @@ def main(argv: list[str] | None = None) -> dict:
     res.setdefault("models", {})
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    workloads = [w for w in serving["speed"] if Workload.parse(w).batch == 1]
+    workloads = [w for w in serving["speed"] if args.workloads is None or w in args.workloads]
     res["workloads"], res["not_timed"] = workloads, [w for w in serving["speed"] if w not in workloads]
-    runtime = LlamaCppRuntime(tok, outtype=args.outtype, threads=args.threads)
+    runtime = LlamaCppRuntime(tok, outtype=args.outtype, threads=args.threads, decode_tokens=args.decode_tokens)
+    if res.get("runtime") != runtime.label:  # timed another way: time again (the conversion checks stay)
+        for entry in res["models"].values():
+            entry.pop("speed", None)
+        res.pop("tables", None)
+        res.pop("tables_fitted", None)
+    res["runtime"] = runtime.label
 
     def write() -> None:
         harness.write_results(res, out, "serving_llamacpp")
@@ -156,13 +169,16 @@ def main(argv: list[str] | None = None) -> dict:
     Path(args.tables).mkdir(parents=True, exist_ok=True)
     for w in [] if args.skip_timing else workloads:
         path = Path(args.tables) / f"cost_table_{w.replace(':', '_')}.json"
+        fitted = path.with_name(path.stem + f"_fit{args.fit}.json")
+        if path.is_file() and CostTable.load(path).info.get("runtime") != runtime.label:
+            path.unlink()  # timed another way
+            fitted.unlink(missing_ok=True)
         if not path.is_file():
             logger.info("measuring llama.cpp's cost table of %s", w)
             with harness.timing_lock():
                 measure_cost_table(dense.config, Workload.parse(w), layers=args.table_layers, rounds=args.rounds,
                                    warmup=args.warmup, runtime=runtime).save(path)  # fmt: skip
         tables[w] = CostTable.load(path)
-        fitted = path.with_name(path.stem + f"_fit{args.fit}.json")
         if args.fit and not fitted.is_file():  # refitted to whole random assemblies timed in llama.cpp
             logger.info("fitting it to %d random assemblies", args.fit)
             rows = random_assemblies(dense.config, args.fit)
@@ -209,6 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
             write()
         speed = entry.setdefault("speed", {})
         rows = layer_table(model, get_spec(model))
+        entry["in_table_variants"] = _in_table_variants(rows, dense.config)
         for w in [] if args.skip_timing else workloads:
             if w in speed or name == "dense":
                 continue
@@ -246,13 +263,13 @@ def markdown(res: dict[str, Any]) -> str:
         "perplexities with intervals, transformers' speed and its cost table are there), each run in llama.cpp "
         f"({a['outtype']}) interleaved with the dense model, one step per round (medians of {a['rounds']} rounds after "
         f"{a['warmup']} warm-up; speedup = dense / model with the IQR of the per-round ratios, a tie where it holds "
-        "1). Prefill: the prompt's evaluation from an empty cache; decode: one token at the context's position.",
+        "1), each sequence of a batch in its own KV stream (llama-server's parallel slots). Prefill: the prompts' "
+        "evaluation from an empty cache; decode: one token of every sequence at the context's position, each timing "
+        f"the mean of {a.get('decode_tokens', 1)} successive steps. Runtime: {res.get('runtime', '?')}.",
         "- Predicted: llama.cpp's own cost table of the workload (`measure_cost_table` with `LlamaCppRuntime`, "
         f"{res['tables'][next(iter(res['tables']))]['info']['layers'] if res.get('tables') else '?'} layers per "
         "timing model); error = predicted / measured step time − 1. Dense reference: the dense model (Llama in "
-        "llama.cpp). Not timed: "
-        + (", ".join(res.get("not_timed", [])) or "none")
-        + " (llama-cpp-python's `Llama` runs one sequence).",
+        "llama.cpp). Not timed here: " + (", ".join(res.get("not_timed", [])) or "none") + ".",
         f"- Conversion check: each folder through llama.cpp's own `convert_hf_to_gguf.py` (NP's per-layer shapes, in "
         "optimum-prune's own format, through `export_gguf`), llama.cpp's perplexity "
         f"against transformers' (fp32) on the same first {a['check_tokens']} tokens of each text, windows of "
@@ -266,10 +283,12 @@ def markdown(res: dict[str, Any]) -> str:
                   + "transformers speedup | predicted (transformers table) |",
                   "|---|---|---|---|---:|" + ("---|---:|" if fit else "") + "---|---|"]  # fmt: skip
         rows = [e for e in res["models"].values() if w in e.get("speed", {})]
-        errors = []
+        errors, inside = [], []
         for e in sorted(rows, key=lambda e: e["speed"][w]["speedup"]):
             s, sv = e["speed"][w], e["serving"]
             errors.append(s["prediction_error"])
+            if e.get("in_table_variants"):
+                inside.append(s["prediction_error"])
             cells = [f"{harness.round_median(s, 'speedup'):.2f}x{harness.spread_note(s, 'speedup')}",
                      f"{s['predicted_dense_s'] / s['predicted_s']:.2f}x", f"{s['prediction_error']:+.1%}",
                      *([f"{s['fit_predicted_dense_s'] / s['fit_predicted_s']:.2f}x", f"{s['fit_prediction_error']:+.1%}"]
@@ -282,6 +301,10 @@ def markdown(res: dict[str, Any]) -> str:
             lines += ["", f"Step-time prediction error: largest {max(errors, key=abs):+.1%}, mean |error| "
                       f"{sum(abs(x) for x in errors) / len(errors):.1%} over {len(errors)} models; the dense model "
                       f"(timed in each pair) {min(dense):+.1%} to {max(dense):+.1%}."]  # fmt: skip
+            if inside:
+                lines += [f"Over the {len(inside)} models whose shapes the table's variants express (the assemblies "
+                          f"and NP's servable widths): largest {max(inside, key=abs):+.1%}, mean |error| "
+                          f"{sum(map(abs, inside)) / len(inside):.1%}."]  # fmt: skip
         if errors and fit and any("fit_prediction_error" in e["speed"][w] for e in rows):
             fits = [e["speed"][w].get("fit_prediction_error") for e in rows]
             fits = [x for x in fits if x is not None]
@@ -301,6 +324,14 @@ def markdown(res: dict[str, Any]) -> str:
             )
     lines.append("")
     return "\n".join(lines)
+
+
+def _in_table_variants(rows: list[dict[str, Any]], config) -> bool:
+    """Whether every layer is a variant of the cost tables: all query heads or none, an MLP width in the format's
+    steps (`cost_model.mlp_variants`)."""
+    widths = {0, *(m for m in mlp_variants(config) if m != NO_OP)}
+    return all(r["num_attention_heads"] in (0, config.num_attention_heads) and r["intermediate_size"] in widths
+               for r in rows)  # fmt: skip
 
 
 def _serving_record(serving: dict[str, Any], name: str, workloads: list[str]) -> dict[str, Any]:

@@ -784,6 +784,14 @@ def test_serving(tiny_llama, smollm2_tokenizer, tmp_path):
     assert "## decode:2:32" in report and "serving, 1.05x at decode:2:32, end_to_end |" in report
     assert "serving, 1.05x at decode:2:32, end_to_end, ranked widths |" in report
     assert "| 1.05x at decode:2:32 |" in report and "Mean over the 1 target of the log geometric mean" in report
+    import serving  # the refit that is not its config version's default is named (sequential from version 4)
+
+    cfg = result["models"]["serving@decode:2:32@1.05@knapsack"]["config"]
+    for version, inputs, named in ((4, "sequential", ", sequential refit"), (3, "dense", ", dense-input refit"),
+                                   (4, "dense", None), (3, "sequential", None)):  # fmt: skip
+        label = serving._label("x", {"kind": "serving", "config": {**cfg, "config_version": version,
+                                                                     "compensation_inputs": inputs}})  # fmt: skip
+        assert label.endswith(named) if named else "refit" not in label, (version, inputs, label)
 
 
 def test_serving_llamacpp(tiny_llama, smollm2_tokenizer, tmp_path):
@@ -793,33 +801,45 @@ def test_serving_llamacpp(tiny_llama, smollm2_tokenizer, tmp_path):
     pytest.importorskip("llama_cpp", reason="serving_llamacpp.py times the models in llama.cpp (the `llamacpp` extra)")
     from optimum_prune.evaluation.cost_model import Workload
 
-    workloads = [Workload("decode", 1, 32), Workload("prefill", 1, 16)]
+    workloads = [Workload("decode", 1, 32), Workload("prefill", 1, 16), Workload("decode", 2, 32)]
+    timed = ["decode:1:32", "prefill:1:16", "decode:2:32"]
     wide = _wide_model_and_tables(tiny_llama, smollm2_tokenizer, tmp_path, workloads)
-    argv = ["--model", str(wide), "--workloads", "decode:1:32", "prefill:1:16", "--targets", "decode:1:32=1.05",
+    argv = ["--model", str(wide), "--workloads", *timed, "--targets", "decode:1:32=1.05",
             "--ratios", "0.3", "--allocations", "servable", "--num-samples", "4", "--seq-len", "32", *TINY_EVAL,
             "--rounds", "1", "--warmup", "0", "--tables", str(tmp_path / "t"), "--workdir", str(tmp_path / "work")]  # fmt: skip
     serving = _run("serving", argv, tmp_path / "serving.json")
     argv = ["--serving", str(tmp_path / "serving.json"), "--check-tokens", "64", "--window", "32", "--rounds", "2",
             "--warmup", "0", "--table-layers", "2", "--tables", str(tmp_path / "lt"), "--workdir", str(tmp_path / "g"),
-            "--fit", "3"]  # fmt: skip
+            "--fit", "3", "--decode-tokens", "2"]  # fmt: skip
+    checked = _run("serving_llamacpp", [*argv, "--skip-timing"], tmp_path / "llamacpp.json")  # conversions only
+    assert all("ppl" in e and not e["speed"] for e in checked["models"].values()) and "tables" not in checked
     result = _run("serving_llamacpp", argv, tmp_path / "llamacpp.json")
-    assert set(result["models"]) == set(serving["models"]) and result["workloads"] == ["decode:1:32", "prefill:1:16"]
+    assert set(result["models"]) == set(serving["models"]) and result["workloads"] == timed
+    assert {t["workload"]["batch"] for t in result["tables"].values()} == {1, 2}
     assert {t["workload"]["phase"] for t in result["tables"].values()} == {"decode", "prefill"}
     assert all(t["info"]["fit"]["assemblies"] == 3 for t in result["tables_fitted"].values())
+    assert "2 decode step(s) per timing" in result["runtime"]
     for name, entry in result["models"].items():
+        assert entry["ppl"] == checked["models"][name]["ppl"]  # the conversion checks are not run again
         for ppl in entry["ppl"].values():  # the converted file computes what transformers computes
             assert ppl["llama_cpp"] == pytest.approx(ppl["transformers"], rel=2e-3), name
         if name != "dense":
-            assert set(entry["speed"]) == {"decode:1:32", "prefill:1:16"}
+            assert set(entry["speed"]) == set(timed)
             for s in entry["speed"].values():
                 assert s["speedup"] > 0 and len(s["speedup_rounds"]) == 2 and s["predicted_s"] > 0
                 assert s["fit_predicted_s"] > 0 and math.isfinite(s["fit_prediction_error"])
+    assert result["models"]["np_servable@0.3"]["in_table_variants"]  # NP's servable widths are table variants
     row = result["models"]["serving@decode:1:32@1.05"]["serving"]
     assert row["predicted"]["decode:1:32"] >= 1.05 and row["transformers"]["decode:1:32"] > 0
     again = _run("serving_llamacpp", argv, tmp_path / "llamacpp.json")  # resumed: nothing measured again
     assert again["models"]["np_servable@0.3"]["speed"] == result["models"]["np_servable@0.3"]["speed"]
     report = (tmp_path / "llamacpp.md").read_text(encoding="utf-8")
-    assert "## decode:1:32" in report and "Step-time prediction error" in report and "The fitted table (3" in report
+    assert "## decode:2:32" in report and "Step-time prediction error" in report and "The fitted table (3" in report
+    assert "whose shapes the table's variants express" in report
+    other = [*argv[:-1], "1", "--workloads", "decode:2:32"]  # timed another way (one decode step): timed again
+    retimed = _run("serving_llamacpp", other, tmp_path / "llamacpp.json")
+    assert "1 decode step(s) per timing" in retimed["runtime"] and list(retimed["tables"]) == ["decode:2:32"]
+    assert all(set(e.get("speed", {})) == {"decode:2:32"} for n, e in retimed["models"].items() if n != "dense")
 
 
 def test_vllm_reader(tiny_dir, tmp_path):
