@@ -135,10 +135,18 @@ class StructuredPruner(BasePruner):
             if self.config.adds_biases:
                 problems.append(f"{type(self.config).__name__} is set to add biases (turn its bias refit off)")
             if problems:
+                own = getattr(self.config, "own_allocation", None)  # (ServingConfig: servable shapes only)
+                what = type(self.config).__name__ if own else "allocation='servable'"
+                fix = (
+                    f"{what} writes nothing else: prune this model with NumericalConfig(allocation='global') "
+                    "(optimum-prune's per-layer format) or allocation='uniform' (a stock checkpoint every engine loads)"
+                    if own
+                    else "Use allocation='global' (optimum-prune's per-layer format) or 'uniform' (a stock checkpoint "
+                    "every engine loads)"
+                )
                 raise ValueError(
-                    "allocation='servable' makes shapes the DeciLM format holds (vLLM, SGLang, TensorRT-LLM, MLX, "
-                    f"llama.cpp), but {'; '.join(problems)}. Use allocation='global' (optimum-prune's per-layer "
-                    "format) or 'uniform' (a stock checkpoint every engine loads). Nothing was changed."
+                    f"{what} makes shapes the DeciLM format holds (vLLM, SGLang, TensorRT-LLM, MLX, llama.cpp), but "
+                    f"{'; '.join(problems)}. {fix}. Nothing was changed."
                 )
         for i, layer in enumerate(get_layers(model, spec)):
             mode = resolve_gqa_mode(self.config.gqa_mode, layer_view(layer, i, spec, model.config))

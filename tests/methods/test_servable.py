@@ -13,6 +13,7 @@ from optimum_prune import (
     AutoPrunedModelForCausalLM,
     FLAPConfig,
     NumericalConfig,
+    ServingConfig,
     SPPConfig,
     prune_,
     save_pruned_model,
@@ -67,8 +68,9 @@ def test_servable_removed_equals_zeroed():
         (lambda: tiny_model("llama"), NumericalConfig(allocation="servable"), "multiple of 256"),
         (_wide, NumericalConfig(allocation="servable", compensation_bias=True), "add biases"),
         (_wide, FLAPConfig(allocation="servable", bias_compensation=True), "add biases"),
+        (lambda: tiny_model("gemma3", intermediate_size=768), ServingConfig(), "ServingConfig writes nothing else"),
     ],
-    ids=["qwen3", "narrow-mlp", "np-bias", "flap-bias"],
+    ids=["qwen3", "narrow-mlp", "np-bias", "flap-bias", "serving-gemma3"],
 )
 def test_servable_refuses_models_and_settings_the_format_cannot_hold(model, config, match):
     m = model()
