@@ -6,9 +6,9 @@ file and run through llama.cpp's C API as a server runs it: `batch` sequences, e
 (`kv_unified=False`, as llama-server's parallel slots). A prefill step evaluates `batch` prompts of `context` tokens
 from an empty cache in one batch (micro-batches of one prompt), computing the last position's logits of each. A decode
 step evaluates one token of every sequence at position `context` (logits of all): the first sequence's cache is filled
-once and copied into the other streams, and every timing rewinds all of them to `context`. One timing runs
-`decode_tokens` successive decode steps (positions `context` onwards) and returns their mean, so that the timer's and
-Python's overheads, and the noise of a few-millisecond step, weigh less.
+once (on every core: untimed) and copied into the other streams, and every timing rewinds all of them to `context`.
+One timing runs `decode_tokens` successive decode steps (positions `context` onwards) and returns their mean, so that
+the timer's and Python's overheads, and the noise of a few-millisecond step, weigh less.
 
 In llama.cpp's `deci` graph a layer without an MLP is skipped whole (its attention too), so the cost table times
 attention beside the narrowest MLP and takes that MLP's own cost off, and puts a whole first layer in front of every
@@ -18,6 +18,7 @@ timed model, so that each runs in the `deci` graph a pruned model runs in (`need
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -123,7 +124,9 @@ class _Step:
             else:  # the first sequence's cache filled once, copied into every other stream
                 self.start = w.context
                 fill = self._batch([(t, p, 0, p == w.context - 1) for p, t in enumerate(prompt[0])])
+                lc.llama_set_n_threads(self._ctx, os.cpu_count() or threads, os.cpu_count() or threads)  # (untimed)
                 self._decode(fill)
+                lc.llama_set_n_threads(self._ctx, threads, threads)
                 lc.llama_batch_free(fill)
                 for s in range(1, w.batch):
                     lc.llama_memory_seq_cp(self._memory, 0, s, -1, -1)
