@@ -263,7 +263,7 @@ def markdown(res: dict[str, Any]) -> str:
         "perplexities with intervals, transformers' speed and its cost table are there), each run in llama.cpp "
         f"({a['outtype']}) interleaved with the dense model, one step per round (medians of {a['rounds']} rounds after "
         f"{a['warmup']} warm-up; speedup = dense / model with the IQR of the per-round ratios, a tie where it holds "
-        "1), each sequence of a batch in its own KV stream (llama-server's parallel slots). Prefill: the prompts' "
+        "1), each sequence of a batch in its own KV stream (llama-server's slots with an explicit --parallel). Prefill: the prompts' "
         "evaluation from an empty cache; decode: one token of every sequence at the context's position, each timing "
         f"the mean of {a.get('decode_tokens', 1)} successive steps. Runtime: {res.get('runtime', '?')}.",
         "- Predicted: llama.cpp's own cost table of the workload (`measure_cost_table` with `LlamaCppRuntime`, "

@@ -12,7 +12,7 @@ one term per sublayer, and each term depends only on that sublayer's variant:
 server keeps): for each variant a model of `layers` identical layers is timed, interleaved with the model of the same
 depth whose layers are empty, and the difference per layer is the variant's cost (medians over rounds). The fixed part
 is the empty model's time less its layers' residual adds. `runtime=export.LlamaCppRuntime(tokenizer)` times the same
-in llama.cpp (every sequence in its own KV stream, as llama-server's slots): each timed model written with
+in llama.cpp (every sequence in its own KV stream, as llama-server's `--parallel` slots): each timed model written with
 `export_gguf`, a whole first layer in front (so that llama.cpp runs every one in its per-layer `deci` graph, as it runs
 a pruned model), attention timed beside the narrowest MLP (llama.cpp skips a layer without MLP whole) and that MLP's
 cost taken off. `analytic_cost_table` is

@@ -1,14 +1,14 @@
 """Timing in llama.cpp (through llama-cpp-python, the `llamacpp` extra): the `runtime=LlamaCppRuntime(tokenizer)` of
 `evaluation.cost_model`'s `measure_cost_table`, `step_seconds`, `check_cost_table` and `measure_assemblies`.
 
-Each timed model is written with `export_gguf` (per-layer shapes as llama.cpp's `deci` architecture) to a temporary
-file and run through llama.cpp's C API as a server runs it: `batch` sequences, each in its own stream of the KV cache
-(`kv_unified=False`, as llama-server's parallel slots). A prefill step evaluates `batch` prompts of `context` tokens
-from an empty cache in one batch (micro-batches of one prompt), computing the last position's logits of each. A decode
-step evaluates one token of every sequence at position `context` (logits of all): the first sequence's cache is filled
-once (on every core: untimed) and copied into the other streams, and every timing rewinds all of them to `context`.
-One timing runs `decode_tokens` successive decode steps (positions `context` onwards) and returns their mean, so that
-the timer's and Python's overheads, and the noise of a few-millisecond step, weigh less.
+Each timed model is written with `export_gguf` (per-layer shapes as llama.cpp's `deci` architecture) to a temporary file
+and run through llama.cpp's C API as a server runs it: `batch` sequences, each in its own stream of the KV cache
+(`kv_unified=False`, as llama-server's slots run with an explicit `--parallel N`). A prefill step evaluates `batch`
+prompts of `context` tokens from an empty cache in one batch (micro-batches of one prompt), computing the last
+position's logits of each. A decode step evaluates one token of every sequence at position `context` (logits of all):
+the first sequence's cache is filled once (on every core: untimed) and copied into the other streams, and every timing
+rewinds all of them to `context`. One timing runs `decode_tokens` successive decode steps (positions `context` onwards)
+and returns their mean, so that the timer's and Python's overheads, and the noise of a few-millisecond step, weigh less.
 
 In llama.cpp's `deci` graph a layer without an MLP is skipped whole (its attention too), so the cost table times
 attention beside the narrowest MLP and takes that MLP's own cost off, and puts a whole first layer in front of every
