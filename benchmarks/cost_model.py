@@ -1,9 +1,15 @@
 """The cost model on this machine: a measured `CostTable` per workload for SmolLM2-135M's decoder (transformers, a
-static KV cache, fp32), and its predictions against the measured step time of assembled models (random weights in
-the shapes each assembly has: dense, MLP widths cut, fewer KV heads, attention removed in some layers, mixed).
+static KV cache, fp32; or llama.cpp, `--runtime llama.cpp`), and its predictions against the measured step time of
+assembled models (random weights in the shapes each assembly has: dense, MLP widths cut, fewer KV heads, attention
+removed in some layers, mixed), timed in the same runtime.
 
     python benchmarks/cost_model.py --output benchmarks/results/cost_model_smollm2.json
     python benchmarks/cost_model.py --workloads decode:16:2048 --rounds 11     # one workload, more rounds
+    python benchmarks/cost_model.py --runtime llama.cpp    # -> results/cost_model_smollm2_llamacpp.json
+
+In llama.cpp (the `llamacpp` extra) every model is written with `export_gguf` (`--outtype`) and timed as
+`export.LlamaCppRuntime` times a step: each of the batch's sequences in its own KV stream, a decode timing the mean of
+`--decode-tokens` successive steps.
 
 The tables are written beside the results (`--tables DIR`) for reuse. Timings need a quiet machine: run it alone,
 under the timing lock (`harness.timing_lock`); the machine's load is recorded with every workload.
@@ -73,6 +79,10 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=1,
                    help="torch.set_num_threads (1: on this 2-core machine a 16-row GEMM on 2 threads ran 30x slower)")  # fmt: skip
+    p.add_argument("--runtime", default="transformers", choices=["transformers", "llama.cpp"],
+                   help="where the steps are timed (llama.cpp: the llamacpp extra)")  # fmt: skip
+    p.add_argument("--outtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"], help="llama.cpp's weight type")
+    p.add_argument("--decode-tokens", type=int, default=8, help="llama.cpp: decode steps per timing (their mean)")
     p.add_argument("--tables", default=None, help="also save each CostTable here (JSON; a fitted one as *_fit.json)")
     p.add_argument("--reuse-tables", action="store_true", help="take the per-variant tables saved in --tables")
     p.add_argument(
@@ -83,14 +93,33 @@ def parse_args(argv=None):
     )
     p.add_argument("--fit-batch", type=int, default=4, help="assemblies timed interleaved at a time")
     p.add_argument("--fit-prior", type=float, default=0.1, help="fit_cost_table's ridge towards the table")
-    p.add_argument("--output", default=str(harness.RESULTS_DIR / "cost_model_smollm2.json"))
+    p.add_argument("--output", default=None,
+                   help="results file (default: results/cost_model_smollm2.json, *_llamacpp.json for llama.cpp)")  # fmt: skip
     p.add_argument("--tiny", action="store_true", help="a tiny random Llama instead of SmolLM2 (smoke test)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.output is None:
+        suffix = "_llamacpp" if args.runtime == "llama.cpp" else ""
+        args.output = str(harness.RESULTS_DIR / f"cost_model_smollm2{suffix}.json")
+    return args
 
 
-def tiny_config() -> transformers.PretrainedConfig:
-    return transformers.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=1536, num_attention_heads=4,
-                                    num_key_value_heads=2, head_dim=32, num_hidden_layers=3)  # fmt: skip
+def tiny_config(vocab_size: int = 512) -> transformers.PretrainedConfig:
+    return transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=128, intermediate_size=1536,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_hidden_layers=3)  # fmt: skip
+
+
+def make_runtime(args) -> tuple[Any, int | None]:
+    """The runtime the steps are timed in, and the vocabulary size its models need (llama.cpp writes each GGUF file
+    with SmolLM2's tokenizer)."""
+    if args.runtime == "transformers":
+        return "transformers", None
+    from optimum_prune.export import LlamaCppRuntime
+    from optimum_prune.samples import SMOLLM2_GGUF_FILE, smollm2_dir
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF_FILE)
+    runtime = LlamaCppRuntime(tokenizer, outtype=args.outtype, threads=args.threads or None,
+                              decode_tokens=args.decode_tokens)  # fmt: skip
+    return runtime, len(tokenizer)
 
 
 def main(argv=None) -> int:
@@ -98,30 +127,35 @@ def main(argv=None) -> int:
     harness.setup_logging()
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = tiny_config() if args.tiny else smollm2_config()
+    runtime, vocab_size = make_runtime(args)
+    config = tiny_config(vocab_size or 512) if args.tiny else smollm2_config()
+    workloads = [Workload.parse(name) for name in args.workloads]
+    if runtime != "transformers":
+        for workload in workloads:
+            runtime.check(workload)  # before any timing
+    label = "transformers static cache, fp32" if runtime == "transformers" else runtime.label
     result: dict[str, Any] = {**harness.environment(argv), "model": "tiny" if args.tiny else "SmolLM2-135M",
-                              "settings": vars(args), "workloads": {}}  # fmt: skip
+                              "runtime": label, "settings": vars(args), "workloads": {}}  # fmt: skip
     shapes = assemblies(config)
+    timing = {"rounds": args.rounds, "warmup": args.warmup, "runtime": runtime}
     with harness.timing_lock():
-        for name in args.workloads:
-            workload = Workload.parse(name)
+        for workload in workloads:
+            name = workload.name
             load0 = harness.loadavg()
             path = Path(args.tables or ".") / f"cost_table_{name.replace(':', '_')}.json"
             if args.reuse_tables and path.is_file():
                 table = CostTable.load(path)
             else:
-                table = measure_cost_table(config, workload, layers=args.layers, rounds=args.rounds,
-                                           warmup=args.warmup)  # fmt: skip
+                table = measure_cost_table(config, workload, layers=args.layers, **timing)
                 if args.tables:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     table.save(path)
             models = {k: assembled_model(config, rows) for k, rows in shapes.items()}
-            checked = check_cost_table(table, models, rounds=args.rounds, warmup=args.warmup)
+            checked = check_cost_table(table, models, **timing)
             rec = {"table": table.to_dict(), "checked": checked}
             if args.fit:
                 fit_rows = random_assemblies(config, args.fit, seed=0)
-                measured = measure_assemblies(config, fit_rows, workload, batch=args.fit_batch, rounds=args.rounds,
-                                              warmup=args.warmup)  # fmt: skip
+                measured = measure_assemblies(config, fit_rows, workload, batch=args.fit_batch, **timing)
                 fitted = fit_cost_table(table, fit_rows, measured, prior=args.fit_prior)
                 if args.tables:
                     fitted.save(path.with_name(path.stem + "_fit.json"))
@@ -137,7 +171,7 @@ def main(argv=None) -> int:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = [f"# Cost model: {result['model']}, transformers static cache, fp32", ""]
+    lines = [f"# Cost model: {result['model']}, {result.get('runtime', 'transformers static cache, fp32')}", ""]
     lines += [
         "A `CostTable` per workload (seconds per sublayer variant, measured as the difference between a model of "
         f"{result['settings']['layers']} identical layers of the variant and the empty model of that depth; {result['settings'].get('threads') or 'torch default'} thread(s)), and its "
@@ -145,6 +179,13 @@ def markdown(result: dict[str, Any]) -> str:
         "`error` = predicted / measured − 1).",
         "",
     ]
+    if result.get("runtime", "").startswith("llama.cpp"):
+        lines += [
+            "In llama.cpp every timed model is a GGUF file written by `export_gguf`; a layer without an MLP is skipped "
+            "whole by llama.cpp's `deci` graph, so each timing model has a whole first layer in front and attention "
+            "is timed beside the narrowest MLP, whose own cost is taken off.",
+            "",
+        ]
     for name, rec in result["workloads"].items():
         table = CostTable.from_dict(rec["table"])
         ms = lambda s: f"{1e3 * s:.2f}"  # noqa: E731

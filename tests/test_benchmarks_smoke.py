@@ -730,6 +730,24 @@ def test_cost_model(tmp_path):
     assert (tmp_path / "tables" / "cost_table_decode_2_32.json").is_file()
     assert (tmp_path / "tables" / "cost_table_decode_2_32_fit.json").is_file()
     assert set(rec["fitted"]["checked"]) == set(rec["checked"]) and len(rec["fitted"]["fit_measured_s"]) == 3
+    assert result["runtime"].startswith("transformers")
+    cost_model = importlib.import_module("cost_model")
+    assert cost_model.parse_args([]).output.endswith("cost_model_smollm2.json")
+    assert cost_model.parse_args(["--runtime", "llama.cpp"]).output.endswith("cost_model_smollm2_llamacpp.json")
+
+
+def test_cost_model_in_llamacpp(tmp_path):
+    """The same check timed in llama.cpp (the llamacpp extra): table, named assemblies and the refit's assemblies
+    all timed there, the runtime named in the results."""
+    pytest.importorskip("llama_cpp", reason="the llamacpp extra (llama-cpp-python) times the steps")
+    argv = ["--tiny", "--runtime", "llama.cpp", "--workloads", "decode:2:16", "--rounds", "1", "--warmup", "0",
+            "--layers", "2", "--fit", "2", "--decode-tokens", "2"]  # fmt: skip
+    result = _run("cost_model", argv, tmp_path / "cost.json")
+    assert result["runtime"].startswith("llama.cpp") and "2 decode step(s)" in result["runtime"]
+    rec = result["workloads"]["decode:2:16"]
+    assert rec["table"]["info"]["runtime"] == result["runtime"]
+    assert set(rec["checked"]) >= {"dense", "mixed"} and all(c["measured_s"] > 0 for c in rec["checked"].values())
+    assert len(rec["fitted"]["fit_measured_s"]) == 2 and all(s > 0 for s in rec["fitted"]["fit_measured_s"])
 
 
 def _wide_model_and_tables(tiny_llama, tokenizer, tmp_path, workloads):
