@@ -56,7 +56,8 @@ def smollm2_config() -> transformers.PretrainedConfig:
 
 
 def assemblies(config) -> dict[str, list[dict[str, Any]]]:
-    """Per-layer shapes of the assemblies checked: each a list of rows (one per layer)."""
+    """Per-layer shapes of the assemblies checked: each a list of rows (one per layer). Layer 0 keeps its attention
+    in every one (llama.cpp takes the head size from it)."""
     n, full = config.num_hidden_layers, config.intermediate_size
     kv = config.num_key_value_heads
     fewer = [a for a in attention_variants(config) if a != NO_OP][-1]  # the fewest KV heads
@@ -67,7 +68,7 @@ def assemblies(config) -> dict[str, list[dict[str, Any]]]:
         "mlp 768 (50% of the MLP)": [row(kv, 768) for _ in range(n)],
         f"kv {fewer} everywhere": [row(fewer, full) for _ in range(n)],
         "attention removed in 10 layers": [row(NO_OP if i % 3 == 1 else kv, full) for i in range(n)],
-        "mixed": [row((NO_OP, fewer, kv)[i % 3], (512, 1536, 1024, 768)[i % 4]) for i in range(n)],
+        "mixed": [row((NO_OP, fewer, kv)[i % 3] if i else kv, (512, 1536, 1024, 768)[i % 4]) for i in range(n)],
     }
 
 

@@ -343,6 +343,9 @@ def test_refusals_leave_nothing_written(small_tokenizer, tmp_path):
     empty_last = assembled_model(c, [layer_row_of(c, c.num_key_value_heads, 256), layer_row_of(c, NO_OP, NO_OP)])
     with pytest.raises(GGUFExportError, match="last layer has neither attention nor MLP"):
         export_gguf(empty_last, tmp_path / "m.gguf", tokenizer=small_tokenizer)
+    first_without = assembled_model(c, [layer_row_of(c, NO_OP, 256), layer_row_of(c, c.num_key_value_heads, 256)])
+    with pytest.raises(GGUFExportError, match="Layer 0 has no attention"):  # llama.cpp reads head sizes from it
+        export_gguf(first_without, tmp_path / "m.gguf", tokenizer=small_tokenizer)
     opt = _model("opt", small_tokenizer)
     with pytest.raises(GGUFExportError, match="GGUF export supports"):
         export_gguf(opt, tmp_path / "m.gguf", tokenizer=small_tokenizer)

@@ -126,6 +126,11 @@ def gguf_layout(model: nn.Module) -> dict[str, Any]:
             "The last layer has neither attention nor MLP: llama.cpp (0.3.36's) aborts on such a model. Keep a "
             "sublayer in the last layer (prune it again with that layer in skip_layers)."
         )
+    if layers[0]["num_attention_heads"] == 0 and any(row["num_attention_heads"] > 0 for row in layers):
+        raise GGUFExportError(
+            "Layer 0 has no attention: llama.cpp (0.3.36's) takes the head size from the first layer's head count, "
+            "so it cannot load this model. Keep layer 0's attention (prune it again with layer 0 in skip_layers)."
+        )
     biases = {b for row in layers for b in row["biases"]}
     if spec.moe is not None:
         arch = moe_arch(model, spec, base, layers, GGUFExportError)
