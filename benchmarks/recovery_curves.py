@@ -369,28 +369,31 @@ def run_budget(run: dict[str, Any]) -> int:
 
 
 def _screen(row: dict[str, Any], texts: list[str]) -> list[str]:
-    """Per budget and recipe, its runs ranked by the criterion fixed in advance: the geometric mean of the three texts'
-    perplexities at the run's budget (lower is better); then per budget the recipes' best runs ranked the same way."""
-    by_budget: dict[int, dict[str, list[tuple[float, str]]]] = {}
+    """Per budget, training text and recipe, its runs ranked by the criterion fixed in advance: the geometric mean of
+    the three texts' perplexities at the run's budget (lower is better); then per budget and training text the
+    recipes' best runs ranked the same way (runs trained on other texts are not learning-rate variants)."""
+    by_budget: dict[tuple[int, str], dict[str, list[tuple[float, str]]]] = {}
     for run in row.get("runs", {}).values():
         if run["points"] and run["points"][-1]["tokens"] >= run_budget(run):
             recipe = run["label"].split(", lr ")[0]  # the recipe as labelled (the hidden-state weight included)
-            by_budget.setdefault(run_budget(run), {}).setdefault(recipe, []).append(
-                (geomean(run["points"][-1]["ppl"]), run["label"])
+            trained = run["label"].partition(", trained on ")[2]
+            by_budget.setdefault((run_budget(run), trained), {}).setdefault(recipe, []).append(
+                (geomean(run["points"][-1]["ppl"]), run["label"].partition(", trained on ")[0])
             )
     lines = []
-    for budget, recipes in sorted(by_budget.items()):
+    for (budget, trained), recipes in sorted(by_budget.items()):
+        where = f"{budget:,} tokens" + (f" trained on {trained}" if trained else "")
         best = []
         for recipe, runs in recipes.items():
             ranked = sorted(runs)
             best.append(ranked[0])
             if len(ranked) > 1:
-                lines.append(f"- {budget:,} tokens, {recipe}: "
+                lines.append(f"- {where}, {recipe}: "
                              + ", ".join(f"{label.split('lr ')[-1]} {g:.2f}" for g, label in ranked)
                              + f" -> best lr {ranked[0][1].split('lr ')[-1]}")  # fmt: skip
         if len(best) > 1:
             best.sort()
-            lines.append(f"- {budget:,} tokens, best recipe: {best[0][1]} ({best[0][0]:.2f}; next "
+            lines.append(f"- {where}, best recipe: {best[0][1]} ({best[0][0]:.2f}; next "
                          f"{best[1][1]} {best[1][0]:.2f})")  # fmt: skip
     if not lines:  # one run per budget and recipe: nothing ranked
         return []
