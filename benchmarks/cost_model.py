@@ -195,7 +195,7 @@ def markdown(result: dict[str, Any]) -> str:
         for k, v in table.attention.items():
             lines.append(f"| {k + ' KV heads' if k != NO_OP else 'no_op'} | {ms(v)} |")
         lines += ["", "| MLP variant | ms |", "|---|---|"]
-        for k, v in table.mlp.items():
+        for k, v in sorted(table.mlp.items(), key=lambda kv: -1 if kv[0] == NO_OP else int(kv[0]), reverse=True):
             lines.append(f"| {k if k == NO_OP else 'width ' + k} | {ms(v)} |")
         lines += ["", f"Fixed part {ms(table.fixed_s)} ms, per layer {ms(table.per_layer_s)} ms.", ""]
         lines += ["| assembly | predicted ms | measured ms (median) | error |", "|---|---|---|---|"]
