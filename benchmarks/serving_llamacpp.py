@@ -263,9 +263,16 @@ def markdown(res: dict[str, Any]) -> str:
         "perplexities with intervals, transformers' speed and its cost table are there), each run in llama.cpp "
         f"({a['outtype']}) interleaved with the dense model, one step per round (medians of {a['rounds']} rounds after "
         f"{a['warmup']} warm-up; speedup = dense / model with the IQR of the per-round ratios, a tie where it holds "
-        "1), each sequence of a batch in its own KV stream (llama-server's slots with an explicit --parallel). Prefill: the prompts' "
-        "evaluation from an empty cache; decode: one token of every sequence at the context's position, each timing "
-        f"the mean of {a.get('decode_tokens', 1)} successive steps. Runtime: {res.get('runtime', '?')}.",
+        + (
+            "1), each sequence of a batch in its own KV stream (llama-server's slots with an explicit --parallel). "
+            "Prefill: the prompts' evaluation from an empty cache; decode: one token of every sequence at the "
+            f"context's position, each timing the mean of {a.get('decode_tokens', 1)} successive steps. Runtime: "
+            f"{res['runtime']}."
+            if "runtime" in res  # (files timed before the runtime was recorded: one sequence, one step per timing)
+            else "1). Prefill: the prompt's evaluation from an empty cache; decode: one token at the context's "
+            "position, one step per timing (one sequence through llama-cpp-python's `Llama`, the runtime before a KV "
+            "stream per sequence)."
+        ),
         "- Predicted: llama.cpp's own cost table of the workload (`measure_cost_table` with `LlamaCppRuntime`, "
         f"{res['tables'][next(iter(res['tables']))]['info']['layers'] if res.get('tables') else '?'} layers per "
         "timing model); error = predicted / measured step time − 1. Dense reference: the dense model (Llama in "
