@@ -146,6 +146,9 @@ def main(argv=None) -> int:
             path = Path(args.tables or ".") / f"cost_table_{name.replace(':', '_')}.json"
             if args.reuse_tables and path.is_file():
                 table = CostTable.load(path)
+                timed_in = table.info.get("runtime", "")
+                if timed_in.startswith("llama.cpp") != (args.runtime == "llama.cpp"):
+                    raise SystemExit(f"{path} was timed in {timed_in}, not {args.runtime}: give another --tables.")
             else:
                 table = measure_cost_table(config, workload, layers=args.layers, **timing)
                 if args.tables:

@@ -731,6 +731,11 @@ def test_cost_model(tmp_path):
     assert (tmp_path / "tables" / "cost_table_decode_2_32_fit.json").is_file()
     assert set(rec["fitted"]["checked"]) == set(rec["checked"]) and len(rec["fitted"]["fit_measured_s"]) == 3
     assert result["runtime"].startswith("transformers")
+    saved = json.loads((tmp_path / "tables" / "cost_table_decode_2_32.json").read_text(encoding="utf-8"))
+    saved["info"]["runtime"] = "llama.cpp (llama-cpp-python 0.3.36), f16"  # a table timed in the other runtime
+    (tmp_path / "tables" / "cost_table_decode_2_32.json").write_text(json.dumps(saved), encoding="utf-8")
+    with pytest.raises(SystemExit, match="was timed in llama.cpp"):  # never reused for transformers
+        importlib.import_module("cost_model").main([*argv, "--reuse-tables", "--output", str(tmp_path / "c2.json")])
     cost_model = importlib.import_module("cost_model")
     assert cost_model.parse_args([]).output.endswith("cost_model_smollm2.json")
     assert cost_model.parse_args(["--runtime", "llama.cpp"]).output.endswith("cost_model_smollm2_llamacpp.json")
