@@ -75,7 +75,7 @@ def assemblies(config) -> dict[str, list[dict[str, Any]]]:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), help="phase:batch:context")
-    p.add_argument("--layers", type=int, default=8, help="layers of each variant's timing model")
+    p.add_argument("--layers", type=int, default=24, help="layers of each variant's timing model")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=1,

@@ -70,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-samples", type=int, default=16, help="calibration windows (every model)")
     p.add_argument("--seq-len", type=int, default=512, help="their length in tokens")
     p.add_argument("--tables", default="/tmp/serving_tables", help="cost tables cost_table_<phase>_<b>_<ctx>.json")
-    p.add_argument("--table-layers", type=int, default=8, help="layers per timing model of a table measured here")
+    p.add_argument("--table-layers", type=int, default=24, help="layers per timing model of a table measured here")
     p.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds per pair")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--skip-timing", action="store_true", help="prune and score only (time in a later run)")

@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-tokens", type=int, default=8, help="decode steps per timing (their mean)")
     p.add_argument("--workloads", nargs="*", default=None, help="workloads of the file to time (default: all)")
     p.add_argument("--tables", default="/tmp/serving_tables_llamacpp", help="llama.cpp cost tables (reused)")
-    p.add_argument("--table-layers", type=int, default=8, help="layers per timing model of a table measured here")
+    p.add_argument("--table-layers", type=int, default=24, help="layers per timing model of a table measured here")
     p.add_argument("--fit", type=int, default=0, metavar="N",
                    help="also refit each table to N random full-depth assemblies timed in llama.cpp (fit_cost_table)")  # fmt: skip
     p.add_argument("--skip-timing", action="store_true", help="the conversion checks only (time in a later run)")

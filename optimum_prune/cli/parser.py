@@ -216,7 +216,12 @@ def _add_tools(sub: Any) -> None:
     p.add_argument("--workload", action="append", default=None,
                    help="phase:batch:context, e.g. decode:16:2048 or prefill:1:512 (repeat for several; default "
                    "decode:1:2048)")  # fmt: skip
-    p.add_argument("--layers", type=int, default=8, help="layers of each variant's timing model")
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=24,
+        help="layers of each variant's timing model (fewer partly fit the CPU caches and time low)",
+    )
     p.add_argument("--threads", type=int, default=1,
                    help="torch.set_num_threads while timing (on a small CPU, small GEMMs can run far slower on "
                    "several threads than on one)")  # fmt: skip
